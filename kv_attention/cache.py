@@ -1,0 +1,174 @@
+"""K/V caches: grown by concatenation (dynamic) or preallocated once (static).
+
+Both hold ``k_cache: [..., T, D_k]`` and ``v_cache: [..., T, D_v]``. The
+leading ``...`` axes are free: ``[]`` for one sequence, ``[B]`` for a batch,
+``[B, H_kv]`` for multi-head caches. New positions are appended along axis -2.
+
+The interface follows Hugging Face ``transformers`` ``cache_utils``
+(``DynamicCache``, ``StaticCache``): ``update(k, v)`` stores new positions and
+returns the keys and values so far, ``get_seq_length()`` counts positions,
+``crop(length)`` drops positions past ``length``.
+"""
+
+import numpy as np
+
+
+def _check_new_positions(k, v, cache):
+    """Raise unless ``k: [..., T_new, D_k]`` and ``v: [..., T_new, D_v]`` fit ``cache``."""
+    if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
+        raise TypeError(f"k and v must be numpy arrays, got {type(k).__name__}, {type(v).__name__}")
+    if k.ndim < 2 or k.ndim != v.ndim or k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(
+            f"k and v must be [..., T_new, D_k] and [..., T_new, D_v] with the same "
+            f"leading axes, got k {k.shape}, v {v.shape}"
+        )
+    if cache.k_cache is not None:
+        expected_k = cache.k_cache.shape[:-2] + (k.shape[-2], cache.k_cache.shape[-1])
+        expected_v = cache.v_cache.shape[:-2] + (v.shape[-2], cache.v_cache.shape[-1])
+        if k.shape != expected_k or v.shape != expected_v:
+            raise ValueError(
+                f"k {k.shape} and v {v.shape} do not fit the cache's "
+                f"k_cache {cache.k_cache.shape} and v_cache {cache.v_cache.shape}"
+            )
+        for name, new in (("k", k), ("v", v)):
+            if not np.can_cast(new.dtype, cache.k_cache.dtype, casting="safe"):
+                raise TypeError(
+                    f"{name} has dtype {new.dtype}, which does not fit the cache's "
+                    f"{cache.k_cache.dtype} without loss"
+                )
+
+
+class DynamicCache:
+    """A K/V cache that grows by ``np.concatenate`` at every update.
+
+    Each update allocates new ``k_cache``/``v_cache`` arrays and copies all
+    previous positions into them, so decoding T tokens copies O(T²) values:
+    the cost the preallocated :class:`StaticCache` avoids. The dtype and the
+    leading axes are fixed by the first update.
+
+    Attributes:
+        k_cache: ``[..., T, D_k]`` or None before the first update.
+        v_cache: ``[..., T, D_v]`` or None before the first update.
+    """
+
+    def __init__(self):
+        self.k_cache = None
+        self.v_cache = None
+
+    def update(self, k, v):
+        """Append ``k: [..., T_new, D_k]`` and ``v: [..., T_new, D_v]``.
+
+        Returns:
+            ``(k_cache, v_cache)``: ``[..., T, D_k]`` and ``[..., T, D_v]``, every
+            position so far. Do not write to them.
+
+        Raises:
+            TypeError: non-arrays, or a dtype that would lose precision in the cache.
+            ValueError: shapes that do not fit each other or the cache.
+        """
+        _check_new_positions(k, v, self)
+        if self.k_cache is None:
+            self.k_cache, self.v_cache = k.copy(), v.copy()
+        else:
+            self.k_cache = np.concatenate([self.k_cache, k], axis=-2)  # [..., T + T_new, D_k]
+            self.v_cache = np.concatenate([self.v_cache, v], axis=-2)  # [..., T + T_new, D_v]
+        return self.k_cache, self.v_cache
+
+    def get_seq_length(self):
+        """Number of positions stored (int)."""
+        return 0 if self.k_cache is None else self.k_cache.shape[-2]
+
+    def crop(self, length):
+        """Keep only the first ``length`` positions (0 <= length <= get_seq_length())."""
+        _check_crop(length, self.get_seq_length())
+        if self.k_cache is not None:
+            self.k_cache = self.k_cache[..., :length, :].copy()
+            self.v_cache = self.v_cache[..., :length, :].copy()
+
+    @property
+    def nbytes(self):
+        """Logical size of the stored keys and values, in bytes (int)."""
+        return 0 if self.k_cache is None else self.k_cache.nbytes + self.v_cache.nbytes
+
+
+class StaticCache:
+    """A K/V cache whose buffers are allocated once and written in place.
+
+    Args:
+        batch_shape: the leading axes, e.g. ``()``, ``(B,)`` or ``(B, H_kv)``.
+        max_seq_len: T_max, the number of positions the buffers hold.
+        k_dim: D_k. v_dim: D_v.
+        dtype: float32 or float64 (default float64).
+
+    Attributes:
+        k_cache: ``[*batch_shape, T_max, D_k]``, zero past ``get_seq_length()``.
+        v_cache: ``[*batch_shape, T_max, D_v]``.
+
+    Raises:
+        ValueError: a negative size. TypeError: a dtype other than float32/float64.
+
+    Same idea as Hugging Face ``StaticCache`` and gpt-fast's ``KVCache``.
+    """
+
+    def __init__(self, batch_shape, max_seq_len, k_dim, v_dim, dtype=np.float64):
+        batch_shape = tuple(int(n) for n in batch_shape)
+        sizes = {"max_seq_len": max_seq_len, "k_dim": k_dim, "v_dim": v_dim}
+        if any(n < 0 for n in batch_shape) or any(int(n) < 0 for n in sizes.values()):
+            raise ValueError(f"sizes must be >= 0, got batch_shape={batch_shape}, {sizes}")
+        dtype = np.dtype(dtype)
+        if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+            raise TypeError(f"dtype must be float32 or float64, got {dtype}")
+        self.k_cache = np.zeros(batch_shape + (int(max_seq_len), int(k_dim)), dtype)
+        self.v_cache = np.zeros(batch_shape + (int(max_seq_len), int(v_dim)), dtype)
+        self._length = 0
+
+    @property
+    def max_seq_len(self):
+        """T_max, the capacity in positions (int)."""
+        return self.k_cache.shape[-2]
+
+    def update(self, k, v):
+        """Write ``k: [..., T_new, D_k]`` and ``v: [..., T_new, D_v]`` after the stored positions.
+
+        Returns:
+            ``(k_cache, v_cache)``: views ``[..., T, D_k]`` and ``[..., T, D_v]`` of
+            the buffers, every position so far. Do not write to them.
+
+        Raises:
+            ValueError: shapes that do not fit, or writing past T_max; the cache
+                is left unchanged.
+            TypeError: non-arrays, or a dtype that would lose precision in the cache.
+        """
+        _check_new_positions(k, v, self)
+        start, stop = self._length, self._length + k.shape[-2]
+        if stop > self.max_seq_len:
+            raise ValueError(
+                f"cache is full: {start} of max_seq_len={self.max_seq_len} positions "
+                f"used, cannot write {k.shape[-2]} more"
+            )
+        self.k_cache[..., start:stop, :] = k
+        self.v_cache[..., start:stop, :] = v
+        self._length = stop
+        return self.k_cache[..., :stop, :], self.v_cache[..., :stop, :]
+
+    def get_seq_length(self):
+        """Number of positions stored (int)."""
+        return self._length
+
+    def crop(self, length):
+        """Keep only the first ``length`` positions (0 <= length <= get_seq_length())."""
+        _check_crop(length, self._length)
+        self.k_cache[..., length:, :] = 0
+        self.v_cache[..., length:, :] = 0
+        self._length = length
+
+    @property
+    def nbytes(self):
+        """Logical size of the stored keys and values, in bytes (int); not the capacity."""
+        per_position = (self.k_cache.nbytes + self.v_cache.nbytes) // max(self.max_seq_len, 1)
+        return per_position * self._length
+
+
+def _check_crop(length, stored):
+    if not 0 <= length <= stored:
+        raise ValueError(f"crop length must be in [0, {stored}], got {length}")

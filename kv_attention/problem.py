@@ -1,0 +1,60 @@
+"""A seeded decode problem: inputs and projection weights for users and tests."""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Inputs of one decode run.
+
+    Attributes:
+        x: ``[T, D_model]`` or ``[B, T, D_model]``.
+        w_q: ``[D_model, D_k]``. w_k: ``[D_model, D_k]``. w_v: ``[D_model, D_v]``.
+    """
+
+    x: np.ndarray
+    w_q: np.ndarray
+    w_k: np.ndarray
+    w_v: np.ndarray
+
+    def args(self):
+        """``(x, w_q, w_k, w_v)``, the positional arguments of every strategy."""
+        return self.x, self.w_q, self.w_k, self.w_v
+
+
+def make_problem(seq_len, batch_size=None, *, d_model=64, d_k=64, d_v=64, seed=42, dtype=np.float64):
+    """Draw a reproducible problem from ``np.random.default_rng(seed)``.
+
+    ``x`` is standard normal; each weight is normal with variance 1 / D_model,
+    so q·k / sqrt(D_k) stays of order 1 at any width. Draw order: x, w_q, w_k, w_v.
+
+    Args:
+        seq_len: T >= 0.
+        batch_size: None for ``x: [T, D_model]``, else B >= 0 for ``[B, T, D_model]``.
+        d_model, d_k, d_v: widths (defaults 64, as in the lab); d_k >= 1.
+        seed: the generator's seed (default 42).
+        dtype: float32 or float64 (default float64).
+
+    Returns:
+        A :class:`Problem`.
+
+    Raises:
+        ValueError: a negative size or d_k < 1. TypeError: another dtype.
+    """
+    sizes = {"seq_len": seq_len, "d_model": d_model, "d_k": d_k, "d_v": d_v}
+    if batch_size is not None:
+        sizes["batch_size"] = batch_size
+    bad = {name: n for name, n in sizes.items() if n < 0}
+    if bad or d_k < 1:
+        raise ValueError(f"sizes must be >= 0 and d_k >= 1, got {sizes}")
+    dtype = np.dtype(dtype)
+    if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise TypeError(f"dtype must be float32 or float64, got {dtype}")
+    rng = np.random.default_rng(seed)
+    x_shape = (seq_len, d_model) if batch_size is None else (batch_size, seq_len, d_model)
+    x = rng.standard_normal(x_shape)
+    scale = 1.0 / np.sqrt(max(d_model, 1))
+    w_q, w_k, w_v = (rng.standard_normal((d_model, d)) * scale for d in (d_k, d_k, d_v))
+    return Problem(*(a.astype(dtype) for a in (x, w_q, w_k, w_v)))
