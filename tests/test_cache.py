@@ -1,0 +1,114 @@
+"""DynamicCache and StaticCache: update(), get_seq_length(), crop(), nbytes and their errors."""
+
+import numpy as np
+import pytest
+
+import kv_attention as kv
+
+
+def positions(t_new, lead=(), d=3, start=0.0):
+    """[*lead, t_new, d] of distinct values, so a misplaced position shows."""
+    size = int(np.prod(lead, dtype=int)) * t_new * d
+    return (start + np.arange(size, dtype=np.float64)).reshape(lead + (t_new, d))
+
+
+CACHES = {
+    "dynamic": lambda lead=(): kv.DynamicCache(),
+    "static": lambda lead=(): kv.StaticCache(lead, 6, 3, 2),
+}
+
+
+@pytest.fixture(params=sorted(CACHES))
+def make_cache(request):
+    return CACHES[request.param]
+
+
+@pytest.mark.parametrize("lead", [(), (2,), (2, 4)])  # [T, D], [B, T, D], [B, H_kv, T, D]
+def test_update_returns_everything_so_far(make_cache, lead):
+    cache = make_cache(lead)
+    k1, v1 = positions(2, lead), positions(2, lead, d=2, start=100)
+    k2, v2 = positions(3, lead, start=50), positions(3, lead, d=2, start=200)
+    cache.update(k1, v1)
+    k, v = cache.update(k2, v2)
+    np.testing.assert_array_equal(k, np.concatenate([k1, k2], axis=-2))
+    np.testing.assert_array_equal(v, np.concatenate([v1, v2], axis=-2))
+    assert cache.get_seq_length() == 5
+
+
+def test_empty_cache_has_length_and_size_zero(make_cache):
+    cache = make_cache()
+    assert cache.get_seq_length() == 0
+    assert cache.nbytes == 0
+
+
+def test_nbytes_is_the_logical_size_of_one_sequence():
+    # The lab's formula: 2 x T x 64 x 8 bytes for one float64 sequence with D_k = D_v = 64.
+    for cache in (kv.DynamicCache(), kv.StaticCache((), 256, 64, 64)):
+        for _ in range(10):
+            cache.update(np.ones((1, 64)), np.ones((1, 64)))
+        assert cache.nbytes == 2 * 10 * 64 * 8
+
+
+def test_static_cache_refuses_to_write_past_max_seq_len():
+    cache = kv.StaticCache((), 4, 3, 2)
+    cache.update(positions(3), positions(3, d=2))
+    k_before, v_before = cache.k_cache.copy(), cache.v_cache.copy()
+    with pytest.raises(ValueError, match="max_seq_len=4"):
+        cache.update(positions(2), positions(2, d=2))
+    assert cache.get_seq_length() == 3
+    np.testing.assert_array_equal(cache.k_cache, k_before)
+    np.testing.assert_array_equal(cache.v_cache, v_before)
+
+
+@pytest.mark.parametrize(
+    "k_shape, v_shape",
+    [((2, 4), (2, 2)), ((2, 3), (3, 2)), ((3,), (2,)), ((1, 2, 3), (1, 2, 2))],
+)
+def test_update_with_shapes_that_do_not_fit_raises_and_changes_nothing(make_cache, k_shape, v_shape):
+    cache = make_cache()
+    cache.update(positions(1), positions(1, d=2))
+    with pytest.raises(ValueError, match=r"k \("):
+        cache.update(np.zeros(k_shape), np.zeros(v_shape))
+    assert cache.get_seq_length() == 1
+
+
+@pytest.mark.parametrize(
+    "cache",
+    [kv.StaticCache((), 4, 3, 2, dtype=np.float32), kv.DynamicCache()],
+    ids=["static", "dynamic"],
+)
+def test_update_refuses_a_lossy_dtype(cache):
+    if cache.get_seq_length() == 0 and cache.k_cache is None:  # a DynamicCache takes its dtype from the first update
+        cache.update(positions(1).astype(np.float32), positions(1, d=2).astype(np.float32))
+    length = cache.get_seq_length()
+    with pytest.raises(TypeError, match="float64.*float32"):
+        cache.update(np.zeros((1, 3)), np.zeros((1, 2)))
+    assert cache.get_seq_length() == length
+
+
+def test_update_refuses_non_arrays(make_cache):
+    with pytest.raises(TypeError, match="numpy arrays"):
+        make_cache().update([[1.0, 2.0, 3.0]], [[1.0, 2.0]])
+
+
+def test_crop_drops_later_positions(make_cache):
+    cache = make_cache()
+    k, v = positions(5), positions(5, d=2)
+    cache.update(k, v)
+    cache.crop(2)
+    assert cache.get_seq_length() == 2
+    k_after, v_after = cache.update(positions(1, start=-9), positions(1, d=2, start=-9))
+    np.testing.assert_array_equal(k_after[:2], k[:2])
+    np.testing.assert_array_equal(k_after[2], positions(1, start=-9)[0])
+    with pytest.raises(ValueError, match=r"crop length must be in \[0, 3\]"):
+        cache.crop(4)
+
+
+def test_static_cache_checks_its_sizes_and_dtype():
+    with pytest.raises(ValueError, match="sizes must be >= 0"):
+        kv.StaticCache((), -1, 3, 2)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        kv.StaticCache((), 4, 3, 2, dtype=np.int64)
+    cache = kv.StaticCache((2, 3), 7, 4, 5, dtype=np.float32)
+    assert cache.k_cache.shape == (2, 3, 7, 4) and cache.v_cache.shape == (2, 3, 7, 5)
+    assert cache.k_cache.dtype == np.float32 and cache.max_seq_len == 7
