@@ -1,0 +1,42 @@
+"""Cache experiment: one sequence, no cache vs a concatenated cache vs a preallocated one."""
+
+import inspect
+
+from .common import D_K, D_V, LENGTHS, gate, timed_inputs
+
+
+class CacheStrategy:
+    """Full T-step decode of one sequence ``x: [T, 64]``, float64, per strategy."""
+
+    params = [LENGTHS, ["no_cache", "concat", "preallocated"]]
+    param_names = ["T", "strategy"]
+    repeat = (10, 40, 1.0)  # at least 10 samples per round (2 rounds), up to 40 within ~1 s
+    timeout = 120
+
+    def setup(self, T, strategy):
+        self.decode = gate(strategy, T)
+        self.inputs = timed_inputs(T)
+
+    def time_decode(self, T, strategy):
+        self.decode(*self.inputs)
+
+    def peakmem_decode(self, T, strategy):
+        self.decode(*self.inputs)
+
+    def track_kv_cache_bytes(self, T, strategy):
+        """Logical K/V bytes held after the decode: 2 x T x 64 x 8 for a float64 cache, 0 without one."""
+        if strategy == "no_cache":
+            return 0
+        import kv_attention
+
+        cache_class = {"concat": "DynamicCache", "preallocated": "StaticCache"}[strategy]
+        if not hasattr(kv_attention, cache_class) or "cache" not in inspect.signature(self.decode).parameters:
+            raise NotImplementedError(f"kv_attention has no {cache_class} or cache= at this commit")
+        if strategy == "concat":
+            cache = kv_attention.DynamicCache()
+        else:
+            cache = kv_attention.StaticCache((), T, D_K, D_V)
+        self.decode(*self.inputs, cache=cache)
+        return cache.nbytes
+
+    track_kv_cache_bytes.unit = "bytes"

@@ -1,0 +1,17 @@
+"""What the measurements stand on: the BLAS thread count and the interpreter's baseline memory."""
+
+import numpy  # noqa: F401  (loads the BLAS library that threadpoolctl inspects)
+
+
+def track_blas_threads():
+    """Largest thread count of any BLAS/OpenMP pool in the benchmark process (1 when pinned)."""
+    from threadpoolctl import threadpool_info
+
+    return max((pool["num_threads"] for pool in threadpool_info()), default=0)
+
+
+track_blas_threads.unit = "threads"
+
+
+def peakmem_reference():
+    """Peak memory of a benchmark process that does nothing: the floor under every peakmem_."""
