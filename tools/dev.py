@@ -159,9 +159,12 @@ def parse_args(argv):
     bench_parser.add_argument("--all", action="store_true",
                               help="every buildable commit of main, not only main, main~1 and the "
                                    f"last {RECENT_LIBRARY_COMMITS} that changed the library or its build")
-    test_parser = commands.add_parser("test", help="run python -m pytest tests")
-    test_parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="passed on to pytest")
-    return parser.parse_args(argv)
+    commands.add_parser("test", help="run python -m pytest tests; further arguments go to pytest")
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "test":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.pytest_args = extra
+    return args
 
 
 def main(argv=None):
