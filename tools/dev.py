@@ -111,8 +111,13 @@ def report(commits, head):
     from asv.config import Config
     from asv.machine import Machine
 
+    from asv.util import UserError
+
     conf = Config.load(str(ROOT / "asv.conf.json"))
-    benchmarks = Benchmarks.load(conf)
+    try:
+        benchmarks = Benchmarks.load(conf)
+    except UserError as error:
+        raise JobError(f"asv found no benchmarks to report on: {error}") from None
     machine = Machine.get_unique_machine_name()
     print(f"\nresults on machine {machine!r}:")
     head_failed, head_measured = [], False
@@ -129,10 +134,21 @@ def report(commits, head):
     return head_failed
 
 
+def record_machine(asv):
+    """``asv machine --yes``: store this machine's defaults (hostname, CPU, RAM) without questions."""
+    from asv.machine import Machine
+
+    result = subprocess.run([*asv, "machine", "--yes"], cwd=ROOT, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise JobError(f"asv machine --yes failed: {result.stderr.strip() or result.stdout.strip()}")
+    info = Machine.get_defaults()
+    print(f"machine {info['machine']!r}: {info['cpu']}, {info['num_cpu']} CPUs, {info['os']}", flush=True)
+
+
 def bench(args):
     """The main job: record the machine, benchmark recent commits, publish, judge main's tip."""
     asv = (sys.executable, "-m", "asv")
-    run(*asv, "machine", "--yes")
+    record_machine(asv)
     commits = select_commits(args.all)
     if not commits:
         raise JobError(f"no commit of {BRANCH} has a buildable package ({', '.join(BUILD_FILES)})")
