@@ -4,20 +4,29 @@ Every public entry point validates all of its inputs here before it computes
 or mutates anything, so bad input raises a clear error and changes nothing.
 """
 
+import math
+
 import numpy as np
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def as_float_array(name, value):
-    """Return ``value`` as a float32/float64 ndarray, never copying or writing it.
+    """Return ``value`` as a native-byte-order float32/float64 ndarray; never writes it.
 
     Raises:
         TypeError: the dtype is not float32 or float64 (ints, bools, complex,
-            float16, object, ...).
-        ValueError: the array holds NaN or inf.
+            float16, object, ...), or ``value`` is a masked array.
+        ValueError: the array holds NaN or inf, or is ragged.
     """
-    array = np.asarray(value)
+    if isinstance(value, np.ma.MaskedArray):
+        raise TypeError(f"{name} is a masked array; pass a plain ndarray (e.g. {name}.filled(0.0))")
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"{name} is not a rectangular array: {error}") from None
+    if array.dtype.kind == "f" and not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
     if array.dtype not in SUPPORTED_DTYPES:
         raise TypeError(
             f"{name} must be a float32 or float64 array, got dtype {array.dtype}"
@@ -25,6 +34,51 @@ def as_float_array(name, value):
     if not np.isfinite(array).all():
         raise ValueError(f"{name} contains NaN or inf")
     return array
+
+
+def as_size(name, value, minimum=0):
+    """Return ``value`` as an int >= ``minimum``; TypeError for non-integers (bools included)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _max_row_norm(a):
+    """Largest Euclidean norm of a row of ``a`` (last axis), computed without overflow."""
+    if a.size == 0:
+        return 0.0
+    peak = float(np.abs(a).max())
+    if peak == 0.0:
+        return 0.0
+    scaled = a.astype(np.float64) / peak
+    return peak * math.sqrt(float(np.einsum("...d,...d->...", scaled, scaled).max()))
+
+
+def check_score_range(x, w_q, w_k, w_v, dtype, stored_k=None):
+    """Raise ValueError if q, k, v or any partial sum of q·k could overflow ``dtype``.
+
+    By Cauchy–Schwarz every partial sum of q·k is at most |q|·|k|, and
+    |q| <= |x_t|·|w_q|_F (likewise k, v). Checking this bound once up front
+    rules out the one silent failure of finite inputs: a score that overflows
+    to -inf would get softmax weight 0 instead of raising. ``stored_k``,
+    ``[..., S, D_k]``, are keys already in a cache, which enter the bound too.
+    """
+    x_norm = _max_row_norm(x)
+    largest = math.log(np.finfo(dtype).max) - math.log(4.0)  # margin for rounding
+    logs = {}
+    for name, w in (("q", w_q), ("k", w_k), ("v", w_v)):
+        w_norm = _max_row_norm(w.reshape(1, -1)) if w.size else 0.0
+        logs[name] = math.log(x_norm) + math.log(w_norm) if x_norm and w_norm else -math.inf
+    stored_norm = 0.0 if stored_k is None else _max_row_norm(stored_k)
+    if stored_norm:
+        logs["k"] = max(logs["k"], math.log(stored_norm))
+    if max(logs.values()) > largest or logs["q"] + logs["k"] > largest:
+        raise ValueError(
+            f"x and the weights are too large for {np.dtype(dtype)}: q·k could overflow "
+            f"(|q|·|k| up to e^{logs['q'] + logs['k']:.0f}); rescale x or the weights"
+        )
 
 
 def check_projection_inputs(x, w_q, w_k, w_v, x_ndims):
@@ -44,7 +98,7 @@ def check_projection_inputs(x, w_q, w_k, w_v, x_ndims):
         TypeError: an input is not float32/float64.
         ValueError: NaN/inf in an input, a wrong number of axes, a D_model that
             differs between ``x`` and the weights, D_k of ``w_q`` != D_k of ``w_k``,
-            or D_k == 0.
+            D_k == 0, or inputs so large that q·k could overflow the dtype.
     """
     x = as_float_array("x", x)
     w_q = as_float_array("w_q", w_q)
@@ -68,14 +122,15 @@ def check_projection_inputs(x, w_q, w_k, w_v, x_ndims):
     if w_q.shape[1] == 0:
         raise ValueError(f"D_k must be at least 1: w_q {w_q.shape}")
     dtype = np.result_type(x, w_q, w_k, w_v)
+    check_score_range(x, w_q, w_k, w_v, dtype)
     w_q, w_k, w_v = (w.astype(dtype, copy=False) for w in (w_q, w_k, w_v))
     return x, w_q, w_k, w_v, dtype
 
 
 def check_finite_output(out):
-    """Raise ValueError if ``out`` overflowed to inf/NaN (inputs too large for the dtype)."""
+    """Raise ValueError if ``out`` holds inf/NaN (overflow, or a cache holding inf/NaN)."""
     if not np.isfinite(out).all():
         raise ValueError(
-            f"attention overflowed {out.dtype}: q·k or the projections are too large "
-            "for the dtype; rescale x or the weights"
+            f"attention overflowed {out.dtype}: the projections, scores or a given "
+            "cache's keys/values are too large for the dtype (or not finite)"
         )

@@ -12,6 +12,9 @@ returns the keys and values so far, ``get_seq_length()`` counts positions,
 
 import numpy as np
 
+from ._validation import SUPPORTED_DTYPES as _FLOATS
+from ._validation import as_size
+
 
 def _check_new_positions(k, v, cache):
     """Raise unless ``k: [..., T_new, D_k]`` and ``v: [..., T_new, D_v]`` fit ``cache``."""
@@ -22,20 +25,28 @@ def _check_new_positions(k, v, cache):
             f"k and v must be [..., T_new, D_k] and [..., T_new, D_v] with the same "
             f"leading axes, got k {k.shape}, v {v.shape}"
         )
-    if cache.k_cache is not None:
-        expected_k = cache.k_cache.shape[:-2] + (k.shape[-2], cache.k_cache.shape[-1])
-        expected_v = cache.v_cache.shape[:-2] + (v.shape[-2], cache.v_cache.shape[-1])
-        if k.shape != expected_k or v.shape != expected_v:
-            raise ValueError(
-                f"k {k.shape} and v {v.shape} do not fit the cache's "
-                f"k_cache {cache.k_cache.shape} and v_cache {cache.v_cache.shape}"
-            )
-        for name, new in (("k", k), ("v", v)):
-            if not np.can_cast(new.dtype, cache.k_cache.dtype, casting="safe"):
-                raise TypeError(
-                    f"{name} has dtype {new.dtype}, which does not fit the cache's "
-                    f"{cache.k_cache.dtype} without loss"
-                )
+    if k.dtype not in _FLOATS or v.dtype != k.dtype:
+        raise TypeError(f"k and v must both be float32 or both float64, got {k.dtype} and {v.dtype}")
+    if cache.k_cache is None:
+        return
+    expected_k = cache.k_cache.shape[:-2] + (k.shape[-2], cache.k_cache.shape[-1])
+    expected_v = cache.v_cache.shape[:-2] + (v.shape[-2], cache.v_cache.shape[-1])
+    if k.shape != expected_k or v.shape != expected_v:
+        raise ValueError(
+            f"k {k.shape} and v {v.shape} do not fit the cache's "
+            f"k_cache {cache.k_cache.shape} and v_cache {cache.v_cache.shape}"
+        )
+    if not np.can_cast(k.dtype, cache.k_cache.dtype, casting="safe"):
+        raise TypeError(f"k and v are {k.dtype}, which the cache's {cache.k_cache.dtype} cannot hold without loss")
+
+
+def _check_crop(length, stored):
+    """Return ``length`` as an int, or raise unless it is an integer in [0, stored]."""
+    if isinstance(length, bool) or not isinstance(length, (int, np.integer)):
+        raise TypeError(f"crop length must be an integer, got {length!r}")
+    if not 0 <= length <= stored:
+        raise ValueError(f"crop length must be in [0, {stored}], got {length}")
+    return int(length)
 
 
 class DynamicCache:
@@ -63,7 +74,8 @@ class DynamicCache:
             position so far. Do not write to them.
 
         Raises:
-            TypeError: non-arrays, or a dtype that would lose precision in the cache.
+            TypeError: non-arrays, k and v not both float32 or both float64, or
+                float64 into a float32 cache.
             ValueError: shapes that do not fit each other or the cache.
         """
         _check_new_positions(k, v, self)
@@ -79,9 +91,14 @@ class DynamicCache:
         return 0 if self.k_cache is None else self.k_cache.shape[-2]
 
     def crop(self, length):
-        """Keep only the first ``length`` positions (0 <= length <= get_seq_length())."""
-        _check_crop(length, self.get_seq_length())
-        if self.k_cache is not None:
+        """Keep only the first ``length`` positions (0 <= length <= get_seq_length()).
+
+        ``crop(0)`` empties the cache as new: the next update may set another dtype or leading axes.
+        """
+        length = _check_crop(length, self.get_seq_length())
+        if length == 0:
+            self.k_cache = self.v_cache = None
+        elif self.k_cache is not None:
             self.k_cache = self.k_cache[..., :length, :].copy()
             self.v_cache = self.v_cache[..., :length, :].copy()
 
@@ -105,21 +122,24 @@ class StaticCache:
         v_cache: ``[*batch_shape, T_max, D_v]``.
 
     Raises:
-        ValueError: a negative size. TypeError: a dtype other than float32/float64.
+        ValueError: a negative size. TypeError: a size that is not an integer, or
+            a dtype other than float32/float64.
 
     Same idea as Hugging Face ``StaticCache`` and gpt-fast's ``KVCache``.
     """
 
     def __init__(self, batch_shape, max_seq_len, k_dim, v_dim, dtype=np.float64):
-        batch_shape = tuple(int(n) for n in batch_shape)
-        sizes = {"max_seq_len": max_seq_len, "k_dim": k_dim, "v_dim": v_dim}
-        if any(n < 0 for n in batch_shape) or any(int(n) < 0 for n in sizes.values()):
-            raise ValueError(f"sizes must be >= 0, got batch_shape={batch_shape}, {sizes}")
+        if not isinstance(batch_shape, (tuple, list)):
+            raise TypeError(f"batch_shape must be a tuple of ints such as () or (B,), got {batch_shape!r}")
+        batch_shape = tuple(as_size(f"batch_shape[{i}]", n) for i, n in enumerate(batch_shape))
+        max_seq_len, k_dim, v_dim = (
+            as_size(name, n) for name, n in (("max_seq_len", max_seq_len), ("k_dim", k_dim), ("v_dim", v_dim))
+        )
         dtype = np.dtype(dtype)
-        if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        if dtype not in _FLOATS:
             raise TypeError(f"dtype must be float32 or float64, got {dtype}")
-        self.k_cache = np.zeros(batch_shape + (int(max_seq_len), int(k_dim)), dtype)
-        self.v_cache = np.zeros(batch_shape + (int(max_seq_len), int(v_dim)), dtype)
+        self.k_cache = np.zeros(batch_shape + (max_seq_len, k_dim), dtype)
+        self.v_cache = np.zeros(batch_shape + (max_seq_len, v_dim), dtype)
         self._length = 0
 
     @property
@@ -137,7 +157,8 @@ class StaticCache:
         Raises:
             ValueError: shapes that do not fit, or writing past T_max; the cache
                 is left unchanged.
-            TypeError: non-arrays, or a dtype that would lose precision in the cache.
+            TypeError: non-arrays, k and v not both float32 or both float64, or
+                float64 into a float32 cache.
         """
         _check_new_positions(k, v, self)
         start, stop = self._length, self._length + k.shape[-2]
@@ -157,7 +178,7 @@ class StaticCache:
 
     def crop(self, length):
         """Keep only the first ``length`` positions (0 <= length <= get_seq_length())."""
-        _check_crop(length, self._length)
+        length = _check_crop(length, self._length)
         self.k_cache[..., length:, :] = 0
         self.v_cache[..., length:, :] = 0
         self._length = length
@@ -168,7 +189,3 @@ class StaticCache:
         per_position = (self.k_cache.nbytes + self.v_cache.nbytes) // max(self.max_seq_len, 1)
         return per_position * self._length
 
-
-def _check_crop(length, stored):
-    if not 0 <= length <= stored:
-        raise ValueError(f"crop length must be in [0, {stored}], got {length}")

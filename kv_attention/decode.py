@@ -12,7 +12,7 @@ Shapes at decode step t (B = batch, D = feature width):
 
 import numpy as np
 
-from ._validation import check_finite_output, check_projection_inputs
+from ._validation import check_finite_output, check_projection_inputs, check_score_range
 from .attention import _causal_attention, attend
 from .cache import DynamicCache, StaticCache
 
@@ -24,8 +24,11 @@ def _decode(x, w_q, w_k, w_v, cache):
     call leaves a caller's cache unchanged.
     """
     out = np.empty(x.shape[:-1] + (w_v.shape[1],), dtype=np.result_type(x, w_v))  # [..., T, D_v]
-    _check_cache(cache, out.dtype)
+    _check_cache(cache, x, w_k, w_v, out.dtype)
     start = cache.get_seq_length()
+    stored_k = getattr(cache, "k_cache", None)
+    if start and stored_k is not None:  # keys already cached (a prefill) enter the overflow bound too
+        check_score_range(x, w_q, w_k, w_v, out.dtype, stored_k=stored_k[..., :start, :])
     try:
         with np.errstate(over="ignore", invalid="ignore"):
             for t in range(x.shape[-2]):
@@ -41,16 +44,31 @@ def _decode(x, w_q, w_k, w_v, cache):
 
 
 
-def _check_cache(cache, dtype):
-    """Raise TypeError unless ``cache`` has the cache interface and ``dtype``'s buffers."""
-    if not all(hasattr(cache, name) for name in ("update", "get_seq_length", "crop")):
+def _check_cache(cache, x, w_k, w_v, dtype):
+    """Raise unless ``cache`` is a cache instance that fits ``x``'s leading axes, D_k, D_v, dtype and T."""
+    if isinstance(cache, type) or not all(hasattr(cache, n) for n in ("update", "get_seq_length", "crop")):
         raise TypeError(
-            f"cache must have update(), get_seq_length() and crop() "
-            f"(a DynamicCache or StaticCache), got {type(cache).__name__}"
+            "cache must be a cache instance with update(), get_seq_length() and crop() "
+            f"(e.g. DynamicCache() or StaticCache(...)), got {cache!r}"
         )
-    k_cache = getattr(cache, "k_cache", None)
-    if k_cache is not None and k_cache.dtype != dtype:
+    k_cache, v_cache = getattr(cache, "k_cache", None), getattr(cache, "v_cache", None)
+    if k_cache is None:
+        return
+    expected_k = x.shape[:-2] + (w_k.shape[1],)
+    expected_v = x.shape[:-2] + (w_v.shape[1],)
+    if k_cache.shape[:-2] + k_cache.shape[-1:] != expected_k or v_cache.shape[:-2] + v_cache.shape[-1:] != expected_v:
+        raise ValueError(
+            f"cache does not fit x: k_cache {k_cache.shape} and v_cache {v_cache.shape} "
+            f"vs x {x.shape}, D_k={w_k.shape[1]}, D_v={w_v.shape[1]}"
+        )
+    if k_cache.dtype != dtype:
         raise TypeError(f"cache holds {k_cache.dtype} but the computation is {dtype}")
+    room = getattr(cache, "max_seq_len", None)
+    if room is not None and cache.get_seq_length() + x.shape[-2] > room:
+        raise ValueError(
+            f"cache too short: {cache.get_seq_length()} of max_seq_len={room} positions "
+            f"used, x needs T={x.shape[-2]} more"
+        )
 
 
 def decode_without_cache(x, w_q, w_k, w_v):

@@ -4,6 +4,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._validation import SUPPORTED_DTYPES, as_size
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -41,16 +43,15 @@ def make_problem(seq_len, batch_size=None, *, d_model=64, d_k=64, d_v=64, seed=4
         A :class:`Problem`.
 
     Raises:
-        ValueError: a negative size or d_k < 1. TypeError: another dtype.
+        ValueError: a negative size or d_k < 1. TypeError: a size that is not
+            an integer, or a dtype other than float32/float64.
     """
-    sizes = {"seq_len": seq_len, "d_model": d_model, "d_k": d_k, "d_v": d_v}
+    seq_len, d_model, d_v = (as_size(n, v) for n, v in (("seq_len", seq_len), ("d_model", d_model), ("d_v", d_v)))
+    d_k = as_size("d_k", d_k, minimum=1)
     if batch_size is not None:
-        sizes["batch_size"] = batch_size
-    bad = {name: n for name, n in sizes.items() if n < 0}
-    if bad or d_k < 1:
-        raise ValueError(f"sizes must be >= 0 and d_k >= 1, got {sizes}")
+        batch_size = as_size("batch_size", batch_size)
     dtype = np.dtype(dtype)
-    if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+    if dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"dtype must be float32 or float64, got {dtype}")
     rng = np.random.default_rng(seed)
     x_shape = (seq_len, d_model) if batch_size is None else (batch_size, seq_len, d_model)

@@ -86,6 +86,28 @@ def test_update_refuses_a_lossy_dtype(cache):
     assert cache.get_seq_length() == length
 
 
+@pytest.mark.parametrize("dtype", [np.int64, np.float16, np.bool_])
+def test_update_refuses_non_float_keys_and_values(make_cache, dtype):
+    cache = make_cache()
+    with pytest.raises(TypeError, match="must both be float32 or both float64"):
+        cache.update(np.ones((1, 3), dtype), np.ones((1, 2), dtype))
+    assert cache.get_seq_length() == 0
+
+
+def test_update_refuses_keys_and_values_of_different_dtypes(make_cache):
+    with pytest.raises(TypeError, match="float32 and float64"):
+        make_cache().update(np.ones((1, 3), np.float32), np.ones((1, 2)))
+
+
+def test_crop_to_zero_empties_a_dynamic_cache_as_new():
+    cache = kv.DynamicCache()
+    cache.update(np.ones((2, 3), np.float32), np.ones((2, 2), np.float32))
+    cache.crop(0)
+    assert cache.k_cache is None and cache.get_seq_length() == 0
+    cache.update(np.ones((4, 1, 5)), np.ones((4, 1, 2)))  # another dtype and leading axes
+    assert cache.k_cache.shape == (4, 1, 5)
+
+
 def test_update_refuses_non_arrays(make_cache):
     with pytest.raises(TypeError, match="numpy arrays"):
         make_cache().update([[1.0, 2.0, 3.0]], [[1.0, 2.0]])
@@ -102,11 +124,21 @@ def test_crop_drops_later_positions(make_cache):
     np.testing.assert_array_equal(k_after[2], positions(1, start=-9)[0])
     with pytest.raises(ValueError, match=r"crop length must be in \[0, 3\]"):
         cache.crop(4)
+    for bad in (1.5, None, True):
+        with pytest.raises(TypeError, match="crop length must be an integer"):
+            cache.crop(bad)
+    assert cache.get_seq_length() == 3
 
 
 def test_static_cache_checks_its_sizes_and_dtype():
-    with pytest.raises(ValueError, match="sizes must be >= 0"):
+    with pytest.raises(ValueError, match="max_seq_len must be >= 0, got -1"):
         kv.StaticCache((), -1, 3, 2)
+    with pytest.raises(TypeError, match="k_dim must be an integer, got 3.5"):
+        kv.StaticCache((), 4, 3.5, 2)
+    with pytest.raises(TypeError, match="batch_shape must be a tuple"):
+        kv.StaticCache(2, 4, 3, 2)
+    with pytest.raises(TypeError, match=r"batch_shape\[0\] must be an integer"):
+        kv.StaticCache((2.9,), 4, 3, 2)
     with pytest.raises(TypeError, match="float32 or float64"):
         kv.StaticCache((), 4, 3, 2, dtype=np.int64)
     cache = kv.StaticCache((2, 3), 7, 4, 5, dtype=np.float32)

@@ -75,18 +75,55 @@ def test_read_only_inputs_work_and_are_not_written(strategy):
         np.testing.assert_array_equal(a, original)
 
 
-def test_overflowing_scores_raise_instead_of_returning_nan(strategy):
+def test_inputs_too_large_for_the_dtype_raise_instead_of_returning_nan(strategy):
     x, w_q, w_k, w_v = strategy_problem(strategy, 4, dtype=np.float32)
-    with pytest.raises(ValueError, match="overflowed float32"):
+    with pytest.raises(ValueError, match="too large for float32"):
         run(strategy, x * np.float32(1e20), w_q, w_k, w_v)
 
 
-def test_a_cache_too_short_for_t_is_rolled_back():
+@pytest.mark.parametrize("name", ["no_cache", "concat", "preallocated"])
+def test_a_score_that_would_overflow_to_minus_inf_raises(name):
+    # q1·k0 = -c·c' + ... : a partial sum can overflow to -inf, which softmax would
+    # silently treat as a masked position (weight 0). The true scaled score is finite.
+    c = 1e308
+    x = np.eye(2)
+    w_q = np.array([[0.0] * 5, [1.0] * 5])
+    w_k = np.array([[-c, -c, c, c, c], [0.0] * 5])
+    with pytest.raises(ValueError, match="too large for float64"):
+        run(name, x, w_q, w_k, np.eye(2))
+    with pytest.raises(ValueError, match="too large for float64"):
+        kv.causal_attention(x, w_q, w_k, np.eye(2))
+
+
+def test_keys_already_in_a_cache_enter_the_overflow_check():
+    x, w_q, w_k, w_v = strategy_problem("preallocated", 3)
+    cache = kv.StaticCache((), 8, 3, 5)
+    cache.update(np.full((1, 3), 1e308), np.ones((1, 5)))
+    with pytest.raises(ValueError, match="too large for float64"):
+        kv.cached_attention_preallocated(x, w_q, w_k, w_v, cache=cache)
+    assert cache.get_seq_length() == 1
+
+
+def test_masked_and_ragged_inputs_are_refused(strategy):
+    x, w_q, w_k, w_v = strategy_problem(strategy, 3)
+    with pytest.raises(TypeError, match="x is a masked array"):
+        run(strategy, np.ma.masked_array(x, mask=np.zeros_like(x, dtype=bool)), w_q, w_k, w_v)
+    with pytest.raises(ValueError, match="w_q is not a rectangular array"):
+        run(strategy, x, [[1.0, 2.0], [3.0]], w_k, w_v)
+
+
+def test_big_endian_float64_is_float64(strategy):
+    args = strategy_problem(strategy, 5)
+    expected = run(strategy, *args)
+    np.testing.assert_array_equal(run(strategy, args[0].astype(">f8"), *args[1:]), expected)
+
+
+def test_a_cache_too_short_for_t_is_refused_and_unchanged():
     x, w_q, w_k, w_v = strategy_problem("preallocated", 6)
     cache = kv.StaticCache((), 8, 3, 5)
     kv.cached_attention_preallocated(x[:3], w_q, w_k, w_v, cache=cache)
     k_before, v_before = cache.k_cache.copy(), cache.v_cache.copy()
-    with pytest.raises(ValueError, match="cache is full: 8 of max_seq_len=8"):
+    with pytest.raises(ValueError, match="cache too short: 3 of max_seq_len=8 positions used, x needs T=6"):
         kv.cached_attention_preallocated(x, w_q, w_k, w_v, cache=cache)  # needs 3 + 6 positions
     assert cache.get_seq_length() == 3
     np.testing.assert_array_equal(cache.k_cache, k_before)
@@ -96,10 +133,11 @@ def test_a_cache_too_short_for_t_is_rolled_back():
 @pytest.mark.parametrize(
     "name, cache, error, message",
     [
-        ("preallocated", kv.StaticCache((), 9, 2, 5), ValueError, "do not fit"),  # D_k 2, not 3
+        ("preallocated", kv.StaticCache((), 9, 2, 5), ValueError, "cache does not fit x"),  # D_k 2, not 3
         ("preallocated", kv.StaticCache((), 9, 3, 5, np.float32), TypeError, "float32"),
-        ("batched", kv.StaticCache((2,), 9, 3, 5), ValueError, "do not fit"),  # B = 2, x has 3
-        ("concat", "not a cache", TypeError, "cache must have update"),
+        ("batched", kv.StaticCache((2,), 9, 3, 5), ValueError, "cache does not fit x"),  # B = 2, x has 3
+        ("concat", "not a cache", TypeError, "cache must be a cache instance"),
+        ("concat", kv.DynamicCache, TypeError, "cache must be a cache instance"),
     ],
 )
 def test_a_cache_that_does_not_fit_is_refused(name, cache, error, message):
@@ -109,10 +147,27 @@ def test_a_cache_that_does_not_fit_is_refused(name, cache, error, message):
         assert cache.get_seq_length() == 0 and not cache.k_cache.any()
 
 
+def test_a_cache_that_does_not_fit_is_refused_even_for_t_0():
+    x, w_q, w_k, w_v = strategy_problem("preallocated", 0)
+    with pytest.raises(ValueError, match="cache does not fit x"):
+        kv.cached_attention_preallocated(x, w_q, w_k, w_v, cache=kv.StaticCache((), 4, 2, 5))
+
+
+def test_a_failed_call_leaves_a_new_dynamic_cache_new():
+    x, w_q, w_k, w_v = strategy_problem("concat", 4, dtype=np.float32)
+    cache = kv.DynamicCache()
+    cache.update = lambda k, v, _update=cache.update: _update(k, v) if cache.get_seq_length() < 2 else 1 / 0
+    with pytest.raises(ZeroDivisionError):
+        kv.cached_attention(x, w_q, w_k, w_v, cache=cache)
+    assert cache.k_cache is None and cache.get_seq_length() == 0
+
+
 def test_problem_factory_checks_its_arguments():
-    with pytest.raises(ValueError, match="sizes must be >= 0"):
+    with pytest.raises(ValueError, match="seq_len must be >= 0"):
         kv.make_problem(-1)
-    with pytest.raises(ValueError, match="d_k >= 1"):
+    with pytest.raises(ValueError, match="d_k must be >= 1"):
         kv.make_problem(4, d_k=0)
+    with pytest.raises(TypeError, match="batch_size must be an integer"):
+        kv.make_problem(4, batch_size=2.5)
     with pytest.raises(TypeError, match="float32 or float64"):
         kv.make_problem(4, dtype=np.int32)
