@@ -37,10 +37,10 @@ def venv_python():
 
 def ensure_venv():
     """Create .venv and install ``.[test,bench]`` into it when missing or out of date."""
-    if not venv_python().exists():
+    if not venv_python().exists():  # missing, or left by a Python that is gone: (re)make it
         print(f"creating {VENV.relative_to(ROOT)} ...", flush=True)
-        if subprocess.run([sys.executable, "-m", "venv", str(VENV)]).returncode != 0:
-            raise JobError("python -m venv failed; on Debian/Ubuntu install python3-venv first")
+        if subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)]).returncode != 0:
+            raise JobError(f"python -m venv failed; on Debian/Ubuntu install python3-venv, or delete {VENV}")
     stamp = VENV / "kv-attention-installed"
     digest = hashlib.sha256(b"".join((ROOT / f).read_bytes() for f in ("setup.cfg", "pyproject.toml"))).hexdigest()
     if stamp.exists() and stamp.read_text() == digest:
@@ -169,13 +169,15 @@ def test(args):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="tools/dev.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="tools/dev.py", description=__doc__.split("\n\n")[0], allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
-    bench_parser = commands.add_parser("bench", help="benchmark recent commits of main with asv and publish")
+    bench_parser = commands.add_parser("bench", help="benchmark recent commits of main with asv and publish",
+                                       allow_abbrev=False)
     bench_parser.add_argument("--all", action="store_true",
                               help="every buildable commit of main, not only main, main~1 and the "
                                    f"last {RECENT_LIBRARY_COMMITS} that changed the library or its build")
-    commands.add_parser("test", help="run python -m pytest tests; further arguments go to pytest")
+    commands.add_parser("test", add_help=False,  # so that `test --help` shows pytest's help
+                        help="run python -m pytest tests; further arguments go to pytest")
     args, extra = parser.parse_known_args(argv)
     if extra and args.command != "test":
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
