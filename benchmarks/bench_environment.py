@@ -14,4 +14,16 @@ track_blas_threads.unit = "threads"
 
 
 def peakmem_reference():
-    """Peak memory of a benchmark process that does nothing: the floor under every peakmem_."""
+    """Peak memory of a benchmark process that loaded what every gate loads and decoded nothing.
+
+    The floor under every ``peakmem_``: interpreter, numpy, numpy.testing,
+    threadpoolctl and kv_attention. A ``peakmem_decode`` minus this is the
+    decode's own memory plus the gate's oracle temporaries.
+    """
+    import numpy.testing  # noqa: F401
+
+    import kv_attention  # noqa: F401
+
+    from .common import check_single_threaded
+
+    check_single_threaded()
