@@ -45,15 +45,12 @@ def as_size(name, value, minimum=0):
     return int(value)
 
 
-def _max_row_norm(a):
-    """Largest Euclidean norm of a row of ``a`` (last axis), computed without overflow."""
+def _max_square_norm(a):
+    """Largest squared Euclidean norm over the last axis of ``a``, in float64 (inf if it overflows)."""
     if a.size == 0:
         return 0.0
-    peak = float(np.abs(a).max())
-    if peak == 0.0:
-        return 0.0
-    scaled = a.astype(np.float64) / peak
-    return peak * math.sqrt(float(np.einsum("...d,...d->...", scaled, scaled).max()))
+    a = a.astype(np.float64, copy=False)
+    return float(np.einsum("...d,...d->...", a, a).max())
 
 
 def check_score_range(x, w_q, w_k, w_v, dtype, stored_k=None):
@@ -65,19 +62,17 @@ def check_score_range(x, w_q, w_k, w_v, dtype, stored_k=None):
     to -inf would get softmax weight 0 instead of raising. ``stored_k``,
     ``[..., S, D_k]``, are keys already in a cache, which enter the bound too.
     """
-    x_norm = _max_row_norm(x)
-    largest = math.log(np.finfo(dtype).max) - math.log(4.0)  # margin for rounding
-    logs = {}
-    for name, w in (("q", w_q), ("k", w_k), ("v", w_v)):
-        w_norm = _max_row_norm(w.reshape(1, -1)) if w.size else 0.0
-        logs[name] = math.log(x_norm) + math.log(w_norm) if x_norm and w_norm else -math.inf
-    stored_norm = 0.0 if stored_k is None else _max_row_norm(stored_k)
-    if stored_norm:
-        logs["k"] = max(logs["k"], math.log(stored_norm))
-    if max(logs.values()) > largest or logs["q"] + logs["k"] > largest:
+    limit = float(np.finfo(dtype).max) / 4  # margin for rounding
+    with np.errstate(over="ignore", invalid="ignore"):
+        x_sq = _max_square_norm(x)
+        q, k, v = (math.sqrt(x_sq * _max_square_norm(w.reshape(1, -1))) for w in (w_q, w_k, w_v))
+        if stored_k is not None:
+            k = max(k, math.sqrt(_max_square_norm(stored_k)))
+    # inf * 0 (a zero weight) gives NaN, which compares False: its true product is 0.
+    if q > limit or k > limit or v > limit or q * k > limit:
         raise ValueError(
             f"x and the weights are too large for {np.dtype(dtype)}: q·k could overflow "
-            f"(|q|·|k| up to e^{logs['q'] + logs['k']:.0f}); rescale x or the weights"
+            f"(|q|·|k| up to {q * k:.3g}); rescale x or the weights"
         )
 
 

@@ -44,6 +44,14 @@ def _decode(x, w_q, w_k, w_v, cache):
 
 
 
+def _decode_preallocated(x, w_q, w_k, w_v, cache=None):
+    """The preallocated path for validated ``x: [..., T, D_model]``: a StaticCache of T positions by default."""
+    if cache is None:
+        dtype = np.result_type(x, w_k)
+        cache = StaticCache(x.shape[:-2], x.shape[-2], w_k.shape[1], w_v.shape[1], dtype)
+    return _decode(x, w_q, w_k, w_v, cache)
+
+
 def _check_cache(cache, x, w_k, w_v, dtype):
     """Raise unless ``cache`` is a cache instance that fits ``x``'s leading axes, D_k, D_v, dtype and T."""
     if isinstance(cache, type) or not all(hasattr(cache, n) for n in ("update", "get_seq_length", "crop")):
@@ -144,17 +152,16 @@ def cached_attention_preallocated(x, w_q, w_k, w_v, cache=None):
             input, a ``cache`` that does not fit or is too short, or scores that
             overflow the dtype. A given ``cache`` is left unchanged.
     """
-    x, w_q, w_k, w_v, dtype = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(2,))
-    if cache is None:
-        cache = StaticCache((), x.shape[0], w_k.shape[1], w_v.shape[1], dtype)
-    return _decode(x, w_q, w_k, w_v, cache)
+    x, w_q, w_k, w_v, _ = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(2,))
+    return _decode_preallocated(x, w_q, w_k, w_v, cache)
 
 
 def sequential_cached_attention(x, w_q, w_k, w_v):
     """Decode B sequences one after another in a Python loop: the batch baseline.
 
-    Each sequence goes through :func:`cached_attention_preallocated` with its
-    own preallocated cache, so the only difference from
+    Each sequence goes through the decode path of
+    :func:`cached_attention_preallocated` with its own preallocated cache
+    (inputs validated once for all B), so the only difference from
     :func:`batched_cached_attention` is how many NumPy calls are made.
 
     Args:
@@ -172,7 +179,7 @@ def sequential_cached_attention(x, w_q, w_k, w_v):
     x, w_q, w_k, w_v, dtype = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(3,))
     out = np.empty(x.shape[:-1] + (w_v.shape[1],), dtype=dtype)  # [B, T, D_v]
     for b in range(x.shape[0]):
-        out[b] = cached_attention_preallocated(x[b], w_q, w_k, w_v)  # [T, D_v]
+        out[b] = _decode_preallocated(x[b], w_q, w_k, w_v)  # [T, D_v], validated above
     return out
 
 
@@ -198,8 +205,6 @@ def batched_cached_attention(x, w_q, w_k, w_v, cache=None):
             input, a ``cache`` that does not fit or is too short, or scores that
             overflow the dtype. A given ``cache`` is left unchanged.
     """
-    x, w_q, w_k, w_v, dtype = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(3,))
-    if cache is None:
-        cache = StaticCache(x.shape[:1], x.shape[1], w_k.shape[1], w_v.shape[1], dtype)
-    return _decode(x, w_q, w_k, w_v, cache)
+    x, w_q, w_k, w_v, _ = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(3,))
+    return _decode_preallocated(x, w_q, w_k, w_v, cache)
 
