@@ -24,11 +24,8 @@ def _decode(x, w_q, w_k, w_v, cache):
     call leaves a caller's cache unchanged.
     """
     out = np.empty(x.shape[:-1] + (w_v.shape[1],), dtype=np.result_type(x, w_v))  # [..., T, D_v]
-    _check_cache(cache, x, w_k, w_v, out.dtype)
+    _check_cache(cache, x, w_q, w_k, w_v, out.dtype)
     start = cache.get_seq_length()
-    stored_k = getattr(cache, "k_cache", None)
-    if start and stored_k is not None:  # keys already cached (a prefill) enter the overflow bound too
-        check_score_range(x, w_q, w_k, w_v, out.dtype, stored_k=stored_k[..., :start, :])
     try:
         with np.errstate(over="ignore", invalid="ignore"):
             for t in range(x.shape[-2]):
@@ -42,8 +39,6 @@ def _decode(x, w_q, w_k, w_v, cache):
     return out
 
 
-
-
 def _decode_preallocated(x, w_q, w_k, w_v, cache=None):
     """The preallocated path for validated ``x: [..., T, D_model]``: a StaticCache of T positions by default."""
     if cache is None:
@@ -52,8 +47,11 @@ def _decode_preallocated(x, w_q, w_k, w_v, cache=None):
     return _decode(x, w_q, w_k, w_v, cache)
 
 
-def _check_cache(cache, x, w_k, w_v, dtype):
-    """Raise unless ``cache`` is a cache instance that fits ``x``'s leading axes, D_k, D_v, dtype and T."""
+def _check_cache(cache, x, w_q, w_k, w_v, dtype):
+    """Raise unless ``cache`` is a cache instance that fits ``x``'s leading axes, D_k, D_v, dtype and T.
+
+    Keys already in the cache (a prefill) also enter the overflow bound of q·k.
+    """
     if isinstance(cache, type) or not all(hasattr(cache, n) for n in ("update", "get_seq_length", "crop")):
         raise TypeError(
             "cache must be a cache instance with update(), get_seq_length() and crop() "
@@ -77,6 +75,8 @@ def _check_cache(cache, x, w_k, w_v, dtype):
             f"cache too short: {cache.get_seq_length()} of max_seq_len={room} positions "
             f"used, x needs T={x.shape[-2]} more"
         )
+    if cache.get_seq_length():
+        check_score_range(x, w_q, w_k, w_v, dtype, stored_k=k_cache[..., : cache.get_seq_length(), :])
 
 
 def decode_without_cache(x, w_q, w_k, w_v):
