@@ -81,7 +81,10 @@ def select_commits(whole_history):
         head = git("rev-list", "--max-count=2", BRANCH)  # main and main~1
         library = git("rev-list", f"--max-count={RECENT_LIBRARY_COMMITS}", BRANCH, "--", *LIBRARY_PATHS)
         candidates = list(dict.fromkeys(head + library))
-    return [c for c in candidates if is_buildable(c)]
+    commits = [c for c in candidates if is_buildable(c)]
+    if not commits:
+        raise JobError(f"no commit of {BRANCH} has a buildable package ({', '.join(BUILD_FILES)})")
+    return commits
 
 
 def count_outcomes(commit, conf, benchmarks, machine):
@@ -148,10 +151,8 @@ def record_machine(asv):
 def bench(args):
     """The main job: record the machine, benchmark recent commits, publish, judge main's tip."""
     asv = (sys.executable, "-m", "asv")
-    record_machine(asv)
     commits = select_commits(args.all)
-    if not commits:
-        raise JobError(f"no commit of {BRANCH} has a buildable package ({', '.join(BUILD_FILES)})")
+    record_machine(asv)
     hashfile = ROOT / ".asv" / "commits-to-run.txt"
     hashfile.parent.mkdir(exist_ok=True)
     hashfile.write_text("\n".join(commits) + "\n")
