@@ -156,11 +156,12 @@ def bench(args):
     hashfile = ROOT / ".asv" / "commits-to-run.txt"
     hashfile.parent.mkdir(exist_ok=True)
     hashfile.write_text("\n".join(commits) + "\n")
-    print(f"benchmarking {len(commits)} commit(s) of {BRANCH}; commits already measured here are skipped", flush=True)
+    print(f"benchmarking {len(commits)} commit(s) of {BRANCH}; benchmarks already measured on this machine are skipped", flush=True)
     run(*asv, "run", f"HASHFILE:{hashfile}", "--skip-existing", "--record-samples", check=False)
     run(*asv, "publish")
     head_failed = report(commits, git("rev-parse", BRANCH)[0])
-    print(f"\ndashboard written to {ROOT / '.asv' / 'html'}; view it with: asv preview")
+    print(f"\ndashboard written to {ROOT / '.asv' / 'html'}; view it on 127.0.0.1 with:\n"
+          "  .venv/bin/python -m http.server --bind 127.0.0.1 --directory .asv/html 8080")
     if head_failed:
         raise JobError(f"{len(head_failed)} benchmark(s) failed their gate at {BRANCH}: {', '.join(head_failed)}")
 
