@@ -45,6 +45,14 @@ def as_size(name, value, minimum=0):
     return int(value)
 
 
+def as_float_dtype(dtype):
+    """Return ``np.dtype(dtype)``; TypeError unless it is float32 or float64."""
+    dtype = np.dtype(dtype)
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"dtype must be float32 or float64, got {dtype}")
+    return dtype
+
+
 def _max_square_norm(a):
     """Largest squared Euclidean norm over the last axis of ``a``, in float64 (inf if it overflows)."""
     if a.size == 0:

@@ -13,7 +13,7 @@ returns the keys and values so far, ``get_seq_length()`` counts positions,
 import numpy as np
 
 from ._validation import SUPPORTED_DTYPES as _FLOATS
-from ._validation import as_size
+from ._validation import as_float_dtype, as_size
 
 
 def _check_new_positions(k, v, cache):
@@ -42,11 +42,10 @@ def _check_new_positions(k, v, cache):
 
 def _check_crop(length, stored):
     """Return ``length`` as an int, or raise unless it is an integer in [0, stored]."""
-    if isinstance(length, bool) or not isinstance(length, (int, np.integer)):
-        raise TypeError(f"crop length must be an integer, got {length!r}")
-    if not 0 <= length <= stored:
+    length = as_size("crop length", length)
+    if length > stored:
         raise ValueError(f"crop length must be in [0, {stored}], got {length}")
-    return int(length)
+    return length
 
 
 class DynamicCache:
@@ -135,9 +134,7 @@ class StaticCache:
         max_seq_len, k_dim, v_dim = (
             as_size(name, n) for name, n in (("max_seq_len", max_seq_len), ("k_dim", k_dim), ("v_dim", v_dim))
         )
-        dtype = np.dtype(dtype)
-        if dtype not in _FLOATS:
-            raise TypeError(f"dtype must be float32 or float64, got {dtype}")
+        dtype = as_float_dtype(dtype)
         self.k_cache = np.zeros(batch_shape + (max_seq_len, k_dim), dtype)
         self.v_cache = np.zeros(batch_shape + (max_seq_len, v_dim), dtype)
         self._length = 0

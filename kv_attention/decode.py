@@ -69,14 +69,13 @@ def _check_cache(cache, x, w_q, w_k, w_v, dtype):
         )
     if k_cache.dtype != dtype:
         raise TypeError(f"cache holds {k_cache.dtype} but the computation is {dtype}")
-    room = getattr(cache, "max_seq_len", None)
-    if room is not None and cache.get_seq_length() + x.shape[-2] > room:
+    stored, room = cache.get_seq_length(), getattr(cache, "max_seq_len", None)
+    if room is not None and stored + x.shape[-2] > room:
         raise ValueError(
-            f"cache too short: {cache.get_seq_length()} of max_seq_len={room} positions "
-            f"used, x needs T={x.shape[-2]} more"
+            f"cache too short: {stored} of max_seq_len={room} positions used, x needs T={x.shape[-2]} more"
         )
-    if cache.get_seq_length():
-        check_score_range(x, w_q, w_k, w_v, dtype, stored_k=k_cache[..., : cache.get_seq_length(), :])
+    if stored:
+        check_score_range(x, w_q, w_k, w_v, dtype, stored_k=k_cache[..., :stored, :])
 
 
 def decode_without_cache(x, w_q, w_k, w_v):

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import SUPPORTED_DTYPES, as_size
+from ._validation import as_float_dtype, as_size
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,7 @@ def make_problem(seq_len, batch_size=None, *, d_model=64, d_k=64, d_v=64, seed=4
     d_k = as_size("d_k", d_k, minimum=1)
     if batch_size is not None:
         batch_size = as_size("batch_size", batch_size)
-    dtype = np.dtype(dtype)
-    if dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"dtype must be float32 or float64, got {dtype}")
+    dtype = as_float_dtype(dtype)
     rng = np.random.default_rng(seed)
     x_shape = (seq_len, d_model) if batch_size is None else (batch_size, seq_len, d_model)
     x = rng.standard_normal(x_shape)

@@ -61,25 +61,26 @@ def run(*command, check=True):
 
 
 def git(*args):
+    """Stdout of ``git ARGS`` in the repository, stripped; JobError if git fails."""
     result = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
     if result.returncode != 0:
         raise JobError(f"git {' '.join(args)}: {result.stderr.strip()}")
-    return result.stdout.split()
+    return result.stdout.strip()
 
 
 def is_buildable(commit):
     """True when the commit has every file the package build needs."""
-    listed = set(git("ls-tree", "-r", "--name-only", commit, "--", *BUILD_FILES))
+    listed = set(git("ls-tree", "-r", "--name-only", commit, "--", *BUILD_FILES).split())
     return listed == set(BUILD_FILES)
 
 
 def select_commits(whole_history):
     """Commits of main to benchmark, newest first, never one the package cannot be built from."""
     if whole_history:
-        candidates = git("rev-list", BRANCH)
+        candidates = git("rev-list", BRANCH).split()
     else:
-        head = git("rev-list", "--max-count=2", BRANCH)  # main and main~1
-        library = git("rev-list", f"--max-count={RECENT_LIBRARY_COMMITS}", BRANCH, "--", *LIBRARY_PATHS)
+        head = git("rev-list", "--max-count=2", BRANCH).split()  # main and main~1
+        library = git("rev-list", f"--max-count={RECENT_LIBRARY_COMMITS}", BRANCH, "--", *LIBRARY_PATHS).split()
         candidates = list(dict.fromkeys(head + library))
     commits = [c for c in candidates if is_buildable(c)]
     if not commits:
@@ -113,7 +114,6 @@ def report(commits, head):
     from asv.benchmarks import Benchmarks
     from asv.config import Config
     from asv.machine import Machine
-
     from asv.util import UserError
 
     conf = Config.load(str(ROOT / "asv.conf.json"))
@@ -126,8 +126,7 @@ def report(commits, head):
     head_failed, head_measured = [], False
     for commit in commits:
         counts, failed = count_outcomes(commit, conf, benchmarks, machine)
-        subject = subprocess.run(["git", "log", "-1", "--format=%s", commit], cwd=ROOT,
-                                 capture_output=True, text=True).stdout.strip()
+        subject = git("log", "-1", "--format=%s", commit)
         status = ", ".join(f"{counts[k]} {k}" for k in ("ok", "failed", "skipped")) if counts else "no results"
         print(f"  {commit[:8]}  {status:<30}  {subject[:60]}")
         if commit == head:
@@ -159,7 +158,7 @@ def bench(args):
     print(f"benchmarking {len(commits)} commit(s) of {BRANCH}; benchmarks already measured on this machine are skipped", flush=True)
     run(*asv, "run", f"HASHFILE:{hashfile}", "--skip-existing", "--record-samples", check=False)
     run(*asv, "publish")
-    head_failed = report(commits, git("rev-parse", BRANCH)[0])
+    head_failed = report(commits, git("rev-parse", BRANCH))
     print(f"\ndashboard written to {ROOT / '.asv' / 'html'}; view it on 127.0.0.1 with:\n"
           "  .venv/bin/python -m http.server --bind 127.0.0.1 --directory .asv/html 8080")
     if head_failed:
