@@ -1,0 +1,132 @@
+"""The lab's figures for one run, drawn with matplotlib (the optional ``plots`` extra).
+
+- ``time_vs_T.png``: median decode time vs T per strategy, log-log, with the
+  interquartile range as error bars, for the cache and the batch experiment;
+- ``ratios_vs_T.png``: no_cache / preallocated and the batched speedup vs T;
+- ``positions_vs_B.png``: positions/s vs B at T = 128, with linear scaling from B = 1.
+
+Failed or skipped points are left out of a line; the commit and machine are in every title.
+"""
+
+import os
+
+from ..common import SWEEP_LENGTH
+from .results import ReportError
+from .tables import (BATCH_BENCHMARK, CACHE_BENCHMARK, CACHE_STRATEGIES, batch_size_table,
+                     batch_table, cache_table)
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise ReportError(
+            "plots need matplotlib: pip install -e '.[plots]' (tables and csv work without it)"
+        ) from None
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _log2_axis(ax, ticks):
+    """A base-2 log x axis labelled with the measured values (16, 32, ...) rather than powers."""
+    ax.set_xscale("log", base=2)
+    if ticks:
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.minorticks_off()
+
+
+def _series(run, benchmark, strategy):
+    """(T, median, q25, q75) lists of the points of ``strategy`` that ran, sorted by T."""
+    found = []
+    for (name, _), point in run.points.items():
+        if name == benchmark and point.params.get("strategy") == strategy and isinstance(point.value, float):
+            found.append((point.params["T"], point.value,
+                          point.stats.get("q_25", point.value), point.stats.get("q_75", point.value)))
+    return [list(column) for column in zip(*sorted(found))] or [[], [], [], []]
+
+
+def _numbers(table, figure):
+    pairs = [(key, cells[figure]) for key, cells in table.rows if isinstance(cells[figure], float)]
+    return [list(column) for column in zip(*pairs)] or [[], []]
+
+
+def _time_vs_t(plt, run, title):
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
+    panels = [(axes[0], CACHE_BENCHMARK, CACHE_STRATEGIES, "cache: one sequence"),
+              (axes[1], BATCH_BENCHMARK, ("sequential", "batched"), "batch: B = 2 sequences")]
+    for ax, benchmark, strategies, name in panels:
+        for strategy in strategies:
+            t, median, q25, q75 = _series(run, benchmark, strategy)
+            ms = [m * 1e3 for m in median]
+            err = [[(m - lo) * 1e3 for m, lo in zip(median, q25)], [(hi - m) * 1e3 for m, hi in zip(median, q75)]]
+            ax.errorbar(t, ms, yerr=err, marker="o", capsize=3, label=strategy)
+            _log2_axis(ax, t)
+        ax.set(yscale="log", xlabel="T (tokens decoded)", title=name)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    axes[0].set_ylabel("median decode time (ms)")
+    fig.suptitle(f"Decode time vs T — {title}")
+    return fig
+
+
+def _ratios_vs_t(plt, run, title):
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for ax, table, figure, label in [
+        (axes[0], cache_table(run), "no_cache / preallocated", "no_cache / preallocated (×)"),
+        (axes[1], batch_table(run), "speedup", "batched speedup: sequential / batched (×)"),
+    ]:
+        t, ratio = _numbers(table, figure)
+        ax.plot(t, ratio, marker="o")
+        _log2_axis(ax, t)
+        ax.set(xlabel="T (tokens decoded)", ylabel=label, title=label)
+        ax.grid(True, which="both", alpha=0.3)
+    fig.suptitle(f"Ratios vs T — {title}")
+    return fig
+
+
+def _positions_vs_b(plt, run, title):
+    table = batch_size_table(run)
+    b, rate = _numbers(table, "positions / s")
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    ax.plot(b, rate, marker="o", label="measured")
+    if b and b[0] == 1:
+        ax.plot(b, [rate[0] * x for x in b], linestyle="--", color="grey", label="linear from B = 1")
+    _log2_axis(ax, b)
+    ax.yaxis.set_major_formatter("{x:,.0f}")
+    ax.set(xlabel="B (sequences per batch)", ylabel="positions / s", title=f"Batched decode at T = {SWEEP_LENGTH}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.suptitle(f"Positions/s vs B — {title}", fontsize=10)
+    return fig
+
+
+FIGURES = {"time_vs_T.png": _time_vs_t, "ratios_vs_T.png": _ratios_vs_t, "positions_vs_B.png": _positions_vs_b}
+
+
+def write_plots(run, out_dir):
+    """Draw the three figures of ``run`` into ``out_dir`` (created if missing); returns their paths.
+
+    Raises:
+        ReportError: matplotlib is not installed, or ``out_dir`` cannot be written.
+    """
+    plt = _pyplot()
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as exc:
+        raise ReportError(f"cannot create --out directory {out_dir}: {exc.strerror}") from None
+    title = f"commit {run.commit[:8]} on {run.machine}"
+    paths = []
+    for name, draw in FIGURES.items():
+        fig = draw(plt, run, title)
+        path = os.path.join(out_dir, name)
+        fig.tight_layout()
+        try:
+            fig.savefig(path, dpi=110)
+        except OSError as exc:
+            raise ReportError(f"cannot write {path}: {exc.strerror}") from None
+        finally:
+            plt.close(fig)
+        paths.append(path)
+    return paths

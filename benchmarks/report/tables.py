@@ -1,0 +1,187 @@
+"""The lab's three tables, derived from one run's medians, as Markdown.
+
+- cache: per T, the median decode time of no_cache, concat and preallocated,
+  and the ratio no_cache / preallocated;
+- batch: per T, sequential vs batched decode of B sequences (both timings cover
+  the whole decode of all B), the speedup, positions/s = B x T / batched time,
+  and the time batching saves per decode step;
+- batch size: batched decode at T = 128 per B: time, time per sequence,
+  positions/s and its scaling against B = 1.
+
+A cell holds seconds, a ratio or a rate, or the marker ``failed`` (the gate or
+the benchmark raised) or ``n/a`` (skipped, or not measured at that commit); a
+figure derived from a marked cell carries the marker on.
+"""
+
+import datetime
+from dataclasses import dataclass
+
+from ..common import BATCH, LENGTHS, SWEEP_BATCH_SIZES, SWEEP_LENGTH
+from .results import FAILED, SKIPPED
+
+CACHE_BENCHMARK = "bench_cache.CacheStrategy.time_decode"
+BATCH_BENCHMARK = "bench_batch.BatchStrategy.time_decode"
+SWEEP_BENCHMARK = "bench_batch.BatchSize.time_batched_decode"
+CACHE_STRATEGIES = ("no_cache", "concat", "preallocated")
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table of one run: ``rows`` are ``(key, {figure: cell})``; ``kinds`` maps figure -> format."""
+
+    title: str
+    key: str  # header of the first column: "T" or "B"
+    kinds: dict  # figure label -> "ms" | "ratio" | "rate" | "us"
+    rows: list
+    note: str = ""
+
+
+def _number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _combine(op, *cells):
+    """``op(*cells)`` if every cell is a number, else the marker (failed wins over n/a)."""
+    if all(_number(c) for c in cells):
+        try:
+            return op(*cells)
+        except ZeroDivisionError:
+            return SKIPPED
+    return FAILED if FAILED in cells else SKIPPED
+
+
+def _keys(run, benchmark, name, default):
+    found = sorted({dict(key[1]).get(name) for key in run.points if key[0] == benchmark} - {None})
+    return found or list(default)
+
+
+def cache_table(run):
+    """Cache experiment: one sequence ``[T, 64]``, median ms per strategy and no_cache / preallocated."""
+    rows = []
+    for t in _keys(run, CACHE_BENCHMARK, "T", LENGTHS):
+        cells = {f"{s} / ms": run.value(CACHE_BENCHMARK, T=t, strategy=s) for s in CACHE_STRATEGIES}
+        cells["no_cache / preallocated"] = _combine(
+            lambda a, b: a / b, cells["no_cache / ms"], cells["preallocated / ms"]
+        )
+        rows.append((t, cells))
+    kinds = {f"{s} / ms": "ms" for s in CACHE_STRATEGIES} | {"no_cache / preallocated": "ratio"}
+    return Table("Cache experiment: full decode of one sequence", "T", kinds, rows)
+
+
+def batch_table(run, batch=BATCH):
+    """Batch experiment: B sequences ``[B, T, 64]`` decoded one after another vs as one batch."""
+    rows = []
+    for t in _keys(run, BATCH_BENCHMARK, "T", LENGTHS):
+        seq = run.value(BATCH_BENCHMARK, T=t, strategy="sequential")
+        bat = run.value(BATCH_BENCHMARK, T=t, strategy="batched")
+        rows.append((t, {
+            "sequential / ms": seq,
+            "batched / ms": bat,
+            "speedup": _combine(lambda a, b: a / b, seq, bat),
+            "positions / s": _combine(lambda b: batch * t / b, bat),
+            "saved / step, µs": _combine(lambda a, b: (a - b) / t, seq, bat),
+        }))
+    kinds = {"sequential / ms": "ms", "batched / ms": "ms", "speedup": "ratio3",
+             "positions / s": "rate", "saved / step, µs": "us"}
+    note = (f"Both timings cover the whole decode of all B = {batch} sequences; "
+            "positions / s = B x T / batched time; saved / step = (sequential - batched) / T.")
+    return Table(f"Batch experiment: B = {batch} sequences, sequential vs batched", "T", kinds, rows, note)
+
+
+def batch_size_table(run, t_len=SWEEP_LENGTH):
+    """Batch-size sweep at T = 128: batched ms, ms per sequence, positions/s, scaling vs B = 1."""
+    sizes = _keys(run, SWEEP_BENCHMARK, "B", SWEEP_BATCH_SIZES)
+    rate = {b: _combine(lambda s: b * t_len / s, run.value(SWEEP_BENCHMARK, B=b)) for b in sizes}
+    rows = []
+    for b in sizes:
+        bat = run.value(SWEEP_BENCHMARK, B=b)
+        rows.append((b, {
+            "batched / ms": bat,
+            "ms per sequence": _combine(lambda s: s / b, bat),
+            "positions / s": rate[b],
+            "scaling vs B = 1": _combine(lambda r, r1: r / r1, rate[b], rate.get(1, SKIPPED)),
+        }))
+    kinds = {"batched / ms": "ms", "ms per sequence": "ms", "positions / s": "rate", "scaling vs B = 1": "ratio3"}
+    note = f"positions / s = B x {t_len} / batched time; scaling = positions / s over that of B = 1."
+    return Table(f"Batch size: batched decode at T = {t_len}", "B", kinds, rows, note)
+
+
+def all_tables(run):
+    return [cache_table(run), batch_table(run), batch_size_table(run)]
+
+
+def format_cell(value, kind):
+    """A cell as text: ms with 3 decimals, ratios as ``16.18x``, rates with thousands separators."""
+    if not _number(value):
+        return str(value)
+    if kind == "ms":
+        return f"{value * 1e3:.3f}"
+    if kind == "ratio":
+        return f"{value:.2f}x"
+    if kind == "ratio3":
+        return f"{value:.3f}x"
+    if kind == "rate":
+        return f"{value:,.0f}"
+    if kind == "us":
+        return f"{value * 1e6:.1f}"
+    raise ValueError(f"unknown cell kind {kind!r}")
+
+
+def _markdown(headers, rows, left=1):
+    """A pipe table; the first ``left`` columns are keys, the rest right-aligned numbers."""
+    from tabulate import tabulate  # asv's own dependency
+
+    align = ["right"] + ["left"] * (left - 1) + ["right"] * (len(headers) - left)
+    return tabulate(rows, headers=headers, tablefmt="pipe", colalign=align, disable_numparse=True)
+
+
+def render_table(table):
+    """One table as Markdown: a heading, the table, and its note."""
+    headers = [table.key, *table.kinds]
+    rows = [[str(key), *(format_cell(cells[f], k) for f, k in table.kinds.items())] for key, cells in table.rows]
+    parts = [f"### {table.title}", "", _markdown(headers, rows)]
+    return "\n".join(parts + (["", table.note] if table.note else []))
+
+
+def _change(base, head):
+    return _combine(lambda a, b: b / a, base, head)
+
+
+def render_compare(base_table, head_table, base_label, head_label):
+    """Two runs' versions of one table, side by side: one row per (key, figure), with HEAD / BASE."""
+    head_rows = dict(head_table.rows)
+    rows = []
+    for key, base_cells in base_table.rows:
+        head_cells = head_rows.get(key, {})
+        for figure, kind in base_table.kinds.items():
+            b, h = base_cells[figure], head_cells.get(figure, SKIPPED)
+            rows.append([str(key), figure, format_cell(b, kind), format_cell(h, kind),
+                         format_cell(_change(b, h), "ratio3")])
+    for key, _ in head_table.rows:  # keys only the newer run measured
+        if key not in dict(base_table.rows):
+            for figure, kind in head_table.kinds.items():
+                h = head_rows[key][figure]
+                rows.append([str(key), figure, SKIPPED, format_cell(h, kind), SKIPPED])
+    headers = [base_table.key, "figure", base_label, head_label, f"{head_label} / {base_label}"]
+    return "\n".join([f"### {base_table.title}", "", _markdown(headers, rows, left=2)])
+
+
+def describe(run):
+    """Lines naming the commit, the machine and the environment a run was measured in."""
+    p = run.machine_params
+    when = datetime.datetime.fromtimestamp(run.date / 1000, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    ram = f", {int(p['ram']) / 2**30:.1f} GiB RAM" if str(p.get("ram", "")).isdigit() else ""
+    machine = ", ".join(str(p[k]) for k in ("cpu", "arch", "os") if p.get(k))
+    cpus = f", {p['num_cpu']} CPUs" if p.get("num_cpu") else ""
+    packages = ", ".join(f"{k} {v}" for k, v in p.items()
+                         if k not in {"arch", "cpu", "machine", "num_cpu", "os", "ram"})
+    threads = ", ".join(f"{k}={v}" for k, v in sorted(run.env_vars.items())) or "none set"
+    samples = sorted({pt.stats.get("repeat") for pt in run.points.values()
+                      if pt.benchmark.split(".")[-1].startswith("time_") and pt.stats.get("repeat")})
+    counts = f"{samples[0]}" if len(samples) == 1 else f"{samples[0]}–{samples[-1]}" if samples else "?"
+    return [
+        f"- commit `{run.commit[:8]}` (commit date {when})",
+        f"- machine `{run.machine}`: {machine}{cpus}{ram}",
+        f"- environment `{run.env_name}`: {packages}; thread variables {threads}",
+        f"- each time is asv's median of {counts} samples per point",
+    ]
