@@ -150,7 +150,8 @@ def test_tables_show_the_lab_figures_computed_from_the_medians(repo, capsys):
         assert float(row[2]) == pytest.approx(bat * 1e3, abs=5e-4)
         assert row[3] == "1.500x"
         assert int(row[4].replace(",", "")) == round(2 * t / bat)
-        assert float(row[5]) == pytest.approx((seq - bat) / t * 1e6, abs=0.05)
+        assert float(row[5]) == pytest.approx(bat / t * 1e6, abs=0.05)
+        assert float(row[6]) == pytest.approx((seq - bat) / t * 1e6, abs=0.05)
     rows = table_rows(out, SWEEP_TITLE)
     assert [int(r[0]) for r in rows] == [1, 2, 4, 8]
     for row, b in zip(rows, (1, 2, 4, 8)):
@@ -191,7 +192,7 @@ def test_failed_and_skipped_points_are_marked_and_the_rest_renders(repo, capsys)
     assert cache[64][3] == "failed" and cache[64][4] == "failed"  # the ratio carries the mark
     assert cache[32][2] == "n/a" and cache[32][4].endswith("x")  # concat skipped: ratio unaffected
     batch = {int(r[0]): r for r in table_rows(out, BATCH_TITLE)}
-    assert batch[128][1] != "failed" and batch[128][2:] == ["failed"] * 4
+    assert batch[128][1] != "failed" and batch[128][2:] == ["failed"] * 5
     sweep = {int(r[0]): r for r in table_rows(out, SWEEP_TITLE)}
     assert sweep[1][1:] == ["n/a"] * 4
     assert all(c == "n/a" for c in (sweep[2][4], sweep[8][4]))  # no B = 1 rate to scale against

@@ -4,7 +4,7 @@
   and the ratio no_cache / preallocated;
 - batch: per T, sequential vs batched decode of B sequences (both timings cover
   the whole decode of all B), the speedup, positions/s = B x T / batched time,
-  and the time batching saves per decode step;
+  and the batched time and the time batching saves per decode step;
 - batch size: batched decode at T = 128 per B: time, time per sequence,
   positions/s and its scaling against B = 1.
 
@@ -79,12 +79,14 @@ def batch_table(run, batch=BATCH):
             "batched / ms": bat,
             "speedup": _combine(lambda a, b: a / b, seq, bat),
             "positions / s": _combine(lambda b: batch * t / b, bat),
+            "batched / step, µs": _combine(lambda b: b / t, bat),
             "saved / step, µs": _combine(lambda a, b: (a - b) / t, seq, bat),
         }))
     kinds = {"sequential / ms": "ms", "batched / ms": "ms", "speedup": "ratio3",
-             "positions / s": "rate", "saved / step, µs": "us"}
+             "positions / s": "rate", "batched / step, µs": "us", "saved / step, µs": "us"}
     note = (f"Both timings cover the whole decode of all B = {batch} sequences; "
-            "positions / s = B x T / batched time; saved / step = (sequential - batched) / T.")
+            "positions / s = B x T / batched time; a step decodes one position of every sequence; "
+            "saved / step = (sequential - batched) / T, so speedup = 1 + saved / batched per step.")
     return Table(f"Batch experiment: B = {batch} sequences, sequential vs batched", "T", kinds, rows, note)
 
 
