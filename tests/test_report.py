@@ -395,3 +395,101 @@ def test_report_modules_define_nothing_asv_would_run():
         classes = [v for v in vars(module).values() if isinstance(v, type) and v.__module__ == module.__name__]
         names += [f"{c.__name__}.{n}" for c in classes for n in vars(c) if benchmark_name.match(n)]
         assert names == [], module.__name__
+
+
+# --- files that are not what they should be ---------------------------------------------------------
+
+
+def test_without_benchmarks_json_the_suites_own_param_names_are_used(repo, capsys):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2])
+    (path / ".asv/results/benchmarks.json").write_text("[1]")
+    (path / ".asv/results/box/notes.json").write_text("stray")  # not <hash8>-<env>.json: ignored
+    code, out, _ = report(path, "tables", capsys=capsys)
+    assert code == 0
+    assert float(table_rows(out, CACHE_TITLE)[0][1]) == pytest.approx(medians()[0][(16, "no_cache")] * 1e3)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda d: d["results"][CACHE][0].__setitem__(0, "0.5"),  # a string where seconds belong
+    lambda d: d["results"][CACHE][0].__setitem__(0, -0.001),  # a negative time
+    lambda d: d["results"][CACHE][0].__setitem__(0, 0.0),  # a zero time
+    lambda d: d["results"][SWEEP][COLUMNS.index("samples")].__setitem__(0, ["a"]),  # a bad sample
+    lambda d: d.__setitem__("results", []),
+    lambda d: d.__setitem__("commit_hash", None),
+    lambda d: d.__setitem__("date", "yesterday"),
+    lambda d: d["results"].__setitem__(CACHE, None),
+])
+def test_a_malformed_result_file_is_an_error_not_a_figure(repo, capsys, edit):
+    path, hashes = repo
+    run = write_run(path / ".asv/results", hashes[2])
+    data = json.loads(run.read_text())
+    edit(data)
+    run.write_text(json.dumps(data))
+    code, out, err = report(path, "tables", "--commit", "HEAD", capsys=capsys)
+    assert code == 1 and err.startswith("report: error: cannot read asv result file") and out == ""
+
+
+def test_numpy_scalar_parameter_reprs_are_read_as_numbers(repo, capsys):
+    path, hashes = repo
+    run = write_run(path / ".asv/results", hashes[2])
+    data = json.loads(run.read_text())
+    data["results"][SWEEP][1] = [[f"np.int64({b})" for b in (1, 2, 4, 8)]]
+    run.write_text(json.dumps(data))
+    code, out, _ = report(path, "tables", capsys=capsys)
+    assert code == 0
+    assert [int(r[0]) for r in table_rows(out, SWEEP_TITLE)] == [1, 2, 4, 8]
+    assert int(table_rows(out, SWEEP_TITLE)[3][3].replace(",", "")) == round(8 * 128 / medians()[2][8])
+
+
+def test_default_commit_measured_in_several_environments_needs_env(repo, capsys):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2])
+    write_run(path / ".asv/results", hashes[2], env="conda-py3.12")
+    code, _, err = report(path, "tables", capsys=capsys)
+    assert code == 1 and "--env" in err
+
+
+def test_a_full_hash_of_a_commit_git_does_not_know(repo, capsys):
+    path, _ = repo
+    other = "abcdef12" + "3" * 32
+    write_run(path / ".asv/results", other)
+    code, out, _ = report(path, "tables", "--commit", other, capsys=capsys)
+    assert code == 0 and "`abcdef12`" in out
+    code, _, err = report(path, "tables", "--commit", "abcdef12" + "4" * 32, capsys=capsys)
+    assert code == 1 and "unknown commit" in err
+    code, _, err = report(path, "tables", "--commit", "abc", capsys=capsys)
+    assert code == 1 and "too short" in err
+
+
+def test_csv_env_filter_env_column_and_no_partial_file(repo, capsys, tmp_path):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2], n_samples=3)
+    write_run(path / ".asv/results", hashes[2], n_samples=3, env="conda-py3.12")
+    out_file = tmp_path / "env.csv"
+    code, _, _ = report(path, "csv", "--out", str(out_file), "--env", "conda", capsys=capsys)
+    assert code == 0
+    rows = read_csv(out_file)
+    assert len(rows) == 29 * 3 and {r["env"] for r in rows} == {"conda-py3.12"}
+    broken = path / ".asv/results/box" / f"{hashes[2][:8]}-{ENV}.json"
+    broken.write_text("{")
+    code, _, err = report(path, "csv", "--out", str(out_file), capsys=capsys)
+    assert code == 1 and "cannot read asv result file" in err
+    assert len(read_csv(out_file)) == 29 * 3  # the earlier file is left whole
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".report-")] == []
+    code, _, err = report(path, "csv", "--out", str(broken), capsys=capsys)
+    assert code == 1 and "inside the results directory" in err and broken.read_text() == "{"
+
+
+def test_plots_of_a_run_where_every_gate_failed(repo, capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    path, hashes = repo
+    override = {(name, key): None for name, keys in (
+        (CACHE, [(t, s) for t in LENGTHS for s in ("no_cache", "concat", "preallocated")]),
+        (BATCH, [(t, s) for t in LENGTHS for s in ("sequential", "batched")]),
+        (SWEEP, [1, 2, 4, 8])) for key in keys}
+    write_run(path / ".asv/results", hashes[2], override=override)
+    code, out, _ = report(path, "plots", "--out", str(tmp_path / "figs"), capsys=capsys)
+    assert code == 0 and len(list((tmp_path / "figs").iterdir())) == 3
+    code, out, _ = report(path, "tables", capsys=capsys)
+    assert code == 0 and table_rows(out, CACHE_TITLE)[0][1:] == ["failed"] * 4

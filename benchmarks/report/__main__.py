@@ -1,6 +1,7 @@
 """Command line of the report: ``python -m benchmarks.report {tables,compare,csv,plots}``.
 
-Errors the user can fix print one line to stderr and exit 1; usage errors exit 2 (argparse).
+Errors the user can fix print one line to stderr and exit 1; usage errors exit 2
+(argparse); Ctrl-C exits 130.
 """
 
 import argparse
@@ -13,28 +14,40 @@ from .results import ReportError, ResultsDir
 DEFAULT_CONFIG = "asv.conf.json"
 
 
-def _results_dir(args):
-    """``--results-dir`` if given, else asv.conf.json's ``results_dir`` (relative to that file)."""
-    if args.results_dir:
-        return args.results_dir, "."
+def _load_config(path):
+    """asv.conf.json (JSON with comments and trailing commas, read by asv's own loader) as a dict."""
     try:
         from asv.util import load_json
-
-        conf = load_json(args.config, js_comments=True)
-    except Exception as exc:  # asv raises UserError for a missing or malformed file
-        raise ReportError(f"cannot read asv config {args.config}: {exc}") from None
-    root = os.path.dirname(os.path.abspath(args.config))
-    return os.path.join(root, conf.get("results_dir", "results")), root
+    except ImportError:
+        raise ReportError("asv is not installed here: run inside .venv (source .venv/bin/activate)") from None
+    try:
+        conf = load_json(path, js_comments=True)
+    except Exception as exc:  # asv raises UserError (or others) for a missing or malformed file
+        raise ReportError(f"cannot read asv config {path}: {str(exc) or type(exc).__name__}") from None
+    if not isinstance(conf, dict) or not isinstance(conf.get("results_dir", "results"), str):
+        raise ReportError(f"cannot read asv config {path}: not an object with a string results_dir")
+    return conf
 
 
 def _open(args):
-    path, repo = _results_dir(args)
-    results = ResultsDir(path, repo_dir=repo)
-    return results, results.pick_machine(args.machine)
+    """The results directory (``--results-dir`` or the config's ``results_dir``) and the machine."""
+    from .tables import KNOWN_PARAM_NAMES
+
+    if args.results_dir:
+        path, repo = args.results_dir, "."
+    else:
+        conf = _load_config(args.config)
+        root = os.path.dirname(os.path.abspath(args.config))
+        path = os.path.join(root, conf.get("results_dir", "results"))
+        repo = os.path.join(root, conf.get("repo", ".")) if isinstance(conf.get("repo"), str) else root
+    results = ResultsDir(path, repo_dir=repo, known_param_names=KNOWN_PARAM_NAMES)
+    machine = results.pick_machine(args.machine) if args.machine or args.command != "csv" else None
+    return results, machine
 
 
 def _run(results, machine, rev, env):
-    return results.load(machine, None if rev is None else results.resolve(rev, machine), env)
+    hash8 = None if rev is None else results.resolve(rev, machine)
+    return results.load(machine, hash8, env, rev=rev)
 
 
 def cmd_tables(args):
@@ -42,10 +55,9 @@ def cmd_tables(args):
 
     results, machine = _open(args)
     run = _run(results, machine, args.commit, args.env)
-    print(f"## kv-attention decode benchmarks at `{run.commit[:8]}` on `{run.machine}`\n")
-    print("\n".join(describe(run)))
-    for table in all_tables(run):
-        print("\n" + render_table(table))
+    lines = [f"## kv-attention decode benchmarks at `{run.commit[:8]}` on `{run.machine}`", "", *describe(run)]
+    lines += ["\n" + render_table(table) for table in all_tables(run)]
+    print("\n".join(lines))
 
 
 def _label(rev, run):
@@ -61,34 +73,27 @@ def cmd_compare(args):
     base = _run(results, machine, args.base, args.env)
     head = _run(results, machine, args.head, args.env)
     labels = tuple(_label(rev, run) for rev, run in ((args.base, base), (args.head, head)))
-    print(f"## {labels[0]} vs {labels[1]} on `{machine}`\n")
+    lines = [f"## {labels[0]} vs {labels[1]} on `{machine}`", ""]
     for label, run in zip(labels, (base, head)):
-        print(f"{label}:\n" + "\n".join(describe(run)) + "\n")
-    print("Last column: HEAD / BASE. Above 1 is slower for times, better for speedups, "
-          "positions / s and scaling.")
-    for base_table, head_table in zip(all_tables(base), all_tables(head)):
-        print("\n" + render_compare(base_table, head_table, *labels))
+        lines += [f"{label}:", *describe(run), ""]
+    lines.append("Last column: HEAD / BASE. For a time (ms, µs) above 1 is slower; for a speedup, "
+                 "positions / s, scaling or no_cache / preallocated above 1 is larger.")
+    lines += ["\n" + render_compare(b, h, *labels) for b, h in zip(all_tables(base), all_tables(head))]
+    print("\n".join(lines))
 
 
 def cmd_csv(args):
     from .samples import write_csv
 
-    results, machine = _open(args) if args.machine else (_open_all(args), None)
-    try:
-        counts = write_csv(results, args.out, machine)
-    except OSError as exc:
-        raise ReportError(f"cannot write {args.out}: {exc.strerror}") from None
+    results, machine = _open(args)
+    counts = write_csv(results, args.out, machine, args.env)
+    where = "stdout" if args.out == "-" else args.out
     print(f"wrote {counts['rows']} rows from {counts['points']} benchmark points "
-          f"in {counts['runs']} result files to {args.out}")
+          f"in {counts['runs']} result files to {where}", file=sys.stderr if args.out == "-" else sys.stdout)
     if counts["points_without_samples"]:
         print(f"note: {counts['points_without_samples']} points have no recorded samples "
               "(asv ran without --record-samples); their rows hold asv's median, quartiles "
               "and 99 % confidence bounds instead (column 'statistic')", file=sys.stderr)
-
-
-def _open_all(args):
-    path, repo = _results_dir(args)
-    return ResultsDir(path, repo_dir=repo)
 
 
 def cmd_plots(args):
@@ -119,7 +124,7 @@ def parser():
     c.add_argument("head", help="HEAD: git revision or hash prefix")
     c.set_defaults(func=cmd_compare)
     s = sub.add_parser("csv", parents=[common], help="every recorded timing sample, one row each")
-    s.add_argument("--out", required=True, help="CSV file to write")
+    s.add_argument("--out", required=True, help="CSV file to write ('-' for stdout)")
     s.set_defaults(func=cmd_csv)
     g = sub.add_parser("plots", parents=[common], help="PNG figures for one commit (needs matplotlib)")
     g.add_argument("--out", required=True, help="directory for the PNG files")
@@ -135,7 +140,11 @@ def main(argv=None):
     except ReportError as exc:
         print(f"report: error: {exc}", file=sys.stderr)
         return 1
-    except BrokenPipeError:  # e.g. piped into head
+    except KeyboardInterrupt:
+        print("report: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. piped into head: stop quietly
+        sys.stdout = None
         return 0
     return 0
 

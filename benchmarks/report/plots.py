@@ -5,13 +5,14 @@
 - ``ratios_vs_T.png``: no_cache / preallocated and the batched speedup vs T;
 - ``positions_vs_B.png``: positions/s vs B at T = 128, with linear scaling from B = 1.
 
-Failed or skipped points are left out of a line; the commit and machine are in every title.
+A failed or skipped point leaves a gap in its line; the commit and machine are in every title.
 """
 
+import math
 import os
 
 from ..common import SWEEP_LENGTH
-from .results import ReportError
+from .results import ReportError, is_number
 from .tables import (BATCH_BENCHMARK, CACHE_BENCHMARK, CACHE_STRATEGIES, batch_size_table,
                      batch_table, cache_table)
 
@@ -37,34 +38,49 @@ def _log2_axis(ax, ticks):
         ax.minorticks_off()
 
 
-def _series(run, benchmark, strategy):
-    """(T, median, q25, q75) lists of the points of ``strategy`` that ran, sorted by T."""
-    found = []
-    for (name, _), point in run.points.items():
-        if name == benchmark and point.params.get("strategy") == strategy and isinstance(point.value, float):
-            found.append((point.params["T"], point.value,
-                          point.stats.get("q_25", point.value), point.stats.get("q_75", point.value)))
-    return [list(column) for column in zip(*sorted(found))] or [[], [], [], []]
+def _series(run, benchmark, strategy, lengths):
+    """Per T in ``lengths``: median ms, and its distance to the quartiles; NaN where no time was measured."""
+    median, below, above = [], [], []
+    for t in lengths:
+        point = run.points.get((benchmark, (("T", t), ("strategy", strategy))))
+        ok = point is not None and is_number(point.value)
+        v = point.value if ok else math.nan
+        median.append(v * 1e3)
+        below.append(max(0.0, v - point.stats.get("q_25", v)) * 1e3 if ok else 0.0)
+        above.append(max(0.0, point.stats.get("q_75", v) - v) * 1e3 if ok else 0.0)
+    return median, [below, above]
 
 
 def _numbers(table, figure):
-    pairs = [(key, cells[figure]) for key, cells in table.rows if isinstance(cells[figure], float)]
-    return [list(column) for column in zip(*pairs)] or [[], []]
+    """(keys, values) of a table column; NaN where the cell is failed or n/a, so the line breaks there."""
+    rows = [(key, cells[figure]) for key, cells in table.rows if is_number(key)]
+    return [key for key, _ in rows], [v if is_number(v) else math.nan for _, v in rows]
+
+
+def _finish(ax, keys, values, log_y=False):
+    """Axis scales, grid and legend; a note instead of a log scale when nothing was measured."""
+    _log2_axis(ax, keys)
+    if any(math.isfinite(v) for v in values):
+        if log_y:
+            ax.set_yscale("log")
+    else:
+        ax.text(0.5, 0.5, "no measured points", transform=ax.transAxes, ha="center")
+    ax.grid(True, which="both", alpha=0.3)
 
 
 def _time_vs_t(plt, run, title):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
-    panels = [(axes[0], CACHE_BENCHMARK, CACHE_STRATEGIES, "cache: one sequence"),
-              (axes[1], BATCH_BENCHMARK, ("sequential", "batched"), "batch: B = 2 sequences")]
-    for ax, benchmark, strategies, name in panels:
+    panels = [(axes[0], cache_table(run), CACHE_BENCHMARK, CACHE_STRATEGIES, "cache: one sequence"),
+              (axes[1], batch_table(run), BATCH_BENCHMARK, ("sequential", "batched"), "batch: B = 2 sequences")]
+    for ax, table, benchmark, strategies, name in panels:
+        lengths = [t for t, _ in table.rows if is_number(t)]
+        every = []
         for strategy in strategies:
-            t, median, q25, q75 = _series(run, benchmark, strategy)
-            ms = [m * 1e3 for m in median]
-            err = [[(m - lo) * 1e3 for m, lo in zip(median, q25)], [(hi - m) * 1e3 for m, hi in zip(median, q75)]]
-            ax.errorbar(t, ms, yerr=err, marker="o", capsize=3, label=strategy)
-            _log2_axis(ax, t)
-        ax.set(yscale="log", xlabel="T (tokens decoded)", title=name)
-        ax.grid(True, which="both", alpha=0.3)
+            median, err = _series(run, benchmark, strategy, lengths)
+            ax.errorbar(lengths, median, yerr=err, marker="o", capsize=3, label=strategy)
+            every += median
+        _finish(ax, lengths, every, log_y=True)
+        ax.set(xlabel="T (tokens decoded)", title=name)
         ax.legend()
     axes[0].set_ylabel("median decode time (ms)")
     fig.suptitle(f"Decode time vs T — {title}")
@@ -79,9 +95,8 @@ def _ratios_vs_t(plt, run, title):
     ]:
         t, ratio = _numbers(table, figure)
         ax.plot(t, ratio, marker="o")
-        _log2_axis(ax, t)
+        _finish(ax, t, ratio)
         ax.set(xlabel="T (tokens decoded)", ylabel=label, title=label)
-        ax.grid(True, which="both", alpha=0.3)
     fig.suptitle(f"Ratios vs T — {title}")
     return fig
 
@@ -91,12 +106,11 @@ def _positions_vs_b(plt, run, title):
     b, rate = _numbers(table, "positions / s")
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     ax.plot(b, rate, marker="o", label="measured")
-    if b and b[0] == 1:
+    if b and b[0] == 1 and math.isfinite(rate[0]):
         ax.plot(b, [rate[0] * x for x in b], linestyle="--", color="grey", label="linear from B = 1")
-    _log2_axis(ax, b)
+    _finish(ax, b, rate)
     ax.yaxis.set_major_formatter("{x:,.0f}")
     ax.set(xlabel="B (sequences per batch)", ylabel="positions / s", title=f"Batched decode at T = {SWEEP_LENGTH}")
-    ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.suptitle(f"Positions/s vs B — {title}", fontsize=10)
     return fig

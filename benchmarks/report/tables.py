@@ -16,13 +16,18 @@ figure derived from a marked cell carries the marker on.
 import datetime
 from dataclasses import dataclass
 
+from ..bench_batch import BatchSize, BatchStrategy
+from ..bench_cache import CacheStrategy
 from ..common import BATCH, LENGTHS, SWEEP_BATCH_SIZES, SWEEP_LENGTH
-from .results import FAILED, SKIPPED
+from .results import FAILED, SKIPPED, param_sort_key, is_number
 
 CACHE_BENCHMARK = "bench_cache.CacheStrategy.time_decode"
 BATCH_BENCHMARK = "bench_batch.BatchStrategy.time_decode"
 SWEEP_BENCHMARK = "bench_batch.BatchSize.time_batched_decode"
 CACHE_STRATEGIES = ("no_cache", "concat", "preallocated")
+# Used where asv's benchmarks.json is missing or does not fit a result file.
+KNOWN_PARAM_NAMES = {CACHE_BENCHMARK: CacheStrategy.param_names, BATCH_BENCHMARK: BatchStrategy.param_names,
+                     SWEEP_BENCHMARK: BatchSize.param_names}
 
 
 @dataclass(frozen=True)
@@ -36,13 +41,9 @@ class Table:
     note: str = ""
 
 
-def _number(x):
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
 def _combine(op, *cells):
     """``op(*cells)`` if every cell is a number, else the marker (failed wins over n/a)."""
-    if all(_number(c) for c in cells):
+    if all(is_number(c) for c in cells):
         try:
             return op(*cells)
         except ZeroDivisionError:
@@ -51,7 +52,7 @@ def _combine(op, *cells):
 
 
 def _keys(run, benchmark, name, default):
-    found = sorted({dict(key[1]).get(name) for key in run.points if key[0] == benchmark} - {None})
+    found = sorted({dict(key[1]).get(name) for key in run.points if key[0] == benchmark} - {None}, key=param_sort_key)
     return found or list(default)
 
 
@@ -114,7 +115,7 @@ def all_tables(run):
 
 def format_cell(value, kind):
     """A cell as text: ms with 3 decimals, ratios as ``16.18x``, rates with thousands separators."""
-    if not _number(value):
+    if not is_number(value):
         return str(value)
     if kind == "ms":
         return f"{value * 1e3:.3f}"
