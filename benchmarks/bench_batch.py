@@ -8,7 +8,9 @@ class BatchStrategy:
 
     params = [LENGTHS, ["sequential", "batched"]]
     param_names = ["T", "strategy"]
-    repeat = (10, 40, 1.0)
+    rounds = 4
+    repeat = (5, 20, 0.5)
+    warmup_time = 0.05
     timeout = 120
 
     def setup(self, T, strategy):
@@ -27,7 +29,9 @@ class BatchSize:
 
     params = [SWEEP_BATCH_SIZES]
     param_names = ["B"]
-    repeat = (10, 40, 1.0)
+    rounds = 4
+    repeat = (5, 20, 0.5)
+    warmup_time = 0.05
     timeout = 120
 
     def setup(self, B):

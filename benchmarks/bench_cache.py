@@ -10,7 +10,9 @@ class CacheStrategy:
 
     params = [LENGTHS, ["no_cache", "concat", "preallocated"]]
     param_names = ["T", "strategy"]
-    repeat = (10, 40, 1.0)  # at least 10 samples per round (2 rounds), up to 40 within ~1 s
+    rounds = 4  # four interleaved processes per point: a slow process moves the median less
+    repeat = (5, 20, 0.5)  # 5 to 20 samples per round, within ~0.5 s: still up to 80 samples
+    warmup_time = 0.05
     timeout = 120
 
     def setup(self, T, strategy):

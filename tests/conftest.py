@@ -1,6 +1,9 @@
-"""Shared test helpers: an independent, loop-by-loop reference for causal attention."""
+"""Shared test helpers: an independent, loop-by-loop reference for causal attention, and tools/dev.py."""
 
+import importlib.util
 import math
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -57,3 +60,30 @@ def strategy(request):
 
 def run(name, *args, **kwargs):
     return kv.STRATEGIES[name](*args, **kwargs)
+
+
+DEV_PY = Path(__file__).resolve().parents[1] / "tools" / "dev.py"
+PACKAGE = {"setup.cfg": "[metadata]", "pyproject.toml": "", "kv_attention/__init__.py": ""}
+
+
+@pytest.fixture
+def dev(monkeypatch, tmp_path):
+    """tools/dev.py imported as a module, pointed at an empty git repository in tmp_path."""
+    spec = importlib.util.spec_from_file_location("dev_tool", DEV_PY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "ROOT", tmp_path)
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git + ["init", "-q", "-b", "main"], check=True)
+
+    def commit(message, files):
+        for name, text in files.items():
+            path = tmp_path / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        subprocess.run(git + ["add", "-A"], check=True)
+        subprocess.run(git + ["commit", "-q", "--allow-empty", "-m", message], check=True)
+        return subprocess.run(git + ["rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+
+    module.commit = commit
+    return module

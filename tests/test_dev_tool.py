@@ -1,37 +1,11 @@
 """tools/dev.py: which commits the main job benchmarks, and its command line."""
 
-import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-DEV_PY = Path(__file__).resolve().parents[1] / "tools" / "dev.py"
-PACKAGE = {"setup.cfg": "[metadata]", "pyproject.toml": "", "kv_attention/__init__.py": ""}
-
-
-@pytest.fixture
-def dev(monkeypatch, tmp_path):
-    """tools/dev.py imported as a module, pointed at an empty git repository in tmp_path."""
-    spec = importlib.util.spec_from_file_location("dev_tool", DEV_PY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    monkeypatch.setattr(module, "ROOT", tmp_path)
-    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(git + ["init", "-q", "-b", "main"], check=True)
-
-    def commit(message, files):
-        for name, text in files.items():
-            path = tmp_path / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-        subprocess.run(git + ["add", "-A"], check=True)
-        subprocess.run(git + ["commit", "-q", "--allow-empty", "-m", message], check=True)
-        return subprocess.run(git + ["rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
-
-    module.commit = commit
-    return module
+from conftest import DEV_PY, PACKAGE
 
 
 def test_default_selection_is_main_main_1_and_library_commits_that_build(dev):
@@ -47,10 +21,14 @@ def test_default_selection_is_main_main_1_and_library_commits_that_build(dev):
     assert dev.select_commits(whole_history=True) == [main, main_1, library, *docs[::-1], build]
 
 
-def test_at_most_ten_library_commits_by_default(dev):
-    dev.commit("package", PACKAGE)
+def test_every_commit_that_can_change_a_result_is_selected(dev):
+    package = dev.commit("package", PACKAGE)
     library = [dev.commit(f"lib {i}", {"kv_attention/a.py": str(i)}) for i in range(12)]
-    assert dev.select_commits(whole_history=False) == library[::-1][:10]
+    config = dev.commit("asv config", {"asv.conf.json": "{}"})
+    dev.commit("benchmarks only", {"benchmarks/bench_x.py": "# x"})
+    main_1 = dev.commit("docs", {"README.md": "x"})
+    main = dev.commit("tests", {"tests/test_x.py": "# test"})
+    assert dev.select_commits(whole_history=False) == [main, main_1, config, *library[::-1], package]
 
 
 def test_no_buildable_commit_is_a_clear_error(dev):

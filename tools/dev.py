@@ -1,18 +1,27 @@
 #!/usr/bin/env python3
-"""The project's two commands, for a fresh machine with Python >= 3.10, git and pip.
+"""The project's commands, for a fresh machine with Python >= 3.10, git and pip.
 
-    python3 tools/dev.py bench [--all]   benchmark recent commits of main with asv, publish the dashboard
+    python3 tools/dev.py bench [--all]   benchmark the commits of main that can change a result, publish the dashboard
+    python3 tools/dev.py gate BASE HEAD [--factor F] [--bench REGEX]
+                                         benchmark two commits where needed, compare, exit 0/1/2
     python3 tools/dev.py test [ARGS]     run python -m pytest tests (ARGS go to pytest)
 
-Both first make ``.venv`` and install the project with its test and bench
-extras there (again only when setup.cfg or pyproject.toml change), then re-run
-themselves inside it. asv builds its own per-commit virtualenvs under .asv/env.
+Each first makes ``.venv`` and installs the project with its test, bench and
+browser extras there (again only when setup.cfg or pyproject.toml change),
+then re-runs itself inside it. asv builds its own per-commit virtualenvs
+under .asv/env.
+
+Exit codes of ``gate``: 0 nothing got worse beyond the factor; 1 something did
+(each named with its ratio); 2 a benchmark failed or a commit has no results
+(did not build), also when something got worse too, or the command line or a
+commit name was wrong.
 """
 
 import argparse
 import hashlib
 import math
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -21,8 +30,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".venv"
 BRANCH = "main"
-RECENT_LIBRARY_COMMITS = 10
-LIBRARY_PATHS = ["kv_attention", "setup.cfg", "pyproject.toml"]  # what the package build reads
+# Benchmark files always come from the working tree, so only a commit that changes
+# what asv builds and installs (the package, its build files, asv's own config) can
+# change a result.
+RESULT_PATHS = ["kv_attention", "setup.cfg", "pyproject.toml", "asv.conf.json"]
+# The smallest factor this suite's A/A noise on the shared 2-core machine supports: its worst
+# A/A ratio was 1.24 (README, "Catching regressions"); re-measure on a quiet machine to lower it.
+DEFAULT_FACTOR = 1.25
 BUILD_FILES = ["setup.cfg", "pyproject.toml", "kv_attention/__init__.py"]  # all present => buildable
 INSIDE_VENV = "KV_ATTENTION_DEV_VENV"
 
@@ -36,7 +50,7 @@ def venv_python():
 
 
 def ensure_venv():
-    """Create .venv and install ``.[test,bench]`` into it when missing or out of date."""
+    """Create .venv and install ``.[test,bench,browser]`` into it when missing or out of date."""
     if not venv_python().exists():  # missing, or left by a Python that is gone: (re)make it
         print(f"creating {VENV.relative_to(ROOT)} ...", flush=True)
         if subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)]).returncode != 0:
@@ -45,9 +59,9 @@ def ensure_venv():
     digest = hashlib.sha256(b"".join((ROOT / f).read_bytes() for f in ("setup.cfg", "pyproject.toml"))).hexdigest()
     if stamp.exists() and stamp.read_text() == digest:
         return
-    print("installing kv_attention[test,bench] into .venv ...", flush=True)
+    print("installing kv_attention[test,bench,browser] into .venv ...", flush=True)
     pip = [str(venv_python()), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    if subprocess.run(pip + ["-e", f"{ROOT}[test,bench]"]).returncode != 0:
+    if subprocess.run(pip + ["-e", f"{ROOT}[test,bench,browser]"]).returncode != 0:
         raise JobError("pip install of the project's test/bench dependencies failed (see above)")
     stamp.write_text(digest)
 
@@ -75,25 +89,66 @@ def is_buildable(commit):
 
 
 def select_commits(whole_history):
-    """Commits of main to benchmark, newest first, never one the package cannot be built from."""
+    """Commits of main to benchmark, newest first, never one the package cannot be built from.
+
+    main and main~1 always, and every commit of main that changed a path of
+    :data:`RESULT_PATHS`; ``whole_history`` takes every commit instead.
+    """
     if whole_history:
         candidates = git("rev-list", BRANCH).split()
     else:
         head = git("rev-list", "--max-count=2", BRANCH).split()  # main and main~1
-        library = git("rev-list", f"--max-count={RECENT_LIBRARY_COMMITS}", BRANCH, "--", *LIBRARY_PATHS).split()
-        candidates = list(dict.fromkeys(head + library))
+        changing = git("rev-list", BRANCH, "--", *RESULT_PATHS).split()
+        candidates = list(dict.fromkeys(head + changing))
     commits = [c for c in candidates if is_buildable(c)]
     if not commits:
         raise JobError(f"no commit of {BRANCH} has a buildable package ({', '.join(BUILD_FILES)})")
     return commits
 
 
-def count_outcomes(commit, conf, benchmarks, machine):
-    """Counter of ok / failed / skipped benchmark points asv stored for ``commit``."""
+def asv_setup():
+    """``(conf, benchmarks or None, machine, env_names)`` of this project's asv on this machine.
+
+    ``benchmarks`` is None before asv has discovered the suite once.
+    """
+    from asv.benchmarks import Benchmarks
+    from asv.config import Config
+    from asv.environment import get_environments
+    from asv.machine import Machine
+    from asv.util import UserError
+
+    conf = Config.load(str(ROOT / "asv.conf.json"))
+    try:
+        benchmarks = Benchmarks.load(conf)
+    except UserError:
+        benchmarks = None
+    env_names = {env.name for env in get_environments(conf, None, verbose=False)}
+    return conf, benchmarks, Machine.get_unique_machine_name(), env_names
+
+
+def has_results(commit, conf, benchmarks, machine, env_names):
+    """True when every benchmark of the suite has a stored result for ``commit`` in every environment."""
+    if benchmarks is None:
+        return False
+    stored = {}
+    for result in iter_results(conf, machine, commit, env_names):
+        stored[result.env_name] = set(result.get_all_result_keys())
+    return set(stored) == env_names and all(set(benchmarks) <= keys for keys in stored.values())
+
+
+def iter_results(conf, machine, commit, env_names):
+    """asv's stored Results of ``commit`` on ``machine``, in the configured environments only."""
     from asv.results import iter_results_for_machine_and_hash
 
-    counts, failed = Counter(), []
     for result in iter_results_for_machine_and_hash(conf.results_dir, machine, commit):
+        if result.env_name in env_names:
+            yield result
+
+
+def count_outcomes(commit, conf, benchmarks, machine, env_names):
+    """Counter of ok / failed / skipped benchmark points asv stored for ``commit``."""
+    counts, failed = Counter(), []
+    for result in iter_results(conf, machine, commit, env_names):
         for key in result.get_result_keys(benchmarks):
             if key not in benchmarks:
                 continue
@@ -111,21 +166,13 @@ def count_outcomes(commit, conf, benchmarks, machine):
 
 def report(commits, head):
     """Print one line per commit; return the benchmarks that failed at ``head``."""
-    from asv.benchmarks import Benchmarks
-    from asv.config import Config
-    from asv.machine import Machine
-    from asv.util import UserError
-
-    conf = Config.load(str(ROOT / "asv.conf.json"))
-    try:
-        benchmarks = Benchmarks.load(conf)
-    except UserError as error:
-        raise JobError(f"asv found no benchmarks to report on: {error}") from None
-    machine = Machine.get_unique_machine_name()
+    conf, benchmarks, machine, env_names = asv_setup()
+    if benchmarks is None:
+        raise JobError("asv found no benchmarks to report on (no benchmarks.json: did asv run discover the suite?)")
     print(f"\nresults on machine {machine!r}:")
     head_failed, head_measured = [], False
     for commit in commits:
-        counts, failed = count_outcomes(commit, conf, benchmarks, machine)
+        counts, failed = count_outcomes(commit, conf, benchmarks, machine, env_names)
         subject = git("log", "-1", "--format=%s", commit)
         status = ", ".join(f"{counts[k]} {k}" for k in ("ok", "failed", "skipped")) if counts else "no results"
         print(f"  {commit[:8]}  {status:<30}  {subject[:60]}")
@@ -147,17 +194,39 @@ def record_machine(asv):
     print(f"machine {info['machine']!r}: {info['cpu']}, {info['num_cpu']} CPUs, {info['os']}", flush=True)
 
 
-def bench(args):
-    """The main job: record the machine, benchmark recent commits, publish, judge main's tip."""
-    asv = (sys.executable, "-m", "asv")
-    commits = select_commits(args.all)
-    record_machine(asv)
+def asv_run(asv, commits, *options):
+    """``asv run`` over ``commits`` (a HASHFILE), skipping benchmarks already stored; asv's exit code."""
     hashfile = ROOT / ".asv" / "commits-to-run.txt"
     hashfile.parent.mkdir(exist_ok=True)
     hashfile.write_text("\n".join(commits) + "\n")
-    print(f"benchmarking {len(commits)} commit(s) of {BRANCH}; benchmarks already measured on this machine are skipped", flush=True)
-    run(*asv, "run", f"HASHFILE:{hashfile}", "--skip-existing", "--record-samples", check=False)
+    return run(*asv, "run", f"HASHFILE:{hashfile}", "--skip-existing", "--record-samples", *options, check=False)
+
+
+def publish(asv):
+    """``asv publish``, then local copies of the page's JavaScript where npm is present."""
     run(*asv, "publish")
+    sys.path.insert(0, str(ROOT / "tools"))
+    import offline_dashboard
+
+    try:
+        count = offline_dashboard.vendor(ROOT / ".asv" / "html")
+        print(f"dashboard made offline-ready: its {count} external files are served from .asv/html/vendor")
+    except offline_dashboard.VendorError as error:
+        print(f"dashboard keeps asv's CDN links (needs internet to render): {error}")
+
+
+def bench(args):
+    """The main job: record the machine, benchmark the commits that can change a result, publish, judge main's tip."""
+    asv = (sys.executable, "-m", "asv")
+    commits = select_commits(args.all)
+    record_machine(asv)
+    conf, benchmarks, machine, env_names = asv_setup()
+    todo = [c for c in commits if not has_results(c, conf, benchmarks, machine, env_names)]
+    print(f"{len(commits)} commit(s) of {BRANCH} can change a result; {len(commits) - len(todo)} already have "
+          f"results on this machine, benchmarking {len(todo)}", flush=True)
+    if todo:
+        asv_run(asv, todo)
+    publish(asv)
     head_failed = report(commits, git("rev-parse", BRANCH))
     print(f"\ndashboard written to {ROOT / '.asv' / 'html'}; view it on 127.0.0.1 with:\n"
           "  .venv/bin/python -m http.server --bind 127.0.0.1 --directory .asv/html 8080")
@@ -165,18 +234,143 @@ def bench(args):
         raise JobError(f"{len(head_failed)} benchmark(s) failed their gate at {BRANCH}: {', '.join(head_failed)}")
 
 
+def compare_rows(results, pattern=None):
+    """Rows in the form asv's ``Compare.print_table`` reads, for benchmarks matching ``pattern``."""
+    rows = []
+    for result in results:
+        for key in result.get_all_result_keys():
+            if pattern and not re.search(pattern, key):
+                continue
+            params = result.get_result_params(key)
+            rows.append((key, params, result.get_result_value(key, params), result.get_result_stats(key, params),
+                         result.get_result_samples(key, params), result.benchmark_version.get(key),
+                         result.params["machine"], result.env_name))
+    return rows
+
+
+def unrolled(rows):
+    """``{(benchmark(params), env): (value, (stats, samples), version)}`` of every parameter combination."""
+    from asv.commands.compare import unroll_result
+
+    points = {}
+    for key, params, value, stats, samples, version, _, env_name in rows:
+        for name, point, point_stats, point_samples in unroll_result(key, params, value, stats, samples):
+            points[(name, env_name)] = (point, (point_stats, point_samples), version)
+    return points
+
+
+def judge(base_rows, head_rows, factor):
+    """asv compare's verdict per benchmark: ``(regressions, failures)``.
+
+    regressions: ``[(name, ratio head/base)]`` where head is worse than base by
+    more than ``factor`` and asv's statistics (Mann-Whitney U on the stored
+    samples, else 99 % confidence-interval overlap) call it significant, the
+    rule of ``asv compare``/``asv continuous``. failures: ``[(name, commit role)]``
+    where a stored value is None (a failed benchmark or gate).
+    """
+    from asv.commands.compare import _is_result_better
+
+    base, head = unrolled(base_rows), unrolled(head_rows)
+    regressions, failures = [], []
+    for name in sorted(set(base) | set(head)):
+        label = name[0]
+        (value_1, ss_1, version_1), (value_2, ss_2, version_2) = (
+            points.get(name, (math.nan, None, None)) for points in (base, head))
+        failures += [(label, role) for role, value in (("base", value_1), ("head", value_2)) if value is None]
+        if value_1 is None or value_2 is None or math.isnan(value_1) or math.isnan(value_2):
+            continue
+        if version_1 is not None and version_2 is not None and version_1 != version_2:
+            continue  # benchmark code changed: asv marks it x, not comparable
+        if _is_result_better(value_1, value_2, ss_1, ss_2, factor):
+            regressions.append((label, value_2 / value_1 if value_1 else math.inf))
+    return regressions, failures
+
+
+def resolve(name):
+    """The full hash of commit ``name``; JobError naming it if there is no such commit."""
+    try:
+        return git("rev-parse", "--verify", "--quiet", f"{name}^{{commit}}")
+    except JobError:
+        raise JobError(f"{name!r} is not a commit of this repository") from None
+
+
+def gate(args):
+    """Benchmark BASE and HEAD where they lack results, print asv's comparison, return 0, 1 or 2."""
+    from asv.commands.compare import Compare
+
+    asv = (sys.executable, "-m", "asv")
+    commits = {role: resolve(name) for role, name in (("base", args.base), ("head", args.head))}
+    record_machine(asv)
+    asv_run(asv, list(dict.fromkeys(commits.values())), *(["--bench", args.bench] if args.bench else []))
+    conf, _, machine, env_names = asv_setup()
+    rows = {role: compare_rows(iter_results(conf, machine, commit, env_names), args.bench)
+            for role, commit in commits.items()}
+    missing = [role for role in commits if not rows[role]]
+    for role in missing:
+        print(f"\n{role} {commits[role][:8]} has no results on {machine!r}: it did not build or install "
+              "(see asv's output above), or --bench matched nothing")
+    if not missing:
+        print(f"\nasv compare, factor {args.factor}:")
+        Compare.print_table(conf, commits["base"], commits["head"], factor=args.factor, split=True,
+                            resultset_1=iter(rows["base"]), resultset_2=iter(rows["head"]), machine=machine,
+                            commit_names={c: name for c, name in zip(commits.values(), (args.base, args.head))})
+    regressions, failures = judge(rows["base"], rows["head"], args.factor)
+    for label, ratio in regressions:
+        print(f"REGRESSION {ratio:.2f}x  {label}")
+    for label, role in failures:
+        print(f"FAILED at {role} {commits[role][:8]}  {label}")
+    if missing or failures:
+        print(f"gate: exit 2 ({len(failures)} failed benchmark point(s), {len(missing)} commit(s) without results, "
+              f"{len(regressions)} regression(s) beyond {args.factor}x)")
+        return 2
+    if regressions:
+        print(f"gate: exit 1 ({len(regressions)} benchmark point(s) slower than {args.factor}x and significant)")
+        return 1
+    print(f"gate: exit 0 (nothing worse than {args.factor}x)")
+    return 0
+
+
 def test(args):
     return run(sys.executable, "-m", "pytest", "tests", *args.pytest_args, check=False)
+
+
+def factor(text):
+    """argparse type: a float > 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 1:
+        raise argparse.ArgumentTypeError(f"must be a number greater than 1, got {text!r}")
+    return value
+
+
+def bench_regex(text):
+    """argparse type: a valid regular expression."""
+    try:
+        re.compile(text)
+    except re.error as error:
+        raise argparse.ArgumentTypeError(f"not a regular expression ({error}): {text!r}") from None
+    return text
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog="tools/dev.py", description=__doc__.split("\n\n")[0], allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
-    bench_parser = commands.add_parser("bench", help="benchmark recent commits of main with asv and publish",
-                                       allow_abbrev=False)
+    bench_parser = commands.add_parser("bench", allow_abbrev=False,
+                                       help="benchmark the commits of main that can change a result, and publish")
     bench_parser.add_argument("--all", action="store_true",
-                              help="every buildable commit of main, not only main, main~1 and the "
-                                   f"last {RECENT_LIBRARY_COMMITS} that changed the library or its build")
+                              help="every buildable commit of main, not only main, main~1 and those that changed "
+                                   + ", ".join(RESULT_PATHS))
+    gate_parser = commands.add_parser("gate", allow_abbrev=False,
+                                      help="compare two commits; exit 0 (no regression), 1 (regression), 2 (failure)")
+    gate_parser.add_argument("base", metavar="BASE", help="the reference commit (e.g. HEAD~1 or main)")
+    gate_parser.add_argument("head", metavar="HEAD", help="the commit under test (e.g. HEAD)")
+    gate_parser.add_argument("--factor", type=factor, default=DEFAULT_FACTOR,
+                             help=f"flag a benchmark when HEAD is slower than BASE by more than this ratio and "
+                                  f"asv finds the difference significant (default {DEFAULT_FACTOR})")
+    gate_parser.add_argument("--bench", type=bench_regex, metavar="REGEX",
+                             help="only benchmarks whose name matches REGEX (asv run --bench)")
     commands.add_parser("test", add_help=False,  # so that `test --help` shows pytest's help
                         help="run python -m pytest tests; further arguments go to pytest")
     args, extra = parser.parse_known_args(argv)
@@ -184,6 +378,9 @@ def parse_args(argv):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.pytest_args = extra
     return args
+
+
+COMMANDS = {"bench": bench, "gate": gate, "test": test}
 
 
 def main(argv=None):
@@ -195,10 +392,10 @@ def main(argv=None):
             os.environ[INSIDE_VENV] = "1"
             os.execv(str(venv_python()), [str(venv_python()), str(Path(__file__).resolve()), *argv])
         os.chdir(ROOT)
-        return (bench if args.command == "bench" else test)(args) or 0
+        return COMMANDS[args.command](args) or 0
     except JobError as error:
         print(f"tools/dev.py {args.command}: error: {error}", file=sys.stderr)
-        return 1
+        return 2 if args.command == "gate" else 1  # gate: 1 means a regression, never an error
     except KeyboardInterrupt:
         return 130
 

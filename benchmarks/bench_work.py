@@ -1,0 +1,109 @@
+"""Zero-noise metrics: how much work one decode does, counted rather than timed.
+
+A timing moves with the machine's load; these counts do not. They are taken
+with the standard library only, on the same timed problem every gate checks:
+
+- bytes allocated: :mod:`tracemalloc` traces numpy's array buffers and
+  Python's objects; a :func:`sys.settrace` line hook adds up, line by line,
+  how far the traced memory rose above where the line started (its high-water
+  mark), so temporaries freed within a line count too. The concat cache's
+  O(T²) copying shows here against the preallocated cache's O(T) writes.
+- lines per step: Python lines executed per decode step (``kv_attention``'s
+  and numpy's own Python code), the interpreter overhead the batch removes.
+
+Both are exact counts of the same code path, identical from run to run (to a
+few bytes of interpreter bookkeeping), so a step on the dashboard is a change
+in work, not noise. Each count is taken on the second of two traced decodes,
+so that first-call caches are warm.
+"""
+
+import sys
+import tracemalloc
+
+from .common import BATCH, gate, timed_inputs
+
+WORK_LENGTHS = [16, 64, 256]  # T: enough to tell O(T) from O(T²) growth
+
+
+def count_work(decode, inputs):
+    """Trace one ``decode(*inputs)``: ``(bytes allocated, Python lines executed)``.
+
+    Bytes are the sum over executed lines of the rise of tracemalloc's traced
+    memory above its level at the start of the line (the line's peak).
+    """
+    state = {"start": 0, "bytes": 0, "lines": 0}
+
+    def on_line(frame, event, arg):
+        state["bytes"] += max(tracemalloc.get_traced_memory()[1] - state["start"], 0)
+        state["lines"] += event == "line"
+        tracemalloc.reset_peak()
+        state["start"] = tracemalloc.get_traced_memory()[0]
+        return on_line
+
+    tracemalloc.start()
+    try:
+        state["start"] = tracemalloc.get_traced_memory()[0]
+        sys.settrace(lambda frame, event, arg: on_line)
+        try:
+            decode(*inputs)
+        finally:
+            sys.settrace(None)
+    finally:
+        tracemalloc.stop()
+    return state["bytes"], state["lines"]
+
+
+class _Work:
+    """Shared by the cache and batch experiments: counts for one decode of the timed problem."""
+
+    timeout = 120
+
+    def _count(self, T, strategy, batch):
+        decode = gate(strategy, T, batch)
+        inputs = timed_inputs(T, batch)
+        count_work(decode, inputs)  # warm: first-call caches allocate once
+        return count_work(decode, inputs)
+
+
+class CacheWork(_Work):
+    """One sequence ``x: [T, 64]``: the work of each cache strategy's full T-step decode."""
+
+    params = [WORK_LENGTHS, ["no_cache", "concat", "preallocated"]]
+    param_names = ["T", "strategy"]
+
+    def setup(self, T, strategy):
+        self.allocated, self.lines = self._count(T, strategy, None)
+
+    def track_allocated_bytes(self, T, strategy):
+        """Bytes allocated during one decode (tracemalloc, line high-water marks summed)."""
+        return self.allocated
+
+    track_allocated_bytes.unit = "bytes"
+
+    def track_lines_per_step(self, T, strategy):
+        """Python lines executed per decode step (lines / T)."""
+        return self.lines / T
+
+    track_lines_per_step.unit = "lines"
+
+
+class BatchWork(_Work):
+    """B = 2 sequences ``x: [2, T, 64]``: the work of the sequential loop vs the batched decode."""
+
+    params = [WORK_LENGTHS, ["sequential", "batched"]]
+    param_names = ["T", "strategy"]
+
+    def setup(self, T, strategy):
+        self.allocated, self.lines = self._count(T, strategy, BATCH)
+
+    def track_allocated_bytes(self, T, strategy):
+        """Bytes allocated during one decode of both sequences."""
+        return self.allocated
+
+    track_allocated_bytes.unit = "bytes"
+
+    def track_lines_per_step(self, T, strategy):
+        """Python lines executed per decode step of both sequences (lines / T)."""
+        return self.lines / T
+
+    track_lines_per_step.unit = "lines"

@@ -1,0 +1,178 @@
+"""tools/dev.py gate: exit codes and output on small asv result sets written here (no timing)."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from asv.results import Results
+from asv.runner import BenchmarkResult
+
+from conftest import PACKAGE
+
+CONFIG = Path(__file__).resolve().parents[1] / "asv.conf.json"
+MACHINE = "testbox"
+TIME = "bench_x.Decode.time_decode"  # params T x strategy
+TRACK = "bench_x.track_bytes"  # no params
+PARAMS = [["16", "256"], ["'concat'", "'preallocated'"]]
+BENCHMARKS = {
+    TIME: {"name": TIME, "type": "time", "unit": "seconds", "params": PARAMS, "param_names": ["T", "strategy"],
+           "version": "v1"},
+    TRACK: {"name": TRACK, "type": "track", "unit": "bytes", "params": [], "param_names": [], "version": "v1"},
+}
+BASE_SAMPLES = [1e-3 * (1 + 0.002 * (i % 10)) for i in range(40)]  # 1.000 to 1.018 ms, spread < 2 %
+
+
+@pytest.fixture
+def project(dev, monkeypatch, tmp_path):
+    """A git repository with base and head commits, the project's asv.conf.json and no results yet.
+
+    ``project.write(commit, times, track)`` stores asv results: ``times`` maps
+    (T, strategy) to a factor on BASE_SAMPLES, or None for a failed point, or
+    "nan" for a skipped one.
+    """
+    import asv.machine
+
+    shutil.copy(CONFIG, tmp_path / "asv.conf.json")
+    base = dev.commit("base", PACKAGE)
+    head = dev.commit("head: no code change", {})
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(asv.machine.Machine, "get_unique_machine_name", staticmethod(lambda: MACHINE))
+    calls = []
+    monkeypatch.setattr(dev, "record_machine", lambda asv: None)
+    monkeypatch.setattr(dev, "asv_run", lambda asv, commits, *options: calls.append((commits, options)))
+    conf, _, _, env_names = dev.asv_setup()
+    results_dir = Path(conf.results_dir)
+    (results_dir / MACHINE).mkdir(parents=True)
+    (results_dir / MACHINE / "machine.json").write_text(json.dumps({"machine": MACHINE, "version": 1}))
+    (results_dir / "benchmarks.json").write_text(json.dumps({**BENCHMARKS, "version": 2}))
+
+    def write(commit, times=None, track=1000.0, version="v1"):
+        times = times or {}
+        result = Results({"machine": MACHINE}, {}, commit, 0, "3.11", sorted(env_names)[0], {})
+        points, samples = [], []
+        for key in [(t, s) for t in PARAMS[0] for s in PARAMS[1]]:
+            factor = times.get(key, 1.0)
+            points.append(None if factor is None else float(factor) if factor == "nan" else 0.0)
+            samples.append(None if factor is None or factor == "nan" else [factor * v for v in BASE_SAMPLES])
+        numbers = [None if s is None else 1 for s in samples]
+        result.add_result({**BENCHMARKS[TIME], "version": version},
+                          BenchmarkResult(points, samples, numbers, 0, "", None), record_samples=True)
+        result.add_result(BENCHMARKS[TRACK], BenchmarkResult([track], [None], [None], 0, "", None))
+        result.save(str(results_dir))
+
+    dev.base, dev.head, dev.calls, dev.write = base, head, calls, write
+    return dev
+
+
+def gate(project, capsys, *options):
+    """Run ``tools/dev.py gate <base> <head> OPTIONS`` in-process: ``(exit code, stdout)``."""
+    args = project.parse_args(["gate", project.base, project.head, *options])
+    code = project.gate(args)
+    return code, capsys.readouterr().out
+
+
+def test_no_change_exits_0_and_prints_the_table(project, capsys):
+    project.write(project.base)
+    project.write(project.head)
+    code, out = gate(project, capsys)
+    assert code == 0
+    assert "time_decode(256, 'concat')" in out and "track_bytes" in out and "gate: exit 0" in out
+    assert project.calls == [([project.base, project.head], ())]
+
+
+def test_a_10_percent_slowdown_of_one_point_exits_1_and_is_named(project, capsys):
+    project.write(project.base)
+    project.write(project.head, {("256", "'concat'"): 1.10})
+    code, out = gate(project, capsys, "--factor", "1.05")
+    assert code == 1
+    regressions = [line for line in out.splitlines() if line.startswith("REGRESSION")]
+    assert regressions == ["REGRESSION 1.10x  bench_x.Decode.time_decode(256, 'concat')"]
+
+
+def test_a_slowdown_within_the_factor_exits_0(project, capsys):
+    project.write(project.base)
+    project.write(project.head, {("256", "'concat'"): 1.10})
+    assert gate(project, capsys, "--factor", "1.2")[0] == 0
+
+
+def test_a_faster_head_is_no_regression(project, capsys):
+    project.write(project.base)
+    project.write(project.head, {("16", "'concat'"): 0.5}, track=500.0)
+    code, out = gate(project, capsys, "--factor", "1.05")
+    assert code == 0 and "REGRESSION" not in out
+
+
+def test_a_zero_noise_track_step_is_a_regression(project, capsys):
+    project.write(project.base, track=1000.0)
+    project.write(project.head, track=1500.0)
+    code, out = gate(project, capsys)
+    assert code == 1 and "REGRESSION 1.50x  bench_x.track_bytes" in out
+
+
+def test_a_failed_benchmark_exits_2_and_still_prints_the_rest(project, capsys):
+    project.write(project.base)
+    project.write(project.head, {("16", "'preallocated'"): None, ("256", "'concat'"): 1.5})
+    code, out = gate(project, capsys)
+    assert code == 2
+    assert f"FAILED at head {project.head[:8]}  bench_x.Decode.time_decode(16, 'preallocated')" in out
+    assert "REGRESSION 1.50x  bench_x.Decode.time_decode(256, 'concat')" in out
+    assert "time_decode(16, 'concat')" in out and "track_bytes" in out  # the comparison of the rest
+
+
+def test_a_failure_at_base_also_exits_2(project, capsys):
+    project.write(project.base, {("16", "'concat'"): None})
+    project.write(project.head)
+    code, out = gate(project, capsys)
+    assert code == 2 and f"FAILED at base {project.base[:8]}" in out
+
+
+def test_a_skipped_point_is_not_a_failure(project, capsys):
+    project.write(project.base, {("16", "'concat'"): "nan"})
+    project.write(project.head, {("16", "'concat'"): "nan"})
+    assert gate(project, capsys)[0] == 0
+
+
+def test_a_commit_without_results_exits_2(project, capsys):
+    project.write(project.base)
+    code, out = gate(project, capsys)
+    assert code == 2
+    assert f"head {project.head[:8]} has no results" in out and "did not build" in out
+
+
+def test_changed_benchmark_code_is_not_compared(project, capsys):
+    project.write(project.base)
+    project.write(project.head, {("256", "'concat'"): 2.0}, version="v2")
+    assert gate(project, capsys)[0] == 0
+
+
+def test_bench_filters_what_is_run_and_compared(project, capsys):
+    project.write(project.base)
+    project.write(project.head, {("256", "'concat'"): 2.0})
+    code, out = gate(project, capsys, "--bench", "track_")
+    assert code == 0 and "time_decode" not in out
+    assert project.calls == [([project.base, project.head], ("--bench", "track_"))]
+
+
+def test_an_unknown_commit_exits_2_with_a_message(project, capsys, monkeypatch):
+    monkeypatch.setenv(project.INSIDE_VENV, "1")
+    assert project.main(["gate", "no-such-commit", "HEAD"]) == 2
+    assert "'no-such-commit' is not a commit of this repository" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("options", [["--factor", "0.9"], ["--factor", "x"], ["--bench", "("]])
+def test_bad_options_exit_2_naming_them(project, capsys, options):
+    with pytest.raises(SystemExit) as stop:
+        project.parse_args(["gate", "A", "B", *options])
+    assert stop.value.code == 2
+    assert options[0] in capsys.readouterr().err
+
+
+def test_bench_skips_commits_that_already_have_results(project):
+    conf, _, machine, env_names = project.asv_setup()
+    from asv.benchmarks import Benchmarks
+
+    benchmarks = Benchmarks.load(conf)
+    project.write(project.base)
+    assert project.has_results(project.base, conf, benchmarks, machine, env_names)
+    assert not project.has_results(project.head, conf, benchmarks, machine, env_names)

@@ -1,0 +1,60 @@
+"""The suite's zero-noise counters (benchmarks/bench_work.py) on functions whose work is known."""
+
+import numpy as np
+import pytest
+
+from benchmarks.bench_work import count_work
+
+
+def allocate_and_free(n_arrays, n_bytes):
+    """Allocates ``n_arrays`` buffers of ``n_bytes`` one after another, each freed at once."""
+    for _ in range(n_arrays):
+        buffer = np.ones(n_bytes, dtype=np.uint8)
+        del buffer
+
+
+def grow_by_concatenation(steps, width):
+    """Copies 1, 2, ..., steps rows of ``width`` float64: sum = steps (steps + 1) / 2 rows."""
+    rows = np.empty((0, width))
+    for _ in range(steps):
+        rows = np.concatenate([rows, np.ones((1, width))])
+
+
+@pytest.mark.parametrize("n_arrays", [1, 5, 20])
+def test_bytes_count_every_buffer_even_when_freed_within_its_line(n_arrays):
+    n_bytes = 1 << 20  # 1 MiB: the interpreter's own few hundred bytes per line are far below it
+    allocated, _ = count_work(allocate_and_free, (n_arrays, n_bytes))
+    assert n_arrays * n_bytes <= allocated < n_arrays * n_bytes + 64 * 1024
+
+
+def test_bytes_grow_quadratically_with_concatenation():
+    width = 4096  # 32 KiB per row
+    small, _ = count_work(grow_by_concatenation, (10, width))
+    large, _ = count_work(grow_by_concatenation, (40, width))
+    copied = lambda steps: steps * (steps + 1) // 2 * width * 8  # noqa: E731
+    assert copied(10) <= small < 1.2 * copied(10) + 2 * 10 * width * 8
+    assert copied(40) <= large < 1.2 * copied(40) + 2 * 40 * width * 8
+
+
+def test_lines_count_the_lines_executed():
+    def three_lines(x):
+        y = x + 1
+        z = y * 2
+        return z
+
+    def loop(n):
+        total = 0
+        for i in range(n):
+            total += i
+        return total
+
+    assert count_work(three_lines, (1,))[1] == 3
+    assert count_work(loop, (4,))[1] == 1 + (4 + 1) + 4 + 1  # the for line runs once more, to stop
+
+
+def test_tracing_is_switched_off_afterwards():
+    import sys
+    import tracemalloc
+
+    count_work(allocate_and_free, (1, 8))
+    assert sys.gettrace() is None and not tracemalloc.is_tracing()
