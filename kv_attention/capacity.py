@@ -19,7 +19,9 @@ from ._validation import as_size
 
 
 def kv_cache_bytes(*, batch, seq_len, n_layers, n_kv_heads, head_dim, dtype):
-    """Logical size of a K/V cache in bytes: 2 × n_layers × n_kv_heads × head_dim × seq_len × batch × itemsize.
+    """Logical size of a K/V cache in bytes.
+
+    bytes = 2 × n_layers × n_kv_heads × head_dim × seq_len × batch × itemsize.
 
     Args:
         batch: B >= 0 sequences.
@@ -46,7 +48,8 @@ def kv_cache_bytes(*, batch, seq_len, n_layers, n_kv_heads, head_dim, dtype):
     try:
         dtype = np.dtype(dtype)
     except TypeError as error:
-        raise TypeError(f"dtype must be a numeric numpy dtype such as np.float16, got {dtype!r}: {error}") from None
+        message = f"dtype must be a numeric numpy dtype such as np.float16, got {dtype!r}: {error}"
+        raise TypeError(message) from None
     if dtype.kind not in "fiu":
         raise TypeError(f"dtype must be a float or integer dtype, got {dtype}")
     total = 2 * dtype.itemsize

@@ -40,6 +40,29 @@ def _check_head_counts(n_heads, n_kv_heads):
     return n_heads, n_kv_heads
 
 
+def _head_dim(w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
+    """D_head = ``w_q.shape[1] // n_heads``; ValueError unless every weight's width is heads × D_head."""
+    head_dim, rest = divmod(w_q.shape[1], n_heads)
+    if rest or head_dim == 0:
+        raise ValueError(
+            f"w_q has {w_q.shape[1]} columns, which is not n_heads={n_heads} × head_dim "
+            f"for any head_dim >= 1: w_q {w_q.shape}"
+        )
+    for name, w in (("w_k", w_k), ("w_v", w_v)):
+        if w.shape[1] != n_kv_heads * head_dim:
+            raise ValueError(
+                f"{name} has {w.shape[1]} columns but n_kv_heads × head_dim = {n_kv_heads} × {head_dim} "
+                f"= {n_kv_heads * head_dim} (head_dim from w_q {w_q.shape}, n_heads={n_heads}): "
+                f"{name} {w.shape}"
+            )
+    if w_o.shape[0] != n_heads * head_dim:
+        raise ValueError(
+            f"w_o has {w_o.shape[0]} rows but n_heads × head_dim = {n_heads} × {head_dim} "
+            f"= {n_heads * head_dim}: w_o {w_o.shape}"
+        )
+    return head_dim
+
+
 def _check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
     """Validate ``x`` and the four weights of multi-head attention.
 
@@ -51,40 +74,22 @@ def _check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
     Raises:
         TypeError: an input is not float32/float64.
         ValueError: NaN/inf, a wrong number of axes, weight rows that do not
-            match D_model (w_q, w_k, w_v) or H_q·D_head (w_o), weight columns
-            that are not heads × head_dim, or inputs so large that q·k could
-            overflow the dtype.
+            match D_model (w_q, w_k, w_v), weight widths that are not heads ×
+            head_dim, or inputs so large that q·k could overflow the dtype.
     """
     x = as_float_array("x", x)
-    weights = {name: as_float_array(name, w) for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v), ("w_o", w_o))}
-    w_q, w_k, w_v, w_o = weights.values()
+    weights = {n: as_float_array(n, w) for n, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v), ("w_o", w_o))}
     if x.ndim not in (2, 3):
         raise ValueError(f"x must be [T, D_model] or [B, T, D_model], got shape {x.shape}")
     for name, w in weights.items():
         if w.ndim != 2:
             raise ValueError(f"{name} must be a matrix [rows, columns], got shape {w.shape}")
-    for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)):
-        if w.shape[0] != x.shape[-1]:
+        if name != "w_o" and w.shape[0] != x.shape[-1]:
             raise ValueError(
                 f"{name} has {w.shape[0]} rows but x has D_model={x.shape[-1]}: x {x.shape}, {name} {w.shape}"
             )
-    head_dim, rest = divmod(w_q.shape[1], n_heads)
-    if rest or head_dim == 0:
-        raise ValueError(
-            f"w_q has {w_q.shape[1]} columns, which is not n_heads={n_heads} × head_dim "
-            f"for any head_dim >= 1: w_q {w_q.shape}"
-        )
-    for name, w in (("w_k", w_k), ("w_v", w_v)):
-        if w.shape[1] != n_kv_heads * head_dim:
-            raise ValueError(
-                f"{name} has {w.shape[1]} columns but n_kv_heads × head_dim = {n_kv_heads} × {head_dim} "
-                f"= {n_kv_heads * head_dim} (head_dim from w_q {w_q.shape} and n_heads={n_heads}): {name} {w.shape}"
-            )
-    if w_o.shape[0] != n_heads * head_dim:
-        raise ValueError(
-            f"w_o has {w_o.shape[0]} rows but n_heads × head_dim = {n_heads} × {head_dim} "
-            f"= {n_heads * head_dim}: w_o {w_o.shape}"
-        )
+    w_q, w_k, w_v, w_o = weights.values()
+    head_dim = _head_dim(w_q, w_k, w_v, w_o, n_heads, n_kv_heads)
     dtype = np.result_type(x, w_q, w_k, w_v, w_o)
     check_score_range(x, w_q, w_k, w_v, dtype)  # |q_h| <= |x|·|w_q|_F: one bound covers every head
     w_q, w_k, w_v, w_o = (w.astype(dtype, copy=False) for w in (w_q, w_k, w_v, w_o))
@@ -182,8 +187,8 @@ def _check_head_cache(cache, x, w_q, w_k, w_v, n_kv_heads, head_dim, dtype):
     k_cache, v_cache = getattr(cache, "k_cache", None), getattr(cache, "v_cache", None)
     if k_cache is None:
         return
-    expected = x.shape[:-2] + (n_kv_heads, head_dim)
-    if k_cache.shape[:-2] + k_cache.shape[-1:] != expected or v_cache.shape[:-2] + v_cache.shape[-1:] != expected:
+    expected = x.shape[:-2] + (n_kv_heads, head_dim)  # the cache's shape without its T_max axis
+    if any(c.shape[:-2] + c.shape[-1:] != expected for c in (k_cache, v_cache)):
         layout = ", ".join(map(str, x.shape[:-2] + (n_kv_heads, "T_max", head_dim)))
         raise ValueError(
             f"cache does not fit x: k_cache {k_cache.shape} and v_cache {v_cache.shape} must be "
@@ -213,9 +218,11 @@ def _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache):
         with np.errstate(over="ignore", invalid="ignore"):
             for t in range(x.shape[-2]):
                 x_t = x[..., t, :]  # [..., D_model]
-                k_t, v_t = (x_t @ w_k).reshape(kv_shape), (x_t @ w_v).reshape(kv_shape)  # [..., H_kv, 1, D_head]
+                k_t = (x_t @ w_k).reshape(kv_shape)  # [..., H_kv, 1, D_head]
+                v_t = (x_t @ w_v).reshape(kv_shape)  # [..., H_kv, 1, D_head]
                 k, v = cache.update(k_t, v_t)  # views [..., H_kv, t+1, D_head]
-                heads = step((x_t @ w_q).reshape(q_shape), k, v)  # [..., H_kv, G, D_head] or [..., H_q, 1, D_head]
+                q_t = (x_t @ w_q).reshape(q_shape)  # [..., H_kv, G, D_head]
+                heads = step(q_t, k, v)  # [..., H_kv, G, D_head] or [..., H_q, 1, D_head]
                 out[..., t, :] = heads.reshape(heads_shape) @ w_o  # [..., D_out]
         check_finite_output(out)
     except BaseException:
