@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from test_heads import naive_multi_head
+from conftest import naive_multi_head
 from threadpoolctl import threadpool_limits
 
 import kv_attention as kv
@@ -29,8 +29,8 @@ def test_oracle_matches_the_independent_per_head_reference(kind):
 
 def test_timed_inputs_have_the_issues_shapes_and_are_read_only():
     x, w_q, w_k, w_v, w_o = heads_inputs.heads_inputs("gqa", 64)
-    assert (x.shape, w_q.shape, w_k.shape, w_v.shape, w_o.shape) == ((4, 64, 128), (128, 128), (128, 32), (128, 32),
-                                                                     (128, 128))
+    shapes = [a.shape for a in (x, w_q, w_k, w_v, w_o)]
+    assert shapes == [(4, 64, 128), (128, 128), (128, 32), (128, 32), (128, 128)]
     assert x.dtype == np.float64 and not any(a.flags.writeable for a in (x, w_q, w_k, w_v, w_o))
     np.testing.assert_array_equal(x, np.random.default_rng(42).standard_normal((4, 64, 128)))
     mqa = heads_inputs.heads_inputs("mqa", 64)
@@ -51,9 +51,8 @@ def test_gate_fails_the_wrong_head_mapping(one_thread, monkeypatch):
     def wrong(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, path):
         out = np.empty(x.shape[:-1] + (w_q.shape[1],))
         for h in range(n_heads):
-            j = h % n_kv_heads
-            out[..., 16 * h : 16 * h + 16] = common.oracle(x, w_q[:, 16 * h : 16 * h + 16],
-                                                           w_k[:, 16 * j : 16 * j + 16], w_v[:, 16 * j : 16 * j + 16])
+            q_cols, kv_cols = slice(16 * h, 16 * h + 16), slice(16 * (h % n_kv_heads), 16 * (h % n_kv_heads) + 16)
+            out[..., q_cols] = common.oracle(x, w_q[:, q_cols], w_k[:, kv_cols], w_v[:, kv_cols])
         return out @ w_o
 
     monkeypatch.setattr(kv, "multi_head_decode", wrong)
@@ -71,8 +70,8 @@ def test_gates_skip_what_the_commit_lacks(one_thread, monkeypatch):
 
 
 def test_cache_bytes_gate(monkeypatch):
-    assert [heads_inputs.cache_bytes_gate(kind, 1024) for kind in ("mha", "gqa", "mqa")] == [8 * 2**20, 2 * 2**20,
-                                                                                           2**20]
+    mib = 2**20
+    assert [heads_inputs.cache_bytes_gate(kind, 1024) for kind in ("mha", "gqa", "mqa")] == [8 * mib, 2 * mib, mib]
     monkeypatch.setattr(kv, "kv_cache_bytes", lambda **kw: 0)
     with pytest.raises(AssertionError, match="kv_cache_bytes for gqa at T=64: 0, expected"):
         heads_inputs.cache_bytes_gate("gqa", 64)
