@@ -42,7 +42,10 @@ class HeadsDecode:
 
 
 class HeadsCacheBytes:
-    """Logical K/V cache bytes of the timed problem by ``kv_cache_bytes``: one layer, B = 4, D_head = 16, float64."""
+    """Logical K/V cache bytes of the timed problem by ``kv_cache_bytes``: one layer, B = 4, D_head = 16, float64.
+
+    The numbers behind the decode's peak bytes: 2 x 4 x H_kv x T x 16 x 8.
+    """
 
     params = [list(KINDS), HEADS_LENGTHS]
     param_names = ["kind", "T"]

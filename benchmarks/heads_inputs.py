@@ -57,9 +57,10 @@ def heads_oracle(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
     d = w_q.shape[1] // n_heads
     outputs = []
     for h in range(n_heads):
-        j = h // (n_heads // n_kv_heads)
-        outputs.append(oracle(x, w_q[:, h * d : (h + 1) * d], w_k[:, j * d : (j + 1) * d], w_v[:, j * d : (j + 1) * d]))
-    return np.concatenate(outputs, axis=-1) @ w_o
+        j = h // (n_heads // n_kv_heads)  # the K/V head of query head h
+        q_cols, kv_cols = slice(h * d, (h + 1) * d), slice(j * d, (j + 1) * d)
+        outputs.append(oracle(x, w_q[:, q_cols], w_k[:, kv_cols], w_v[:, kv_cols]))  # [..., T, D_head]
+    return np.concatenate(outputs, axis=-1) @ w_o  # [..., T, H_q·D_head] -> [..., T, D_out]
 
 
 def library_function(name):
@@ -108,9 +109,8 @@ def cache_bytes_gate(kind, t_len):
     NotImplementedError when the commit lacks the function; AssertionError when it differs.
     """
     kv_cache_bytes = library_function("kv_cache_bytes")
-    got = kv_cache_bytes(
-        batch=HEADS_BATCH, seq_len=t_len, n_layers=1, n_kv_heads=KINDS[kind], head_dim=HEADS_HEAD_DIM, dtype=np.float64
-    )
+    shape = dict(n_layers=1, n_kv_heads=KINDS[kind], head_dim=HEADS_HEAD_DIM, dtype=np.float64)
+    got = kv_cache_bytes(batch=HEADS_BATCH, seq_len=t_len, **shape)
     expected = 2 * HEADS_BATCH * KINDS[kind] * t_len * HEADS_HEAD_DIM * 8
     assert got == expected, f"kv_cache_bytes for {kind} at T={t_len}: {got}, expected {expected}"
     return got
