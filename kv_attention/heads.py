@@ -165,8 +165,9 @@ def _attend_grouped(q, k, v):
 
     Returns:
         ``[..., H_kv, G, D_head]``: one ``[G, D_head] x [D_head, S]`` product per
-        K/V head instead of G products against G copies (the GQA "packing" of
-        FlashAttention's decode kernels).
+        K/V head instead of G products against G copies. FlashAttention-2 does the
+        same for one query position (``seqlenq_ngroups_swapped`` in its
+        ``flash_api.cpp``: q ``(b, 1, H_kv·G, d)`` viewed as ``(b, G, H_kv, d)``).
     """
     return attend(q, k, v)  # scores [..., H_kv, G, S] -> [..., H_kv, G, D_head]
 
