@@ -173,6 +173,7 @@ def test_grouped_path_allocates_no_copy_of_k_and_v(n_kv_heads):
     args = heads_problem(t_len, batch, n_heads=n_heads, n_kv_heads=n_kv_heads, d_model=8, head_dim=head_dim)
     peaks = {}
     for path in HEADS_PATHS:
+        heads_decode(*args, n_heads=n_heads, n_kv_heads=n_kv_heads, path=path)  # warm-up: lazy imports (np.ma)
         cache = kv.StaticCache((batch, n_kv_heads), t_len, head_dim, head_dim)
         tracemalloc.start()
         try:
