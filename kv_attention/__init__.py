@@ -33,3 +33,15 @@ __all__ = [
     "EXPERIMENTS",
     "get_strategy",
 ]
+
+# Multi-head, grouped-query and multi-query attention; KV cache capacity.
+from .capacity import MODEL_SHAPES, ModelShape, kv_cache_bytes  # noqa: E402
+from .heads import multi_head_attention, multi_head_decode  # noqa: E402
+
+__all__ += [
+    "multi_head_attention",
+    "multi_head_decode",
+    "kv_cache_bytes",
+    "ModelShape",
+    "MODEL_SHAPES",
+]

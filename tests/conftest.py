@@ -87,3 +87,57 @@ def dev(monkeypatch, tmp_path):
 
     module.commit = commit
     return module
+
+
+# Multi-head attention (kv_attention.heads): n_heads = 6, n_kv_heads = 2 by default.
+
+HEADS_PATHS = ("grouped", "repeat_kv")
+
+
+def heads_problem(t_len, batch=3, *, n_heads=6, n_kv_heads=2, d_model=5, head_dim=3, d_out=4, seed=0,
+                  dtype=np.float64):
+    """(x, w_q, w_k, w_v, w_o), drawn here, with D_model, head_dim and D_out all different."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((t_len, d_model) if batch is None else (batch, t_len, d_model))
+    widths = (n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * head_dim)
+    w_q, w_k, w_v = (rng.standard_normal((d_model, w)) / math.sqrt(d_model) for w in widths)
+    w_o = rng.standard_normal((n_heads * head_dim, d_out)) / math.sqrt(n_heads * head_dim)
+    return tuple(a.astype(dtype) for a in (x, w_q, w_k, w_v, w_o))
+
+
+def naive_head(x, w_q, w_k, w_v, h, n_heads, n_kv_heads, kv_of=None):
+    """Query head h alone, by the loop-by-loop single-head reference: ``[..., T, D_head]``.
+
+    K/V head of h: ``h // (n_heads // n_kv_heads)``, or ``kv_of(h)`` when given.
+    """
+    d = w_q.shape[1] // n_heads
+    j = h // (n_heads // n_kv_heads) if kv_of is None else kv_of(h)
+    kv_cols = slice(j * d, (j + 1) * d)
+    return naive_causal_attention(x, w_q[:, h * d : (h + 1) * d], w_k[:, kv_cols], w_v[:, kv_cols])
+
+
+def naive_multi_head(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
+    """Every head by :func:`naive_head`, concatenated in head order, then ``@ w_o``."""
+    per_head = [naive_head(x, w_q, w_k, w_v, h, n_heads, n_kv_heads) for h in range(n_heads)]
+    return np.concatenate(per_head, axis=-1) @ np.asarray(w_o, dtype=np.float64)
+
+
+def heads_reference(*args, n_heads=6, n_kv_heads=2):
+    return kv.multi_head_attention(*args, n_heads=n_heads, n_kv_heads=n_kv_heads)
+
+
+def heads_decode(*args, n_heads=6, n_kv_heads=2, path="grouped", **kwargs):
+    return kv.multi_head_decode(*args, n_heads=n_heads, n_kv_heads=n_kv_heads, path=path, **kwargs)
+
+
+HEADS_FUNCTIONS = {
+    "reference": heads_reference,
+    "grouped": heads_decode,
+    "repeat_kv": lambda *args, **kw: heads_decode(*args, path="repeat_kv", **kw),
+}
+
+
+@pytest.fixture(params=sorted(HEADS_FUNCTIONS))
+def heads_function(request):
+    """multi_head_attention, and multi_head_decode on each path."""
+    return HEADS_FUNCTIONS[request.param]

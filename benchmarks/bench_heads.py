@@ -1,0 +1,59 @@
+"""Heads experiment: MHA, GQA and MQA decode, repeating K/V per query head or attending on grouped views."""
+
+import tracemalloc
+
+from .heads_inputs import HEADS_LENGTHS, HEADS_PATHS, KINDS, cache_bytes_gate, heads_gate, heads_inputs
+
+
+class HeadsDecode:
+    """Full T-step decode of B = 4 sequences ``x: [4, T, 128]``, 8 query heads of D_head = 16, float64.
+
+    kind: mha (8 K/V heads), gqa (2), mqa (1). path: repeat_kv copies K/V per
+    query head at every step; grouped attends on the cache's own views.
+    """
+
+    params = [list(KINDS), HEADS_LENGTHS, HEADS_PATHS]
+    param_names = ["kind", "T", "path"]
+    repeat = (5, 20, 1.0)  # at least 5 samples per round (2 rounds): a T = 1024 decode takes 0.1-0.7 s
+    timeout = 300
+
+    def setup(self, kind, T, path):
+        self.decode = heads_gate(kind, T, path)
+        self.inputs = heads_inputs(kind, T)
+
+    def time_decode(self, kind, T, path):
+        self.decode(*self.inputs)
+
+    def track_decode_peak_bytes(self, kind, T, path):
+        """Peak bytes allocated during one decode (tracemalloc, which sees numpy's allocations).
+
+        The cache, 2 x 4 x H_kv x T x 16 x 8 bytes, the output [4, T, 128] and the
+        per-step temporaries: repeat_kv's copies of K and V, [4, 8, t, 16] each,
+        for gqa and mqa. Unlike ``peakmem_``, it excludes the gate's oracle run in setup.
+        """
+        tracemalloc.start()
+        try:
+            self.decode(*self.inputs)
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    track_decode_peak_bytes.unit = "bytes"
+
+
+class HeadsCacheBytes:
+    """Logical K/V cache bytes of the timed problem by ``kv_cache_bytes``: one layer, B = 4, D_head = 16, float64.
+
+    The numbers behind the decode's peak bytes: 2 x 4 x H_kv x T x 16 x 8.
+    """
+
+    params = [list(KINDS), HEADS_LENGTHS]
+    param_names = ["kind", "T"]
+
+    def setup(self, kind, T):
+        self.nbytes = cache_bytes_gate(kind, T)
+
+    def track_kv_cache_bytes(self, kind, T):
+        return self.nbytes
+
+    track_kv_cache_bytes.unit = "bytes"

@@ -1,0 +1,92 @@
+"""KV cache capacity: the bytes a decoder's K/V cache holds, and the shapes of some real models.
+
+A decoder keeps, for every layer, every K/V head and every position of every
+sequence, one key and one value of ``head_dim`` elements:
+
+    bytes = 2 × n_layers × n_kv_heads × head_dim × seq_len × batch × itemsize
+
+(the accounting of Pope et al. 2022, "Efficiently Scaling Transformer Inference",
+and of vLLM, Kwon et al. 2023, "Efficient Memory Management for Large Language
+Model Serving with PagedAttention"). Query heads do not appear: sharing
+K/V heads (GQA, MQA) is what shrinks the cache.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._validation import as_size
+
+
+def kv_cache_bytes(*, batch, seq_len, n_layers, n_kv_heads, head_dim, dtype):
+    """Logical size of a K/V cache in bytes.
+
+    bytes = 2 × n_layers × n_kv_heads × head_dim × seq_len × batch × itemsize.
+
+    Args:
+        batch: B >= 0 sequences.
+        seq_len: T >= 0 positions per sequence.
+        n_layers, n_kv_heads, head_dim: >= 1.
+        dtype: the cache's element type, anything ``np.dtype`` accepts with a
+            numeric kind (float, signed or unsigned integer), e.g. ``np.float16``
+            (2 bytes; also the size of bfloat16) or ``np.int8`` for an 8-bit cache.
+
+    Returns:
+        bytes (a Python int: exact, never overflows). A one-layer
+        ``StaticCache((B, n_kv_heads), T, head_dim, head_dim, dtype)`` filled to
+        T positions has this ``nbytes``.
+
+    Raises:
+        ValueError: a count below its minimum (the message names it and its value).
+        TypeError: a count that is not an integer, or a dtype that is not numeric.
+    """
+    counts = {"batch": (batch, 0), "seq_len": (seq_len, 0), "n_layers": (n_layers, 1)}
+    counts.update(n_kv_heads=(n_kv_heads, 1), head_dim=(head_dim, 1))
+    sizes = [as_size(name, value, minimum) for name, (value, minimum) in counts.items()]
+    if dtype is None:  # np.dtype(None) would silently mean float64
+        raise TypeError("dtype must be a numeric numpy dtype such as np.float16, got None")
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError as error:
+        message = f"dtype must be a numeric numpy dtype such as np.float16, got {dtype!r}: {error}"
+        raise TypeError(message) from None
+    if dtype.kind not in "fiu":
+        raise TypeError(f"dtype must be a float or integer dtype, got {dtype}")
+    total = 2 * dtype.itemsize
+    for size in sizes:
+        total *= size
+    return total
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The attention shape of a decoder model: what its K/V cache size depends on.
+
+    Attributes:
+        n_layers: decoder layers, each with its own K/V cache.
+        n_heads: query heads per layer (H_q).
+        n_kv_heads: K/V heads per layer (H_kv); n_heads // n_kv_heads query heads share each.
+        head_dim: D_head.
+    """
+
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+
+    def kv_cache_bytes(self, *, batch=1, seq_len=1, dtype=np.float16):
+        """:func:`kv_cache_bytes` for this model; by default the bytes per token at fp16."""
+        return kv_cache_bytes(
+            batch=batch, seq_len=seq_len, n_layers=self.n_layers,
+            n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, dtype=dtype,
+        )
+
+
+# From each model's published config.json (num_hidden_layers, num_attention_heads,
+# num_key_value_heads, hidden_size / num_attention_heads): Touvron et al. 2023, "Llama 2"
+# (GQA in the 70B model), and Llama Team 2024, "The Llama 3 Herd of Models".
+MODEL_SHAPES = {
+    "Llama-2-7B": ModelShape(n_layers=32, n_heads=32, n_kv_heads=32, head_dim=128),  # MHA
+    "Llama-3-8B": ModelShape(n_layers=32, n_heads=32, n_kv_heads=8, head_dim=128),  # GQA, G = 4
+    "Llama-2-70B": ModelShape(n_layers=80, n_heads=64, n_kv_heads=8, head_dim=128),  # GQA, G = 8
+}
