@@ -31,6 +31,22 @@ def test_every_commit_that_can_change_a_result_is_selected(dev):
     assert dev.select_commits(whole_history=False) == [main, main_1, config, *library[::-1], package]
 
 
+def test_a_merged_branch_counts_as_its_merge_commit_only(dev):
+    """asv graphs main's first-parent history, so a branch's own commits are never selected."""
+    package = dev.commit("package", PACKAGE)
+    git = ["git", "-C", str(dev.ROOT), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git + ["checkout", "-q", "-b", "topic"], check=True)
+    topic = [dev.commit(f"topic {i}", {"kv_attention/t.py": str(i)}) for i in range(3)]
+    subprocess.run(git + ["checkout", "-q", "main"], check=True)
+    docs = dev.commit("docs on main", {"README.md": "x"})
+    subprocess.run(git + ["merge", "-q", "--no-ff", "-m", "merge topic", "topic"], check=True)
+    merge = subprocess.run(git + ["rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    main = dev.commit("tests", {"tests/test_x.py": "# test"})
+    selected = dev.select_commits(whole_history=False)
+    assert selected == [main, merge, package] and not set(topic) & set(selected)
+    assert dev.select_commits(whole_history=True) == [main, merge, docs, package]
+
+
 def test_no_buildable_commit_is_a_clear_error(dev):
     dev.commit("readme", {"README.md": "x"})
     with pytest.raises(dev.JobError, match="no commit of main has a buildable package"):

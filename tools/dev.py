@@ -92,13 +92,15 @@ def select_commits(whole_history):
     """Commits of main to benchmark, newest first, never one the package cannot be built from.
 
     main and main~1 always, and every commit of main that changed a path of
-    :data:`RESULT_PATHS`; ``whole_history`` takes every commit instead.
+    :data:`RESULT_PATHS`; ``whole_history`` takes every commit instead. "Of main"
+    is main's first-parent history, the commits asv's graphs show: a merged
+    branch counts as its merge commit, not as each of its own commits.
     """
     if whole_history:
-        candidates = git("rev-list", BRANCH).split()
+        candidates = git("rev-list", "--first-parent", BRANCH).split()
     else:
-        head = git("rev-list", "--max-count=2", BRANCH).split()  # main and main~1
-        changing = git("rev-list", BRANCH, "--", *RESULT_PATHS).split()
+        head = git("rev-list", "--first-parent", "--max-count=2", BRANCH).split()  # main, main~1
+        changing = git("rev-list", "--first-parent", BRANCH, "--", *RESULT_PATHS).split()
         candidates = list(dict.fromkeys(head + changing))
     commits = [c for c in candidates if is_buildable(c)]
     if not commits:
