@@ -58,3 +58,12 @@ def test_bad_command_lines_exit_2_without_a_traceback(argv):
     result = subprocess.run([sys.executable, str(DEV_PY), *argv], capture_output=True, text=True)
     assert result.returncode == 2
     assert "usage: tools/dev.py" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_report_and_test_pass_their_arguments_through(dev):
+    args = dev.parse_args(["report", "compare", "HEAD~1", "HEAD", "--machine", "vm"])
+    assert args.command == "report" and args.rest == ["compare", "HEAD~1", "HEAD", "--machine", "vm"]
+    args = dev.parse_args(["test", "-k", "cache", "-x"])
+    assert args.command == "test" and args.rest == ["-k", "cache", "-x"]
+    with pytest.raises(SystemExit):
+        dev.parse_args(["gate", "HEAD~1", "HEAD", "--bogus"])

@@ -5,6 +5,7 @@
     python3 tools/dev.py gate BASE HEAD [--factor F] [--bench REGEX]
                                          benchmark two commits where needed, compare, exit 0/1/2
     python3 tools/dev.py test [ARGS]     run python -m pytest tests (ARGS go to pytest)
+    python3 tools/dev.py report ARGS     python -m benchmarks.report ARGS: the lab's tables, csv, plots
 
 Each first makes ``.venv`` and installs the project with its test, bench and
 browser extras there (again only when setup.cfg or pyproject.toml change),
@@ -333,7 +334,12 @@ def gate(args):
 
 
 def test(args):
-    return run(sys.executable, "-m", "pytest", "tests", *args.pytest_args, check=False)
+    return run(sys.executable, "-m", "pytest", "tests", *args.rest, check=False)
+
+
+def report_command(args):
+    """``python -m benchmarks.report ARGS`` inside .venv: the lab's tables, compare, csv, plots."""
+    return run(sys.executable, "-m", "benchmarks.report", *args.rest, check=False)
 
 
 def factor(text):
@@ -375,14 +381,16 @@ def parse_args(argv):
                              help="only benchmarks whose name matches REGEX (asv run --bench)")
     commands.add_parser("test", add_help=False,  # so that `test --help` shows pytest's help
                         help="run python -m pytest tests; further arguments go to pytest")
+    commands.add_parser("report", add_help=False,  # `report --help` shows the report's help
+                        help="python -m benchmarks.report ARGS (tables, compare, csv, plots) inside .venv")
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command != "test":
+    if extra and args.command not in ("test", "report"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    args.pytest_args = extra
+    args.rest = extra
     return args
 
 
-COMMANDS = {"bench": bench, "gate": gate, "test": test}
+COMMANDS = {"bench": bench, "gate": gate, "test": test, "report": report_command}
 
 
 def main(argv=None):
