@@ -33,3 +33,16 @@ __all__ = [
     "EXPERIMENTS",
     "get_strategy",
 ]
+
+# Ragged batches and the paged KV cache.
+from .paged import OutOfBlocksError, PagedKVCache  # noqa: E402
+from .ragged import RAGGED_STRATEGIES, RaggedDecodeStats, ragged_decode, ragged_decode_steps  # noqa: E402
+
+__all__ += [
+    "PagedKVCache",
+    "OutOfBlocksError",
+    "ragged_decode",
+    "ragged_decode_steps",
+    "RaggedDecodeStats",
+    "RAGGED_STRATEGIES",
+]
