@@ -103,6 +103,11 @@ class PagedKVCache:
         self._check_known([seq_id])
         return self._lengths[seq_id]
 
+    def get_seq_lengths(self, seq_ids):
+        """Tokens stored for each of ``seq_ids``: ``[N]`` int64. ValueError if one is not in the cache."""
+        self._check_known(seq_ids)
+        return np.array([self._lengths[s] for s in seq_ids], dtype=np.int64)
+
     def block_table(self, seq_id):
         """The physical blocks of ``seq_id``, logical block 0 first (tuple of ints).
 
@@ -172,9 +177,8 @@ class PagedKVCache:
             ValueError: a sequence not in the cache.
         """
         seq_ids = list(seq_ids)
-        self._check_known(seq_ids)
+        lengths = self.get_seq_lengths(seq_ids)  # checks every id
         tables = [self._block_tables[s] for s in seq_ids]
-        lengths = np.array([self._lengths[s] for s in seq_ids], dtype=np.int64)
         n, width = len(seq_ids), max((len(t) for t in tables), default=0)
         # Pad each table with its own last block, so that no row reads another sequence's block.
         held = [t + t[-1:] * (width - len(t)) for t in tables if t]
@@ -236,12 +240,11 @@ class PagedKVCache:
 
     def _slot_mapping(self, seq_ids, t_new):
         """Slots ``[N, T_new]`` of the next ``t_new`` positions of each sequence (blocks already taken)."""
-        slots = np.empty((len(seq_ids), t_new), dtype=np.int64)
-        for i, seq_id in enumerate(seq_ids):
-            positions = self._lengths[seq_id] + np.arange(t_new)  # [T_new]
-            table = np.asarray(self._block_tables[seq_id], dtype=np.int64)
-            slots[i] = table[positions // self.block_size] * self.block_size + positions % self.block_size
-        return slots
+        size, slots = self.block_size, []
+        for seq_id in seq_ids:
+            table, start = self._block_tables[seq_id], self._lengths[seq_id]
+            slots.append([table[p // size] * size + p % size for p in range(start, start + t_new)])
+        return np.array(slots, dtype=np.int64).reshape(len(seq_ids), t_new)
 
     def _check_ids(self, seq_ids):
         if isinstance(seq_ids, (str, bytes)) or not hasattr(seq_ids, "__iter__"):

@@ -202,7 +202,7 @@ class _PagedBatch:
 
     def step(self, problem):
         seqs = np.array(self.seqs, dtype=np.int64)
-        positions = np.array([self.cache.get_seq_length(s) for s in self.seqs], dtype=np.int64)
+        positions = self.cache.get_seq_lengths(self.seqs)  # [N]
         q, k, v = problem.project(seqs, positions)
         self.cache.update(self.seqs, k, v)
         k_seq, v_seq, lengths = self.cache.gather(self.seqs)  # [N, S, D_k], [N, S, D_v], [N]
@@ -282,15 +282,25 @@ def _check_problem(x, w_q, w_k, w_v, lengths, start_steps):
 
 
 def _steps(batch, problem):
-    """Drive ``batch`` through the schedule; yield ``(seq_ids, positions, out, rows_computed)`` per step."""
-    lengths, start = problem.lengths, problem.start_steps
-    stop = start + lengths
-    for step in range(int(stop.max(initial=0))):
-        for seq in np.flatnonzero((stop == step) & (lengths > 0)):
-            batch.leave(int(seq))
-        for seq in np.flatnonzero((start == step) & (lengths > 0)):
-            batch.join(int(seq))
-        if ((start <= step) & (step < stop)).any():
+    """Drive ``batch`` through the schedule; yield ``(seq_ids, positions, out, rows_computed)`` per step.
+
+    Sequence i joins at step start_steps[i] and leaves at start_steps[i] + T_i
+    (leaving first, so a joiner can reuse what a leaver freed); a sequence with
+    T_i = 0 never joins. Steps with no sequence in the batch are skipped.
+    """
+    joins, leaves = {}, {}
+    for seq in np.flatnonzero(problem.lengths > 0).tolist():
+        start = int(problem.start_steps[seq])
+        joins.setdefault(start, []).append(seq)
+        leaves.setdefault(start + int(problem.lengths[seq]), []).append(seq)
+    in_batch = 0
+    for step in range(max(leaves, default=0)):
+        for seq in leaves.get(step, ()):
+            batch.leave(seq)
+        for seq in joins.get(step, ()):
+            batch.join(seq)
+        in_batch += len(joins.get(step, ())) - len(leaves.get(step, ()))
+        if in_batch:
             seq_ids, positions, out, rows = batch.step(problem)
             check_finite_output(out)
             yield seq_ids, positions, out, rows
