@@ -249,7 +249,7 @@ def _split(x, lengths):
             if seq.ndim != 2:
                 raise ValueError(f"x[{i}] must be [T_i, D_model], got shape {seq.shape}")
         return seqs, False
-    if not isinstance(x, np.ndarray) or isinstance(x, np.ma.MaskedArray):
+    if not isinstance(x, np.ndarray):
         raise TypeError(f"x must be a list of [T_i, D_model] arrays or an ndarray [B, T_max, D_model], got {type(x)}")
     if x.ndim != 3:
         raise ValueError(f"a padded x must be [B, T_max, D_model], got shape {x.shape}")
