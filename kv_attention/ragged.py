@@ -13,9 +13,10 @@ Strategies (the ``strategy=`` of :func:`ragged_decode`):
                with a fixed batch would run).
     compacted  only the rows in the batch are computed: a finished sequence
                leaves and the batch shrinks (dynamic exit). Its cache is
-               contiguous, ``[B, T_max, D]`` with the rows in use first; when a
-               sequence leaves, the last row in use is copied into its row:
-               one row of up to T_max positions of K and of V moved per exit.
+               contiguous, ``[B, T_max, D]`` with the rows in use first; when
+               sequences leave, each survivor in a row past the new end is
+               copied into a leaver's row: up to T_max positions of K and of V
+               moved per exit (its stored positions only).
     paged      compacted, with K/V in a :class:`~kv_attention.paged.PagedKVCache`:
                leaving frees blocks, and no token is ever moved.
 
@@ -129,8 +130,8 @@ class _PaddedBatch(_ContiguousCache):
     def join(self, seq):
         self.in_batch[seq] = True
 
-    def leave(self, seq):
-        self.in_batch[seq] = False
+    def leave(self, seqs):
+        self.in_batch[seqs] = False
 
     def step(self, problem):
         rows = np.arange(len(self.lengths))
@@ -157,16 +158,20 @@ class _CompactedBatch(_ContiguousCache):
         self.lengths[len(self.seqs)] = 0
         self.seqs.append(seq)
 
-    def leave(self, seq):
-        row, last = self.seqs.index(seq), len(self.seqs) - 1
-        if row != last:  # compaction: move the last row into the hole, its stored positions only
-            length = self.lengths[last]
-            self.k_cache[row, :length] = self.k_cache[last, :length]
-            self.v_cache[row, :length] = self.v_cache[last, :length]
-            self.lengths[row] = length
-            self.seqs[row] = self.seqs[last]
+    def leave(self, seqs):
+        """Compaction: each survivor in a row past the new end moves into a leaver's row, stored positions only."""
+        gone = set(seqs)
+        n = len(self.seqs) - len(gone)
+        holes = [row for row in range(n) if self.seqs[row] in gone]
+        movers = [row for row in range(n, len(self.seqs)) if self.seqs[row] not in gone]
+        for hole, row in zip(holes, movers):
+            length = self.lengths[row]
+            self.k_cache[hole, :length] = self.k_cache[row, :length]
+            self.v_cache[hole, :length] = self.v_cache[row, :length]
+            self.lengths[hole] = length
+            self.seqs[hole] = self.seqs[row]
             self.moved_slots += int(length)
-        self.seqs.pop()
+        del self.seqs[n:]
 
     def step(self, problem):
         n = len(self.seqs)
@@ -196,9 +201,10 @@ class _PagedBatch:
         self.cache.add_sequence(seq)
         self.seqs.append(seq)
 
-    def leave(self, seq):
-        self.cache.free(seq)
-        self.seqs.remove(seq)
+    def leave(self, seqs):
+        for seq in seqs:
+            self.cache.free(seq)
+            self.seqs.remove(seq)
 
     def step(self, problem):
         seqs = np.array(self.seqs, dtype=np.int64)
@@ -295,8 +301,8 @@ def _steps(batch, problem):
         leaves.setdefault(start + int(problem.lengths[seq]), []).append(seq)
     in_batch = 0
     for step in range(max(leaves, default=0)):
-        for seq in leaves.get(step, ()):
-            batch.leave(seq)
+        if step in leaves:
+            batch.leave(leaves[step])
         for seq in joins.get(step, ()):
             batch.join(seq)
         in_batch += len(joins.get(step, ())) - len(leaves.get(step, ()))

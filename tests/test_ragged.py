@@ -131,17 +131,22 @@ def test_reported_counts(strategy, lengths, start_steps, block_size):
         assert stats.moved_slots == 0
 
 
-def test_compaction_moves_the_last_row_into_the_hole():
-    # lengths [5, 3, 2], all from step 0: at step 2 sequence 2 (the last row) leaves: nothing
-    # moves; at step 3 sequence 1 (row 1 of 2) leaves: row 1 is the last row, nothing moves.
-    # lengths [2, 5, 4]: at step 2 sequence 0 (row 0) leaves, row 2 (sequence 2, 2 positions
-    # stored) moves into row 0; at step 4 sequence 2 (now row 0) leaves, sequence 1 (row 1,
-    # 4 positions) moves into row 0.
+@pytest.mark.parametrize(
+    "lengths, moved",
+    [
+        ([5, 3, 2], 0),  # each leaver is in the last row in use: nothing moves
+        ([2, 5, 4], 2 + 4),  # step 2: sequence 2 (2 positions) into row 0; step 4: sequence 1 (4) into row 0
+        ([6, 2, 2, 2], 0),  # three leave at once from the rows past the survivor: nothing moves
+        ([2, 2, 5, 2], 2),  # three leave at once: only sequence 2 (2 positions) moves, into row 0
+    ],
+)
+def test_compaction_moves_only_survivors_past_the_new_end(lengths, moved):
     rng = np.random.default_rng(14)
-    w_q, w_k, w_v = weights(rng)
-    for lengths, moved in (([5, 3, 2], 0), ([2, 5, 4], 2 + 4)):
-        _, stats = kv.ragged_decode(sequences(rng, lengths), w_q, w_k, w_v, return_stats=True)
-        assert stats.moved_slots == moved
+    seqs, (w_q, w_k, w_v) = sequences(rng, lengths), weights(rng)
+    out, stats = kv.ragged_decode(seqs, w_q, w_k, w_v, return_stats=True)
+    assert stats.moved_slots == moved
+    for got, expected in zip(out, solo_outputs(seqs, w_q, w_k, w_v)):
+        np.testing.assert_allclose(got, expected, **TOL)
 
 
 def test_paged_decode_reuses_freed_blocks_in_a_pool_smaller_than_the_batch():
