@@ -230,7 +230,7 @@ _BATCHES = {"padded": _PaddedBatch, "compacted": _CompactedBatch, "paged": _Page
 
 
 def _check_options(strategy, block_size, num_blocks):
-    if strategy not in _BATCHES:
+    if not isinstance(strategy, str) or strategy not in _BATCHES:
         raise ValueError(f"unknown strategy {strategy!r}; known: {', '.join(RAGGED_STRATEGIES)}")
     block_size = as_size("block_size", block_size, minimum=1)
     if num_blocks is not None:
@@ -349,6 +349,9 @@ def ragged_decode(
     return_stats=False,
 ):
     """Decode B sequences of different lengths in one batch; each equals decoding it alone.
+
+    Continuous batching as in Orca (Yu et al. 2022); the paged strategy keeps
+    K/V as PagedAttention does (Kwon et al. 2023, vLLM).
 
     Args:
         x: a list of B arrays ``[T_i, D_model]``, or a padded ``[B, T_max, D_model]``

@@ -246,6 +246,7 @@ def test_every_sequence_grows_from_its_own_length_when_others_join_and_leave():
     "kwargs, error, message",
     [
         ({"strategy": "bucketed"}, ValueError, "unknown strategy 'bucketed'; known: padded, compacted, paged"),
+        ({"strategy": ["paged"]}, ValueError, r"unknown strategy \['paged'\]"),
         ({"block_size": 0}, ValueError, "block_size must be >= 1"),
         ({"num_blocks": -1}, ValueError, "num_blocks must be >= 0"),
         ({"num_blocks": 2.0}, TypeError, "num_blocks must be an integer"),
