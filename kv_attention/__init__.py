@@ -1,11 +1,15 @@
 """kv_attention: exact NumPy reference implementations of causal-attention decode.
 
-Single head, softmax(q kᵀ / sqrt(D_k) + causal mask) v. Every strategy equals
-:func:`causal_attention` position by position.
+Single head, softmax(q kᵀ / sqrt(D_k) + causal mask) v: five decode strategies,
+each equal to :func:`causal_attention` position by position. Multi-head,
+grouped-query and multi-query decode (``heads``), the KV cache capacity formula
+(``capacity``), and ragged batches with a paged KV cache (``ragged``, ``paged``)
+build on the same caches.
 """
 
 from .attention import causal_attention
 from .cache import DynamicCache, StaticCache
+from .capacity import MODEL_SHAPES, ModelShape, kv_cache_bytes
 from .decode import (
     batched_cached_attention,
     cached_attention,
@@ -13,7 +17,10 @@ from .decode import (
     decode_without_cache,
     sequential_cached_attention,
 )
+from .heads import multi_head_attention, multi_head_decode
+from .paged import OutOfBlocksError, PagedKVCache
 from .problem import Problem, make_problem
+from .ragged import RAGGED_STRATEGIES, RaggedDecodeStats, ragged_decode, ragged_decode_steps
 from .strategies import EXPERIMENTS, STRATEGIES, get_strategy
 
 __version__ = "0.1.0"
@@ -32,16 +39,17 @@ __all__ = [
     "STRATEGIES",
     "EXPERIMENTS",
     "get_strategy",
-]
-
-# Multi-head, grouped-query and multi-query attention; KV cache capacity.
-from .capacity import MODEL_SHAPES, ModelShape, kv_cache_bytes  # noqa: E402
-from .heads import multi_head_attention, multi_head_decode  # noqa: E402
-
-__all__ += [
+    # multi-head, GQA and MQA; KV cache capacity
     "multi_head_attention",
     "multi_head_decode",
     "kv_cache_bytes",
     "ModelShape",
     "MODEL_SHAPES",
+    # ragged batches and the paged KV cache
+    "PagedKVCache",
+    "OutOfBlocksError",
+    "ragged_decode",
+    "ragged_decode_steps",
+    "RaggedDecodeStats",
+    "RAGGED_STRATEGIES",
 ]

@@ -1,0 +1,94 @@
+"""The ragged experiment's timed inputs, oracle and gate: B = 8 sequences of three length distributions.
+
+They live in the suite, not in ``kv_attention``, for the reason given in
+``common.py``. The sequences are prefixes of the rows of the timed problem
+``timed_inputs(256, 8)``, so every commit decodes the same numbers.
+"""
+
+import functools
+import inspect
+import math
+
+import numpy as np
+
+from .common import check_single_threaded, oracle, timed_inputs
+
+RAGGED_BATCH = 8  # B
+RAGGED_T_MAX = 256
+BLOCK_SIZE = 16  # tokens per block of the paged cache
+RAGGED_STRATEGIES = ["padded", "compacted", "paged"]
+LENGTH_DISTRIBUTIONS = {  # name (asv parameter value) -> T_b of the 8 sequences
+    "equal": [256] * 8,
+    "uniform": [16, 50, 85, 119, 153, 187, 222, 256],  # evenly spread over 16..256: 16 + b * 240 / 7, rounded
+    "skewed": [256] + [16] * 7,
+}
+
+
+def pool_blocks(distribution):
+    """A pool large enough for the whole batch at full length: sum of ceil(T_b / 16) blocks."""
+    return sum(math.ceil(n / BLOCK_SIZE) for n in LENGTH_DISTRIBUTIONS[distribution])
+
+
+@functools.lru_cache(maxsize=None)
+def ragged_inputs(distribution):
+    """``(seqs, w_q, w_k, w_v)``: seqs a tuple of 8 read-only ``[T_b, 64]`` prefixes of ``timed_inputs(256, 8)``."""
+    x, w_q, w_k, w_v = timed_inputs(RAGGED_T_MAX, RAGGED_BATCH)
+    seqs = tuple(x[b, :n] for b, n in enumerate(LENGTH_DISTRIBUTIONS[distribution]))  # [T_b, 64] each
+    return seqs, w_q, w_k, w_v
+
+
+def ragged_oracle(seqs, w_q, w_k, w_v):
+    """Each sequence alone through the suite's full causal attention: a list of ``[T_b, D_v]``."""
+    return [oracle(seq, w_q, w_k, w_v) for seq in seqs]
+
+
+def ragged_function(strategy, distribution):
+    """The commit's ragged_decode bound to ``strategy``, block_size 16 and the pool; NotImplementedError if absent."""
+    import kv_attention
+
+    function = getattr(kv_attention, "ragged_decode", None)
+    if function is None:
+        raise NotImplementedError("kv_attention has no ragged_decode at this commit")
+    if strategy not in getattr(kv_attention, "RAGGED_STRATEGIES", ()):
+        raise NotImplementedError(f"kv_attention has no ragged strategy {strategy!r} at this commit")
+    options = {"strategy": strategy, "block_size": BLOCK_SIZE}
+    if strategy == "paged":
+        options["num_blocks"] = pool_blocks(distribution)
+    return functools.partial(function, **options)
+
+
+_PASSED = set()
+
+
+def ragged_gate(strategy, distribution):
+    """The gate of the ragged benchmarks, as :func:`common.gate`: thread pin, then every sequence vs the oracle.
+
+    Raises NotImplementedError (asv skips) when the commit lacks ragged_decode
+    or the strategy, AssertionError (asv fails) when an output is wrong.
+
+    Returns:
+        The bound decode function, ready to be timed on ``ragged_inputs(distribution)``.
+    """
+    function = ragged_function(strategy, distribution)
+    key = (strategy, distribution)
+    if key not in _PASSED:
+        check_single_threaded()
+        inputs = ragged_inputs(distribution)
+        outputs = function(*inputs)
+        expected = ragged_oracle(*inputs)
+        assert len(outputs) == len(expected), f"{strategy}: {len(outputs)} outputs for {len(expected)} sequences"
+        for b, (out, want) in enumerate(zip(outputs, expected)):
+            out = np.asarray(out)
+            assert out.dtype == np.float64, f"{strategy}: float64 inputs gave {out.dtype}"
+            assert out.shape == want.shape, f"{strategy}, sequence {b}: shape {out.shape}, expected {want.shape}"
+            np.testing.assert_allclose(out, want, atol=1e-8, err_msg=f"{strategy}, {distribution}, sequence {b}")
+        _PASSED.add(key)
+    return function
+
+
+def ragged_stats(function, inputs):
+    """The decode's own counts (``return_stats=True``); NotImplementedError if the commit cannot report them."""
+    if "return_stats" not in inspect.signature(function).parameters:
+        raise NotImplementedError("kv_attention.ragged_decode has no return_stats at this commit")
+    _, stats = function(*inputs, return_stats=True)
+    return stats

@@ -1,0 +1,397 @@
+"""Ragged batches: sequences of different lengths that join and leave the batch at different steps.
+
+Sequence i (i = 0..B-1) has T_i tokens and joins at decode step
+``start_steps[i]``; at step s it is in the batch when
+``start_steps[i] <= s < start_steps[i] + T_i`` and decodes its position
+``s - start_steps[i]``. Every sequence grows from its own length: no row ever
+writes at a position taken from another row.
+
+Strategies (the ``strategy=`` of :func:`ragged_decode`):
+    padded     every step computes all B rows over a contiguous cache
+               ``[B, T_max, D]``; rows not in the batch, and key positions past
+               a row's length, are masked out (static shapes, as a GPU kernel
+               with a fixed batch would run).
+    compacted  only the rows in the batch are computed: a finished sequence
+               leaves and the batch shrinks (dynamic exit). Its cache is
+               contiguous, ``[B, T_max, D]`` with the rows in use first; when
+               sequences leave, each survivor in a row past the new end is
+               copied into a leaver's row: up to T_max positions of K and of V
+               moved per exit (its stored positions only).
+    paged      compacted, with K/V in a :class:`~kv_attention.paged.PagedKVCache`:
+               leaving frees blocks, and no token is ever moved.
+
+Axis letters: B sequences, N rows computed at a step, S key positions, D feature width.
+Method: masked attention as in Vaswani et al. 2017; continuous batching as in
+Orca (Yu et al. 2022); the paged cache as in vLLM (Kwon et al. 2023).
+"""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._validation import as_float_array, as_size, check_finite_output, check_projection_inputs
+from .attention import attend
+from .paged import PagedKVCache
+
+RAGGED_STRATEGIES = ("padded", "compacted", "paged")
+
+
+@dataclass(frozen=True)
+class RaggedDecodeStats:
+    """What a ragged decode computed and reserved; counts, not timings.
+
+    Attributes:
+        strategy: the strategy's name.
+        steps: decode steps run (steps with at least one sequence in the batch).
+        row_steps: query rows computed, summed over the steps (padded: B per step;
+            compacted and paged: the sequences in the batch, i.e. sum of T_i in all).
+        peak_reserved_slots: K/V token slots (positions, each holding one key and
+            one value) reserved at the peak: B × T_max for padded and compacted,
+            peak blocks × block_size for paged.
+        moved_slots: token positions copied inside the cache by compaction (compacted only).
+        peak_blocks: the most blocks in use at once (paged only, else None).
+    """
+
+    strategy: str
+    steps: int
+    row_steps: int
+    peak_reserved_slots: int
+    moved_slots: int
+    peak_blocks: int | None
+
+
+def masked_attend(q, k, v, valid):
+    """Attention of one query per row over the keys that ``valid`` marks, by explicit where-masking.
+
+    Args:
+        q: ``[N, 1, D_k]``; k: ``[N, S, D_k]``; v: ``[N, S, D_v]``.
+        valid: ``[N, S]`` bool, True where row n may attend to key s.
+
+    Returns:
+        ``[N, 1, D_v]``. A row with no valid key gives zeros, never NaN. A masked
+        key gets weight exactly 0 whatever its score (even inf or NaN from huge
+        keys), so finite values there add exactly nothing. With every key valid
+        this is :func:`~kv_attention.attention.attend`.
+    """
+    if valid.all():
+        return attend(q, k, v)
+    with np.errstate(over="ignore", invalid="ignore"):
+        scores = q @ k.swapaxes(-1, -2)  # [N, 1, S]
+        scores *= 1.0 / math.sqrt(q.shape[-1])
+    scores = np.where(valid[:, None, :], scores, -np.inf)  # the mask, by selection: no arithmetic on masked scores
+    row_max = scores.max(axis=-1, keepdims=True)  # [N, 1, 1]; -inf for a row with nothing to attend to
+    row_max[~valid.any(axis=-1)] = 0.0
+    weights = np.exp(scores - row_max)  # masked keys: exp(-inf) = 0
+    total = weights.sum(axis=-1, keepdims=True)
+    weights /= np.where(total > 0, total, 1.0)
+    return weights @ v  # [N, 1, D_v]
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """Validated inputs: ``x: [B, T_max + 1, D_model]`` zero past each length, ``lengths``,
+    ``start_steps`` (``[B]`` int64), ``weights = (w_q, w_k, w_v)`` and the computation's dtype."""
+
+    x: np.ndarray
+    lengths: np.ndarray
+    start_steps: np.ndarray
+    weights: tuple
+    dtype: np.dtype
+
+    @property
+    def t_max(self):
+        return self.x.shape[1] - 1
+
+    def project(self, rows, positions):
+        """q, k, v of sequence ``rows[n]`` at ``positions[n]``: ``[N, 1, D_k]``, ``[N, 1, D_k]``, ``[N, 1, D_v]``."""
+        x_t = self.x[rows, positions][:, None, :]  # [N, 1, D_model]
+        return tuple(x_t @ w for w in self.weights)
+
+
+class _ContiguousCache:
+    """``k_cache: [B, T_max, D_k]``, ``v_cache: [B, T_max, D_v]`` and each row's stored length: B × T_max slots."""
+
+    def __init__(self, problem):
+        n_seqs, t_max = len(problem.lengths), problem.t_max
+        self.k_cache = np.zeros((n_seqs, t_max, problem.weights[1].shape[1]), problem.dtype)  # [B, T_max, D_k]
+        self.v_cache = np.zeros((n_seqs, t_max, problem.weights[2].shape[1]), problem.dtype)  # [B, T_max, D_v]
+        self.lengths = np.zeros(n_seqs, dtype=np.int64)  # positions stored per row
+        self.reserved_slots, self.moved_slots, self.peak_blocks = n_seqs * t_max, 0, None
+
+
+class _PaddedBatch(_ContiguousCache):
+    """All B rows computed every step over the contiguous cache, masked where out of the batch."""
+
+    def __init__(self, problem, block_size, num_blocks):
+        super().__init__(problem)
+        self.in_batch = np.zeros(len(problem.lengths), dtype=bool)
+
+    def join(self, seq):
+        self.in_batch[seq] = True
+
+    def leave(self, seqs):
+        self.in_batch[seqs] = False
+
+    def step(self, problem):
+        rows = np.arange(len(self.lengths))
+        # Rows out of the batch read the zero row at T_max and are masked below.
+        q, k, v = problem.project(rows, np.where(self.in_batch, self.lengths, problem.t_max))
+        live, positions = rows[self.in_batch], self.lengths[self.in_batch]
+        self.k_cache[live, positions] = k[self.in_batch, 0]
+        self.v_cache[live, positions] = v[self.in_batch, 0]
+        self.lengths[self.in_batch] += 1
+        span = int(self.lengths[self.in_batch].max())
+        valid = (np.arange(span) < self.lengths[:, None]) & self.in_batch[:, None]  # [B, S]
+        out = masked_attend(q, self.k_cache[:, :span], self.v_cache[:, :span], valid)  # [B, 1, D_v]
+        return live, positions, out[self.in_batch, 0], len(rows)
+
+
+class _CompactedBatch(_ContiguousCache):
+    """Only the sequences in the batch, in rows 0..N-1 of the contiguous cache."""
+
+    def __init__(self, problem, block_size, num_blocks):
+        super().__init__(problem)
+        self.seqs = []  # the sequence in each row in use
+
+    def join(self, seq):
+        self.lengths[len(self.seqs)] = 0
+        self.seqs.append(seq)
+
+    def leave(self, seqs):
+        """Compaction: each survivor in a row past the new end moves into a leaver's row, stored positions only."""
+        gone = set(seqs)
+        n = len(self.seqs) - len(gone)
+        holes = [row for row in range(n) if self.seqs[row] in gone]
+        movers = [row for row in range(n, len(self.seqs)) if self.seqs[row] not in gone]
+        for hole, row in zip(holes, movers):
+            length = self.lengths[row]
+            self.k_cache[hole, :length] = self.k_cache[row, :length]
+            self.v_cache[hole, :length] = self.v_cache[row, :length]
+            self.lengths[hole] = length
+            self.seqs[hole] = self.seqs[row]
+            self.moved_slots += int(length)
+        del self.seqs[n:]
+
+    def step(self, problem):
+        n = len(self.seqs)
+        rows, positions = np.arange(n), self.lengths[:n].copy()
+        seqs = np.array(self.seqs, dtype=np.int64)
+        q, k, v = problem.project(seqs, positions)
+        self.k_cache[rows, positions] = k[:, 0]
+        self.v_cache[rows, positions] = v[:, 0]
+        self.lengths[:n] += 1
+        span = int(positions.max()) + 1
+        valid = np.arange(span) < self.lengths[:n, None]  # [N, S]
+        out = masked_attend(q, self.k_cache[:n, :span], self.v_cache[:n, :span], valid)  # [N, 1, D_v]
+        return seqs, positions, out[:, 0], n
+
+
+class _PagedBatch:
+    """Only the sequences in the batch, with K/V in a :class:`PagedKVCache`: leaving frees blocks, nothing moves."""
+
+    def __init__(self, problem, block_size, num_blocks):
+        if num_blocks is None:  # enough for every sequence at its full length at once
+            num_blocks = sum(math.ceil(int(n) / block_size) for n in problem.lengths)
+        w_k, w_v = problem.weights[1:]
+        self.cache = PagedKVCache(num_blocks, block_size, w_k.shape[1], w_v.shape[1], problem.dtype)
+        self.seqs, self.moved_slots = [], 0
+
+    def join(self, seq):
+        self.cache.add_sequence(seq)
+        self.seqs.append(seq)
+
+    def leave(self, seqs):
+        for seq in seqs:
+            self.cache.free(seq)
+            self.seqs.remove(seq)
+
+    def step(self, problem):
+        seqs = np.array(self.seqs, dtype=np.int64)
+        positions = self.cache.get_seq_lengths(self.seqs)  # [N]
+        q, k, v = problem.project(seqs, positions)
+        self.cache.update(self.seqs, k, v)
+        k_seq, v_seq, lengths = self.cache.gather(self.seqs)  # [N, S, D_k], [N, S, D_v], [N]
+        span = int(lengths.max())
+        valid = np.arange(span) < lengths[:, None]  # [N, S]
+        out = masked_attend(q, k_seq[:, :span], v_seq[:, :span], valid)  # [N, 1, D_v]
+        return seqs, positions, out[:, 0], len(seqs)
+
+    @property
+    def peak_blocks(self):
+        return self.cache.peak_blocks
+
+    @property
+    def reserved_slots(self):
+        return self.cache.peak_blocks * self.cache.block_size
+
+
+_BATCHES = {"padded": _PaddedBatch, "compacted": _CompactedBatch, "paged": _PagedBatch}
+
+
+def _check_options(strategy, block_size, num_blocks):
+    if not isinstance(strategy, str) or strategy not in _BATCHES:
+        raise ValueError(f"unknown strategy {strategy!r}; known: {', '.join(RAGGED_STRATEGIES)}")
+    block_size = as_size("block_size", block_size, minimum=1)
+    if num_blocks is not None:
+        num_blocks = as_size("num_blocks", num_blocks)
+    return block_size, num_blocks
+
+
+def _as_sizes(name, values, count):
+    """``values`` as an int64 array of ``count`` non-negative integers, or raise naming ``name``."""
+    if isinstance(values, (str, bytes)) or np.ndim(values) != 1 or len(values) != count:
+        raise ValueError(f"{name} must be {count} integers, one per sequence, got {values!r}")
+    return np.array([as_size(f"{name}[{i}]", n) for i, n in enumerate(values)], dtype=np.int64)
+
+
+def _split(x, lengths):
+    """The sequences of ``x``: a list of ``[T_i, D_model]`` arrays and whether x came padded."""
+    if isinstance(x, (list, tuple)):
+        if lengths is not None:
+            raise ValueError("lengths is for a padded x [B, T_max, D_model]; a list of sequences carries its own")
+        seqs = [as_float_array(f"x[{i}]", seq) for i, seq in enumerate(x)]
+        for i, seq in enumerate(seqs):
+            if seq.ndim != 2:
+                raise ValueError(f"x[{i}] must be [T_i, D_model], got shape {seq.shape}")
+        return seqs, False
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"x must be a list of [T_i, D_model] arrays or an ndarray [B, T_max, D_model], got {type(x)}")
+    if x.ndim != 3:
+        raise ValueError(f"a padded x must be [B, T_max, D_model], got shape {x.shape}")
+    as_float_array("x", x[:, :0])  # the dtype, even when every length is 0
+    lengths = np.full(x.shape[0], x.shape[1]) if lengths is None else _as_sizes("lengths", lengths, x.shape[0])
+    if lengths.size and lengths.max() > x.shape[1]:
+        raise ValueError(f"lengths must be at most T_max={x.shape[1]} of x {x.shape}, got {lengths.tolist()}")
+    # Only x[b, :T_b] is read (checked, copied): the padding may hold anything.
+    return [as_float_array(f"x[{b}, :{n}]", x[b, :n]) for b, n in enumerate(lengths)], True
+
+
+def _check_problem(x, w_q, w_k, w_v, lengths, start_steps):
+    """Validate everything up front; return the :class:`_Problem` and the output form."""
+    seqs, padded = _split(x, lengths)
+    d_model = seqs[0].shape[1] if seqs else (np.shape(w_q)[:1] or (0,))[0]
+    for i, seq in enumerate(seqs):
+        if seq.shape[1] != d_model:
+            raise ValueError(f"every sequence must share D_model: x[0] has {d_model}, x[{i}] has shape {seq.shape}")
+    flat = np.concatenate(seqs) if seqs else np.empty((0, d_model))  # [sum T_i, D_model]
+    _, w_q, w_k, w_v, dtype = check_projection_inputs(flat, w_q, w_k, w_v, x_ndims=(2,))
+    n_seqs = len(seqs)
+    lengths = np.array([len(seq) for seq in seqs], dtype=np.int64)
+    start_steps = np.zeros(n_seqs, np.int64) if start_steps is None else _as_sizes("start_steps", start_steps, n_seqs)
+    t_max = int(lengths.max(initial=0))
+    x_pad = np.zeros((n_seqs, t_max + 1, d_model), dtype)  # [B, T_max + 1, D_model]; row T_max stays zero
+    for b, seq in enumerate(seqs):
+        x_pad[b, : len(seq)] = seq
+    out_len = x.shape[1] if padded else None
+    return _Problem(x_pad, lengths, start_steps, (w_q, w_k, w_v), dtype), out_len
+
+
+def _steps(batch, problem):
+    """Drive ``batch`` through the schedule; yield ``(seq_ids, positions, out, rows_computed)`` per step.
+
+    Sequence i joins at step start_steps[i] and leaves at start_steps[i] + T_i
+    (leaving first, so a joiner can reuse what a leaver freed); a sequence with
+    T_i = 0 never joins. Steps with no sequence in the batch are skipped.
+    """
+    joins, leaves = {}, {}
+    for seq in np.flatnonzero(problem.lengths > 0).tolist():
+        start = int(problem.start_steps[seq])
+        joins.setdefault(start, []).append(seq)
+        leaves.setdefault(start + int(problem.lengths[seq]), []).append(seq)
+    in_batch = 0
+    for step in range(max(leaves, default=0)):
+        if step in leaves:
+            batch.leave(leaves[step])
+        for seq in joins.get(step, ()):
+            batch.join(seq)
+        in_batch += len(joins.get(step, ())) - len(leaves.get(step, ()))
+        if in_batch:
+            seq_ids, positions, out, rows = batch.step(problem)
+            check_finite_output(out)
+            yield seq_ids, positions, out, rows
+
+
+def _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blocks):
+    block_size, num_blocks = _check_options(strategy, block_size, num_blocks)
+    problem, out_len = _check_problem(x, w_q, w_k, w_v, lengths, start_steps)
+    return _BATCHES[strategy](problem, block_size, num_blocks), problem, out_len
+
+
+def ragged_decode_steps(
+    x, w_q, w_k, w_v, *, lengths=None, start_steps=None, strategy="compacted", block_size=16, num_blocks=None
+):
+    """The decode of :func:`ragged_decode`, one step at a time, as a server streams tokens.
+
+    Inputs are validated before this returns; the iterator then yields, for each
+    step with at least one sequence in the batch, ``(seq_ids, positions, out)``:
+    ``seq_ids: [N]`` and ``positions: [N]`` int64 (the sequences in the batch and
+    the position each decoded) and ``out: [N, D_v]``, their outputs.
+
+    Args and Raises: as :func:`ragged_decode` (errors of the decode itself,
+    such as OutOfBlocksError, come from the step that meets them).
+    """
+    batch, problem, _ = _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blocks)
+    return ((seq_ids, positions, out) for seq_ids, positions, out, _ in _steps(batch, problem))
+
+
+def ragged_decode(
+    x,
+    w_q,
+    w_k,
+    w_v,
+    *,
+    lengths=None,
+    start_steps=None,
+    strategy="compacted",
+    block_size=16,
+    num_blocks=None,
+    return_stats=False,
+):
+    """Decode B sequences of different lengths in one batch; each equals decoding it alone.
+
+    Continuous batching as in Orca (Yu et al. 2022); the paged strategy keeps
+    K/V as PagedAttention does (Kwon et al. 2023, vLLM).
+
+    Args:
+        x: a list of B arrays ``[T_i, D_model]``, or a padded ``[B, T_max, D_model]``
+            with ``lengths`` (only ``x[b, :T_b]`` is read; the padding may hold anything).
+        w_q: ``[D_model, D_k]``. w_k: ``[D_model, D_k]``. w_v: ``[D_model, D_v]``.
+        lengths: B integers T_b <= T_max, for a padded x only (default: all T_max).
+        start_steps: B integers >= 0 (default all 0): sequence i joins the batch
+            at decode step start_steps[i], as in continuous batching.
+        strategy: ``"padded"``, ``"compacted"`` (default) or ``"paged"`` (see the module).
+        block_size: tokens per block of the paged cache (default 16).
+        num_blocks: blocks in the paged cache's pool (default: enough for every
+            sequence at full length at once, sum of ceil(T_i / block_size)).
+        return_stats: also return a :class:`RaggedDecodeStats`.
+
+    Returns:
+        A list of B arrays ``[T_i, D_v]`` for a list x, else ``[B, T_max, D_v]``
+        with zeros past each length; in ``np.result_type`` of the inputs. With
+        ``return_stats``, ``(outputs, stats)``.
+
+    Raises:
+        TypeError: x is neither a list nor an ndarray, an input is not a
+            float32/float64 array, or a length or start step is not an integer.
+        ValueError: an unknown strategy, shapes that do not fit (named in the
+            message), lengths or start_steps of the wrong count or out of range,
+            NaN/inf in an input, or scores that overflow the dtype.
+        OutOfBlocksError: ``num_blocks`` too small for the sequences in the batch at some step.
+    """
+    batch, problem, out_len = _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blocks)
+    d_v = problem.weights[2].shape[1]
+    out = np.zeros((len(problem.lengths), problem.t_max, d_v), problem.dtype)  # [B, T_max, D_v]
+    steps = row_steps = 0
+    for seq_ids, positions, out_rows, rows in _steps(batch, problem):
+        out[seq_ids, positions] = out_rows
+        steps, row_steps = steps + 1, row_steps + rows
+    if out_len is None:
+        result = [out[b, :n] for b, n in enumerate(problem.lengths)]
+    else:
+        result = np.zeros((len(problem.lengths), out_len, d_v), problem.dtype)  # [B, T_max of x, D_v]
+        result[:, : problem.t_max] = out
+    if not return_stats:
+        return result
+    stats = RaggedDecodeStats(strategy, steps, row_steps, batch.reserved_slots, batch.moved_slots, batch.peak_blocks)
+    return result, stats

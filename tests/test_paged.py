@@ -1,0 +1,321 @@
+"""PagedKVCache: block tables, slot_mapping, the free list, out-of-blocks, and the reported figures.
+
+Every expectation is computed here from the written values and block arithmetic,
+independently of the cache's own bookkeeping.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+import kv_attention as kv
+
+D_K, D_V = 3, 5
+
+
+def random_kv(rng, n, t_new=1):
+    return rng.standard_normal((n, t_new, D_K)), rng.standard_normal((n, t_new, D_V))
+
+
+def snapshot(cache):
+    """Everything observable about a cache, to compare before and after a failed call."""
+    ids = cache.seq_ids
+    return (
+        cache.k_cache.copy(),
+        cache.v_cache.copy(),
+        ids,
+        [cache.block_table(s) for s in ids],
+        [cache.get_seq_length(s) for s in ids],
+        cache.num_free_blocks,
+        cache.peak_blocks,
+    )
+
+
+def assert_same_snapshot(before, after):
+    np.testing.assert_array_equal(before[0], after[0])
+    np.testing.assert_array_equal(before[1], after[1])
+    assert before[2:] == after[2:]
+
+
+class Contiguous:
+    """The independent record: every position written, per sequence, in order."""
+
+    def __init__(self):
+        self.k, self.v = {}, {}
+
+    def write(self, seq_ids, k, v):
+        for i, s in enumerate(seq_ids):
+            self.k.setdefault(s, []).extend(k[i])
+            self.v.setdefault(s, []).extend(v[i])
+
+    def free(self, seq_id):
+        del self.k[seq_id], self.v[seq_id]
+
+
+EVENTS = [
+    ("add", "a"), ("add", "b"), ("add", "c"),
+    ("write", ["a", "b", "c"]), ("write", ["a", "b", "c"]), ("write", ["a", "c"]), ("write", ["c", "a"]),
+    ("free", "b"), ("write", ["a", "c"]), ("add", "d"), ("write", ["d", "a"]), ("write", ["c", "d", "a"]),
+    ("free", "a"), ("write", ["c", "d"]), ("write", ["d"]), ("add", "a"), ("write", ["a", "c", "d"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 4, 64])  # 64: larger than any sequence here
+def test_gather_equals_the_contiguous_cache_exactly_through_joins_and_frees(block_size):
+    rng = np.random.default_rng(block_size)
+    cache, record = kv.PagedKVCache(40, block_size, D_K, D_V), Contiguous()
+    for action, arg in EVENTS:
+        if action == "add":
+            cache.add_sequence(arg)
+        elif action == "free":
+            cache.free(arg)
+            record.free(arg)
+        else:
+            k, v = random_kv(rng, len(arg))
+            cache.update(arg, k, v)
+            record.write(arg, k, v)
+        ids = list(cache.seq_ids)
+        k_seq, v_seq, lengths = cache.gather(ids)
+        for i, s in enumerate(ids):
+            expected_k = np.array(record.k.get(s, [])).reshape(-1, D_K)
+            expected_v = np.array(record.v.get(s, [])).reshape(-1, D_V)
+            assert lengths[i] == len(expected_k) == cache.get_seq_length(s)
+            np.testing.assert_array_equal(k_seq[i, : lengths[i]], expected_k)
+            np.testing.assert_array_equal(v_seq[i, : lengths[i]], expected_v)
+
+
+def test_gather_equals_a_static_cache_fed_the_same_positions():
+    rng = np.random.default_rng(1)
+    paged, static = kv.PagedKVCache(8, 3, D_K, D_V), kv.StaticCache((), 10, D_K, D_V)
+    paged.add_sequence(0)
+    for _ in range(10):
+        k, v = random_kv(rng, 1)
+        paged.update([0], k, v)
+        k_static, v_static = static.update(k[0], v[0])
+        k_paged, v_paged, (length,) = paged.gather([0])
+        np.testing.assert_array_equal(k_paged[0, :length], k_static)
+        np.testing.assert_array_equal(v_paged[0, :length], v_static)
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 16])
+def test_slot_mapping_is_block_times_block_size_plus_offset_and_holds_the_token(block_size):
+    rng = np.random.default_rng(2)
+    cache = kv.PagedKVCache(16, block_size, D_K, D_V)  # 2 sequences of 8 tokens
+    for s in (0, 1):
+        cache.add_sequence(s)
+    for t_new in (1, 2, 4, 1):
+        before = [cache.get_seq_length(s) for s in (0, 1)]
+        k, v = random_kv(rng, 2, t_new)
+        slot_mapping = cache.update([0, 1], k, v)
+        assert slot_mapping.shape == (2, t_new) and slot_mapping.dtype == np.int64
+        for i, s in enumerate((0, 1)):
+            table = cache.block_table(s)
+            for j, position in enumerate(range(before[i], before[i] + t_new)):
+                block, offset = divmod(position, block_size)
+                assert slot_mapping[i, j] == table[block] * block_size + offset
+                np.testing.assert_array_equal(cache.k_cache[table[block], offset], k[i, j])
+                np.testing.assert_array_equal(cache.v_cache[table[block], offset], v[i, j])
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 7])
+def test_blocks_are_taken_only_when_the_last_block_is_full(block_size):
+    rng = np.random.default_rng(3)
+    cache = kv.PagedKVCache(20, block_size, D_K, D_V)
+    cache.add_sequence("s")
+    assert cache.block_table("s") == () and cache.blocks_in_use == 0
+    for length in range(1, 15):
+        cache.update(["s"], *random_kv(rng, 1))
+        assert len(cache.block_table("s")) == math.ceil(length / block_size)
+        assert len(set(cache.block_table("s"))) == len(cache.block_table("s"))  # distinct physical blocks
+        assert cache.blocks_in_use + cache.num_free_blocks == 20
+
+
+def test_reported_figures():
+    rng = np.random.default_rng(4)
+    cache = kv.PagedKVCache(10, 4, D_K, D_V)
+    for s in range(3):
+        cache.add_sequence(s)
+    cache.update([0, 1, 2], *random_kv(rng, 3, 5))  # 5 tokens each: 2 blocks each, 3 slots empty each
+    cache.update([0], *random_kv(rng, 1, 4))  # sequence 0: 9 tokens in 3 blocks
+    assert cache.blocks_in_use == 3 + 2 + 2 and cache.num_free_blocks == 3
+    assert cache.slots_allocated == 7 * 4 and cache.slots_used == 9 + 5 + 5
+    assert cache.internal_fragmentation == 28 - 19
+    assert cache.nbytes == 19 * (D_K + D_V) * 8
+    cache.free(0)
+    assert cache.blocks_in_use == 4 and cache.peak_blocks == 7 and cache.internal_fragmentation == 2 * 3
+
+
+def test_freed_blocks_return_to_the_free_list_and_are_reused():
+    rng = np.random.default_rng(5)
+    cache = kv.PagedKVCache(3, 2, D_K, D_V)  # room for 6 tokens
+    cache.add_sequence("a")
+    cache.update(["a"], *random_kv(rng, 1, 6))
+    taken = set(cache.block_table("a"))
+    assert taken == {0, 1, 2} and cache.num_free_blocks == 0
+    cache.free("a")
+    assert cache.num_free_blocks == 3 and cache.seq_ids == ()
+    cache.add_sequence("b")
+    k, v = random_kv(rng, 1, 5)
+    cache.update(["b"], k, v)  # needs 3 blocks: only a's freed blocks exist
+    assert set(cache.block_table("b")) == taken
+    k_seq, v_seq, _ = cache.gather(["b"])
+    np.testing.assert_array_equal(k_seq[0, :5], k[0])  # a's old tokens are not read
+    np.testing.assert_array_equal(v_seq[0, :5], v[0])
+
+
+def test_a_freed_block_is_the_next_one_taken():
+    rng = np.random.default_rng(6)
+    cache = kv.PagedKVCache(6, 2, D_K, D_V)
+    for s in ("a", "b"):
+        cache.add_sequence(s)
+    cache.update(["a", "b"], *random_kv(rng, 2, 2))
+    (freed,) = cache.block_table("a")
+    cache.free("a")
+    cache.update(["b"], *random_kv(rng, 1, 1))
+    assert cache.block_table("b")[-1] == freed
+
+
+def test_tokens_never_move_when_others_leave_join_and_grow():
+    rng = np.random.default_rng(7)
+    cache = kv.PagedKVCache(30, 3, D_K, D_V)
+    for s in range(4):
+        cache.add_sequence(s)
+    cache.update([0, 1, 2, 3], *random_kv(rng, 4, 7))
+    table = cache.block_table(2)
+    k_blocks, v_blocks = cache.k_cache[list(table)].copy(), cache.v_cache[list(table)].copy()
+    cache.free(0)
+    cache.free(3)
+    cache.add_sequence(9)
+    cache.update([9, 1], *random_kv(rng, 2, 8))
+    cache.free(1)
+    cache.update([9], *random_kv(rng, 1, 4))
+    assert cache.block_table(2) == table
+    np.testing.assert_array_equal(cache.k_cache[list(table)], k_blocks)
+    np.testing.assert_array_equal(cache.v_cache[list(table)], v_blocks)
+
+
+def test_out_of_blocks_mid_decode_raises_its_own_error_and_changes_nothing():
+    rng = np.random.default_rng(8)
+    cache = kv.PagedKVCache(5, 2, D_K, D_V)
+    for s in ("a", "b", "c"):
+        cache.add_sequence(s)
+    cache.update(["a", "b", "c"], *random_kv(rng, 3, 2))  # one full block each: 3 of 5 in use
+    cache.update(["a"], *random_kv(rng, 1, 1))  # a takes its second block: 4 in use
+    before = snapshot(cache)
+    # b needs a block (1 free), c needs one too: 2 > 1, so neither may get one.
+    with pytest.raises(kv.OutOfBlocksError, match=r"need 2 new block\(s\) of block_size=2, 1 of num_blocks=5 free"):
+        cache.update(["b", "c"], *random_kv(rng, 2, 1))
+    assert_same_snapshot(before, snapshot(cache))
+    assert issubclass(kv.OutOfBlocksError, RuntimeError) and not issubclass(kv.OutOfBlocksError, ValueError)
+    cache.update(["a", "b"], *random_kv(rng, 2, 1))  # a has room in its block, b takes the last one
+    assert cache.num_free_blocks == 0
+
+
+def test_an_empty_pool_and_zero_new_positions():
+    cache = kv.PagedKVCache(0, 4, D_K, D_V)
+    cache.add_sequence(0)
+    assert cache.update([0], np.zeros((1, 0, D_K)), np.zeros((1, 0, D_V))).shape == (1, 0)
+    k_seq, v_seq, lengths = cache.gather([0])
+    assert k_seq.shape == (1, 0, D_K) and v_seq.shape == (1, 0, D_V) and lengths.tolist() == [0]
+    with pytest.raises(kv.OutOfBlocksError, match="0 of num_blocks=0 free"):
+        cache.update([0], np.zeros((1, 1, D_K)), np.zeros((1, 1, D_V)))
+
+
+def test_gather_of_a_sequence_with_no_block_beside_others_is_zero():
+    rng = np.random.default_rng(9)
+    cache = kv.PagedKVCache(4, 2, D_K, D_V)
+    cache.k_cache[:], cache.v_cache[:] = 7.0, 7.0
+    for s in ("full", "empty"):
+        cache.add_sequence(s)
+    cache.update(["full"], *random_kv(rng, 1, 3))
+    k_seq, v_seq, lengths = cache.gather(["empty", "full"])
+    assert lengths.tolist() == [0, 3] and k_seq.shape == (2, 4, D_K)
+    assert not k_seq[0].any() and not v_seq[0].any()
+
+
+def test_gather_reads_only_the_sequences_own_blocks():
+    # Block 0 is never taken here (a LIFO free list hands out the last block first):
+    # poison it and every unwritten slot, then nothing poisoned may appear at a
+    # position below a sequence's length, and the padding repeats its own blocks.
+    rng = np.random.default_rng(10)
+    poison = 1e300
+    cache = kv.PagedKVCache(12, 3, D_K, D_V)
+    cache.k_cache[:], cache.v_cache[:] = poison, -poison
+    lengths = {"long": 8, "short": 2}
+    for s, n in lengths.items():
+        cache.add_sequence(s)
+        cache.update([s], *random_kv(rng, 1, n))
+    assert 0 not in cache.block_table("long") + cache.block_table("short")
+    k_seq, v_seq, gathered = cache.gather(["short", "long"])
+    for i, s in enumerate(["short", "long"]):
+        assert (np.abs(k_seq[i, : gathered[i]]) < 1e10).all() and (np.abs(v_seq[i, : gathered[i]]) < 1e10).all()
+        own = cache.block_table(s)
+        for chunk in k_seq[i].reshape(-1, 3, D_K):  # every gathered block is one of its own
+            assert any(np.array_equal(chunk, cache.k_cache[b]) for b in own)
+
+
+@pytest.mark.parametrize(
+    "seq_ids, k_shape, v_shape, error, message",
+    [
+        (["a", "zz"], (2, 1, D_K), (2, 1, D_V), ValueError, "sequence 'zz' is not in the cache"),
+        (["a", "a"], (2, 1, D_K), (2, 1, D_V), ValueError, "seq_ids repeats a sequence"),
+        (["a"], (2, 1, D_K), (2, 1, D_V), ValueError, r"for N=1 seq_ids.*got k \(2, 1, 3\)"),
+        (["a"], (1, 1, D_K + 1), (1, 1, D_V), ValueError, r"D_k=3, D_v=5: got k \(1, 1, 4\)"),
+        (["a"], (1, 2, D_K), (1, 1, D_V), ValueError, r"got k \(1, 2, 3\), v \(1, 1, 5\)"),
+        (["a"], (1, D_K), (1, D_V), ValueError, r"got k \(1, 3\), v \(1, 5\)"),
+        ("a", (1, 1, D_K), (1, 1, D_V), TypeError, "seq_ids must be a sequence of sequence ids"),
+    ],
+)
+def test_bad_updates_raise_and_change_nothing(seq_ids, k_shape, v_shape, error, message):
+    cache = kv.PagedKVCache(4, 2, D_K, D_V)
+    cache.add_sequence("a")
+    cache.update(["a"], np.ones((1, 3, D_K)), np.ones((1, 3, D_V)))
+    before = snapshot(cache)
+    with pytest.raises(error, match=message):
+        cache.update(seq_ids, np.zeros(k_shape), np.zeros(v_shape))
+    assert_same_snapshot(before, snapshot(cache))
+
+
+def test_bad_values_and_dtypes_raise_and_change_nothing():
+    cache = kv.PagedKVCache(4, 2, D_K, D_V, dtype=np.float32)
+    cache.add_sequence(0)
+    before = snapshot(cache)
+    k, v = np.ones((1, 1, D_K)), np.ones((1, 1, D_V))
+    with pytest.raises(TypeError, match="fit the pool's float32"):
+        cache.update([0], k, v)  # float64 into float32
+    with pytest.raises(TypeError, match="must both be float32 or both float64"):
+        cache.update([0], k.astype(np.float32), v)
+    with pytest.raises(ValueError, match="^k contains NaN or inf$"):
+        cache.update([0], np.full((1, 1, D_K), np.nan, np.float32), v.astype(np.float32))
+    with pytest.raises(TypeError, match="k must be a float32 or float64 array"):
+        cache.update([0], k.astype(np.int64), v)
+    assert_same_snapshot(before, snapshot(cache))
+
+
+def test_sequence_bookkeeping_errors():
+    cache = kv.PagedKVCache(2, 2, D_K, D_V)
+    cache.add_sequence(1)
+    with pytest.raises(ValueError, match="sequence 1 is already in the cache"):
+        cache.add_sequence(1)
+    with pytest.raises(TypeError, match="a sequence id must be hashable"):
+        cache.add_sequence([1])
+    for call in (cache.free, cache.get_seq_length, cache.block_table):
+        with pytest.raises(ValueError, match=r"sequence 2 is not in the cache; known: \[1\]"):
+            call(2)
+    with pytest.raises(ValueError, match="sequence 2 is not in the cache"):
+        cache.gather([1, 2])
+
+
+@pytest.mark.parametrize(
+    "args, error, message",
+    [
+        ((-1, 2, 3, 5), ValueError, "num_blocks must be >= 0"),
+        ((4, 0, 3, 5), ValueError, "block_size must be >= 1"),
+        ((4, 2.0, 3, 5), TypeError, "block_size must be an integer"),
+        ((4, 2, 3, 5, np.int32), TypeError, "float32 or float64"),
+    ],
+)
+def test_constructor_checks_its_arguments(args, error, message):
+    with pytest.raises(error, match=message):
+        kv.PagedKVCache(*args)
