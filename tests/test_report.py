@@ -388,13 +388,21 @@ def test_a_corrupt_result_file_is_a_clear_error(repo, capsys):
 
 
 def test_report_modules_define_nothing_asv_would_run():
-    """asv imports every module under benchmarks/ and runs names like time_*/track_*/peakmem_*."""
+    """asv imports every module under benchmarks/ and runs the functions and the methods of every class
+    it finds in a module's namespace, imported ones included, whose names look like benchmarks."""
     benchmark_name = re.compile(r"^(Time|Timeraw|Track|Mem|PeakMem)[A-Z_]|^(time|timeraw|track|mem|peakmem)_")
     for module in (cli, plots, results, samples, tables):
         names = [n for n in vars(module) if benchmark_name.match(n)]
-        classes = [v for v in vars(module).values() if isinstance(v, type) and v.__module__ == module.__name__]
-        names += [f"{c.__name__}.{n}" for c in classes for n in vars(c) if benchmark_name.match(n)]
+        classes = [v for v in vars(module).values() if isinstance(v, type)]
+        names += [f"{c.__name__}.{n}" for c in classes for n in dir(c) if benchmark_name.match(n)]
         assert names == [], module.__name__
+
+
+def test_asv_discovers_no_benchmark_in_the_report(tmp_path):
+    """The same question put to asv_runner's own discovery, as asv check and asv run ask it."""
+    discovery = pytest.importorskip("asv_runner.discovery")
+    found = [b.name for b in discovery.disc_benchmarks(str(ROOT / "benchmarks"))]
+    assert found and [n for n in found if n.startswith("report.")] == []
 
 
 # --- files that are not what they should be ---------------------------------------------------------

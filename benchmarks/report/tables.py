@@ -16,8 +16,7 @@ figure derived from a marked cell carries the marker on.
 import datetime
 from dataclasses import dataclass
 
-from ..bench_batch import BatchSize, BatchStrategy
-from ..bench_cache import CacheStrategy
+from .. import bench_batch, bench_cache  # modules, not classes: asv would run imported benchmark classes
 from ..common import BATCH, LENGTHS, SWEEP_BATCH_SIZES, SWEEP_LENGTH
 from .results import FAILED, SKIPPED, param_sort_key, is_number
 
@@ -26,8 +25,9 @@ BATCH_BENCHMARK = "bench_batch.BatchStrategy.time_decode"
 SWEEP_BENCHMARK = "bench_batch.BatchSize.time_batched_decode"
 CACHE_STRATEGIES = ("no_cache", "concat", "preallocated")
 # Used where asv's benchmarks.json is missing or does not fit a result file.
-KNOWN_PARAM_NAMES = {CACHE_BENCHMARK: CacheStrategy.param_names, BATCH_BENCHMARK: BatchStrategy.param_names,
-                     SWEEP_BENCHMARK: BatchSize.param_names}
+KNOWN_PARAM_NAMES = {CACHE_BENCHMARK: bench_cache.CacheStrategy.param_names,
+                     BATCH_BENCHMARK: bench_batch.BatchStrategy.param_names,
+                     SWEEP_BENCHMARK: bench_batch.BatchSize.param_names}
 
 
 @dataclass(frozen=True)
