@@ -35,9 +35,9 @@ BRANCH = "main"
 # what asv builds and installs (the package, its build files, asv's own config) can
 # change a result.
 RESULT_PATHS = ["kv_attention", "setup.cfg", "pyproject.toml", "asv.conf.json"]
-# The smallest factor this suite's A/A noise on the shared 2-core machine supports: its worst
-# A/A ratio was 1.24 (README, "Catching regressions"); re-measure on a quiet machine to lower it.
-DEFAULT_FACTOR = 1.25
+# The smallest factor this suite's measured A/A noise supports on a quiet 2-core machine: the worst
+# ratio between two runs of identical code was 1.08 (README, "Catching regressions").
+DEFAULT_FACTOR = 1.10
 BUILD_FILES = ["setup.cfg", "pyproject.toml", "kv_attention/__init__.py"]  # all present => buildable
 INSIDE_VENV = "KV_ATTENTION_DEV_VENV"
 
