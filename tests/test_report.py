@@ -27,8 +27,20 @@ LENGTHS = [16, 32, 64, 128, 256]
 CACHE = "bench_cache.CacheStrategy.time_decode"
 BATCH = "bench_batch.BatchStrategy.time_decode"
 SWEEP = "bench_batch.BatchSize.time_batched_decode"
+HEADS = "bench_heads.HeadsDecode.time_decode"
+HEADS_PEAK = "bench_heads.HeadsDecode.track_decode_peak_bytes"
+HEADS_CACHE = "bench_heads.HeadsCacheBytes.track_kv_cache_bytes"
+RAGGED = "bench_ragged.RaggedDecode.time_decode"
+RAGGED_ROWS = "bench_ragged.RaggedDecode.track_row_steps"
+RAGGED_SLOTS = "bench_ragged.RaggedDecode.track_reserved_slots"
 PARAM_NAMES = {CACHE: ["T", "strategy"], BATCH: ["T", "strategy"], SWEEP: ["B"],
-               "bench_environment.track_blas_threads": []}
+               "bench_environment.track_blas_threads": [],
+               HEADS: ["kind", "T", "path"], HEADS_PEAK: ["kind", "T", "path"], HEADS_CACHE: ["kind", "T"],
+               RAGGED: ["strategy", "lengths"], RAGGED_ROWS: ["strategy", "lengths"],
+               RAGGED_SLOTS: ["strategy", "lengths"]}
+KINDS = {"mha": 8, "gqa": 2, "mqa": 1}
+HEADS_T = [64, 256, 1024]
+DISTRIBUTIONS = {"equal": [256] * 8, "uniform": [16, 50, 85, 119, 153, 187, 222, 256], "skewed": [256] + [16] * 7}
 
 
 def medians(scale=1.0):
@@ -55,8 +67,34 @@ def _entry(params, values, n_samples):
     return [row[c] for c in COLUMNS]
 
 
+def heads_and_ragged(n_samples):
+    """Result rows of the heads and ragged benchmarks, from figures chosen here (times in seconds)."""
+    kinds, lengths = [repr(k) for k in KINDS], [str(t) for t in HEADS_T]
+    paths, strategies = ["'repeat_kv'", "'grouped'"], ["'padded'", "'compacted'", "'paged'"]
+    dists = [repr(d) for d in DISTRIBUTIONS]
+    heads = [t * 1e-4 * (1.0 if p == "repeat_kv" else 1 / n) for k, n in KINDS.items() for t in HEADS_T
+             for p in ("repeat_kv", "grouped")]
+    peak = [(2 * 4 * n * t * 16 * 8) * (2 if p == "repeat_kv" else 1) for k, n in KINDS.items() for t in HEADS_T
+            for p in ("repeat_kv", "grouped")]
+    cache = [2 * 4 * n * t * 16 * 8 for n in KINDS.values() for t in HEADS_T]
+    ragged = [{"padded": 0.016, "compacted": 0.002 * (i + 1), "paged": 0.003 * (i + 1)}[s]
+              for s in ("padded", "compacted", "paged") for i, _ in enumerate(DISTRIBUTIONS)]
+    rows = [8 * 256 if s == "padded" else sum(v) for s in ("padded", "compacted", "paged")
+            for v in DISTRIBUTIONS.values()]
+    slots = [8 * 256 if s != "paged" else 16 * math.ceil(max(v) / 16) * (1 + i)
+             for s in ("padded", "compacted", "paged") for i, v in enumerate(DISTRIBUTIONS.values())]
+    return {
+        HEADS: _entry([kinds, lengths, paths], heads, n_samples),
+        HEADS_PEAK: _entry([kinds, lengths, paths], peak, 0),
+        HEADS_CACHE: _entry([kinds, lengths], cache, 0),
+        RAGGED: _entry([strategies, dists], ragged, n_samples),
+        RAGGED_ROWS: _entry([strategies, dists], rows, 0),
+        RAGGED_SLOTS: _entry([strategies, dists], slots, 0),
+    }
+
+
 def write_run(results_dir, commit, *, machine="box", date=1_000, scale=1.0, n_samples=11, override=None,
-              env=ENV):
+              env=ENV, extra=False):
     """Write one asv result file for ``commit`` (full hash) on ``machine``; returns its path.
 
     ``override`` maps (benchmark, param tuple) -> value (None = failed, NaN = skipped).
@@ -91,6 +129,8 @@ def write_run(results_dir, commit, *, machine="box", date=1_000, scale=1.0, n_sa
             "bench_environment.track_blas_threads": _entry([], [1], 0),
         },
     }
+    if extra:
+        data["results"].update(heads_and_ragged(n_samples))
     path = folder / f"{commit[:8]}-{env}.json"
     path.write_text(json.dumps(data))
     return path
@@ -127,6 +167,8 @@ def table_rows(text, title):
 CACHE_TITLE = "Cache experiment: full decode of one sequence"
 BATCH_TITLE = "Batch experiment: B = 2 sequences, sequential vs batched"
 SWEEP_TITLE = "Batch size: batched decode at T = 128"
+HEADS_TITLE = "Heads experiment: MHA, GQA and MQA decode, repeat_kv vs grouped"
+RAGGED_TITLE = "Ragged experiment: padded vs compacted (dynamic exit) vs paged KV cache"
 
 
 # --- tables -----------------------------------------------------------------------------------------
@@ -159,6 +201,29 @@ def test_tables_show_the_lab_figures_computed_from_the_medians(repo, capsys):
         assert float(row[2]) == pytest.approx(sweep[b] / b * 1e3, abs=5e-4)
         assert int(row[3].replace(",", "")) == round(b * 128 / sweep[b])
         assert float(row[4].rstrip("x")) == pytest.approx((b * 128 / sweep[b]) / (128 / sweep[1]), abs=5e-4)
+
+
+def test_heads_and_ragged_tables(repo, capsys):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2], extra=True)
+    code, out, _ = report(path, "tables", capsys=capsys)
+    assert code == 0
+    rows = table_rows(out, HEADS_TITLE)
+    assert [(r[0], int(r[1])) for r in rows] == [(k, t) for k in KINDS for t in HEADS_T]
+    for row in rows:
+        n, t = KINDS[row[0]], int(row[1])
+        assert float(row[2]) == pytest.approx(t * 0.1, abs=5e-4)  # repeat_kv ms
+        assert float(row[3]) == pytest.approx(t * 0.1 / n, abs=5e-4)  # grouped ms
+        assert row[4] == f"{1 / n:.3f}x"
+        cache_bytes = 2 * 4 * n * t * 16 * 8
+        assert row[5:] == [f"{2 * cache_bytes / 2**20:,.2f} MiB", f"{cache_bytes / 2**20:,.2f} MiB",
+                           f"{cache_bytes / 2**20:,.2f} MiB"]
+    rows = table_rows(out, RAGGED_TITLE)
+    assert [r[0] for r in rows] == list(DISTRIBUTIONS)
+    for i, (row, lengths) in enumerate(zip(rows, DISTRIBUTIONS.values())):
+        assert [float(c) for c in row[1:4]] == pytest.approx([16.0, 2.0 * (i + 1), 3.0 * (i + 1)])
+        assert row[4] == f"{0.016 / (0.002 * (i + 1)):.2f}x" and row[5] == "1.50x"
+        assert row[6:] == ["2,048", f"{sum(lengths):,}", "2,048", f"{16 * 16 * (1 + i):,}"]
 
 
 def test_tables_name_commit_machine_environment_and_sample_count(repo, capsys):
@@ -501,3 +566,20 @@ def test_plots_of_a_run_where_every_gate_failed(repo, capsys, tmp_path):
     assert code == 0 and len(list((tmp_path / "figs").iterdir())) == 3
     code, out, _ = report(path, "tables", capsys=capsys)
     assert code == 0 and table_rows(out, CACHE_TITLE)[0][1:] == ["failed"] * 4
+
+
+def test_csv_rows_of_the_heads_and_ragged_experiments(repo, capsys, tmp_path):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2], n_samples=4, extra=True)
+    out_file = tmp_path / "all.csv"
+    code, _, _ = report(path, "csv", "--out", str(out_file), capsys=capsys)
+    assert code == 0
+    rows = read_csv(out_file)
+    assert len(rows) == (29 + 18 + 9) * 4  # only time_ benchmarks have samples
+    heads = [r for r in rows if r["experiment"] == "heads"]
+    assert len(heads) == 18 * 4 and {r["strategy"] for r in heads} == {""}
+    assert {(r["T"], r["params"]) for r in heads if r["sample"] == "0" and r["T"] == "64"} == {
+        ("64", f"kind={k} path={p}") for k in KINDS for p in ("repeat_kv", "grouped")}
+    ragged = [r for r in rows if r["experiment"] == "ragged"]
+    assert {(r["strategy"], r["T"], r["params"]) for r in ragged} == {
+        (s, "", f"lengths={d}") for s in ("padded", "compacted", "paged") for d in DISTRIBUTIONS}

@@ -53,7 +53,7 @@ def _series(run, benchmark, strategy, lengths):
 
 def _numbers(table, figure):
     """(keys, values) of a table column; NaN where the cell is failed or n/a, so the line breaks there."""
-    rows = [(key, cells[figure]) for key, cells in table.rows if is_number(key)]
+    rows = [(key, cells[figure]) for (key,), cells in table.rows if is_number(key)]
     return [key for key, _ in rows], [v if is_number(v) else math.nan for _, v in rows]
 
 
@@ -73,7 +73,7 @@ def _time_vs_t(plt, run, title):
     panels = [(axes[0], cache_table(run), CACHE_BENCHMARK, CACHE_STRATEGIES, "cache: one sequence"),
               (axes[1], batch_table(run), BATCH_BENCHMARK, ("sequential", "batched"), "batch: B = 2 sequences")]
     for ax, table, benchmark, strategies, name in panels:
-        lengths = [t for t, _ in table.rows if is_number(t)]
+        lengths = [t for (t,), _ in table.rows if is_number(t)]
         every = []
         for strategy in strategies:
             median, err = _series(run, benchmark, strategy, lengths)

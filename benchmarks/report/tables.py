@@ -6,7 +6,12 @@
   the whole decode of all B), the speedup, positions/s = B x T / batched time,
   and the batched time and the time batching saves per decode step;
 - batch size: batched decode at T = 128 per B: time, time per sequence,
-  positions/s and its scaling against B = 1.
+  positions/s and its scaling against B = 1;
+- heads: per attention kind (mha, gqa, mqa) and T, the repeat_kv and grouped
+  decode times, their ratio, the peak bytes each allocated, and the logical
+  K/V cache bytes;
+- ragged: per length distribution, the padded, compacted and paged decode
+  times, their ratios, the rows computed and the K/V slots reserved.
 
 A cell holds seconds, a ratio or a rate, or the marker ``failed`` (the gate or
 the benchmark raised) or ``n/a`` (skipped, or not measured at that commit); a
@@ -16,27 +21,38 @@ figure derived from a marked cell carries the marker on.
 import datetime
 from dataclasses import dataclass
 
-from .. import bench_batch, bench_cache  # modules, not classes: asv would run imported benchmark classes
+# Modules, not classes: asv would run the benchmarks of a class imported into this namespace.
+from .. import bench_batch, bench_cache, bench_heads, bench_ragged, heads_inputs, ragged_inputs
 from ..common import BATCH, LENGTHS, SWEEP_BATCH_SIZES, SWEEP_LENGTH
 from .results import FAILED, SKIPPED, param_sort_key, is_number
 
 CACHE_BENCHMARK = "bench_cache.CacheStrategy.time_decode"
 BATCH_BENCHMARK = "bench_batch.BatchStrategy.time_decode"
 SWEEP_BENCHMARK = "bench_batch.BatchSize.time_batched_decode"
+HEADS_BENCHMARK = "bench_heads.HeadsDecode.time_decode"
+HEADS_PEAK = "bench_heads.HeadsDecode.track_decode_peak_bytes"
+HEADS_CACHE = "bench_heads.HeadsCacheBytes.track_kv_cache_bytes"
+RAGGED_BENCHMARK = "bench_ragged.RaggedDecode.time_decode"
+RAGGED_SLOTS = "bench_ragged.RaggedDecode.track_reserved_slots"
+RAGGED_ROWS = "bench_ragged.RaggedDecode.track_row_steps"
 CACHE_STRATEGIES = ("no_cache", "concat", "preallocated")
 # Used where asv's benchmarks.json is missing or does not fit a result file.
 KNOWN_PARAM_NAMES = {CACHE_BENCHMARK: bench_cache.CacheStrategy.param_names,
                      BATCH_BENCHMARK: bench_batch.BatchStrategy.param_names,
-                     SWEEP_BENCHMARK: bench_batch.BatchSize.param_names}
+                     SWEEP_BENCHMARK: bench_batch.BatchSize.param_names,
+                     **dict.fromkeys((HEADS_BENCHMARK, HEADS_PEAK), bench_heads.HeadsDecode.param_names),
+                     HEADS_CACHE: bench_heads.HeadsCacheBytes.param_names,
+                     **dict.fromkeys((RAGGED_BENCHMARK, RAGGED_SLOTS, RAGGED_ROWS),
+                                     bench_ragged.RaggedDecode.param_names)}
 
 
 @dataclass(frozen=True)
 class Table:
-    """A table of one run: ``rows`` are ``(key, {figure: cell})``; ``kinds`` maps figure -> format."""
+    """A table of one run: ``rows`` are ``(key tuple, {figure: cell})``; ``kinds`` maps figure -> format."""
 
     title: str
-    key: str  # header of the first column: "T" or "B"
-    kinds: dict  # figure label -> "ms" | "ratio" | "rate" | "us"
+    keys: tuple  # headers of the key columns: ("T",), ("B",), ("kind", "T"), ("lengths",)
+    kinds: dict  # figure label -> "ms" | "ratio" | "ratio3" | "rate" | "us" | "bytes" | "count"
     rows: list
     note: str = ""
 
@@ -52,8 +68,11 @@ def _combine(op, *cells):
 
 
 def _keys(run, benchmark, name, default):
-    found = sorted({dict(key[1]).get(name) for key in run.points if key[0] == benchmark} - {None}, key=param_sort_key)
-    return found or list(default)
+    """The values of parameter ``name`` the run measured, in the suite's order (``default``), else ``default``."""
+    default = list(default)
+    found = {dict(key[1]).get(name) for key in run.points if key[0] == benchmark} - {None}
+    order = {v: i for i, v in enumerate(default)}
+    return sorted(found, key=lambda v: (order.get(v, len(order)), param_sort_key(v))) or default
 
 
 def cache_table(run):
@@ -64,9 +83,9 @@ def cache_table(run):
         cells["no_cache / preallocated"] = _combine(
             lambda a, b: a / b, cells["no_cache / ms"], cells["preallocated / ms"]
         )
-        rows.append((t, cells))
+        rows.append(((t,), cells))
     kinds = {f"{s} / ms": "ms" for s in CACHE_STRATEGIES} | {"no_cache / preallocated": "ratio"}
-    return Table("Cache experiment: full decode of one sequence", "T", kinds, rows)
+    return Table("Cache experiment: full decode of one sequence", ("T",), kinds, rows)
 
 
 def batch_table(run, batch=BATCH):
@@ -75,7 +94,7 @@ def batch_table(run, batch=BATCH):
     for t in _keys(run, BATCH_BENCHMARK, "T", LENGTHS):
         seq = run.value(BATCH_BENCHMARK, T=t, strategy="sequential")
         bat = run.value(BATCH_BENCHMARK, T=t, strategy="batched")
-        rows.append((t, {
+        rows.append(((t,), {
             "sequential / ms": seq,
             "batched / ms": bat,
             "speedup": _combine(lambda a, b: a / b, seq, bat),
@@ -88,7 +107,7 @@ def batch_table(run, batch=BATCH):
     note = (f"Both timings cover the whole decode of all B = {batch} sequences; "
             "positions / s = B x T / batched time; a step decodes one position of every sequence; "
             "saved / step = (sequential - batched) / T, so speedup = 1 + saved / batched per step.")
-    return Table(f"Batch experiment: B = {batch} sequences, sequential vs batched", "T", kinds, rows, note)
+    return Table(f"Batch experiment: B = {batch} sequences, sequential vs batched", ("T",), kinds, rows, note)
 
 
 def batch_size_table(run, t_len=SWEEP_LENGTH):
@@ -98,7 +117,7 @@ def batch_size_table(run, t_len=SWEEP_LENGTH):
     rows = []
     for b in sizes:
         bat = run.value(SWEEP_BENCHMARK, B=b)
-        rows.append((b, {
+        rows.append(((b,), {
             "batched / ms": bat,
             "ms per sequence": _combine(lambda s: s / b, bat),
             "positions / s": rate[b],
@@ -106,11 +125,70 @@ def batch_size_table(run, t_len=SWEEP_LENGTH):
         }))
     kinds = {"batched / ms": "ms", "ms per sequence": "ms", "positions / s": "rate", "scaling vs B = 1": "ratio3"}
     note = f"positions / s = B x {t_len} / batched time; scaling = positions / s over that of B = 1."
-    return Table(f"Batch size: batched decode at T = {t_len}", "B", kinds, rows, note)
+    return Table(f"Batch size: batched decode at T = {t_len}", ("B",), kinds, rows, note)
+
+
+def heads_table(run):
+    """Heads experiment: repeat_kv vs grouped decode per kind and T, with the bytes each allocated."""
+    rows = []
+    for kind in _keys(run, HEADS_BENCHMARK, "kind", heads_inputs.KINDS):
+        for t in _keys(run, HEADS_BENCHMARK, "T", heads_inputs.HEADS_LENGTHS):
+            rep = run.value(HEADS_BENCHMARK, kind=kind, T=t, path="repeat_kv")
+            grp = run.value(HEADS_BENCHMARK, kind=kind, T=t, path="grouped")
+            rows.append(((kind, t), {
+                "repeat_kv / ms": rep,
+                "grouped / ms": grp,
+                "grouped / repeat_kv": _combine(lambda a, b: b / a, rep, grp),
+                "peak bytes, repeat_kv": run.value(HEADS_PEAK, kind=kind, T=t, path="repeat_kv"),
+                "peak bytes, grouped": run.value(HEADS_PEAK, kind=kind, T=t, path="grouped"),
+                "KV cache bytes": run.value(HEADS_CACHE, kind=kind, T=t),
+            }))
+    kinds = {"repeat_kv / ms": "ms", "grouped / ms": "ms", "grouped / repeat_kv": "ratio3",
+             "peak bytes, repeat_kv": "bytes", "peak bytes, grouped": "bytes", "KV cache bytes": "bytes"}
+    note = (f"B = {heads_inputs.HEADS_BATCH}, {heads_inputs.HEADS_N_HEADS} query heads of D_head = "
+            f"{heads_inputs.HEADS_HEAD_DIM}, K/V heads: " + ", ".join(f"{k} {n}" for k, n in heads_inputs.KINDS.items())
+            + "; peak bytes are allocated during one decode (tracemalloc); 1 MiB = 2^20 bytes.")
+    return Table("Heads experiment: MHA, GQA and MQA decode, repeat_kv vs grouped", ("kind", "T"), kinds, rows, note)
+
+
+def _runs(values):
+    """``[256, 16, 16]`` -> ``"256, 16 x2"``."""
+    runs = []
+    for v in values:
+        if runs and runs[-1][0] == v:
+            runs[-1][1] += 1
+        else:
+            runs.append([v, 1])
+    return ", ".join(f"{v}" + (f" x{n}" if n > 1 else "") for v, n in runs)
+
+
+def ragged_table(run):
+    """Ragged experiment: padded vs compacted vs paged decode per length distribution, with their counts."""
+    rows = []
+    for lengths in _keys(run, RAGGED_BENCHMARK, "lengths", ragged_inputs.LENGTH_DISTRIBUTIONS):
+        ms = {s: run.value(RAGGED_BENCHMARK, strategy=s, lengths=lengths) for s in ragged_inputs.RAGGED_STRATEGIES}
+        rows.append(((lengths,), {
+            **{f"{s} / ms": v for s, v in ms.items()},
+            "padded / compacted": _combine(lambda a, b: a / b, ms["padded"], ms["compacted"]),
+            "paged / compacted": _combine(lambda a, b: a / b, ms["paged"], ms["compacted"]),
+            "rows, padded": run.value(RAGGED_ROWS, strategy="padded", lengths=lengths),
+            "rows, compacted": run.value(RAGGED_ROWS, strategy="compacted", lengths=lengths),
+            "slots, compacted": run.value(RAGGED_SLOTS, strategy="compacted", lengths=lengths),
+            "slots, paged": run.value(RAGGED_SLOTS, strategy="paged", lengths=lengths),
+        }))
+    kinds = ({f"{s} / ms": "ms" for s in ragged_inputs.RAGGED_STRATEGIES}
+             | {"padded / compacted": "ratio", "paged / compacted": "ratio"}
+             | dict.fromkeys(("rows, padded", "rows, compacted", "slots, compacted", "slots, paged"), "count"))
+    note = (f"B = {ragged_inputs.RAGGED_BATCH} sequences, T_b: " + "; ".join(
+        f"{name} {_runs(lens)}" for name, lens in ragged_inputs.LENGTH_DISTRIBUTIONS.items())
+            + f"; block_size {ragged_inputs.BLOCK_SIZE}. rows: query rows computed over the decode; "
+            "slots: K/V token slots reserved at the peak (padded reserves as many as compacted).")
+    return Table("Ragged experiment: padded vs compacted (dynamic exit) vs paged KV cache", ("lengths",), kinds,
+                 rows, note)
 
 
 def all_tables(run):
-    return [cache_table(run), batch_table(run), batch_size_table(run)]
+    return [cache_table(run), batch_table(run), batch_size_table(run), heads_table(run), ragged_table(run)]
 
 
 def format_cell(value, kind):
@@ -127,22 +205,26 @@ def format_cell(value, kind):
         return f"{value:,.0f}"
     if kind == "us":
         return f"{value * 1e6:.1f}"
+    if kind == "bytes":
+        return f"{value / 2**20:,.2f} MiB"
+    if kind == "count":
+        return f"{value:,.0f}"
     raise ValueError(f"unknown cell kind {kind!r}")
 
 
-def _markdown(headers, rows, left=1):
-    """A pipe table; the first ``left`` columns are keys, the rest right-aligned numbers."""
+def _markdown(headers, rows, n_keys=1, figure_column=False):
+    """A pipe table: ``n_keys`` key columns, then a left-aligned figure name if any, then numbers."""
     from tabulate import tabulate  # asv's own dependency
 
-    align = ["right"] + ["left"] * (left - 1) + ["right"] * (len(headers) - left)
+    align = ["right"] * n_keys + ["left"] * figure_column + ["right"] * (len(headers) - n_keys - figure_column)
     return tabulate(rows, headers=headers, tablefmt="pipe", colalign=align, disable_numparse=True)
 
 
 def render_table(table):
     """One table as Markdown: a heading, the table, and its note."""
-    headers = [table.key, *table.kinds]
-    rows = [[str(key), *(format_cell(cells[f], k) for f, k in table.kinds.items())] for key, cells in table.rows]
-    parts = [f"### {table.title}", "", _markdown(headers, rows)]
+    headers = [*table.keys, *table.kinds]
+    rows = [[*map(str, key), *(format_cell(cells[f], k) for f, k in table.kinds.items())] for key, cells in table.rows]
+    parts = [f"### {table.title}", "", _markdown(headers, rows, len(table.keys))]
     return "\n".join(parts + (["", table.note] if table.note else []))
 
 
@@ -158,15 +240,15 @@ def render_compare(base_table, head_table, base_label, head_label):
         head_cells = head_rows.get(key, {})
         for figure, kind in base_table.kinds.items():
             b, h = base_cells[figure], head_cells.get(figure, SKIPPED)
-            rows.append([str(key), figure, format_cell(b, kind), format_cell(h, kind),
+            rows.append([*map(str, key), figure, format_cell(b, kind), format_cell(h, kind),
                          format_cell(_change(b, h), "ratio3")])
     for key, _ in head_table.rows:  # keys only the newer run measured
         if key not in dict(base_table.rows):
             for figure, kind in head_table.kinds.items():
                 h = head_rows[key][figure]
-                rows.append([str(key), figure, SKIPPED, format_cell(h, kind), SKIPPED])
-    headers = [base_table.key, "figure", base_label, head_label, f"{head_label} / {base_label}"]
-    return "\n".join([f"### {base_table.title}", "", _markdown(headers, rows, left=2)])
+                rows.append([*map(str, key), figure, SKIPPED, format_cell(h, kind), SKIPPED])
+    headers = [*base_table.keys, "figure", base_label, head_label, f"{head_label} / {base_label}"]
+    return "\n".join([f"### {base_table.title}", "", _markdown(headers, rows, len(base_table.keys), True)])
 
 
 def describe(run):
