@@ -283,9 +283,9 @@ def test_compare_puts_two_commits_side_by_side_with_head_over_base(repo, capsys)
     write_run(path / ".asv/results", hashes[1])
     write_run(path / ".asv/results", hashes[2], scale=1.25,
               override={(CACHE, (16, "no_cache")): medians()[0][(16, "no_cache")] * 2})
-    code, out, _ = report(path, "compare", "HEAD~1", "HEAD", capsys=capsys)
+    code, out, _ = report(path, "compare", f"{hashes[2]}~1", "HEAD", capsys=capsys)
     assert code == 0
-    assert f"HEAD~1 ({hashes[1][:8]})" in out and f"HEAD ({hashes[2][:8]})" in out
+    assert f"{hashes[2]}~1 ({hashes[1][:8]})" in out and f"HEAD ({hashes[2][:8]})" in out
     rows = {(int(r[0]), r[1]): r[2:] for r in table_rows(out, CACHE_TITLE)}
     assert rows[(16, "no_cache / ms")][2] == "2.000x"
     assert rows[(32, "preallocated / ms")][2] == "1.250x"

@@ -46,8 +46,8 @@ def _open(args):
 
 
 def _run(results, machine, rev, env):
-    hash8 = None if rev is None else results.resolve(rev, machine)
-    return results.load(machine, hash8, env, rev=rev)
+    hash8, commit = (None, None) if rev is None else results.resolve(rev, machine)
+    return results.load(machine, hash8, env, commit=commit)
 
 
 def cmd_tables(args):
@@ -76,7 +76,7 @@ def cmd_compare(args):
     lines = [f"## {labels[0]} vs {labels[1]} on `{machine}`", ""]
     for label, run in zip(labels, (base, head)):
         lines += [f"{label}:", *describe(run), ""]
-    lines.append("Last column: HEAD / BASE. For a time (ms, µs) above 1 is slower; for a speedup, "
+    lines.append("Last column: head / base. For a time (ms, µs) above 1 is slower; for a speedup, "
                  "positions / s, scaling or no_cache / preallocated above 1 is larger.")
     lines += ["\n" + render_compare(b, h, *labels) for b, h in zip(all_tables(base), all_tables(head))]
     print("\n".join(lines))

@@ -164,7 +164,8 @@ class ResultsDir:
         )
 
     def resolve(self, rev, machine):
-        """The 8-character hash prefix that names ``rev``'s result files on ``machine``.
+        """``(hash8, commit)``: the prefix that names ``rev``'s result files on ``machine``, and
+        what the file's commit hash must start with (git's full hash, or the hex ``rev`` itself).
 
         ``rev`` is any git revision (``HEAD~1``, a branch, a hash) or a hash
         prefix (at least 4 characters) of a commit that has results.
@@ -181,20 +182,22 @@ class ResultsDir:
                     f"commit {full[:8]} ({rev}) has no results on machine {machine!r}: "
                     f"benchmark it with asv run {full[:8]}^! --record-samples"
                 )
-            return full[:8]
+            return full[:8], full
         rev_lower = rev.lower()
         if re.fullmatch(r"[0-9a-f]{1,3}", rev_lower):
             raise ReportError(f"commit prefix {rev!r} is too short: give at least 4 hex digits")
         matches = sorted(p for p in prefixes if re.fullmatch(r"[0-9a-f]{4,40}", rev_lower)
                          and p.startswith(rev_lower[:8]))
         if len(matches) == 1:
-            return matches[0]
+            return matches[0], rev_lower
         if len(matches) > 1:
             raise ReportError(f"commit prefix {rev!r} is ambiguous: {', '.join(matches)}")
         raise ReportError(f"unknown commit {rev!r}: not a git revision here, nor a commit with results on {machine!r}")
 
-    def load(self, machine, hash8=None, env=None, rev=None):
+    def load(self, machine, hash8=None, env=None, commit=None):
         """Load one run: commit ``hash8`` (default: the newest commit with results) on ``machine``.
+
+        ``commit``, if given, is what the run's full hash must start with.
 
         Raises:
             ReportError: no result file matches, or several environments do and
@@ -214,8 +217,8 @@ class ResultsDir:
             envs = ", ".join(RESULT_FILE.match(n).group(2) for n in names)
             raise ReportError(f"commit {hash8} has results in several environments ({envs}): choose one with --env")
         run = self.load_file(machine, names[0])
-        if rev is not None and len(rev) > 8 and not run.commit.startswith(rev.lower()):
-            raise ReportError(f"unknown commit {rev!r}: results file {names[0]} holds commit {run.commit}")
+        if commit is not None and not run.commit.startswith(commit):
+            raise ReportError(f"unknown commit {commit}: results file {names[0]} holds commit {run.commit}")
         return run
 
     def load_file(self, machine, name):

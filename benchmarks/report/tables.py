@@ -247,7 +247,7 @@ def render_compare(base_table, head_table, base_label, head_label):
             for figure, kind in head_table.kinds.items():
                 h = head_rows[key][figure]
                 rows.append([*map(str, key), figure, SKIPPED, format_cell(h, kind), SKIPPED])
-    headers = [*base_table.keys, "figure", base_label, head_label, f"{head_label} / {base_label}"]
+    headers = [*base_table.keys, "figure", base_label, head_label, "head / base"]
     return "\n".join([f"### {base_table.title}", "", _markdown(headers, rows, len(base_table.keys), True)])
 
 
