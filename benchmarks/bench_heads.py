@@ -14,7 +14,8 @@ class HeadsDecode:
 
     params = [list(KINDS), HEADS_LENGTHS, HEADS_PATHS]
     param_names = ["kind", "T", "path"]
-    repeat = (5, 20, 1.0)  # at least 5 samples per round (2 rounds): a T = 1024 decode takes 0.1-0.7 s
+    rounds = 4  # four interleaved processes per point: repeat_kv's large per-step copies vary between processes
+    repeat = (3, 10, 1.0)  # at least 3 samples per round: a T = 1024 decode takes 0.1-0.7 s
     timeout = 300
 
     def setup(self, kind, T, path):
