@@ -47,10 +47,13 @@ def _decode_preallocated(x, w_q, w_k, w_v, cache=None):
     return _decode(x, w_q, w_k, w_v, cache)
 
 
-def _check_cache(cache, x, w_q, w_k, w_v, dtype):
-    """Raise unless ``cache`` is a cache instance that fits ``x``'s leading axes, D_k, D_v, dtype and T.
+def _check_cache(cache, x, w_q, w_k, w_v, dtype, layout=None):
+    """Raise unless ``cache`` is a cache instance that fits ``x``'s leading axes, the widths, dtype and T.
 
-    Keys already in the cache (a prefill) also enter the overflow bound of q·k.
+    ``layout`` is ``(expected_k, expected_v, text)``: the shapes ``k_cache`` and
+    ``v_cache`` must have without their T axis, and the layout to name in the
+    error; by default ``x``'s leading axes with D_k and D_v (single head). Keys
+    already in the cache (a prefill) also enter the overflow bound of q·k.
     """
     if isinstance(cache, type) or not all(hasattr(cache, n) for n in ("update", "get_seq_length", "crop")):
         raise TypeError(
@@ -60,13 +63,12 @@ def _check_cache(cache, x, w_q, w_k, w_v, dtype):
     k_cache, v_cache = getattr(cache, "k_cache", None), getattr(cache, "v_cache", None)
     if k_cache is None:
         return
-    expected_k = x.shape[:-2] + (w_k.shape[1],)
-    expected_v = x.shape[:-2] + (w_v.shape[1],)
+    if layout is None:
+        layout = (x.shape[:-2] + (w_k.shape[1],), x.shape[:-2] + (w_v.shape[1],),
+                  f"vs x {x.shape}, D_k={w_k.shape[1]}, D_v={w_v.shape[1]}")
+    expected_k, expected_v, text = layout
     if k_cache.shape[:-2] + k_cache.shape[-1:] != expected_k or v_cache.shape[:-2] + v_cache.shape[-1:] != expected_v:
-        raise ValueError(
-            f"cache does not fit x: k_cache {k_cache.shape} and v_cache {v_cache.shape} "
-            f"vs x {x.shape}, D_k={w_k.shape[1]}, D_v={w_v.shape[1]}"
-        )
+        raise ValueError(f"cache does not fit x: k_cache {k_cache.shape} and v_cache {v_cache.shape} {text}")
     if k_cache.dtype != dtype:
         raise TypeError(f"cache holds {k_cache.dtype} but the computation is {dtype}")
     stored, room = cache.get_seq_length(), getattr(cache, "max_seq_len", None)

@@ -24,6 +24,7 @@ import numpy as np
 from ._validation import as_float_array, as_size, check_finite_output, check_score_range
 from .attention import _causal_attention, attend
 from .cache import StaticCache
+from .decode import _check_cache
 
 PATHS = ("repeat_kv", "grouped")
 
@@ -180,30 +181,10 @@ def _check_head_cache(cache, x, w_q, w_k, w_v, n_kv_heads, head_dim, dtype):
 
     Keys already in the cache (a prefill) also enter the overflow bound of q·k.
     """
-    if isinstance(cache, type) or not all(hasattr(cache, n) for n in ("update", "get_seq_length", "crop")):
-        raise TypeError(
-            "cache must be a cache instance with update(), get_seq_length() and crop() "
-            f"(e.g. StaticCache((B, n_kv_heads), T_max, head_dim, head_dim)), got {cache!r}"
-        )
-    k_cache, v_cache = getattr(cache, "k_cache", None), getattr(cache, "v_cache", None)
-    if k_cache is None:
-        return
     expected = x.shape[:-2] + (n_kv_heads, head_dim)  # the cache's shape without its T_max axis
-    if any(c.shape[:-2] + c.shape[-1:] != expected for c in (k_cache, v_cache)):
-        layout = ", ".join(map(str, x.shape[:-2] + (n_kv_heads, "T_max", head_dim)))
-        raise ValueError(
-            f"cache does not fit x: k_cache {k_cache.shape} and v_cache {v_cache.shape} must be "
-            f"[{layout}] for x {x.shape}, n_kv_heads={n_kv_heads}, head_dim={head_dim}"
-        )
-    if k_cache.dtype != dtype:
-        raise TypeError(f"cache holds {k_cache.dtype} but the computation is {dtype}")
-    stored, room = cache.get_seq_length(), getattr(cache, "max_seq_len", None)
-    if room is not None and stored + x.shape[-2] > room:
-        raise ValueError(
-            f"cache too short: {stored} of max_seq_len={room} positions used, x needs T={x.shape[-2]} more"
-        )
-    if stored:
-        check_score_range(x, w_q, w_k, w_v, dtype, stored_k=k_cache[..., :stored, :])
+    layout = ", ".join(map(str, x.shape[:-2] + (n_kv_heads, "T_max", head_dim)))
+    text = f"must be [{layout}] for x {x.shape}, n_kv_heads={n_kv_heads}, head_dim={head_dim}"
+    _check_cache(cache, x, w_q, w_k, w_v, dtype, layout=(expected, expected, text))
 
 
 def _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache):
