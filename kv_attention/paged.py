@@ -36,7 +36,7 @@ class PagedKVCache:
     Args:
         num_blocks: physical blocks in the pool (>= 0).
         block_size: token slots per block (>= 1).
-        k_dim: D_k. v_dim: D_v.
+        k_dim: D_k (>= 1). v_dim: D_v (>= 1).
         dtype: float32 or float64 (default float64).
 
     Attributes:
@@ -44,14 +44,13 @@ class PagedKVCache:
         v_cache: the value pool ``[num_blocks, block_size, D_v]``.
 
     Raises:
-        ValueError: a negative size, or block_size 0. TypeError: a size that is
+        ValueError: a negative num_blocks, or block_size, k_dim or v_dim below 1. TypeError: a size that is
             not an integer, or a dtype other than float32/float64.
     """
 
     def __init__(self, num_blocks, block_size, k_dim, v_dim, dtype=np.float64):
-        num_blocks, k_dim, v_dim = (
-            as_size(name, n) for name, n in (("num_blocks", num_blocks), ("k_dim", k_dim), ("v_dim", v_dim))
-        )
+        num_blocks = as_size("num_blocks", num_blocks)
+        k_dim, v_dim = (as_size(name, n, minimum=1) for name, n in (("k_dim", k_dim), ("v_dim", v_dim)))
         block_size = as_size("block_size", block_size, minimum=1)
         dtype = as_float_dtype(dtype)
         self.k_cache = np.zeros((num_blocks, block_size, k_dim), dtype)
@@ -105,6 +104,7 @@ class PagedKVCache:
 
     def get_seq_lengths(self, seq_ids):
         """Tokens stored for each of ``seq_ids``: ``[N]`` int64. ValueError if one is not in the cache."""
+        seq_ids = self._as_id_list(seq_ids)
         self._check_known(seq_ids)
         return np.array([self._lengths[s] for s in seq_ids], dtype=np.int64)
 
@@ -176,7 +176,7 @@ class PagedKVCache:
         Raises:
             ValueError: a sequence not in the cache.
         """
-        seq_ids = list(seq_ids)
+        seq_ids = self._as_id_list(seq_ids)
         lengths = self.get_seq_lengths(seq_ids)  # checks every id
         tables = [self._block_tables[s] for s in seq_ids]
         n, width = len(seq_ids), max((len(t) for t in tables), default=0)
@@ -246,10 +246,18 @@ class PagedKVCache:
             slots.append([table[p // size] * size + p % size for p in range(start, start + t_new)])
         return np.array(slots, dtype=np.int64).reshape(len(seq_ids), t_new)
 
+    @staticmethod
+    def _as_id_list(seq_ids):
+        """``seq_ids`` as a list; TypeError unless it is an ordered sequence (list, tuple, array, range)."""
+        if not isinstance(seq_ids, (list, tuple, np.ndarray, range)):
+            raise TypeError(
+                f"seq_ids must be a list, tuple or array of sequence ids (ordered: row i is seq_ids[i]), "
+                f"got {type(seq_ids).__name__} {seq_ids!r}"
+            )
+        return list(seq_ids)
+
     def _check_ids(self, seq_ids):
-        if isinstance(seq_ids, (str, bytes)) or not hasattr(seq_ids, "__iter__"):
-            raise TypeError(f"seq_ids must be a sequence of sequence ids, got {seq_ids!r}")
-        seq_ids = list(seq_ids)
+        seq_ids = self._as_id_list(seq_ids)
         self._check_known(seq_ids)
         if len(set(seq_ids)) != len(seq_ids):
             raise ValueError(f"seq_ids repeats a sequence: {seq_ids}")

@@ -238,11 +238,18 @@ def _check_options(strategy, block_size, num_blocks):
     return block_size, num_blocks
 
 
+_MAX_STEP = 2**62  # start_steps[i] + lengths[i] must stay within int64
+
+
 def _as_sizes(name, values, count):
     """``values`` as an int64 array of ``count`` non-negative integers, or raise naming ``name``."""
     if isinstance(values, (str, bytes)) or np.ndim(values) != 1 or len(values) != count:
         raise ValueError(f"{name} must be {count} integers, one per sequence, got {values!r}")
-    return np.array([as_size(f"{name}[{i}]", n) for i, n in enumerate(values)], dtype=np.int64)
+    sizes = [as_size(f"{name}[{i}]", n) for i, n in enumerate(values)]
+    for i, n in enumerate(sizes):
+        if n > _MAX_STEP:
+            raise ValueError(f"{name}[{i}]={n} is too large: at most 2**62 decode steps")
+    return np.array(sizes, dtype=np.int64)
 
 
 def _split(x, lengths):
@@ -299,14 +306,17 @@ def _steps(batch, problem):
         start = int(problem.start_steps[seq])
         joins.setdefault(start, []).append(seq)
         leaves.setdefault(start + int(problem.lengths[seq]), []).append(seq)
+    # The batch changes only at a join or a leave: run the steps between two such events
+    # back to back, and jump over the empty stretches (start_steps may be far apart).
+    events = sorted(set(joins) | set(leaves))
     in_batch = 0
-    for step in range(max(leaves, default=0)):
-        if step in leaves:
-            batch.leave(leaves[step])
-        for seq in joins.get(step, ()):
+    for event, next_event in zip(events, events[1:]):
+        if event in leaves:
+            batch.leave(leaves[event])
+        for seq in joins.get(event, ()):
             batch.join(seq)
-        in_batch += len(joins.get(step, ())) - len(leaves.get(step, ()))
-        if in_batch:
+        in_batch += len(joins.get(event, ())) - len(leaves.get(event, ()))
+        for _ in range(next_event - event if in_batch else 0):
             seq_ids, positions, out, rows = batch.step(problem)
             check_finite_output(out)
             yield seq_ids, positions, out, rows

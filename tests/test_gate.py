@@ -160,7 +160,25 @@ def test_an_unknown_commit_exits_2_with_a_message(project, capsys, monkeypatch):
     assert "'no-such-commit' is not a commit of this repository" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("options", [["--factor", "0.9"], ["--factor", "x"], ["--bench", "("]])
+def test_bench_may_select_parameter_combinations_as_asv_run_does(project, capsys):
+    """asv run --bench matches 'name(16, 'concat')' too; the gate compares just those points."""
+    project.write(project.base, {("16", "'preallocated'"): None})  # not selected: neither failed nor shown
+    project.write(project.head, {("256", "'concat'"): 2.0, ("16", "'preallocated'"): None})
+    code, out = gate(project, capsys, "--bench", r"time_decode\(16, 'concat'\)")
+    assert code == 0 and "has no results" not in out and "FAILED" not in out
+    code, out = gate(project, capsys, "--bench", r"time_decode\(256")
+    assert code == 1 and "REGRESSION 2.00x  bench_x.Decode.time_decode(256, 'concat')" in out
+
+
+def test_same_base_and_head_is_said(project, capsys):
+    project.write(project.base)
+    args = project.parse_args(["gate", project.base, project.base])
+    assert project.gate(args) == 0
+    assert "BASE and HEAD are the same commit" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("options", [["--factor", "0.9"], ["--factor", "x"], ["--factor", "inf"],
+                                     ["--factor", "nan"], ["--bench", "("]])
 def test_bad_options_exit_2_naming_them(project, capsys, options):
     with pytest.raises(SystemExit) as stop:
         project.parse_args(["gate", "A", "B", *options])

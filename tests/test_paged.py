@@ -264,7 +264,8 @@ def test_gather_reads_only_the_sequences_own_blocks():
         (["a"], (1, 1, D_K + 1), (1, 1, D_V), ValueError, r"D_k=3, D_v=5: got k \(1, 1, 4\)"),
         (["a"], (1, 2, D_K), (1, 1, D_V), ValueError, r"got k \(1, 2, 3\), v \(1, 1, 5\)"),
         (["a"], (1, D_K), (1, D_V), ValueError, r"got k \(1, 3\), v \(1, 5\)"),
-        ("a", (1, 1, D_K), (1, 1, D_V), TypeError, "seq_ids must be a sequence of sequence ids"),
+        ("a", (1, 1, D_K), (1, 1, D_V), TypeError, "seq_ids must be a list, tuple or array of sequence ids"),
+            ({"a"}, (1, 1, D_K), (1, 1, D_V), TypeError, "seq_ids must be a list, tuple or array"),
     ],
 )
 def test_bad_updates_raise_and_change_nothing(seq_ids, k_shape, v_shape, error, message):
@@ -319,3 +320,24 @@ def test_sequence_bookkeeping_errors():
 def test_constructor_checks_its_arguments(args, error, message):
     with pytest.raises(error, match=message):
         kv.PagedKVCache(*args)
+
+
+def test_gather_and_lengths_take_only_ordered_id_lists():
+    """A bare string is one id, never its characters: gather("ab") must not read 'a' and 'b'."""
+    cache = kv.PagedKVCache(8, 2, 1, 1)
+    for s in ("a", "b", "ab"):
+        cache.add_sequence(s)
+    cache.update(["a", "b", "ab"], np.array([[[1.0]], [[2.0]], [[3.0]]]), np.array([[[10.0]], [[20.0]], [[30.0]]]))
+    for bad in ("ab", {"a", "b"}, {"a": 1}, 5):
+        with pytest.raises(TypeError, match="seq_ids must be a list, tuple or array"):
+            cache.gather(bad)
+        with pytest.raises(TypeError, match="seq_ids must be a list, tuple or array"):
+            cache.get_seq_lengths(bad)
+    k, v, lengths = cache.gather(["ab"])
+    assert v[0, 0, 0] == 30.0 and k[0, 0, 0] == 3.0 and lengths.tolist() == [1]
+
+
+@pytest.mark.parametrize("k_dim, v_dim", [(0, 3), (3, 0)])
+def test_zero_width_keys_or_values_are_refused_up_front(k_dim, v_dim):
+    with pytest.raises(ValueError, match="k_dim|v_dim"):
+        kv.PagedKVCache(4, 4, k_dim, v_dim)

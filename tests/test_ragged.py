@@ -333,3 +333,18 @@ def test_default_pool_holds_every_sequence_at_full_length(monkeypatch):
     monkeypatch.setattr("kv_attention.ragged.PagedKVCache", lambda *a, **k: pools.append(kv.PagedKVCache(*a, **k)) or pools[-1])
     kv.ragged_decode(seqs, *ws, strategy="paged", block_size=16)
     assert pools[0].num_blocks == 3 + 1 + 1 and pools[0].block_size == 16
+
+
+def test_far_apart_start_steps_are_jumped_over_not_stepped_through():
+    """A sequence joining at step 2**62 - 10 decodes at once, exactly as alone; beyond 2**62 is refused."""
+    rng = np.random.default_rng(3)
+    seqs = [rng.standard_normal((n, 4)) for n in (3, 2, 4)]
+    w = [rng.standard_normal((4, 4)) / 2 for _ in range(3)]
+    for strategy in kv.RAGGED_STRATEGIES:
+        out, stats = kv.ragged_decode(seqs, *w, start_steps=[2**62 - 10, 0, 5], strategy=strategy, return_stats=True)
+        for got, seq in zip(out, seqs):
+            np.testing.assert_allclose(got, kv.causal_attention(seq, *w), rtol=1e-10, atol=1e-10)
+        assert stats.steps == 3 + 2 + 4
+    for bad in ([2**62 + 1, 0, 0], [10**30, 0, 0]):
+        with pytest.raises(ValueError, match=r"start_steps\[0\]=\d+ is too large"):
+            kv.ragged_decode(seqs, *w, start_steps=bad)

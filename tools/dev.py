@@ -20,6 +20,7 @@ commit name was wrong.
 
 import argparse
 import hashlib
+import itertools
 import math
 import os
 import re
@@ -237,16 +238,35 @@ def bench(args):
         raise JobError(f"{len(head_failed)} benchmark(s) failed their gate at {BRANCH}: {', '.join(head_failed)}")
 
 
+def selected(pattern, key, params):
+    """Which parameter combinations of ``key`` asv's ``--bench pattern`` selects: a list of bools.
+
+    As ``asv run --bench``: the whole benchmark when the pattern matches its name, else the
+    combinations whose ``name(value1, value2)`` it matches.
+    """
+    combos = list(itertools.product(*params))
+    if not pattern or re.search(pattern, key):
+        return [True] * len(combos)
+    return [bool(params) and re.search(pattern, f"{key}({', '.join(c)})") is not None for c in combos]
+
+
 def compare_rows(results, pattern=None):
-    """Rows in the form asv's ``Compare.print_table`` reads, for benchmarks matching ``pattern``."""
+    """Rows in the form asv's ``Compare.print_table`` reads, for the benchmarks ``pattern`` selects.
+
+    A combination the pattern does not select shows as n/a (NaN), never as a stored or failed value.
+    """
     rows = []
     for result in results:
         for key in result.get_all_result_keys():
-            if pattern and not re.search(pattern, key):
-                continue
             params = result.get_result_params(key)
-            rows.append((key, params, result.get_result_value(key, params), result.get_result_stats(key, params),
-                         result.get_result_samples(key, params), result.benchmark_version.get(key),
+            keep = selected(pattern, key, params)
+            if not any(keep):
+                continue
+            columns = [result.get_result_value(key, params), result.get_result_stats(key, params),
+                       result.get_result_samples(key, params)]
+            value, stats, samples = ([c if k else blank for c, k in zip(column or [None] * len(keep), keep)]
+                                     for column, blank in zip(columns, (math.nan, None, None)))
+            rows.append((key, params, value, stats, samples, result.benchmark_version.get(key),
                          result.params["machine"], result.env_name))
     return rows
 
@@ -303,6 +323,9 @@ def gate(args):
 
     asv = (sys.executable, "-m", "asv")
     commits = {role: resolve(name) for role, name in (("base", args.base), ("head", args.head))}
+    if commits["base"] == commits["head"]:
+        print(f"note: BASE and HEAD are the same commit {commits['head'][:8]}: the comparison is of its "
+              "results with themselves")
     record_machine(asv)
     asv_run(asv, list(dict.fromkeys(commits.values())), *(["--bench", args.bench] if args.bench else []))
     conf, _, machine, env_names = asv_setup()
@@ -343,13 +366,13 @@ def report_command(args):
 
 
 def factor(text):
-    """argparse type: a float > 1."""
+    """argparse type: a finite float > 1."""
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not value > 1:
-        raise argparse.ArgumentTypeError(f"must be a number greater than 1, got {text!r}")
+    if not (value > 1 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number greater than 1, got {text!r}")
     return value
 
 
