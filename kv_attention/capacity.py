@@ -12,6 +12,7 @@ K/V heads (GQA, MQA) is what shrinks the cache.
 """
 
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
@@ -74,6 +75,13 @@ class ModelShape:
     n_kv_heads: int
     head_dim: int
 
+    def __post_init__(self):
+        """Raise TypeError/ValueError unless every count is an integer >= 1 and n_kv_heads divides n_heads."""
+        for name in ("n_layers", "n_heads", "n_kv_heads", "head_dim"):
+            as_size(name, getattr(self, name), minimum=1)
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}")
+
     def kv_cache_bytes(self, *, batch=1, seq_len=1, dtype=np.float16):
         """:func:`kv_cache_bytes` for this model; by default the bytes per token at fp16."""
         return kv_cache_bytes(
@@ -85,8 +93,8 @@ class ModelShape:
 # From each model's published config.json (num_hidden_layers, num_attention_heads,
 # num_key_value_heads, hidden_size / num_attention_heads): Touvron et al. 2023, "Llama 2"
 # (GQA in the 70B model), and Llama Team 2024, "The Llama 3 Herd of Models".
-MODEL_SHAPES = {
+MODEL_SHAPES = MappingProxyType({  # read-only: the library's table, not the caller's
     "Llama-2-7B": ModelShape(n_layers=32, n_heads=32, n_kv_heads=32, head_dim=128),  # MHA
     "Llama-3-8B": ModelShape(n_layers=32, n_heads=32, n_kv_heads=8, head_dim=128),  # GQA, G = 4
     "Llama-2-70B": ModelShape(n_layers=80, n_heads=64, n_kv_heads=8, head_dim=128),  # GQA, G = 8
-}
+})

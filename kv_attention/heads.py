@@ -221,7 +221,7 @@ def multi_head_decode(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, path="group
     and its H_q queries attend over the cache's first t+1 positions. Equals
     :func:`multi_head_attention` position by position.
 
-    Two paths, the same result:
+    Two paths, the same result up to rounding (about 1e-16 in float64):
         ``"repeat_kv"``: repeat each K/V head G times into ``[..., H_q, S, D_head]``
         per step (the common approach: Llama's ``repeat_kv``, gpt-fast), one
         query row per head.

@@ -70,3 +70,18 @@ def test_bad_arguments(name, value, error, message):
 def test_every_argument_is_keyword_only():
     with pytest.raises(TypeError):
         kv.kv_cache_bytes(1, 4096, 32, 8, 128, np.float16)
+
+
+@pytest.mark.parametrize("fields, error", [
+    ((-1, 4, 2, 8), ValueError), ((2, 3, 2, 8), ValueError), ((2, 4, 2, 0), ValueError),
+    ((2, 4.0, 2, 8), TypeError), ((2, 4, True, 8), TypeError),
+])
+def test_a_model_shape_is_checked_when_made(fields, error):
+    with pytest.raises(error):
+        kv.ModelShape(*fields)
+
+
+def test_the_model_table_is_read_only():
+    with pytest.raises(TypeError):
+        kv.MODEL_SHAPES["mine"] = kv.ModelShape(1, 1, 1, 1)
+    assert sorted(kv.MODEL_SHAPES) == ["Llama-2-70B", "Llama-2-7B", "Llama-3-8B"]
