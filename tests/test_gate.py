@@ -170,6 +170,20 @@ def test_bench_may_select_parameter_combinations_as_asv_run_does(project, capsys
     assert code == 1 and "REGRESSION 2.00x  bench_x.Decode.time_decode(256, 'concat')" in out
 
 
+def test_a_partial_measurement_is_not_kept_for_the_main_job(project, capsys):
+    """What a parameter-level --bench measured alone (NaN elsewhere) is dropped after the comparison,
+    so that asv run --skip-existing in the main job measures the benchmark whole; full results stay."""
+    project.write(project.base)
+    unselected = {(t, s): "nan" for t in PARAMS[0] for s in PARAMS[1] if t != "256"}
+    project.write(project.head, {**unselected, ("256", "'concat'"): 2.0})
+    code, out = gate(project, capsys, "--bench", r"time_decode\(256")
+    assert code == 1 and "were not kept" in out
+    conf, _, machine, env_names = project.asv_setup()
+    keys = {c: [set(r.get_all_result_keys()) for r in project.iter_results(conf, machine, c, env_names)]
+            for c in (project.base, project.head)}
+    assert keys[project.base] == [{TIME, TRACK}] and keys[project.head] == [{TRACK}]
+
+
 def test_same_base_and_head_is_said(project, capsys):
     project.write(project.base)
     args = project.parse_args(["gate", project.base, project.base])

@@ -309,6 +309,32 @@ def judge(base_rows, head_rows, factor):
     return regressions, failures
 
 
+def drop_partial(conf, machine, env_names, commits, pattern):
+    """Forget stored benchmarks that ``--bench pattern`` measured for only some parameter combinations.
+
+    asv stores NaN for the combinations it did not run, and ``asv run --skip-existing``
+    (the main job) would then never measure them. A benchmark is dropped only when
+    every combination the pattern did not select is NaN. Returns True if any was.
+    """
+    dropped = False
+    for commit in commits:
+        for result in iter_results(conf, machine, commit, env_names):
+            partial = []
+            for key in result.get_all_result_keys():
+                params = result.get_result_params(key)
+                keep = selected(pattern, key, params)
+                values = result.get_result_value(key, params)
+                rest = [v for v, k in zip(values, keep) if not k]
+                if rest and all(isinstance(v, float) and math.isnan(v) for v in rest):
+                    partial.append(key)
+            for key in partial:
+                result.remove_result(key)
+            if partial:
+                result.save(conf.results_dir)
+                dropped = True
+    return dropped
+
+
 def resolve(name):
     """The full hash of commit ``name``; JobError naming it if there is no such commit."""
     try:
@@ -341,6 +367,9 @@ def gate(args):
                             resultset_1=iter(rows["base"]), resultset_2=iter(rows["head"]), machine=machine,
                             commit_names={c: name for c, name in zip(commits.values(), (args.base, args.head))})
     regressions, failures = judge(rows["base"], rows["head"], args.factor)
+    if args.bench and drop_partial(conf, machine, env_names, set(commits.values()), args.bench):
+        print("note: results of benchmarks measured here for only some parameter combinations were not kept, "
+              "so that the main job measures them whole")
     for label, ratio in regressions:
         print(f"REGRESSION {ratio:.2f}x  {label}")
     for label, role in failures:
