@@ -281,7 +281,8 @@ def _check_problem(x, w_q, w_k, w_v, lengths, start_steps):
     for i, seq in enumerate(seqs):
         if seq.shape[1] != d_model:
             raise ValueError(f"every sequence must share D_model: x[0] has {d_model}, x[{i}] has shape {seq.shape}")
-    flat = np.concatenate(seqs) if seqs else np.empty((0, d_model))  # [sum T_i, D_model]
+    empty_dtype = x.dtype if isinstance(x, np.ndarray) else np.float64  # B = 0 keeps a padded x's dtype
+    flat = np.concatenate(seqs) if seqs else np.empty((0, d_model), empty_dtype)  # [sum T_i, D_model]
     _, w_q, w_k, w_v, dtype = check_projection_inputs(flat, w_q, w_k, w_v, x_ndims=(2,))
     n_seqs = len(seqs)
     lengths = np.array([len(seq) for seq in seqs], dtype=np.int64)

@@ -348,3 +348,9 @@ def test_far_apart_start_steps_are_jumped_over_not_stepped_through():
     for bad in ([2**62 + 1, 0, 0], [10**30, 0, 0]):
         with pytest.raises(ValueError, match=r"start_steps\[0\]=\d+ is too large"):
             kv.ragged_decode(seqs, *w, start_steps=bad)
+
+
+def test_an_empty_float32_batch_stays_float32():
+    w = [np.ones((4, 3), np.float32)] * 3
+    out = kv.ragged_decode(np.zeros((0, 5, 4), np.float32), *w, lengths=[])
+    assert out.shape == (0, 5, 3) and out.dtype == np.float32
