@@ -208,3 +208,22 @@ def test_bench_skips_commits_that_already_have_results(project):
     project.write(project.base)
     assert project.has_results(project.base, conf, benchmarks, machine, env_names)
     assert not project.has_results(project.head, conf, benchmarks, machine, env_names)
+
+
+@pytest.mark.parametrize("head_bytes, flagged", [(1120.0, False), (1300.0, True)])
+def test_peak_rss_counts_only_beyond_the_peakmem_factor(dev, head_bytes, flagged):
+    """peakmem_ (one RSS value, no samples) drifts ~12 % between asv runs of identical code."""
+    def rows(value):
+        return [("bench_x.peakmem_decode", [], [value], [None], [None], "v1", MACHINE, "env")]
+
+    regressions, failures = dev.judge(rows(1000.0), rows(head_bytes), 1.10)
+    assert failures == [] and bool(regressions) == flagged
+    track = [("bench_x.track_bytes", [], [1000.0], [None], [None], "v1", MACHINE, "env")]
+    assert dev.judge(track, [(*track[0][:2], [1120.0], *track[0][3:])], 1.10)[0]  # track_ keeps the factor
+
+
+def test_a_regression_says_how_to_measure_head_again(project, capsys):
+    project.write(project.base)
+    project.write(project.head, {("256", "'concat'"): 1.5})
+    code, out = gate(project, capsys)
+    assert code == 1 and f"{MACHINE}/{project.head[:8]}-*.json" in out and "--factor 1.25" in out

@@ -344,6 +344,13 @@ def test_csv_has_one_row_per_recorded_sample(repo, capsys, tmp_path):
     assert {r["machine"] for r in rows} == {"box"} and {r["statistic"] for r in rows} == {"sample"}
 
 
+def test_csv_makes_missing_parent_directories(repo, capsys, tmp_path):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2], n_samples=2)
+    code, _, _ = report(path, "csv", "--out", str(tmp_path / "report/deeper/s.csv"), capsys=capsys)
+    assert code == 0 and len(read_csv(tmp_path / "report/deeper/s.csv")) == 29 * 2
+
+
 def test_csv_without_samples_says_so_and_writes_asvs_statistics(repo, capsys, tmp_path):
     path, hashes = repo
     write_run(path / ".asv/results", hashes[2], n_samples=0)
@@ -431,8 +438,9 @@ def test_several_environments_need_env(repo, capsys):
 def test_command_line_errors_are_one_line_without_traceback(repo):
     path, hashes = repo
     write_run(path / ".asv/results", hashes[2])
+    (path / "a_file").write_text("")
     for argv in (["tables", "--commit", "deadbeef"], ["tables", "--config", str(path / "missing.json")],
-                 ["csv", "--out", str(path / "no/such/dir/x.csv")]):
+                 ["csv", "--out", str(path / "a_file/x.csv")]):
         argv = argv if "--config" in argv else [*argv, "--config", str(path / "asv.conf.json")]
         proc = subprocess.run([sys.executable, "-m", "benchmarks.report", *argv], cwd=ROOT,
                               capture_output=True, text=True)

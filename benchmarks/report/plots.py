@@ -96,6 +96,7 @@ def _ratios_vs_t(plt, run, title):
         t, ratio = _numbers(table, figure)
         ax.plot(t, ratio, marker="o")
         _finish(ax, t, ratio)
+        ax.set_ylim(bottom=0)  # ratios from zero: small wiggles look small
         ax.set(xlabel="T (tokens decoded)", ylabel=label, title=label)
     fig.suptitle(f"Ratios vs T — {title}")
     return fig
@@ -109,6 +110,9 @@ def _positions_vs_b(plt, run, title):
     if b and b[0] == 1 and math.isfinite(rate[0]):
         ax.plot(b, [rate[0] * x for x in b], linestyle="--", color="grey", label="linear from B = 1")
     _finish(ax, b, rate)
+    ax.set_xscale("linear")  # so that linear scaling is a straight line
+    ax.set_xticks(b, [str(x) for x in b])
+    ax.set_ylim(bottom=0)
     ax.yaxis.set_major_formatter("{x:,.0f}")
     ax.set(xlabel="B (sequences per batch)", ylabel="positions / s", title=f"Batched decode at T = {SWEEP_LENGTH}")
     ax.legend()

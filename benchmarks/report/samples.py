@@ -83,6 +83,7 @@ def write_csv(results, out, machine=None, env=None, progress=sys.stderr):
     if os.path.commonpath([target, os.path.abspath(results.path)]) == os.path.abspath(results.path):
         raise ReportError(f"--out {out} is inside the results directory {results.path}: choose another path")
     try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".report-", suffix=".csv")
     except OSError as exc:
         raise ReportError(f"cannot write {out}: {exc.strerror}") from None
