@@ -58,24 +58,16 @@ class _Work:
 
     timeout = 120
 
-    def _count(self, T, strategy, batch):
-        decode = gate(strategy, T, batch)
-        inputs = timed_inputs(T, batch)
-        count_work(decode, inputs)  # warm: first-call caches allocate once
-        return count_work(decode, inputs)
-
-
-class CacheWork(_Work):
-    """One sequence ``x: [T, 64]``: the work of each cache strategy's full T-step decode."""
-
-    params = [WORK_LENGTHS, ["no_cache", "concat", "preallocated"]]
-    param_names = ["T", "strategy"]
+    batch = None  # B of the timed problem; None for one sequence [T, 64]
 
     def setup(self, T, strategy):
-        self.allocated, self.lines = self._count(T, strategy, None)
+        decode = gate(strategy, T, self.batch)
+        inputs = timed_inputs(T, self.batch)
+        count_work(decode, inputs)  # warm: first-call caches allocate once
+        self.allocated, self.lines = count_work(decode, inputs)
 
     def track_allocated_bytes(self, T, strategy):
-        """Bytes allocated during one decode (tracemalloc, line high-water marks summed)."""
+        """Bytes allocated during one decode of every sequence (tracemalloc, line high-water marks summed)."""
         return self.allocated
 
     track_allocated_bytes.unit = "bytes"
@@ -87,23 +79,16 @@ class CacheWork(_Work):
     track_lines_per_step.unit = "lines"
 
 
+class CacheWork(_Work):
+    """One sequence ``x: [T, 64]``: the work of each cache strategy's full T-step decode."""
+
+    params = [WORK_LENGTHS, ["no_cache", "concat", "preallocated"]]
+    param_names = ["T", "strategy"]
+
+
 class BatchWork(_Work):
     """B = 2 sequences ``x: [2, T, 64]``: the work of the sequential loop vs the batched decode."""
 
     params = [WORK_LENGTHS, ["sequential", "batched"]]
     param_names = ["T", "strategy"]
-
-    def setup(self, T, strategy):
-        self.allocated, self.lines = self._count(T, strategy, BATCH)
-
-    def track_allocated_bytes(self, T, strategy):
-        """Bytes allocated during one decode of both sequences."""
-        return self.allocated
-
-    track_allocated_bytes.unit = "bytes"
-
-    def track_lines_per_step(self, T, strategy):
-        """Python lines executed per decode step of both sequences (lines / T)."""
-        return self.lines / T
-
-    track_lines_per_step.unit = "lines"
+    batch = BATCH

@@ -56,14 +56,19 @@ def oracle(x, w_q, w_k, w_v):
     return (weights / weights.sum(axis=-1, keepdims=True)) @ v
 
 
-def strategy_function(name):
-    """The commit's public function for strategy ``name``; NotImplementedError (skip) if it has none."""
+def library_function(name):
+    """The commit's ``kv_attention.<name>``; NotImplementedError (asv skips) if it has none."""
     import kv_attention
 
-    function = getattr(kv_attention, PUBLIC_FUNCTIONS[name], None)
+    function = getattr(kv_attention, name, None)
     if function is None:
-        raise NotImplementedError(f"kv_attention has no {PUBLIC_FUNCTIONS[name]} at this commit")
+        raise NotImplementedError(f"kv_attention has no {name} at this commit")
     return function
+
+
+def strategy_function(name):
+    """The commit's public function for strategy ``name``; NotImplementedError (skip) if it has none."""
+    return library_function(PUBLIC_FUNCTIONS[name])
 
 
 def check_single_threaded():

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from .common import SEED, check_single_threaded, oracle
+from .common import SEED, check_single_threaded, library_function, oracle
 
 HEADS_BATCH = 4  # B
 HEADS_D_MODEL = 128
@@ -61,16 +61,6 @@ def heads_oracle(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
         q_cols, kv_cols = slice(h * d, (h + 1) * d), slice(j * d, (j + 1) * d)
         outputs.append(oracle(x, w_q[:, q_cols], w_k[:, kv_cols], w_v[:, kv_cols]))  # [..., T, D_head]
     return np.concatenate(outputs, axis=-1) @ w_o  # [..., T, H_q·D_head] -> [..., T, D_out]
-
-
-def library_function(name):
-    """The commit's ``kv_attention.<name>``; NotImplementedError (asv skips) if it has none."""
-    import kv_attention
-
-    function = getattr(kv_attention, name, None)
-    if function is None:
-        raise NotImplementedError(f"kv_attention has no {name} at this commit")
-    return function
 
 
 _PASSED = set()

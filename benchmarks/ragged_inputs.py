@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from .common import check_single_threaded, oracle, timed_inputs
+from .common import check_single_threaded, library_function, oracle, timed_inputs
 
 RAGGED_BATCH = 8  # B
 RAGGED_T_MAX = 256
@@ -46,9 +46,7 @@ def ragged_function(strategy, distribution):
     """The commit's ragged_decode bound to ``strategy``, block_size 16 and the pool; NotImplementedError if absent."""
     import kv_attention
 
-    function = getattr(kv_attention, "ragged_decode", None)
-    if function is None:
-        raise NotImplementedError("kv_attention has no ragged_decode at this commit")
+    function = library_function("ragged_decode")
     if strategy not in getattr(kv_attention, "RAGGED_STRATEGIES", ()):
         raise NotImplementedError(f"kv_attention has no ragged strategy {strategy!r} at this commit")
     options = {"strategy": strategy, "block_size": BLOCK_SIZE}

@@ -84,7 +84,7 @@ def make_workspace(work):
 
 def make_results(config, work):
     """Quick results for main~1 and main, main~1's copied to older commits, main's REGRESSED slowed."""
-    commits = dev.git("rev-list", f"--max-count={FLAT_HISTORY + 2}", dev.BRANCH).split()
+    commits = dev.git("rev-list", "--first-parent", f"--max-count={FLAT_HISTORY + 2}", dev.BRANCH).split()
     if len(commits) < 2:
         raise CheckFailed(f"{dev.BRANCH} needs at least 2 commits")
     hashfile = work / "commits.txt"

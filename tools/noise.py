@@ -28,13 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import dev  # noqa: E402  (this checkout's tools/dev.py: gate, results, JobError)
 
-PUBLIC_FUNCTIONS = {  # strategy name (asv parameter) -> the kv_attention function to change
-    "no_cache": "decode_without_cache",
-    "concat": "cached_attention",
-    "preallocated": "cached_attention_preallocated",
-    "sequential": "sequential_cached_attention",
-    "batched": "batched_cached_attention",
-}
+sys.path.insert(0, str(ROOT))
+from benchmarks.common import PUBLIC_FUNCTIONS  # noqa: E402  (strategy name -> the kv_attention function to change)
 SLOWDOWN = '''
 
 import time as _time

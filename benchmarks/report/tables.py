@@ -191,25 +191,20 @@ def all_tables(run):
     return [cache_table(run), batch_table(run), batch_size_table(run), heads_table(run), ragged_table(run)]
 
 
+FORMATS = {  # cell kind -> text of a number (seconds, ratio, rate, bytes or count)
+    "ms": lambda v: f"{v * 1e3:.3f}",
+    "us": lambda v: f"{v * 1e6:.1f}",
+    "ratio": lambda v: f"{v:.2f}x",
+    "ratio3": lambda v: f"{v:.3f}x",
+    "rate": lambda v: f"{v:,.0f}",
+    "count": lambda v: f"{v:,.0f}",
+    "bytes": lambda v: f"{v / 2**20:,.2f} MiB",
+}
+
+
 def format_cell(value, kind):
-    """A cell as text: ms with 3 decimals, ratios as ``16.18x``, rates with thousands separators."""
-    if not is_number(value):
-        return str(value)
-    if kind == "ms":
-        return f"{value * 1e3:.3f}"
-    if kind == "ratio":
-        return f"{value:.2f}x"
-    if kind == "ratio3":
-        return f"{value:.3f}x"
-    if kind == "rate":
-        return f"{value:,.0f}"
-    if kind == "us":
-        return f"{value * 1e6:.1f}"
-    if kind == "bytes":
-        return f"{value / 2**20:,.2f} MiB"
-    if kind == "count":
-        return f"{value:,.0f}"
-    raise ValueError(f"unknown cell kind {kind!r}")
+    """A cell as text: ms with 3 decimals, ratios as ``16.18x``, rates with thousands separators; markers as is."""
+    return FORMATS[kind](value) if is_number(value) else str(value)
 
 
 def _markdown(headers, rows, n_keys=1, figure_column=False):
