@@ -1,12 +1,12 @@
 """Batch experiment: B sequences decoded one after another vs together, and a batch-size sweep."""
 
-from .common import BATCH, LENGTHS, SWEEP_BATCH_SIZES, SWEEP_LENGTH, gate, timed_inputs
+from .common import BATCH, LENGTHS, STRATEGIES, SWEEP_BATCH_SIZES, SWEEP_LENGTH, timed_inputs, verified_strategy
 
 
 class BatchStrategy:
     """Full T-step decode of B = 2 sequences ``x: [2, T, 64]`` (both sequences in one timing)."""
 
-    params = [LENGTHS, ["sequential", "batched"]]
+    params = [LENGTHS, list(STRATEGIES["batch"])]
     param_names = ["T", "strategy"]
     rounds = 4
     repeat = (5, 20, 0.5)
@@ -14,14 +14,18 @@ class BatchStrategy:
     timeout = 120
 
     def setup(self, T, strategy):
-        self.decode = gate(strategy, T, BATCH)
+        self.decode = verified_strategy(strategy, T, BATCH)
         self.inputs = timed_inputs(T, BATCH)
 
     def time_decode(self, T, strategy):
         self.decode(*self.inputs)
 
+    time_decode.version = "35da4ba066b844095cf42b91e92a485c42f958e7af5eba597af326416e3a2bef"
+
     def peakmem_decode(self, T, strategy):
         self.decode(*self.inputs)
+
+    peakmem_decode.version = "399a37d87e58616d89852053a83467415d54424d173f4a5e13a488640335febf"
 
 
 class BatchSize:
@@ -35,8 +39,10 @@ class BatchSize:
     timeout = 120
 
     def setup(self, B):
-        self.decode = gate("batched", SWEEP_LENGTH, B)
+        self.decode = verified_strategy("batched", SWEEP_LENGTH, B)
         self.inputs = timed_inputs(SWEEP_LENGTH, B)
 
     def time_batched_decode(self, B):
         self.decode(*self.inputs)
+
+    time_batched_decode.version = "891d42ca3c02f3595412aacc6e9a1a3996daf02aec134cf565af2c998689844b"

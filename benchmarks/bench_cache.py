@@ -2,13 +2,13 @@
 
 import inspect
 
-from .common import D_K, D_V, LENGTHS, gate, timed_inputs
+from .common import D_K, D_V, LENGTHS, STRATEGIES, timed_inputs, verified_strategy
 
 
 class CacheStrategy:
     """Full T-step decode of one sequence ``x: [T, 64]``, float64, per strategy."""
 
-    params = [LENGTHS, ["no_cache", "concat", "preallocated"]]
+    params = [LENGTHS, list(STRATEGIES["cache"])]
     param_names = ["T", "strategy"]
     rounds = 4  # four interleaved processes per point: a slow process moves the median less
     repeat = (5, 20, 0.5)  # 5 to 20 samples per round, within ~0.5 s: still up to 80 samples
@@ -16,14 +16,18 @@ class CacheStrategy:
     timeout = 120
 
     def setup(self, T, strategy):
-        self.decode = gate(strategy, T)
+        self.decode = verified_strategy(strategy, T)
         self.inputs = timed_inputs(T)
 
     def time_decode(self, T, strategy):
         self.decode(*self.inputs)
 
+    time_decode.version = "3c37fe9c71a7cc9ebb27833f6c36452f56b398037d275a14d1c9bc0b858713a2"
+
     def peakmem_decode(self, T, strategy):
         self.decode(*self.inputs)
+
+    peakmem_decode.version = "a3c142f7db9cd014d80d93fe796abe10ce38cd81c5b8d19b814ded9813e00513"
 
     def track_kv_cache_bytes(self, T, strategy):
         """Logical K/V bytes held after the decode: 2 x T x 64 x 8 for a float64 cache, 0 without one."""
@@ -42,3 +46,4 @@ class CacheStrategy:
         return cache.nbytes
 
     track_kv_cache_bytes.unit = "bytes"
+    track_kv_cache_bytes.version = "b59bea7c73594a61808a03b85d444da953a7d75d9367ab1541de0f62885b52f8"

@@ -11,14 +11,15 @@ def track_blas_threads():
 
 
 track_blas_threads.unit = "threads"
+track_blas_threads.version = "944f4b140301e1847ae0c9ef2bd3974000055c61c3a6078f216d03abedb0626a"
 
 
 def peakmem_reference():
-    """Peak memory of a benchmark process that loaded what every gate loads and decoded nothing.
+    """Peak memory of a benchmark process that loaded what every correctness check loads and decoded nothing.
 
     The floor under every ``peakmem_``: interpreter, numpy, numpy.testing,
     threadpoolctl and kv_attention. A ``peakmem_decode`` minus this is the
-    decode's own memory plus the gate's oracle temporaries.
+    decode's own memory plus the check's oracle temporaries.
     """
     import numpy.testing  # noqa: F401
 
@@ -27,3 +28,6 @@ def peakmem_reference():
     from .common import check_single_threaded
 
     check_single_threaded()
+
+
+peakmem_reference.version = "3d86f98a60583af5bc88ec64d157930e37c65d2f53dda71d60c43df912e57b95"

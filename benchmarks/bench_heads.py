@@ -2,7 +2,7 @@
 
 import tracemalloc
 
-from .heads_inputs import HEADS_LENGTHS, HEADS_PATHS, KINDS, cache_bytes_gate, heads_gate, heads_inputs
+from .heads_inputs import HEADS_LENGTHS, HEADS_PATHS, KINDS, heads_inputs, verified_cache_bytes, verified_heads_decode
 
 
 class HeadsDecode:
@@ -19,18 +19,20 @@ class HeadsDecode:
     timeout = 300
 
     def setup(self, kind, T, path):
-        self.decode = heads_gate(kind, T, path)
+        self.decode = verified_heads_decode(kind, T, path)
         self.inputs = heads_inputs(kind, T)
 
     def time_decode(self, kind, T, path):
         self.decode(*self.inputs)
+
+    time_decode.version = "44c2be19a9a17b049dc00d90a12e1745196ac6ba32aa2676436ce51227f54246"
 
     def track_decode_peak_bytes(self, kind, T, path):
         """Peak bytes allocated during one decode (tracemalloc, which sees numpy's allocations).
 
         The cache, 2 x 4 x H_kv x T x 16 x 8 bytes, the output [4, T, 128] and the
         per-step temporaries: repeat_kv's copies of K and V, [4, 8, t, 16] each,
-        for gqa and mqa. Unlike ``peakmem_``, it excludes the gate's oracle run in setup.
+        for gqa and mqa. Unlike ``peakmem_``, it excludes the correctness check's oracle run in setup.
         """
         tracemalloc.start()
         try:
@@ -40,6 +42,7 @@ class HeadsDecode:
             tracemalloc.stop()
 
     track_decode_peak_bytes.unit = "bytes"
+    track_decode_peak_bytes.version = "138e91b6a7d3a7ec68828bbdb138afab2bdfc3e8fea1aadd117a30c6813e3119"
 
 
 class HeadsCacheBytes:
@@ -52,9 +55,10 @@ class HeadsCacheBytes:
     param_names = ["kind", "T"]
 
     def setup(self, kind, T):
-        self.nbytes = cache_bytes_gate(kind, T)
+        self.nbytes = verified_cache_bytes(kind, T)
 
     def track_kv_cache_bytes(self, kind, T):
         return self.nbytes
 
     track_kv_cache_bytes.unit = "bytes"
+    track_kv_cache_bytes.version = "27f1abfbb2b66e26af51c7bdb71b8024fcfb2079bd120139db2880029d6085ac"

@@ -1,6 +1,6 @@
 """Ragged experiment: 8 sequences of different lengths, padded vs compacted (dynamic exit) vs paged KV cache."""
 
-from .ragged_inputs import LENGTH_DISTRIBUTIONS, RAGGED_STRATEGIES, ragged_gate, ragged_inputs, ragged_stats
+from .ragged_inputs import LENGTH_DISTRIBUTIONS, RAGGED_STRATEGIES, ragged_inputs, ragged_stats, verified_ragged_decode
 
 
 class RaggedDecode:
@@ -12,20 +12,24 @@ class RaggedDecode:
     timeout = 120
 
     def setup(self, strategy, lengths):
-        self.decode = ragged_gate(strategy, lengths)
+        self.decode = verified_ragged_decode(strategy, lengths)
         self.inputs = ragged_inputs(lengths)
 
     def time_decode(self, strategy, lengths):
         self.decode(*self.inputs)
+
+    time_decode.version = "b14c0ae8caa1fe29a85b104c320af19812ab3daa0114dd4842f16106378703b5"
 
     def track_reserved_slots(self, strategy, lengths):
         """K/V token slots reserved at the peak: B x T_max for padded and compacted, peak blocks x 16 for paged."""
         return ragged_stats(self.decode, self.inputs).peak_reserved_slots
 
     track_reserved_slots.unit = "token slots"
+    track_reserved_slots.version = "d926deaab3aef882eefbafa1f30234bfe06b11c748e64d904f8504e2a3699e2a"
 
     def track_row_steps(self, strategy, lengths):
         """Query rows computed over the decode: B x T_max for padded, the sum of T_b for compacted and paged."""
         return ragged_stats(self.decode, self.inputs).row_steps
 
     track_row_steps.unit = "row-steps"
+    track_row_steps.version = "5068cf4ee0f2d51db6946cbd8037cd176e62b52ab61f8ec1f383d22c100c44d1"

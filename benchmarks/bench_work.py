@@ -1,7 +1,7 @@
 """Zero-noise metrics: how much work one decode does, counted rather than timed.
 
 A timing moves with the machine's load; these counts do not. They are taken
-with the standard library only, on the same timed problem every gate checks:
+with the standard library only, on the same timed problem the correctness check verifies:
 
 - bytes allocated: :mod:`tracemalloc` traces numpy's array buffers and
   Python's objects; a :func:`sys.settrace` line hook adds up, line by line,
@@ -20,7 +20,7 @@ so that first-call caches are warm.
 import sys
 import tracemalloc
 
-from .common import BATCH, gate, timed_inputs
+from .common import BATCH, STRATEGIES, timed_inputs, verified_strategy
 
 WORK_LENGTHS = [16, 64, 256]  # T: enough to tell O(T) from O(T²) growth
 
@@ -61,7 +61,7 @@ class _Work:
     batch = None  # B of the timed problem; None for one sequence [T, 64]
 
     def setup(self, T, strategy):
-        decode = gate(strategy, T, self.batch)
+        decode = verified_strategy(strategy, T, self.batch)
         inputs = timed_inputs(T, self.batch)
         count_work(decode, inputs)  # warm: first-call caches allocate once
         self.allocated, self.lines = count_work(decode, inputs)
@@ -71,24 +71,26 @@ class _Work:
         return self.allocated
 
     track_allocated_bytes.unit = "bytes"
+    track_allocated_bytes.version = "5906da7072382f287da496886fd5a099853eddafcb3477ef01577bb549e6193c"
 
     def track_lines_per_step(self, T, strategy):
         """Python lines executed per decode step (lines / T)."""
         return self.lines / T
 
     track_lines_per_step.unit = "lines"
+    track_lines_per_step.version = "6c807854c22a91f3dc37198d3d8f330652fe5f4a9512468190a847c5337bdfdc"
 
 
 class CacheWork(_Work):
     """One sequence ``x: [T, 64]``: the work of each cache strategy's full T-step decode."""
 
-    params = [WORK_LENGTHS, ["no_cache", "concat", "preallocated"]]
+    params = [WORK_LENGTHS, list(STRATEGIES["cache"])]
     param_names = ["T", "strategy"]
 
 
 class BatchWork(_Work):
     """B = 2 sequences ``x: [2, T, 64]``: the work of the sequential loop vs the batched decode."""
 
-    params = [WORK_LENGTHS, ["sequential", "batched"]]
+    params = [WORK_LENGTHS, list(STRATEGIES["batch"])]
     param_names = ["T", "strategy"]
     batch = BATCH

@@ -1,9 +1,16 @@
-"""What every benchmark shares: the timed problem, the oracle, the gate and the thread check.
+"""What every benchmark shares: the strategy table, the timed problem, the oracle and the correctness check.
 
 These live in the suite, not in ``kv_attention``: asv takes the benchmarks from
 the working tree but installs the package from the commit under test, so a
 broken factory or reference in that commit can neither change the timed
-problem nor pass its own gate.
+problem nor pass its own check. Like numpy's ``benchmarks/common.py``, what is
+here must not change its numbers: append, do not edit.
+
+Every ``setup()`` calls :func:`verified_decode` before anything is timed. It
+checks the one-thread BLAS pin, runs the commit's decode once on the timed
+problem and compares it with an oracle written here. The outcomes are asv's:
+NotImplementedError when the commit lacks the function (asv skips the point,
+n/a) and AssertionError when it is wrong (asv fails it).
 """
 
 import functools
@@ -18,16 +25,20 @@ BATCH = 2  # B of the batch experiment
 SWEEP_LENGTH = 128  # T of the batch-size sweep
 SWEEP_BATCH_SIZES = [1, 2, 4, 8]
 
-# Strategy name (asv parameter value) -> public function of kv_attention. Looked up
-# by name rather than through kv_attention.STRATEGIES so that commits older than the
-# registry stay benchmarkable and a wrong registry entry cannot redirect a benchmark.
-PUBLIC_FUNCTIONS = {
-    "no_cache": "decode_without_cache",
-    "concat": "cached_attention",
-    "preallocated": "cached_attention_preallocated",
-    "sequential": "sequential_cached_attention",
-    "batched": "batched_cached_attention",
+# Experiment -> its strategies (asv parameter values, in the suite's order) -> what each
+# runs in kv_attention: a public function's name, or for heads and ragged the value of
+# the function's path= or strategy= option.
+STRATEGIES = {
+    "cache": {"no_cache": "decode_without_cache", "concat": "cached_attention",
+              "preallocated": "cached_attention_preallocated"},
+    "batch": {"sequential": "sequential_cached_attention", "batched": "batched_cached_attention"},
+    "heads": {"repeat_kv": "repeat_kv", "grouped": "grouped"},  # multi_head_decode(path=...)
+    "ragged": {"padded": "padded", "compacted": "compacted", "paged": "paged"},  # ragged_decode(strategy=...)
 }
+# Strategy name -> public function, for the cache and batch experiments. Looked up by name
+# rather than through kv_attention.STRATEGIES so that commits older than the registry stay
+# benchmarkable and a wrong registry entry cannot redirect a benchmark.
+PUBLIC_FUNCTIONS = {**STRATEGIES["cache"], **STRATEGIES["batch"]}
 
 
 @functools.lru_cache(maxsize=None)
@@ -40,7 +51,11 @@ def timed_inputs(t_len, batch=None):
     rng = np.random.default_rng(SEED)
     x = rng.standard_normal((t_len, D_MODEL) if batch is None else (batch, t_len, D_MODEL))
     weights = [rng.standard_normal((D_MODEL, d)) / math.sqrt(D_MODEL) for d in (D_K, D_K, D_V)]
-    arrays = (x, *weights)
+    return read_only(x, *weights)
+
+
+def read_only(*arrays):
+    """``arrays`` as a tuple, each marked read-only, so no benchmark can change the timed problem."""
     for a in arrays:
         a.flags.writeable = False
     return arrays
@@ -66,11 +81,6 @@ def library_function(name):
     return function
 
 
-def strategy_function(name):
-    """The commit's public function for strategy ``name``; NotImplementedError (skip) if it has none."""
-    return library_function(PUBLIC_FUNCTIONS[name])
-
-
 def check_single_threaded():
     """Fail (AssertionError) unless every BLAS/OpenMP pool threadpoolctl sees runs one thread."""
     try:
@@ -85,30 +95,42 @@ def check_single_threaded():
     )
 
 
-_PASSED = set()
+def assert_float64_close(out, expected, what, rtol=1e-7, atol=1e-8):
+    """AssertionError unless ``out`` is float64 of ``expected``'s shape and close to it.
 
-
-def gate(name, t_len, batch=None):
-    """The correctness gate run by every setup() before anything is timed.
-
-    Checks the thread pin, runs the strategy once on the timed problem and
-    compares it with :func:`oracle` (``assert_allclose``, atol=1e-8). Raises
-    NotImplementedError when the commit lacks the strategy (asv skips) and
-    AssertionError when it is wrong (asv fails the benchmark). A pass is
-    remembered for the life of the benchmark process, since asv re-runs setup
-    before every sample.
-
-    Returns:
-        The strategy's function, ready to be timed.
+    ``out`` and ``expected`` are arrays, or lists of arrays compared pairwise
+    (one per sequence, for ragged batches; ``what`` then names the sequence).
     """
-    function = strategy_function(name)
-    key = (name, t_len, batch)
-    if key not in _PASSED:
+    if isinstance(expected, list):
+        assert len(out) == len(expected), f"{what}: {len(out)} outputs for {len(expected)} sequences"
+        for b, (got, want) in enumerate(zip(out, expected)):
+            assert_float64_close(got, want, f"{what}, sequence {b}", rtol, atol)
+        return
+    out = np.asarray(out)
+    assert out.dtype == np.float64, f"{what}: float64 inputs gave {out.dtype}"
+    assert out.shape == expected.shape, f"{what}: shape {out.shape}, expected {expected.shape}"
+    np.testing.assert_allclose(out, expected, rtol=rtol, atol=atol, err_msg=what)
+
+
+_VERIFIED = set()  # keys whose check passed in this benchmark process
+
+
+def verified_decode(key, decode, inputs, reference, rtol=1e-7, atol=1e-8):
+    """The suite's correctness check: ``decode``, once it matched ``reference`` on ``inputs``.
+
+    Checks the thread pin, runs ``decode(*inputs)`` and compares it with
+    ``reference(*inputs)`` (:func:`assert_float64_close`); ``key`` names the
+    point in the message. A pass is remembered for the life of the benchmark
+    process, since asv re-runs setup before every sample.
+    """
+    if key not in _VERIFIED:
         check_single_threaded()
-        inputs = timed_inputs(t_len, batch)
-        out = np.asarray(function(*inputs))
-        expected = oracle(*inputs)
-        assert out.dtype == np.float64, f"{name}: float64 inputs gave {out.dtype}"
-        np.testing.assert_allclose(out, expected, atol=1e-8, err_msg=f"{name} at T={t_len}, B={batch}")
-        _PASSED.add(key)
-    return function
+        assert_float64_close(decode(*inputs), reference(*inputs), key, rtol, atol)
+        _VERIFIED.add(key)
+    return decode
+
+
+def verified_strategy(name, t_len, batch=None):
+    """The cache or batch experiment's strategy ``name``, checked on ``timed_inputs(t_len, batch)``."""
+    decode = library_function(PUBLIC_FUNCTIONS[name])
+    return verified_decode(f"{name} at T={t_len}, B={batch}", decode, timed_inputs(t_len, batch), oracle)

@@ -1,4 +1,4 @@
-"""What the heads benchmarks share: the timed multi-head problem, its oracle and its gates.
+"""What the heads benchmarks share: the timed multi-head problem, its oracle and its checks.
 
 Like ``common.py``, these live in the suite, not in ``kv_attention``: the
 package comes from the commit under test and must not supply its own inputs or
@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from .common import SEED, check_single_threaded, library_function, oracle
+from .common import SEED, STRATEGIES, library_function, oracle, read_only, verified_decode
 
 HEADS_BATCH = 4  # B
 HEADS_D_MODEL = 128
@@ -19,7 +19,7 @@ HEADS_HEAD_DIM = 16  # D_head
 HEADS_N_HEADS = 8  # H_q; H_q·D_head = D_model
 KINDS = {"mha": 8, "gqa": 2, "mqa": 1}  # attention kind (asv parameter) -> n_kv_heads
 HEADS_LENGTHS = [64, 256, 1024]  # T
-HEADS_PATHS = ["repeat_kv", "grouped"]
+HEADS_PATHS = list(STRATEGIES["heads"])
 
 
 @functools.lru_cache(maxsize=None)
@@ -41,10 +41,7 @@ def heads_inputs(kind, t_len):
         (HEADS_D_MODEL, n_kv_heads * HEADS_HEAD_DIM),  # w_v
     ]
     w_q, w_o, w_k, w_v = (rng.standard_normal(shape) / math.sqrt(shape[0]) for shape in shapes)
-    arrays = (x, w_q, w_k, w_v, w_o)
-    for a in arrays:
-        a.flags.writeable = False
-    return arrays
+    return read_only(x, w_q, w_k, w_v, w_o)
 
 
 def heads_oracle(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
@@ -63,36 +60,20 @@ def heads_oracle(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
     return np.concatenate(outputs, axis=-1) @ w_o  # [..., T, H_q·D_head] -> [..., T, D_out]
 
 
-_PASSED = set()
+def verified_heads_decode(kind, t_len, path):
+    """``multi_head_decode`` with n_heads, n_kv_heads and ``path`` bound, checked against :func:`heads_oracle`.
 
-
-def heads_gate(kind, t_len, path):
-    """The gate of the decode benchmarks, run by setup() before anything is timed.
-
-    Checks the thread pin, runs ``multi_head_decode`` on the timed problem and
-    compares it with :func:`heads_oracle` (``assert_allclose``, rtol = atol = 1e-8).
-    NotImplementedError when the commit lacks the function; AssertionError when
-    it is wrong. A pass is remembered for the life of the benchmark process.
-
-    Returns:
-        The decode, with n_heads, n_kv_heads and path bound, ready to be timed.
+    rtol = atol = 1e-8, on ``heads_inputs(kind, t_len)``; outcomes as :func:`common.verified_decode`.
     """
     decode = functools.partial(
         library_function("multi_head_decode"), n_heads=HEADS_N_HEADS, n_kv_heads=KINDS[kind], path=path
     )
-    key = (kind, t_len, path)
-    if key not in _PASSED:
-        check_single_threaded()
-        inputs = heads_inputs(kind, t_len)
-        out = np.asarray(decode(*inputs))
-        assert out.dtype == np.float64, f"multi_head_decode: float64 inputs gave {out.dtype}"
-        expected = heads_oracle(*inputs, HEADS_N_HEADS, KINDS[kind])
-        np.testing.assert_allclose(out, expected, rtol=1e-8, atol=1e-8, err_msg=f"{path} {kind} at T={t_len}")
-        _PASSED.add(key)
-    return decode
+    reference = functools.partial(heads_oracle, n_heads=HEADS_N_HEADS, n_kv_heads=KINDS[kind])
+    key = f"{path} {kind} at T={t_len}"
+    return verified_decode(key, decode, heads_inputs(kind, t_len), reference, rtol=1e-8, atol=1e-8)
 
 
-def cache_bytes_gate(kind, t_len):
+def verified_cache_bytes(kind, t_len):
     """The logical K/V bytes of the timed problem by the commit's ``kv_cache_bytes``, checked.
 
     Expected: 2 × B × H_kv × T × D_head × 8 bytes (one layer, float64).

@@ -1,4 +1,4 @@
-"""The ragged experiment's timed inputs, oracle and gate: B = 8 sequences of three length distributions.
+"""The ragged experiment's timed inputs, oracle and check: B = 8 sequences of three length distributions.
 
 They live in the suite, not in ``kv_attention``, for the reason given in
 ``common.py``. The sequences are prefixes of the rows of the timed problem
@@ -11,12 +11,12 @@ import math
 
 import numpy as np
 
-from .common import check_single_threaded, library_function, oracle, timed_inputs
+from .common import STRATEGIES, library_function, oracle, timed_inputs, verified_decode
 
 RAGGED_BATCH = 8  # B
 RAGGED_T_MAX = 256
 BLOCK_SIZE = 16  # tokens per block of the paged cache
-RAGGED_STRATEGIES = ["padded", "compacted", "paged"]
+RAGGED_STRATEGIES = list(STRATEGIES["ragged"])
 LENGTH_DISTRIBUTIONS = {  # name (asv parameter value) -> T_b of the 8 sequences
     "equal": [256] * 8,
     "uniform": [16, 50, 85, 119, 153, 187, 222, 256],  # evenly spread over 16..256: 16 + b * 240 / 7, rounded
@@ -55,33 +55,14 @@ def ragged_function(strategy, distribution):
     return functools.partial(function, **options)
 
 
-_PASSED = set()
+def verified_ragged_decode(strategy, distribution):
+    """``ragged_decode`` bound to ``strategy``, every sequence checked against :func:`ragged_oracle`.
 
-
-def ragged_gate(strategy, distribution):
-    """The gate of the ragged benchmarks, as :func:`common.gate`: thread pin, then every sequence vs the oracle.
-
-    Raises NotImplementedError (asv skips) when the commit lacks ragged_decode
-    or the strategy, AssertionError (asv fails) when an output is wrong.
-
-    Returns:
-        The bound decode function, ready to be timed on ``ragged_inputs(distribution)``.
+    On ``ragged_inputs(distribution)``; outcomes as :func:`common.verified_decode`,
+    and NotImplementedError also when the commit lacks the strategy.
     """
-    function = ragged_function(strategy, distribution)
-    key = (strategy, distribution)
-    if key not in _PASSED:
-        check_single_threaded()
-        inputs = ragged_inputs(distribution)
-        outputs = function(*inputs)
-        expected = ragged_oracle(*inputs)
-        assert len(outputs) == len(expected), f"{strategy}: {len(outputs)} outputs for {len(expected)} sequences"
-        for b, (out, want) in enumerate(zip(outputs, expected)):
-            out = np.asarray(out)
-            assert out.dtype == np.float64, f"{strategy}: float64 inputs gave {out.dtype}"
-            assert out.shape == want.shape, f"{strategy}, sequence {b}: shape {out.shape}, expected {want.shape}"
-            np.testing.assert_allclose(out, want, atol=1e-8, err_msg=f"{strategy}, {distribution}, sequence {b}")
-        _PASSED.add(key)
-    return function
+    decode = ragged_function(strategy, distribution)
+    return verified_decode(f"{strategy}, {distribution}", decode, ragged_inputs(distribution), ragged_oracle)
 
 
 def ragged_stats(function, inputs):

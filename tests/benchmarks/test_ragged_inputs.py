@@ -1,0 +1,100 @@
+"""The ragged benchmarks' inputs, oracle, correctness check, skips and reported counts."""
+
+import math
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_limits
+
+import kv_attention as kv
+from benchmarks import common, ragged_inputs
+from benchmarks.bench_ragged import RaggedDecode
+
+from ..references import blocks_per_step, naive_causal_attention
+
+
+@pytest.fixture
+def one_thread(monkeypatch):
+    """One BLAS thread, as under asv, and a correctness check that remembers no earlier pass."""
+    monkeypatch.setattr(common, "_VERIFIED", set())
+    with threadpool_limits(limits=1):
+        yield
+
+
+def test_length_distributions_are_the_issues():
+    lengths = ragged_inputs.LENGTH_DISTRIBUTIONS
+    assert lengths["equal"] == [256] * 8
+    assert lengths["skewed"] == [256] + [16] * 7
+    uniform = lengths["uniform"]
+    assert len(uniform) == 8 and uniform[0] == 16 and uniform[-1] == 256
+    assert all(abs(n - (16 + b * 240 / 7)) <= 0.5 for b, n in enumerate(uniform))
+
+
+def test_inputs_are_read_only_prefixes_of_the_timed_problem():
+    seqs, w_q, w_k, w_v = ragged_inputs.ragged_inputs("uniform")
+    x = np.random.default_rng(42).standard_normal((8, 256, 64))
+    assert [len(s) for s in seqs] == ragged_inputs.LENGTH_DISTRIBUTIONS["uniform"]
+    for b, seq in enumerate(seqs):
+        np.testing.assert_array_equal(seq, x[b, : len(seq)])
+    assert not any(a.flags.writeable for a in (*seqs, w_q, w_k, w_v))
+
+
+def test_ragged_oracle_matches_the_independent_reference():
+    x, w_q, w_k, w_v = common.timed_inputs(9, 2)
+    expected = [naive_causal_attention(x[0, :9], w_q, w_k, w_v), naive_causal_attention(x[1, :4], w_q, w_k, w_v)]
+    for got, want in zip(ragged_inputs.ragged_oracle([x[0, :9], x[1, :4]], w_q, w_k, w_v), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("distribution", sorted(ragged_inputs.LENGTH_DISTRIBUTIONS))
+@pytest.mark.parametrize("strategy", ragged_inputs.RAGGED_STRATEGIES)
+def test_check_passes_every_strategy_on_every_distribution(one_thread, strategy, distribution):
+    decode = ragged_inputs.verified_ragged_decode(strategy, distribution)
+    assert decode.func is kv.ragged_decode and decode.keywords["strategy"] == strategy
+    assert decode.keywords["block_size"] == 16
+
+
+def test_check_fails_a_decode_that_is_0_1_percent_off_in_one_sequence(one_thread, monkeypatch):
+    real = kv.ragged_decode
+
+    def wrong(*args, **kwargs):
+        out = real(*args, **kwargs)
+        out[3] = out[3] * 1.001
+        return out
+
+    monkeypatch.setattr(kv, "ragged_decode", wrong)
+    with pytest.raises(AssertionError, match="compacted, skewed, sequence 3"):
+        ragged_inputs.verified_ragged_decode("compacted", "skewed")
+
+
+def test_check_skips_what_the_commit_lacks(one_thread, monkeypatch):
+    monkeypatch.setattr(kv, "RAGGED_STRATEGIES", ("padded", "compacted"))
+    with pytest.raises(NotImplementedError, match="no ragged strategy 'paged'"):
+        ragged_inputs.verified_ragged_decode("paged", "equal")
+    monkeypatch.delattr(kv, "ragged_decode")
+    with pytest.raises(NotImplementedError, match="no ragged_decode"):
+        ragged_inputs.verified_ragged_decode("padded", "equal")
+
+
+def test_counts_are_skipped_when_the_decode_cannot_report_them():
+    def old_ragged_decode(x, w_q, w_k, w_v, *, strategy="compacted"):
+        raise AssertionError("not called")
+
+    with pytest.raises(NotImplementedError, match="no return_stats"):
+        ragged_inputs.ragged_stats(old_ragged_decode, ())
+
+
+@pytest.mark.parametrize("distribution", sorted(ragged_inputs.LENGTH_DISTRIBUTIONS))
+@pytest.mark.parametrize("strategy", ragged_inputs.RAGGED_STRATEGIES)
+def test_tracked_counts_are_the_issues_figures(one_thread, strategy, distribution):
+    lengths = ragged_inputs.LENGTH_DISTRIBUTIONS[distribution]
+    bench = RaggedDecode()
+    bench.setup(strategy, distribution)
+    reserved = bench.track_reserved_slots(strategy, distribution)
+    row_steps = bench.track_row_steps(strategy, distribution)
+    if strategy == "paged":
+        assert reserved == 16 * max(blocks_per_step(lengths, None, 16))
+        assert reserved <= 16 * sum(math.ceil(n / 16) for n in lengths)
+    else:
+        assert reserved == 8 * 256
+    assert row_steps == (8 * 256 if strategy == "padded" else sum(lengths))

@@ -1,0 +1,45 @@
+"""The seeded problem factory."""
+
+import numpy as np
+import pytest
+
+import kv_attention as kv
+
+
+def test_default_problem_is_the_labs_shape_and_dtype():
+    p = kv.make_problem(16)
+    assert p.x.shape == (16, 64)
+    assert [w.shape for w in (p.w_q, p.w_k, p.w_v)] == [(64, 64)] * 3
+    assert all(a.dtype == np.float64 for a in p.args())
+
+
+def test_same_seed_same_problem_other_seed_other_problem():
+    a, b, c = kv.make_problem(8, 2), kv.make_problem(8, 2), kv.make_problem(8, 2, seed=7)
+    for left, right in zip(a.args(), b.args()):
+        np.testing.assert_array_equal(left, right)
+    assert not np.array_equal(a.x, c.x)
+
+
+def test_draws_come_from_default_rng_in_order_x_wq_wk_wv():
+    rng = np.random.default_rng(42)
+    x = rng.standard_normal((3, 5, 4))
+    w_q = rng.standard_normal((4, 2)) / 2.0  # variance 1 / D_model
+    p = kv.make_problem(5, 3, d_model=4, d_k=2, d_v=6)
+    np.testing.assert_array_equal(p.x, x)
+    np.testing.assert_allclose(p.w_q, w_q, rtol=1e-15)
+    assert p.w_v.shape == (4, 6)
+
+
+def test_float32_problem():
+    assert all(a.dtype == np.float32 for a in kv.make_problem(4, dtype=np.float32).args())
+
+
+def test_problem_factory_checks_its_arguments():
+    with pytest.raises(ValueError, match="seq_len must be >= 0"):
+        kv.make_problem(-1)
+    with pytest.raises(ValueError, match="d_k must be >= 1"):
+        kv.make_problem(4, d_k=0)
+    with pytest.raises(TypeError, match="batch_size must be an integer"):
+        kv.make_problem(4, batch_size=2.5)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        kv.make_problem(4, dtype=np.int32)

@@ -1,0 +1,114 @@
+"""The independent references every test compares against, and the inputs drawn for them.
+
+Nothing here imports kv_attention: each expectation is written from its
+definition, loop by loop in float64 where it can be (Python's ``math.exp``, one
+query and one key at a time), so a bug in the library cannot also be in its reference.
+"""
+
+import math
+
+import numpy as np
+
+SINGLE = ("no_cache", "concat", "preallocated")  # strategies of x: [T, D_model]
+BATCHED = ("sequential", "batched")  # strategies of x: [B, T, D_model]
+
+
+def naive_causal_attention(x, w_q, w_k, w_v):
+    """Position by position, in float64 with Python's math.exp: shares no code with kv_attention.
+
+    x: [T, D_model] or [B, T, D_model] -> [T, D_v] or [B, T, D_v] (float64).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim == 3:
+        return np.stack([naive_causal_attention(seq, w_q, w_k, w_v) for seq in x]).reshape(
+            x.shape[:2] + (np.shape(w_v)[1],)
+        )
+    w_q, w_k, w_v = (np.asarray(w, dtype=np.float64) for w in (w_q, w_k, w_v))
+    t_len, d_k = x.shape[0], w_q.shape[1]
+    out = np.zeros((t_len, w_v.shape[1]))
+    for t in range(t_len):
+        q = x[t] @ w_q
+        scores = [float(np.dot(q, x[j] @ w_k)) / math.sqrt(d_k) for j in range(t + 1)]
+        top = max(scores)
+        weights = [math.exp(s - top) for s in scores]
+        total = sum(weights)
+        for j in range(t + 1):
+            out[t] += (weights[j] / total) * (x[j] @ w_v)
+    return out
+
+
+def problem(t_len, batch=None, d_model=4, d_k=3, d_v=5, seed=0, dtype=np.float64):
+    """Inputs drawn here (not by kv_attention.make_problem), with D_model, D_k, D_v all different."""
+    rng = np.random.default_rng(seed)
+    shape = (t_len, d_model) if batch is None else (batch, t_len, d_model)
+    x = rng.standard_normal(shape)
+    weights = [rng.standard_normal((d_model, d)) / math.sqrt(d_model) for d in (d_k, d_k, d_v)]
+    return tuple(a.astype(dtype) for a in (x, *weights))
+
+
+def strategy_problem(name, t_len, batch=3, **kwargs):
+    """A problem shaped for strategy ``name``: batched strategies get ``batch`` sequences."""
+    return problem(t_len, batch if name in BATCHED else None, **kwargs)
+
+
+# Multi-head attention: n_heads = 6, n_kv_heads = 2 by default.
+
+def heads_problem(t_len, batch=3, *, n_heads=6, n_kv_heads=2, d_model=5, head_dim=3, d_out=4, seed=0,
+                  dtype=np.float64):
+    """(x, w_q, w_k, w_v, w_o), drawn here, with D_model, head_dim and D_out all different."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((t_len, d_model) if batch is None else (batch, t_len, d_model))
+    widths = (n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * head_dim)
+    w_q, w_k, w_v = (rng.standard_normal((d_model, w)) / math.sqrt(d_model) for w in widths)
+    w_o = rng.standard_normal((n_heads * head_dim, d_out)) / math.sqrt(n_heads * head_dim)
+    return tuple(a.astype(dtype) for a in (x, w_q, w_k, w_v, w_o))
+
+
+def naive_head(x, w_q, w_k, w_v, h, n_heads, n_kv_heads, kv_of=None):
+    """Query head h alone, by the loop-by-loop single-head reference: ``[..., T, D_head]``.
+
+    K/V head of h: ``h // (n_heads // n_kv_heads)``, or ``kv_of(h)`` when given.
+    """
+    d = w_q.shape[1] // n_heads
+    j = h // (n_heads // n_kv_heads) if kv_of is None else kv_of(h)
+    kv_cols = slice(j * d, (j + 1) * d)
+    return naive_causal_attention(x, w_q[:, h * d : (h + 1) * d], w_k[:, kv_cols], w_v[:, kv_cols])
+
+
+def naive_multi_head(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
+    """Every head by :func:`naive_head`, concatenated in head order, then ``@ w_o``."""
+    per_head = [naive_head(x, w_q, w_k, w_v, h, n_heads, n_kv_heads) for h in range(n_heads)]
+    return np.concatenate(per_head, axis=-1) @ np.asarray(w_o, dtype=np.float64)
+
+
+# Ragged batches: the schedule, the solo outputs and the block counts.
+
+def schedule(lengths, start_steps=None):
+    """``{step: [(sequence, position), ...]}`` for every step with a sequence in the batch."""
+    start_steps = start_steps or [0] * len(lengths)
+    steps = {}
+    for seq, (length, start) in enumerate(zip(lengths, start_steps)):
+        for position in range(length):
+            steps.setdefault(start + position, []).append((seq, position))
+    return dict(sorted(steps.items()))
+
+
+def solo_outputs(seqs, w_q, w_k, w_v):
+    """Each sequence decoded alone by the naive loop-by-loop reference: a list of ``[T_i, D_v]``."""
+    return [naive_causal_attention(seq, w_q, w_k, w_v) for seq in seqs]
+
+
+def blocks_per_step(lengths, start_steps, block_size):
+    """Blocks held at each scheduled step, after its tokens are written: sum of ceil((position + 1) / block_size)."""
+    return [
+        sum(math.ceil((position + 1) / block_size) for _, position in rows)
+        for rows in schedule(lengths, start_steps).values()
+    ]
+
+
+def sequences(rng, lengths, d_model=4):
+    return [rng.standard_normal((n, d_model)) for n in lengths]
+
+
+def weights(rng, d_model=4, d_k=3, d_v=5):
+    return [rng.standard_normal((d_model, d)) / np.sqrt(d_model) for d in (d_k, d_k, d_v)]

@@ -1,0 +1,68 @@
+"""Every command shown in the README and in docs/ is one its program accepts, and every Python example runs.
+
+Shell lines are parsed by the parser of the program they call (tools/dev.py's,
+asv's own), so a renamed command or option fails here; the behaviour of each
+command is tested in tests/tools and by CI. Python blocks run as written.
+"""
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from tools import common, dev
+
+PAGES = [common.ROOT / "README.md", *sorted((common.ROOT / "docs").glob("*.md"))]
+BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.M | re.S)
+
+
+def blocks(language):
+    return [(page.name, text) for page in PAGES for lang, text in BLOCK.findall(page.read_text())
+            if lang == language]
+
+
+INLINE = re.compile(r"`(python3? tools/dev\.py [^`]+)`")  # an inline `asv compare` names a command, it runs none
+
+
+def shell_lines():
+    """Each command of a bash block (comments stripped) or of an inline `python3 tools/dev.py ...` span:
+    ``(page, argv)``."""
+    lines = []
+    for page, text in blocks("bash"):
+        lines += [(page, line.split(" # ")[0].strip()) for line in text.splitlines()]
+    for page in PAGES:
+        lines += [(page.name, span) for span in INLINE.findall(BLOCK.sub("", page.read_text()))]
+    commands = [(page, part.strip()) for page, line in lines for part in line.split("&&")]
+    return [(page, shlex.split(command)) for page, command in commands if command and not command.startswith("#")]
+
+
+def asv_parser():
+    from asv.commands import make_argparser
+
+    return make_argparser()[0]
+
+
+def test_the_pages_show_commands_and_examples():
+    assert len(shell_lines()) >= 10 and len(blocks("python")) >= 3
+    assert ["python3", "tools/dev.py", "bench"] in [argv for _, argv in shell_lines()]
+    assert ["python3", "tools/dev.py", "test"] in [argv for _, argv in shell_lines()]
+
+
+@pytest.mark.parametrize("page, argv", shell_lines(), ids=lambda v: v if isinstance(v, str) else " ".join(v))
+def test_every_shown_command_is_accepted_by_its_program(page, argv):
+    program = argv[:2] if argv[0].startswith("python") else argv[:1]
+    if program == ["python3", "tools/dev.py"] or program == ["python", "tools/dev.py"]:
+        dev.parse_args(argv[2:])  # SystemExit (exit 2) on a command or option that does not exist
+    elif program == ["asv"]:
+        asv_parser().parse_args(argv[1:])
+    elif argv[:3] in (["python3", "-m", "http.server"], ["python", "-m", "http.server"]):
+        assert "--bind" in argv and argv[argv.index("--bind") + 1] == "127.0.0.1", "serve on loopback only"
+        assert (common.ROOT / argv[argv.index("--directory") + 1]).parent.name == ".asv"
+    else:
+        pytest.fail(f"{page}: no test knows the program of {' '.join(argv)!r}")
+
+
+@pytest.mark.parametrize("page, code", blocks("python"), ids=[f"{p}-{i}" for i, (p, _) in enumerate(blocks("python"))])
+def test_every_python_example_runs(page, code):
+    exec(compile(code, page, "exec"), {})

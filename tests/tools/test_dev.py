@@ -1,0 +1,28 @@
+"""tools/dev.py: its command line, parsed before .venv exists, and the arguments it passes through."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tools import common, dev
+
+DEV_PY = common.ROOT / "tools" / "dev.py"
+
+
+@pytest.mark.parametrize("argv", [[], ["frobnicate"], ["bench", "--bogus"], ["bench", "--al"]])
+def test_bad_command_lines_exit_2_without_a_traceback(argv):
+    result = subprocess.run([sys.executable, str(DEV_PY), *argv], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "usage: tools/dev.py" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_test_passes_its_arguments_through_and_report_parses_its_own():
+    args = dev.parse_args(["report", "compare", "HEAD~1", "HEAD", "--machine", "vm"])
+    assert (args.command, args.report_command, args.base, args.head, args.machine) == (
+        "report", "compare", "HEAD~1", "HEAD", "vm")
+    args = dev.parse_args(["test", "-k", "cache", "-x"])
+    assert args.command == "test" and args.rest == ["-k", "cache", "-x"]
+    for argv in (["gate", "HEAD~1", "HEAD", "--bogus"], ["report", "tables", "--bogus"]):
+        with pytest.raises(SystemExit):
+            dev.parse_args(argv)

@@ -1,0 +1,232 @@
+"""The regression gate (tools/commands/gate.py): exit codes and output on small asv result sets written here."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from asv.results import Results
+from asv.runner import BenchmarkResult
+
+from tools import common, dev, results
+from tools.commands import gate as gate_command
+
+from .conftest import PACKAGE
+
+CONFIG = common.ROOT / "asv.conf.json"
+MACHINE = "testbox"
+TIME = "bench_x.Decode.time_decode"  # params T x strategy
+TRACK = "bench_x.track_bytes"  # no params
+PARAMS = [["16", "256"], ["'concat'", "'preallocated'"]]
+BENCHMARKS = {
+    TIME: {"name": TIME, "type": "time", "unit": "seconds", "params": PARAMS, "param_names": ["T", "strategy"],
+           "version": "v1"},
+    TRACK: {"name": TRACK, "type": "track", "unit": "bytes", "params": [], "param_names": [], "version": "v1"},
+}
+BASE_SAMPLES = [1e-3 * (1 + 0.002 * (i % 10)) for i in range(40)]  # 1.000 to 1.018 ms, spread < 2 %
+
+
+@pytest.fixture
+def project(repo, monkeypatch, tmp_path):
+    """A git repository with base and head commits, the project's asv.conf.json and no results yet.
+
+    ``project.write(commit, times, track)`` stores asv results: ``times`` maps
+    (T, strategy) to a factor on BASE_SAMPLES, or None for a failed point, or
+    "nan" for a skipped one.
+    """
+    import asv.machine
+
+    shutil.copy(CONFIG, tmp_path / "asv.conf.json")
+    base = repo.commit("base", PACKAGE)
+    head = repo.commit("head: no code change", {})
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(asv.machine.Machine, "get_unique_machine_name", staticmethod(lambda: MACHINE))
+    calls = []
+    monkeypatch.setattr(common, "record_machine", lambda: None)
+    monkeypatch.setattr(common, "asv_run", lambda commits, *options: calls.append((commits, options)))
+    conf, _, _, env_names = results.asv_setup()
+    results_dir = Path(conf.results_dir)
+    (results_dir / MACHINE).mkdir(parents=True)
+    (results_dir / MACHINE / "machine.json").write_text(json.dumps({"machine": MACHINE, "version": 1}))
+    (results_dir / "benchmarks.json").write_text(json.dumps({**BENCHMARKS, "version": 2}))
+
+    def write(commit, times=None, track=1000.0, version="v1"):
+        times = times or {}
+        result = Results({"machine": MACHINE}, {}, commit, 0, "3.11", sorted(env_names)[0], {})
+        points, samples = [], []
+        for key in [(t, s) for t in PARAMS[0] for s in PARAMS[1]]:
+            factor = times.get(key, 1.0)
+            points.append(None if factor is None else float(factor) if factor == "nan" else 0.0)
+            samples.append(None if factor is None or factor == "nan" else [factor * v for v in BASE_SAMPLES])
+        numbers = [None if s is None else 1 for s in samples]
+        result.add_result({**BENCHMARKS[TIME], "version": version},
+                          BenchmarkResult(points, samples, numbers, 0, "", None), record_samples=True)
+        result.add_result(BENCHMARKS[TRACK], BenchmarkResult([track], [None], [None], 0, "", None))
+        result.save(str(results_dir))
+
+    repo.base, repo.head, repo.calls, repo.write = base, head, calls, write
+    return repo
+
+
+def gate(project, capsys, *options):
+    """Run ``tools/dev.py gate <base> <head> OPTIONS`` in-process: ``(exit code, stdout)``."""
+    args = dev.parse_args(["gate", project.base, project.head, *options])
+    code = gate_command.run(args)
+    return code, capsys.readouterr().out
+
+
+def test_no_change_exits_0_and_prints_the_table(project, capsys):
+    project.write(project.base)
+    project.write(project.head)
+    code, out = gate(project, capsys)
+    assert code == 0
+    assert "time_decode(256, 'concat')" in out and "track_bytes" in out and "gate: exit 0" in out
+    assert project.calls == [([project.base, project.head], ())]
+
+
+def test_a_10_percent_slowdown_of_one_point_exits_1_and_is_named(project, capsys):
+    project.write(project.base)
+    project.write(project.head, {("256", "'concat'"): 1.10})
+    code, out = gate(project, capsys, "--factor", "1.05")
+    assert code == 1
+    regressions = [line for line in out.splitlines() if line.startswith("REGRESSION")]
+    assert regressions == ["REGRESSION 1.10x  bench_x.Decode.time_decode(256, 'concat')"]
+
+
+def test_a_slowdown_within_the_factor_exits_0(project, capsys):
+    project.write(project.base)
+    project.write(project.head, {("256", "'concat'"): 1.10})
+    assert gate(project, capsys, "--factor", "1.2")[0] == 0
+
+
+def test_a_faster_head_is_no_regression(project, capsys):
+    project.write(project.base)
+    project.write(project.head, {("16", "'concat'"): 0.5}, track=500.0)
+    code, out = gate(project, capsys, "--factor", "1.05")
+    assert code == 0 and "REGRESSION" not in out
+
+
+def test_a_zero_noise_track_step_is_a_regression(project, capsys):
+    project.write(project.base, track=1000.0)
+    project.write(project.head, track=1500.0)
+    code, out = gate(project, capsys)
+    assert code == 1 and "REGRESSION 1.50x  bench_x.track_bytes" in out
+
+
+def test_a_failed_benchmark_exits_2_and_still_prints_the_rest(project, capsys):
+    project.write(project.base)
+    project.write(project.head, {("16", "'preallocated'"): None, ("256", "'concat'"): 1.5})
+    code, out = gate(project, capsys)
+    assert code == 2
+    assert f"FAILED at head {project.head[:8]}  bench_x.Decode.time_decode(16, 'preallocated')" in out
+    assert "REGRESSION 1.50x  bench_x.Decode.time_decode(256, 'concat')" in out
+    assert "time_decode(16, 'concat')" in out and "track_bytes" in out  # the comparison of the rest
+
+
+def test_a_failure_at_base_also_exits_2(project, capsys):
+    project.write(project.base, {("16", "'concat'"): None})
+    project.write(project.head)
+    code, out = gate(project, capsys)
+    assert code == 2 and f"FAILED at base {project.base[:8]}" in out
+
+
+def test_a_skipped_point_is_not_a_failure(project, capsys):
+    project.write(project.base, {("16", "'concat'"): "nan"})
+    project.write(project.head, {("16", "'concat'"): "nan"})
+    assert gate(project, capsys)[0] == 0
+
+
+def test_a_commit_without_results_exits_2(project, capsys):
+    project.write(project.base)
+    code, out = gate(project, capsys)
+    assert code == 2
+    assert f"head {project.head[:8]} has no results" in out and "did not build" in out
+
+
+def test_changed_benchmark_code_is_not_compared(project, capsys):
+    project.write(project.base)
+    project.write(project.head, {("256", "'concat'"): 2.0}, version="v2")
+    assert gate(project, capsys)[0] == 0
+
+
+def test_bench_filters_what_is_run_and_compared(project, capsys):
+    project.write(project.base)
+    project.write(project.head, {("256", "'concat'"): 2.0})
+    code, out = gate(project, capsys, "--bench", "track_")
+    assert code == 0 and "time_decode" not in out
+    assert project.calls == [([project.base, project.head], ("--bench", "track_"))]
+
+
+def test_an_unknown_commit_exits_2_with_a_message(project, capsys, monkeypatch):
+    monkeypatch.setenv(common.INSIDE_VENV, "1")
+    assert dev.main(["gate", "no-such-commit", "HEAD"]) == 2
+    assert "'no-such-commit' is not a commit of this repository" in capsys.readouterr().err
+
+
+def test_bench_may_select_parameter_combinations_as_asv_run_does(project, capsys):
+    """asv run --bench matches 'name(16, 'concat')' too; the gate compares just those points."""
+    project.write(project.base, {("16", "'preallocated'"): None})  # not selected: neither failed nor shown
+    project.write(project.head, {("256", "'concat'"): 2.0, ("16", "'preallocated'"): None})
+    code, out = gate(project, capsys, "--bench", r"time_decode\(16, 'concat'\)")
+    assert code == 0 and "has no results" not in out and "FAILED" not in out
+    code, out = gate(project, capsys, "--bench", r"time_decode\(256")
+    assert code == 1 and "REGRESSION 2.00x  bench_x.Decode.time_decode(256, 'concat')" in out
+
+
+def test_a_partial_measurement_is_not_kept_for_the_main_job(project, capsys):
+    """What a parameter-level --bench measured alone (NaN elsewhere) is dropped after the comparison,
+    so that asv run --skip-existing in the main job measures the benchmark whole; full results stay."""
+    project.write(project.base)
+    unselected = {(t, s): "nan" for t in PARAMS[0] for s in PARAMS[1] if t != "256"}
+    project.write(project.head, {**unselected, ("256", "'concat'"): 2.0})
+    code, out = gate(project, capsys, "--bench", r"time_decode\(256")
+    assert code == 1 and "were not kept" in out
+    conf, _, machine, env_names = results.asv_setup()
+    keys = {c: [set(r.get_all_result_keys()) for r in results.iter_results(conf, machine, c, env_names)]
+            for c in (project.base, project.head)}
+    assert keys[project.base] == [{TIME, TRACK}] and keys[project.head] == [{TRACK}]
+
+
+def test_same_base_and_head_is_said(project, capsys):
+    project.write(project.base)
+    args = dev.parse_args(["gate", project.base, project.base])
+    assert gate_command.run(args) == 0
+    assert "BASE and HEAD are the same commit" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("options", [["--factor", "0.9"], ["--factor", "x"], ["--factor", "inf"],
+                                     ["--factor", "nan"], ["--bench", "("]])
+def test_bad_options_exit_2_naming_them(project, capsys, options):
+    with pytest.raises(SystemExit) as stop:
+        dev.parse_args(["gate", "A", "B", *options])
+    assert stop.value.code == 2
+    assert options[0] in capsys.readouterr().err
+
+
+def test_bench_skips_commits_that_already_have_results(project):
+    conf, _, machine, env_names = results.asv_setup()
+    from asv.benchmarks import Benchmarks
+
+    benchmarks = Benchmarks.load(conf)
+    project.write(project.base)
+    assert results.has_results(project.base, conf, benchmarks, machine, env_names)
+    assert not results.has_results(project.head, conf, benchmarks, machine, env_names)
+
+
+@pytest.mark.parametrize("head_bytes, flagged", [(1120.0, False), (1300.0, True)])
+def test_peak_rss_counts_only_beyond_the_peakmem_factor(head_bytes, flagged):
+    """peakmem_ (one RSS value, no samples) drifts ~12 % between asv runs of identical code."""
+    def rows(value):
+        return [("bench_x.peakmem_decode", [], [value], [None], [None], "v1", MACHINE, "env")]
+
+    regressions, failures = gate_command.judge(rows(1000.0), rows(head_bytes), 1.10)
+    assert failures == [] and bool(regressions) == flagged
+    track = [("bench_x.track_bytes", [], [1000.0], [None], [None], "v1", MACHINE, "env")]
+    assert gate_command.judge(track, [(*track[0][:2], [1120.0], *track[0][3:])], 1.10)[0]  # track_ keeps the factor
+
+
+def test_a_regression_says_how_to_measure_head_again(project, capsys):
+    project.write(project.base)
+    project.write(project.head, {("256", "'concat'"): 1.5})
+    code, out = gate(project, capsys)
+    assert code == 1 and f"{MACHINE}/{project.head[:8]}-*.json" in out and "--factor 1.25" in out

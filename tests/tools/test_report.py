@@ -1,0 +1,579 @@
+"""The report (tools/commands/report.py, tools/report/): tables, compare, CSV and plots from asv result files the
+tests write themselves.
+
+The result files are written here by hand in asv 0.6's documented layout
+(``<results>/<machine>/machine.json``, ``<hash8>-<env>.json`` with
+``result_columns``), not with asv's writer, and every expected figure is
+computed in the test from the medians the test chose.
+"""
+
+import csv
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools import common, dev
+
+ROOT = common.ROOT
+ENV = "virtualenv-py3.11-numpy2.2.6-OPENBLAS_NUM_THREADS1"
+COLUMNS = ["result", "params", "version", "started_at", "duration", "stats_ci_99_a", "stats_ci_99_b",
+           "stats_q_25", "stats_q_75", "stats_number", "stats_repeat", "samples", "profile"]
+LENGTHS = [16, 32, 64, 128, 256]
+CACHE = "bench_cache.CacheStrategy.time_decode"
+BATCH = "bench_batch.BatchStrategy.time_decode"
+SWEEP = "bench_batch.BatchSize.time_batched_decode"
+HEADS = "bench_heads.HeadsDecode.time_decode"
+HEADS_PEAK = "bench_heads.HeadsDecode.track_decode_peak_bytes"
+HEADS_CACHE = "bench_heads.HeadsCacheBytes.track_kv_cache_bytes"
+RAGGED = "bench_ragged.RaggedDecode.time_decode"
+RAGGED_ROWS = "bench_ragged.RaggedDecode.track_row_steps"
+RAGGED_SLOTS = "bench_ragged.RaggedDecode.track_reserved_slots"
+PARAM_NAMES = {CACHE: ["T", "strategy"], BATCH: ["T", "strategy"], SWEEP: ["B"],
+               "bench_environment.track_blas_threads": [],
+               HEADS: ["kind", "T", "path"], HEADS_PEAK: ["kind", "T", "path"], HEADS_CACHE: ["kind", "T"],
+               RAGGED: ["strategy", "lengths"], RAGGED_ROWS: ["strategy", "lengths"],
+               RAGGED_SLOTS: ["strategy", "lengths"]}
+KINDS = {"mha": 8, "gqa": 2, "mqa": 1}
+HEADS_T = [64, 256, 1024]
+DISTRIBUTIONS = {"equal": [256] * 8, "uniform": [16, 50, 85, 119, 153, 187, 222, 256], "skewed": [256] + [16] * 7}
+
+
+def medians(scale=1.0):
+    """Chosen medians (seconds): easy to check by hand, distinct per cell."""
+    cache = {(t, s): scale * t * f * 1e-5 for t in LENGTHS for s, f in
+             (("no_cache", t / 8), ("concat", 1.5), ("preallocated", 1.25))}
+    batch = {(t, s): scale * t * f * 1e-5 for t in LENGTHS for s, f in (("sequential", 3.0), ("batched", 2.0))}
+    sweep = {b: scale * (1 + b) * 1e-3 for b in (1, 2, 4, 8)}
+    return cache, batch, sweep
+
+
+def _entry(params, values, n_samples):
+    """One asv results row: values in itertools.product order; None = failed, NaN = skipped."""
+    def stat(f):
+        return [None if v is None or v != v else f(v) for v in values]
+
+    sample_lists = [None if v is None or v != v or not n_samples else
+                    [v * (1 + 0.01 * (i - n_samples // 2)) for i in range(n_samples)] for v in values]
+    row = {"result": values, "params": params, "version": "v1", "started_at": 1, "duration": 1.0,
+           "stats_ci_99_a": stat(lambda v: 0.9 * v), "stats_ci_99_b": stat(lambda v: 1.1 * v),
+           "stats_q_25": stat(lambda v: 0.95 * v), "stats_q_75": stat(lambda v: 1.05 * v),
+           "stats_number": stat(lambda v: 1), "stats_repeat": stat(lambda v: n_samples or 10),
+           "samples": sample_lists if n_samples else None, "profile": None}
+    return [row[c] for c in COLUMNS]
+
+
+def heads_and_ragged(n_samples):
+    """Result rows of the heads and ragged benchmarks, from figures chosen here (times in seconds)."""
+    kinds, lengths = [repr(k) for k in KINDS], [str(t) for t in HEADS_T]
+    paths, strategies = ["'repeat_kv'", "'grouped'"], ["'padded'", "'compacted'", "'paged'"]
+    dists = [repr(d) for d in DISTRIBUTIONS]
+    heads = [t * 1e-4 * (1.0 if p == "repeat_kv" else 1 / n) for k, n in KINDS.items() for t in HEADS_T
+             for p in ("repeat_kv", "grouped")]
+    peak = [(2 * 4 * n * t * 16 * 8) * (2 if p == "repeat_kv" else 1) for k, n in KINDS.items() for t in HEADS_T
+            for p in ("repeat_kv", "grouped")]
+    cache = [2 * 4 * n * t * 16 * 8 for n in KINDS.values() for t in HEADS_T]
+    ragged = [{"padded": 0.016, "compacted": 0.002 * (i + 1), "paged": 0.003 * (i + 1)}[s]
+              for s in ("padded", "compacted", "paged") for i, _ in enumerate(DISTRIBUTIONS)]
+    rows = [8 * 256 if s == "padded" else sum(v) for s in ("padded", "compacted", "paged")
+            for v in DISTRIBUTIONS.values()]
+    slots = [8 * 256 if s != "paged" else 16 * math.ceil(max(v) / 16) * (1 + i)
+             for s in ("padded", "compacted", "paged") for i, v in enumerate(DISTRIBUTIONS.values())]
+    return {
+        HEADS: _entry([kinds, lengths, paths], heads, n_samples),
+        HEADS_PEAK: _entry([kinds, lengths, paths], peak, 0),
+        HEADS_CACHE: _entry([kinds, lengths], cache, 0),
+        RAGGED: _entry([strategies, dists], ragged, n_samples),
+        RAGGED_ROWS: _entry([strategies, dists], rows, 0),
+        RAGGED_SLOTS: _entry([strategies, dists], slots, 0),
+    }
+
+
+def write_run(results_dir, commit, *, machine="box", date=1_000, scale=1.0, n_samples=11, override=None,
+              env=ENV, extra=False):
+    """Write one asv result file for ``commit`` (full hash) on ``machine``; returns its path.
+
+    ``override`` maps (benchmark, param tuple) -> value (None = failed, NaN = skipped).
+    """
+    cache, batch, sweep = medians(scale)
+    override = override or {}
+    folder = Path(results_dir) / machine
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "machine.json").write_text(json.dumps(
+        {"machine": machine, "arch": "x86_64", "cpu": "Test CPU", "num_cpu": "2", "os": "Linux",
+         "ram": str(8 * 2**30), "version": 1}))
+    (Path(results_dir) / "benchmarks.json").write_text(json.dumps(
+        {**{name: {"name": name, "param_names": names} for name, names in PARAM_NAMES.items()}, "version": 2}))
+
+    def values(name, table, keys):
+        return [override.get((name, k), table[k]) for k in keys]
+
+    strategies = ["no_cache", "concat", "preallocated"]
+    cache_keys = [(t, s) for t in LENGTHS for s in strategies]
+    batch_keys = [(t, s) for t in LENGTHS for s in ("sequential", "batched")]
+    t_params = [str(t) for t in LENGTHS]
+    data = {
+        "commit_hash": commit, "env_name": env, "date": date, "python": "3.11",
+        "params": {"machine": machine, "arch": "x86_64", "cpu": "Test CPU", "num_cpu": "2", "os": "Linux",
+                   "ram": str(8 * 2**30), "python": "3.11", "numpy": "2.2.6"},
+        "requirements": {"numpy": "2.2.6"}, "env_vars": {"OPENBLAS_NUM_THREADS": "1"},
+        "result_columns": COLUMNS, "durations": {}, "version": 2,
+        "results": {
+            CACHE: _entry([t_params, [repr(s) for s in strategies]], values(CACHE, cache, cache_keys), n_samples),
+            BATCH: _entry([t_params, ["'sequential'", "'batched'"]], values(BATCH, batch, batch_keys), n_samples),
+            SWEEP: _entry([["1", "2", "4", "8"]], values(SWEEP, sweep, [1, 2, 4, 8]), n_samples),
+            "bench_environment.track_blas_threads": _entry([], [1], 0),
+        },
+    }
+    if extra:
+        data["results"].update(heads_and_ragged(n_samples))
+    path = folder / f"{commit[:8]}-{env}.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A git repository with three commits; returns (path, [hash of commit 0, 1, 2])."""
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git + ["init", "-q", "-b", "main"], check=True)
+    hashes = []
+    for i in range(3):
+        subprocess.run(git + ["commit", "-q", "--allow-empty", "-m", f"c{i}"], check=True)
+        hashes.append(subprocess.run(git + ["rev-parse", "HEAD"], check=True, capture_output=True,
+                                     text=True).stdout.strip())
+    (tmp_path / "asv.conf.json").write_text(json.dumps({"version": 1, "results_dir": ".asv/results"}))
+    return tmp_path, hashes
+
+
+@pytest.fixture(autouse=True)
+def inside_venv(monkeypatch):
+    """The commands run in-process, as inside .venv."""
+    monkeypatch.setenv(common.INSIDE_VENV, "1")
+
+
+def report(repo_dir, *argv, capsys=None):
+    """Run ``tools/dev.py report ARGV`` in-process against ``repo_dir``'s asv.conf.json: (exit code, stdout, stderr)."""
+    code = dev.main(["report", *argv, "--config", str(Path(repo_dir) / "asv.conf.json")])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def table_rows(text, title):
+    """The body rows of the Markdown table under heading ``title``: lists of stripped cells."""
+    block = text.split(f"### {title}", 1)[1].split("###", 1)[0]
+    lines = [line for line in block.splitlines() if line.startswith("|")]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+
+
+CACHE_TITLE = "Cache experiment: full decode of one sequence"
+BATCH_TITLE = "Batch experiment: B = 2 sequences, sequential vs batched"
+SWEEP_TITLE = "Batch size: batched decode at T = 128"
+HEADS_TITLE = "Heads experiment: MHA, GQA and MQA decode, repeat_kv vs grouped"
+RAGGED_TITLE = "Ragged experiment: padded vs compacted (dynamic exit) vs paged KV cache"
+
+
+# --- tables -----------------------------------------------------------------------------------------
+
+
+def test_tables_show_the_lab_figures_computed_from_the_medians(repo, capsys):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2])
+    code, out, err = report(path, "tables", "--commit", "HEAD", capsys=capsys)
+    assert code == 0, err
+    cache, batch, sweep = medians()
+    rows = table_rows(out, CACHE_TITLE)
+    assert [int(r[0]) for r in rows] == LENGTHS
+    for row, t in zip(rows, LENGTHS):
+        ms = [cache[(t, s)] * 1e3 for s in ("no_cache", "concat", "preallocated")]
+        assert [float(c) for c in row[1:4]] == pytest.approx(ms, abs=5e-4)
+        assert float(row[4].rstrip("x")) == pytest.approx((t / 8) / 1.25, abs=5e-3)
+    for row, t in zip(table_rows(out, BATCH_TITLE), LENGTHS):
+        seq, bat = batch[(t, "sequential")], batch[(t, "batched")]
+        assert float(row[1]) == pytest.approx(seq * 1e3, abs=5e-4)
+        assert float(row[2]) == pytest.approx(bat * 1e3, abs=5e-4)
+        assert row[3] == "1.500x"
+        assert int(row[4].replace(",", "")) == round(2 * t / bat)
+        assert float(row[5]) == pytest.approx(bat / t * 1e6, abs=0.05)
+        assert float(row[6]) == pytest.approx((seq - bat) / t * 1e6, abs=0.05)
+    rows = table_rows(out, SWEEP_TITLE)
+    assert [int(r[0]) for r in rows] == [1, 2, 4, 8]
+    for row, b in zip(rows, (1, 2, 4, 8)):
+        assert float(row[1]) == pytest.approx(sweep[b] * 1e3, abs=5e-4)
+        assert float(row[2]) == pytest.approx(sweep[b] / b * 1e3, abs=5e-4)
+        assert int(row[3].replace(",", "")) == round(b * 128 / sweep[b])
+        assert float(row[4].rstrip("x")) == pytest.approx((b * 128 / sweep[b]) / (128 / sweep[1]), abs=5e-4)
+
+
+def test_heads_and_ragged_tables(repo, capsys):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2], extra=True)
+    code, out, _ = report(path, "tables", capsys=capsys)
+    assert code == 0
+    rows = table_rows(out, HEADS_TITLE)
+    assert [(r[0], int(r[1])) for r in rows] == [(k, t) for k in KINDS for t in HEADS_T]
+    for row in rows:
+        n, t = KINDS[row[0]], int(row[1])
+        assert float(row[2]) == pytest.approx(t * 0.1, abs=5e-4)  # repeat_kv ms
+        assert float(row[3]) == pytest.approx(t * 0.1 / n, abs=5e-4)  # grouped ms
+        assert row[4] == f"{1 / n:.3f}x"
+        cache_bytes = 2 * 4 * n * t * 16 * 8
+        assert row[5:] == [f"{2 * cache_bytes / 2**20:,.2f} MiB", f"{cache_bytes / 2**20:,.2f} MiB",
+                           f"{cache_bytes / 2**20:,.2f} MiB"]
+    rows = table_rows(out, RAGGED_TITLE)
+    assert [r[0] for r in rows] == list(DISTRIBUTIONS)
+    for i, (row, lengths) in enumerate(zip(rows, DISTRIBUTIONS.values())):
+        assert [float(c) for c in row[1:4]] == pytest.approx([16.0, 2.0 * (i + 1), 3.0 * (i + 1)])
+        assert row[4] == f"{0.016 / (0.002 * (i + 1)):.2f}x" and row[5] == "1.50x"
+        assert row[6:] == ["2,048", f"{sum(lengths):,}", "2,048", f"{16 * 16 * (1 + i):,}"]
+
+
+def test_tables_name_commit_machine_environment_and_sample_count(repo, capsys):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[1], n_samples=13)
+    code, out, _ = report(path, "tables", "--commit", "HEAD~1", capsys=capsys)
+    assert code == 0
+    head = out.split("###", 1)[0]
+    assert hashes[1][:8] in head and "`box`" in head and "Test CPU" in head and "2 CPUs" in head
+    assert ENV in head and "numpy 2.2.6" in head and "OPENBLAS_NUM_THREADS=1" in head
+    assert "median of 13 samples" in head
+
+
+def test_default_commit_is_the_newest_with_results(repo, capsys):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[0], date=3_000, scale=2.0)  # newest by commit date
+    write_run(path / ".asv/results", hashes[2], date=2_000)
+    code, out, _ = report(path, "tables", capsys=capsys)
+    assert code == 0 and f"`{hashes[0][:8]}`" in out.splitlines()[0]
+    assert float(table_rows(out, SWEEP_TITLE)[0][1]) == pytest.approx(2 * 2e-3 * 1e3)
+
+
+def test_failed_and_skipped_points_are_marked_and_the_rest_renders(repo, capsys):
+    path, hashes = repo
+    override = {(CACHE, (64, "preallocated")): None, (CACHE, (32, "concat")): math.nan,
+                (BATCH, (128, "batched")): None, (SWEEP, 1): math.nan}
+    write_run(path / ".asv/results", hashes[2], override=override)
+    code, out, _ = report(path, "tables", capsys=capsys)
+    assert code == 0
+    cache = {int(r[0]): r for r in table_rows(out, CACHE_TITLE)}
+    assert cache[64][3] == "failed" and cache[64][4] == "failed"  # the ratio carries the mark
+    assert cache[32][2] == "n/a" and cache[32][4].endswith("x")  # concat skipped: ratio unaffected
+    batch = {int(r[0]): r for r in table_rows(out, BATCH_TITLE)}
+    assert batch[128][1] != "failed" and batch[128][2:] == ["failed"] * 5
+    sweep = {int(r[0]): r for r in table_rows(out, SWEEP_TITLE)}
+    assert sweep[1][1:] == ["n/a"] * 4
+    assert all(c == "n/a" for c in (sweep[2][4], sweep[8][4]))  # no B = 1 rate to scale against
+    assert sweep[8][3] == f"{8 * 128 / medians()[2][8]:,.0f}"
+
+
+def test_a_benchmark_missing_from_an_older_run_shows_n_a(repo, capsys):
+    path, hashes = repo
+    run = write_run(path / ".asv/results", hashes[2])
+    data = json.loads(run.read_text())
+    del data["results"][SWEEP]
+    run.write_text(json.dumps(data))
+    code, out, _ = report(path, "tables", capsys=capsys)
+    assert code == 0
+    assert [r[1:] for r in table_rows(out, SWEEP_TITLE)] == [["n/a"] * 4] * 4
+
+
+# --- compare ----------------------------------------------------------------------------------------
+
+
+def test_compare_puts_two_commits_side_by_side_with_head_over_base(repo, capsys):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[1])
+    write_run(path / ".asv/results", hashes[2], scale=1.25,
+              override={(CACHE, (16, "no_cache")): medians()[0][(16, "no_cache")] * 2})
+    code, out, _ = report(path, "compare", f"{hashes[2]}~1", "HEAD", capsys=capsys)
+    assert code == 0
+    assert f"{hashes[2]}~1 ({hashes[1][:8]})" in out and f"HEAD ({hashes[2][:8]})" in out
+    rows = {(int(r[0]), r[1]): r[2:] for r in table_rows(out, CACHE_TITLE)}
+    assert rows[(16, "no_cache / ms")][2] == "2.000x"
+    assert rows[(32, "preallocated / ms")][2] == "1.250x"
+    ratio = medians()[0][(16, "no_cache")] / medians()[0][(16, "preallocated")]
+    assert rows[(16, "no_cache / preallocated")][:3] == [f"{ratio:.2f}x", f"{2 * ratio / 1.25:.2f}x",
+                                                         f"{2 / 1.25:.3f}x"]
+    batch = {(int(r[0]), r[1]): r[2:] for r in table_rows(out, BATCH_TITLE)}
+    assert batch[(64, "speedup")] == ["1.500x", "1.500x", "1.000x"]
+    assert batch[(64, "positions / s")][2] == f"{1 / 1.25:.3f}x"  # slower at HEAD: fewer positions/s
+    sweep = {(int(r[0]), r[1]): r[2:] for r in table_rows(out, SWEEP_TITLE)}
+    assert sweep[(8, "ms per sequence")][2] == "1.250x"
+
+
+def test_compare_marks_a_point_that_failed_in_one_commit(repo, capsys):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[1])
+    write_run(path / ".asv/results", hashes[2], override={(BATCH, (16, "batched")): None})
+    code, out, _ = report(path, "compare", hashes[1][:10], hashes[2][:6], capsys=capsys)
+    assert code == 0
+    batch = {(int(r[0]), r[1]): r[2:] for r in table_rows(out, BATCH_TITLE)}
+    assert batch[(16, "batched / ms")][1:] == ["failed", "failed"]
+    assert batch[(16, "sequential / ms")][2] == "1.000x"
+
+
+# --- csv --------------------------------------------------------------------------------------------
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_csv_has_one_row_per_recorded_sample(repo, capsys, tmp_path):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[1], n_samples=10)
+    write_run(path / ".asv/results", hashes[2], n_samples=12,
+              override={(CACHE, (16, "concat")): None, (CACHE, (32, "concat")): math.nan})
+    out_file = tmp_path / "samples.csv"
+    code, out, _ = report(path, "csv", "--out", str(out_file), capsys=capsys)
+    assert code == 0
+    rows = read_csv(out_file)
+    points = 15 + 10 + 4
+    assert len(rows) == points * 10 + (points - 2) * 12
+    assert list(rows[0])[:9] == ["commit", "machine", "benchmark", "experiment", "strategy", "T", "B",
+                                 "sample", "seconds"]
+    assert f"wrote {len(rows)} rows" in out
+    at = [r for r in rows if r["commit"] == hashes[2] and r["benchmark"] == CACHE
+          and r["T"] == "64" and r["strategy"] == "no_cache"]
+    assert [int(r["sample"]) for r in at] == list(range(12))
+    median = medians()[0][(64, "no_cache")]
+    assert sorted(float(r["seconds"]) for r in at)[6] == pytest.approx(median * 1.0)
+    assert {r["experiment"] for r in rows} == {"cache", "batch", "batch_size"}
+    assert {r["B"] for r in rows if r["experiment"] == "cache"} == {""}
+    assert {r["B"] for r in rows if r["experiment"] == "batch"} == {"2"}
+    assert {(r["T"], r["strategy"]) for r in rows if r["experiment"] == "batch_size"} == {("128", "batched")}
+    assert {r["machine"] for r in rows} == {"box"} and {r["statistic"] for r in rows} == {"sample"}
+
+
+def test_csv_makes_missing_parent_directories(repo, capsys, tmp_path):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2], n_samples=2)
+    code, _, _ = report(path, "csv", "--out", str(tmp_path / "report/deeper/s.csv"), capsys=capsys)
+    assert code == 0 and len(read_csv(tmp_path / "report/deeper/s.csv")) == 29 * 2
+
+
+def test_csv_without_samples_says_so_and_writes_asvs_statistics(repo, capsys, tmp_path):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2], n_samples=0)
+    out_file = tmp_path / "stats.csv"
+    code, _, err = report(path, "csv", "--out", str(out_file), capsys=capsys)
+    assert code == 0 and "no recorded samples" in err and "--record-samples" in err
+    rows = read_csv(out_file)
+    assert len(rows) == 29 * 5
+    median = [r for r in rows if r["statistic"] == "median" and r["benchmark"] == SWEEP and r["B"] == "4"]
+    assert len(median) == 1 and float(median[0]["seconds"]) == pytest.approx(5e-3)
+    assert median[0]["sample"] == ""
+
+
+# --- plots ------------------------------------------------------------------------------------------
+
+
+def test_plots_are_written_and_open_as_images(repo, capsys, tmp_path):
+    image = pytest.importorskip("matplotlib.image")
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2], override={(CACHE, (16, "concat")): None})
+    code, out, _ = report(path, "plots", "--out", str(tmp_path / "figs"), capsys=capsys)
+    assert code == 0
+    names = sorted(p.name for p in (tmp_path / "figs").iterdir())
+    assert names == ["positions_vs_B.png", "ratios_vs_T.png", "time_vs_T.png"]
+    for name in names:
+        pixels = image.imread(tmp_path / "figs" / name)
+        assert pixels.ndim == 3 and pixels.shape[0] > 200 and pixels.shape[1] > 300
+        assert pixels.std() > 0  # not a blank canvas
+
+
+def test_plots_without_matplotlib_is_a_one_line_error(repo, capsys, monkeypatch, tmp_path):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2])
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
+    code, _, err = report(path, "plots", "--out", str(tmp_path / "figs"), capsys=capsys)
+    assert code == 1 and "matplotlib" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "figs").exists()
+
+
+# --- errors -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["tables"], "no asv results directory"),
+    (["tables", "--commit", "HEAD"], "no asv results directory"),
+])
+def test_no_results_directory(repo, capsys, argv, message):
+    path, _ = repo
+    code, out, err = report(path, *argv, capsys=capsys)
+    assert code == 1 and message in err and out == ""
+
+
+def test_unknown_commit_and_commit_without_results(repo, capsys):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2])
+    code, _, err = report(path, "tables", "--commit", "no-such-branch", capsys=capsys)
+    assert code == 1 and "unknown commit 'no-such-branch'" in err
+    code, _, err = report(path, "compare", "HEAD~2", "HEAD", capsys=capsys)
+    assert code == 1 and f"commit {hashes[0][:8]} (HEAD~2) has no results on machine 'box'" in err
+
+
+def test_unknown_machine_and_several_machines(repo, capsys):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2], machine="box")
+    write_run(path / ".asv/results", hashes[2], machine="other")
+    code, _, err = report(path, "tables", "--machine", "nope", capsys=capsys)
+    assert code == 1 and "no results for machine 'nope'" in err and "box, other" in err
+    code, _, err = report(path, "tables", "--results-dir", str(path / ".asv/results"), capsys=capsys)
+    if code == 1:  # unless this host's asv machine happens to be one of them
+        assert "--machine" in err
+    code, out, _ = report(path, "tables", "--machine", "other", capsys=capsys)
+    assert code == 0 and "`other`" in out
+
+
+def test_several_environments_need_env(repo, capsys):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2])
+    write_run(path / ".asv/results", hashes[2], env="conda-py3.12", scale=3.0)
+    code, _, err = report(path, "tables", "--commit", "HEAD", capsys=capsys)
+    assert code == 1 and "--env" in err and "conda-py3.12" in err
+    code, out, _ = report(path, "tables", "--commit", "HEAD", "--env", "conda", capsys=capsys)
+    assert code == 0 and float(table_rows(out, SWEEP_TITLE)[0][1]) == pytest.approx(3 * 2e-3 * 1e3)
+
+
+def test_command_line_errors_are_one_line_without_traceback(repo):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2])
+    (path / "a_file").write_text("")
+    for argv in (["tables", "--commit", "deadbeef"], ["tables", "--config", str(path / "missing.json")],
+                 ["csv", "--out", str(path / "a_file/x.csv")]):
+        argv = argv if "--config" in argv else [*argv, "--config", str(path / "asv.conf.json")]
+        proc = subprocess.run([sys.executable, "-m", "tools.dev", "report", *argv], cwd=ROOT,
+                              env={**os.environ, common.INSIDE_VENV: "1"}, capture_output=True, text=True)
+        assert proc.returncode == 1, proc.stderr
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+        assert proc.stderr.startswith("tools/dev.py report: error: ")
+
+
+def test_a_corrupt_result_file_is_a_clear_error(repo, capsys):
+    path, hashes = repo
+    run = write_run(path / ".asv/results", hashes[2])
+    run.write_text("{not json")
+    code, _, err = report(path, "tables", "--commit", "HEAD", capsys=capsys)
+    assert code == 1 and "cannot read asv result file" in err
+
+
+# --- files that are not what they should be ---------------------------------------------------------
+
+
+def test_without_benchmarks_json_the_suites_own_param_names_are_used(repo, capsys):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2])
+    (path / ".asv/results/benchmarks.json").write_text("[1]")
+    (path / ".asv/results/box/notes.json").write_text("stray")  # not <hash8>-<env>.json: ignored
+    code, out, _ = report(path, "tables", capsys=capsys)
+    assert code == 0
+    assert float(table_rows(out, CACHE_TITLE)[0][1]) == pytest.approx(medians()[0][(16, "no_cache")] * 1e3)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda d: d["results"][CACHE][0].__setitem__(0, "0.5"),  # a string where seconds belong
+    lambda d: d["results"][CACHE][0].__setitem__(0, -0.001),  # a negative time
+    lambda d: d["results"][CACHE][0].__setitem__(0, 0.0),  # a zero time
+    lambda d: d["results"][SWEEP][COLUMNS.index("samples")].__setitem__(0, ["a"]),  # a bad sample
+    lambda d: d.__setitem__("results", []),
+    lambda d: d.__setitem__("commit_hash", None),
+    lambda d: d.__setitem__("date", "yesterday"),
+    lambda d: d["results"].__setitem__(CACHE, None),
+])
+def test_a_malformed_result_file_is_an_error_not_a_figure(repo, capsys, edit):
+    path, hashes = repo
+    run = write_run(path / ".asv/results", hashes[2])
+    data = json.loads(run.read_text())
+    edit(data)
+    run.write_text(json.dumps(data))
+    code, out, err = report(path, "tables", "--commit", "HEAD", capsys=capsys)
+    assert code == 1 and err.startswith("tools/dev.py report: error: cannot read asv result file") and out == ""
+
+
+def test_numpy_scalar_parameter_reprs_are_read_as_numbers(repo, capsys):
+    path, hashes = repo
+    run = write_run(path / ".asv/results", hashes[2])
+    data = json.loads(run.read_text())
+    data["results"][SWEEP][1] = [[f"np.int64({b})" for b in (1, 2, 4, 8)]]
+    run.write_text(json.dumps(data))
+    code, out, _ = report(path, "tables", capsys=capsys)
+    assert code == 0
+    assert [int(r[0]) for r in table_rows(out, SWEEP_TITLE)] == [1, 2, 4, 8]
+    assert int(table_rows(out, SWEEP_TITLE)[3][3].replace(",", "")) == round(8 * 128 / medians()[2][8])
+
+
+def test_default_commit_measured_in_several_environments_needs_env(repo, capsys):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2])
+    write_run(path / ".asv/results", hashes[2], env="conda-py3.12")
+    code, _, err = report(path, "tables", capsys=capsys)
+    assert code == 1 and "--env" in err
+
+
+def test_a_full_hash_of_a_commit_git_does_not_know(repo, capsys):
+    path, _ = repo
+    other = "abcdef12" + "3" * 32
+    write_run(path / ".asv/results", other)
+    code, out, _ = report(path, "tables", "--commit", other, capsys=capsys)
+    assert code == 0 and "`abcdef12`" in out
+    code, _, err = report(path, "tables", "--commit", "abcdef12" + "4" * 32, capsys=capsys)
+    assert code == 1 and "unknown commit" in err
+    code, _, err = report(path, "tables", "--commit", "abc", capsys=capsys)
+    assert code == 1 and "too short" in err
+
+
+def test_csv_env_filter_env_column_and_no_partial_file(repo, capsys, tmp_path):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2], n_samples=3)
+    write_run(path / ".asv/results", hashes[2], n_samples=3, env="conda-py3.12")
+    out_file = tmp_path / "env.csv"
+    code, _, _ = report(path, "csv", "--out", str(out_file), "--env", "conda", capsys=capsys)
+    assert code == 0
+    rows = read_csv(out_file)
+    assert len(rows) == 29 * 3 and {r["env"] for r in rows} == {"conda-py3.12"}
+    broken = path / ".asv/results/box" / f"{hashes[2][:8]}-{ENV}.json"
+    broken.write_text("{")
+    code, _, err = report(path, "csv", "--out", str(out_file), capsys=capsys)
+    assert code == 1 and "cannot read asv result file" in err
+    assert len(read_csv(out_file)) == 29 * 3  # the earlier file is left whole
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".report-")] == []
+    code, _, err = report(path, "csv", "--out", str(broken), capsys=capsys)
+    assert code == 1 and "inside the results directory" in err and broken.read_text() == "{"
+
+
+def test_plots_of_a_run_where_every_gate_failed(repo, capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    path, hashes = repo
+    override = {(name, key): None for name, keys in (
+        (CACHE, [(t, s) for t in LENGTHS for s in ("no_cache", "concat", "preallocated")]),
+        (BATCH, [(t, s) for t in LENGTHS for s in ("sequential", "batched")]),
+        (SWEEP, [1, 2, 4, 8])) for key in keys}
+    write_run(path / ".asv/results", hashes[2], override=override)
+    code, out, _ = report(path, "plots", "--out", str(tmp_path / "figs"), capsys=capsys)
+    assert code == 0 and len(list((tmp_path / "figs").iterdir())) == 3
+    code, out, _ = report(path, "tables", capsys=capsys)
+    assert code == 0 and table_rows(out, CACHE_TITLE)[0][1:] == ["failed"] * 4
+
+
+def test_csv_rows_of_the_heads_and_ragged_experiments(repo, capsys, tmp_path):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2], n_samples=4, extra=True)
+    out_file = tmp_path / "all.csv"
+    code, _, _ = report(path, "csv", "--out", str(out_file), capsys=capsys)
+    assert code == 0
+    rows = read_csv(out_file)
+    assert len(rows) == (29 + 18 + 9) * 4  # only time_ benchmarks have samples
+    heads = [r for r in rows if r["experiment"] == "heads"]
+    assert len(heads) == 18 * 4 and {r["strategy"] for r in heads} == {""}
+    assert {(r["T"], r["params"]) for r in heads if r["sample"] == "0" and r["T"] == "64"} == {
+        ("64", f"kind={k} path={p}") for k in KINDS for p in ("repeat_kv", "grouped")}
+    ragged = [r for r in rows if r["experiment"] == "ragged"]
+    assert {(r["strategy"], r["T"], r["params"]) for r in ragged} == {
+        (s, "", f"lengths={d}") for s in ("padded", "compacted", "paged") for d in DISTRIBUTIONS}

@@ -1,0 +1,210 @@
+"""``browser-check``: open the asv dashboard in headless Chromium, offline, and check what a person would see.
+
+    python3 tools/dev.py browser-check [--keep]
+
+In a temporary workspace (this checkout's asv.conf.json with results and html
+under /tmp; the asv environments of .asv/env are reused) it
+
+1. runs ``asv run --quick`` on main~1 and main (one sample each, gates on),
+   and copies main~1's results to older commits of main, so that every
+   benchmark has a flat history;
+2. introduces a regression: main's ``bench_cache.CacheStrategy.time_decode``
+   values are made 3x slower;
+3. publishes the dashboard and points it at local copies of its JavaScript
+   (tools/dashboard.py, npm packages under .asv/npm);
+4. serves it on 127.0.0.1 and opens it in Debian's chromium through
+   Playwright, with every request that does not go to 127.0.0.1 aborted;
+5. asserts: no error page, every benchmark of the suite in the benchmark
+   list, a drawn graph on every benchmark's page, and the introduced
+   regression on the regressions page. Screenshots go to .asv/browser-check/.
+
+Exit 0 on success, 1 on a failed check; 0 with a line starting "SKIPPED"
+when no Chromium or Playwright or npm is available.
+"""
+
+import functools
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from .. import common, dashboard
+
+REGRESSED = "bench_cache.CacheStrategy.time_decode"
+SLOWER = 3.0
+FLAT_HISTORY = 4  # older commits given main~1's results
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
+
+
+class CheckFailed(Exception):
+    """What the browser showed is not what the dashboard must show."""
+
+
+def find_browser():
+    """``(chromium path, playwright sync_playwright)``, or a reason to skip."""
+    chromium = next((shutil.which(name) for name in CHROMIUM_NAMES if shutil.which(name)), None)
+    if chromium is None:
+        return None, "no chromium on PATH (apt-get install chromium)"
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return None, "Playwright for Python is missing (pip install -e .[browser])"
+    if shutil.which("npm") is None:
+        return None, "no npm: the dashboard cannot get local copies of its JavaScript, so it needs internet"
+    return (chromium, sync_playwright), None
+
+
+def asv(config, *args, quiet=False):
+    """``asv --config CONFIG ARGS`` with this checkout's Python; its exit code."""
+    output = subprocess.DEVNULL if quiet else None
+    return subprocess.run([*common.ASV, "--config", str(config), *args], cwd=common.ROOT,
+                          stdout=output).returncode
+
+
+def make_workspace(work):
+    """A config whose results and html live in ``work`` and whose envs are this checkout's; its path."""
+    root = common.ROOT
+    conf = json.loads((root / "asv.conf.json").read_text())
+    conf.update(repo=str(root), env_dir=str(root / ".asv" / "env"), benchmark_dir=str(root / "benchmarks"),
+                results_dir=str(work / "results"), html_dir=str(work / "html"))
+    path = work / "asv.conf.json"
+    path.write_text(json.dumps(conf, indent=2))
+    return path
+
+
+def make_results(config, work):
+    """Quick results for main~1 and main, main~1's copied to older commits, main's REGRESSED slowed."""
+    commits = common.git("rev-list", "--first-parent", f"--max-count={FLAT_HISTORY + 2}", common.BRANCH).split()
+    if len(commits) < 2:
+        raise CheckFailed(f"{common.BRANCH} needs at least 2 commits")
+    hashfile = work / "commits.txt"
+    hashfile.write_text("\n".join(commits[:2]) + "\n")
+    if asv(config, "machine", "--yes", quiet=True) != 0:
+        raise CheckFailed("asv machine --yes failed")
+    code = asv(config, "run", "--quick", "--show-stderr", f"HASHFILE:{hashfile}")
+    if code not in (0, 2):  # 2: a benchmark failed; the page must still render
+        raise CheckFailed(f"asv run exited {code}")
+
+    head, previous = (sorted((work / "results").glob(f"*/{commit[:8]}-*.json")) for commit in commits[:2])
+    if not head or not previous:
+        raise CheckFailed("asv stored no results for main or main~1 (did the build fail?)")
+    for older in commits[2:]:  # asv's result files are JSON named <machine>/<commit[:8]>-<env>.json
+        for path in previous:
+            stored = json.loads(path.read_text())
+            stored["commit_hash"] = older
+            path.with_name(older[:8] + path.name[8:]).write_text(json.dumps(stored))
+    for path in head:
+        stored = json.loads(path.read_text())
+        if REGRESSED in stored["results"]:
+            values = stored["results"][REGRESSED][0]  # the "result" column: one value per parameter combination
+            stored["results"][REGRESSED][0] = [None if v is None else SLOWER * v for v in values]
+            path.write_text(json.dumps(stored))
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves files without a log line per request."""
+
+    def log_message(self, *args):
+        pass
+
+
+def serve(directory):
+    """An HTTP server for ``directory`` on 127.0.0.1, on a free port, in a daemon thread."""
+    handler = functools.partial(QuietHandler, directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def check_page(chromium, sync_playwright, url, benchmarks):
+    """Drive the dashboard; CheckFailed on the first thing missing. Returns a summary line."""
+    screenshots = common.ROOT / ".asv" / "browser-check"
+    screenshots.mkdir(parents=True, exist_ok=True)
+    blocked = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+
+            def offline(route):
+                if route.request.url.startswith(url):
+                    return route.continue_()
+                blocked.append(route.request.url)
+                return route.abort()
+
+            page.route("**/*", offline)
+            page.goto(url + "index.html")
+            page.wait_for_selector("#summarygrid-display .benchmark-container", timeout=30_000)
+            if "error.html" in page.url:
+                raise CheckFailed(f"the dashboard showed its error page (blocked: {blocked})")
+            listed = set(page.eval_on_selector_all(
+                "#summarygrid-display .benchmark-container", "nodes => nodes.map(n => n.getAttribute('href'))"))
+            missing = sorted(name for name in benchmarks if f"#{name}" not in listed)
+            if missing:
+                raise CheckFailed(f"benchmarks missing from the list: {', '.join(missing)}")
+            page.screenshot(path=str(screenshots / "summary.png"))
+            for name in benchmarks:
+                page.goto(f"{url}index.html#{name}")
+                try:
+                    page.wait_for_selector("#main-graph canvas.flot-base", timeout=30_000)
+                except Exception:
+                    raise CheckFailed(f"no graph drawn for {name}") from None
+                page.evaluate("() => { window.location.hash = ''; }")
+            page.goto(f"{url}index.html#{REGRESSED}")
+            page.wait_for_selector("#main-graph canvas.flot-base", timeout=30_000)
+            page.screenshot(path=str(screenshots / "graph.png"))
+            page.goto(f"{url}index.html#regressions")
+            page.wait_for_selector("#regressions-body table", timeout=30_000)
+            table = page.inner_text("#regressions-body")
+            page.screenshot(path=str(screenshots / "regressions.png"))
+            if REGRESSED not in table:
+                raise CheckFailed(f"the regressions page does not list {REGRESSED}: {table[:300]!r}")
+        finally:
+            browser.close()
+    if blocked:
+        raise CheckFailed(f"the page asked for addresses off this machine: {', '.join(sorted(set(blocked)))}")
+    return (f"{len(benchmarks)} benchmarks listed and graphed, {REGRESSED} on the regressions page, "
+            f"no request left 127.0.0.1; screenshots in {screenshots}")
+
+
+def setup_arguments(subparsers):
+    parser = subparsers.add_parser("browser-check", allow_abbrev=False,
+                                   help="open the dashboard offline in headless Chromium and check it")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary workspace")
+    return parser
+
+
+def run(args):
+    found, reason = find_browser()
+    if found is None:
+        print(f"SKIPPED browser check: {reason}")
+        return 0
+    work = Path(tempfile.mkdtemp(prefix="kv-attention-browser-"))
+    server = None
+    try:
+        config = make_workspace(work)
+        make_results(config, work)
+        if asv(config, "publish") != 0:
+            raise CheckFailed("asv publish failed")
+        count = dashboard.vendor(work / "html")
+        benchmarks = sorted(k for k in json.loads((work / "results" / "benchmarks.json").read_text()) if k != "version")
+        server = serve(work / "html")
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        print(f"dashboard with {count} local JavaScript/CSS files served at {url}", flush=True)
+        print("browser check passed: " + check_page(*found, url, benchmarks))
+        return 0
+    except (CheckFailed, dashboard.VendorError) as error:
+        print(f"browser check FAILED: {error}", file=sys.stderr)
+        return 1
+    finally:
+        if server is not None:
+            server.shutdown()
+        if args.keep:
+            print(f"workspace kept at {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,141 @@
+"""``report {tables,compare,csv,plots}``: the lab's tables, raw samples and plots, from asv's stored results.
+
+It times nothing: every figure is derived from ``.asv/results`` (see
+:mod:`tools.report`). Errors the user can fix print one line and exit 1.
+"""
+
+import argparse
+import os
+import sys
+
+from ..common import UserError
+from ..results import ResultsDir
+
+DEFAULT_CONFIG = "asv.conf.json"
+
+
+def _load_config(path):
+    """asv.conf.json (JSON with comments and trailing commas, read by asv's own loader) as a dict."""
+    try:
+        from asv.util import load_json
+    except ImportError:
+        raise UserError("asv is not installed here: run inside .venv (source .venv/bin/activate)") from None
+    try:
+        conf = load_json(path, js_comments=True)
+    except Exception as exc:  # asv raises UserError (or others) for a missing or malformed file
+        raise UserError(f"cannot read asv config {path}: {str(exc) or type(exc).__name__}") from None
+    if not isinstance(conf, dict) or not isinstance(conf.get("results_dir", "results"), str):
+        raise UserError(f"cannot read asv config {path}: not an object with a string results_dir")
+    return conf
+
+
+def _open(args):
+    """The results directory (``--results-dir`` or the config's ``results_dir``) and the machine."""
+    from ..report.tables import KNOWN_PARAM_NAMES
+
+    if args.results_dir:
+        path, repo = args.results_dir, "."
+    else:
+        conf = _load_config(args.config)
+        root = os.path.dirname(os.path.abspath(args.config))
+        path = os.path.join(root, conf.get("results_dir", "results"))
+        repo = os.path.join(root, conf.get("repo", ".")) if isinstance(conf.get("repo"), str) else root
+    results = ResultsDir(path, repo_dir=repo, known_param_names=KNOWN_PARAM_NAMES)
+    machine = results.pick_machine(args.machine) if args.machine or args.report_command != "csv" else None
+    return results, machine
+
+
+def _run(results, machine, rev, env):
+    hash8, commit = (None, None) if rev is None else results.resolve(rev, machine)
+    return results.load(machine, hash8, env, commit=commit)
+
+
+def cmd_tables(args):
+    from ..report.tables import all_tables, describe, render_table
+
+    results, machine = _open(args)
+    run = _run(results, machine, args.commit, args.env)
+    lines = [f"## kv-attention decode benchmarks at `{run.commit[:8]}` on `{run.machine}`", "", *describe(run)]
+    lines += ["\n" + render_table(table) for table in all_tables(run)]
+    print("\n".join(lines))
+
+
+def _label(rev, run):
+    """``HEAD~1 (0b6072e7)``, or just the hash when ``rev`` already is one."""
+    short = run.commit[:8]
+    return short if run.commit.startswith(rev.lower()) else f"{rev} ({short})"
+
+
+def cmd_compare(args):
+    from ..report.tables import all_tables, describe, render_compare
+
+    results, machine = _open(args)
+    base = _run(results, machine, args.base, args.env)
+    head = _run(results, machine, args.head, args.env)
+    labels = tuple(_label(rev, run) for rev, run in ((args.base, base), (args.head, head)))
+    lines = [f"## {labels[0]} vs {labels[1]} on `{machine}`", ""]
+    for label, run in zip(labels, (base, head)):
+        lines += [f"{label}:", *describe(run), ""]
+    lines.append("Last column: head / base. For a time (ms, µs) above 1 is slower; for a speedup, "
+                 "positions / s, scaling or no_cache / preallocated above 1 is larger.")
+    lines += ["\n" + render_compare(b, h, *labels) for b, h in zip(all_tables(base), all_tables(head))]
+    print("\n".join(lines))
+
+
+def cmd_csv(args):
+    from ..report.samples import write_csv
+
+    results, machine = _open(args)
+    counts = write_csv(results, args.out, machine, args.env)
+    where = "stdout" if args.out == "-" else args.out
+    print(f"wrote {counts['rows']} rows from {counts['points']} benchmark points "
+          f"in {counts['runs']} result files to {where}", file=sys.stderr if args.out == "-" else sys.stdout)
+    if counts["points_without_samples"]:
+        print(f"note: {counts['points_without_samples']} points have no recorded samples "
+              "(asv ran without --record-samples); their rows hold asv's median, quartiles "
+              "and 99 % confidence bounds instead (column 'statistic')", file=sys.stderr)
+
+
+def cmd_plots(args):
+    from ..report.plots import write_plots
+
+    results, machine = _open(args)
+    run = _run(results, machine, args.commit, args.env)
+    for path in write_plots(run, args.out):
+        print(f"wrote {path}")
+
+
+def setup_arguments(subparsers):
+    parser = subparsers.add_parser("report", allow_abbrev=False,
+                                   help="the lab's tables, compare, csv and plots from the stored results",
+                                   description="The lab's tables, samples and plots, read from asv's result "
+                                               "files (times nothing).")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--machine", help="asv machine name (default: this host's, or the only one)")
+    common.add_argument("--env", help="part of the asv environment name, if a commit has several")
+    common.add_argument("--config", default=DEFAULT_CONFIG, help="asv config (default: %(default)s)")
+    common.add_argument("--results-dir", help="asv results directory (default: the config's results_dir)")
+    sub = parser.add_subparsers(dest="report_command", metavar="{tables,compare,csv,plots}", required=True)
+    t = sub.add_parser("tables", parents=[common], help="the lab's tables for one commit, as Markdown")
+    t.add_argument("--commit", help="git revision or hash prefix (default: the newest commit with results)")
+    t.set_defaults(report=cmd_tables)
+    c = sub.add_parser("compare", parents=[common], help="two commits' tables side by side, with ratios")
+    c.add_argument("base", help="BASE: git revision or hash prefix")
+    c.add_argument("head", help="HEAD: git revision or hash prefix")
+    c.set_defaults(report=cmd_compare)
+    s = sub.add_parser("csv", parents=[common], help="every recorded timing sample, one row each")
+    s.add_argument("--out", required=True, help="CSV file to write ('-' for stdout)")
+    s.set_defaults(report=cmd_csv)
+    g = sub.add_parser("plots", parents=[common], help="PNG figures for one commit (needs matplotlib)")
+    g.add_argument("--out", required=True, help="directory for the PNG files")
+    g.add_argument("--commit", help="git revision or hash prefix (default: the newest commit with results)")
+    g.set_defaults(report=cmd_plots)
+    return parser
+
+
+def run(args):
+    try:
+        args.report(args)
+    except BrokenPipeError:  # e.g. piped into head: stop quietly
+        sys.stdout = None
+    return 0

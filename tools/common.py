@@ -1,0 +1,59 @@
+"""What every command shares: the repository, git, asv's command line and the one error class."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]  # the repository; tests point it at a repository of their own
+BRANCH = "main"
+INSIDE_VENV = "KV_ATTENTION_DEV_VENV"  # set to "1" once a command runs inside .venv (tools/dev.py)
+
+
+class UserError(Exception):
+    """A failure the user can fix: printed as one line (``<command>: error: ...``), never as a traceback."""
+
+
+def run(*command, check=True):
+    """Run a command from the repository root; its exit code (UserError if it fails and ``check``)."""
+    result = subprocess.run(command, cwd=ROOT)
+    if check and result.returncode != 0:
+        raise UserError(f"`{' '.join(map(str, command))}` exited {result.returncode}")
+    return result.returncode
+
+
+def git(*args):
+    """Stdout of ``git ARGS`` in the repository, stripped; UserError if git fails."""
+    result = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise UserError(f"git {' '.join(args)}: {result.stderr.strip()}")
+    return result.stdout.strip()
+
+
+def resolve(name):
+    """The full hash of commit ``name``; UserError naming it if there is no such commit."""
+    try:
+        return git("rev-parse", "--verify", "--quiet", f"{name}^{{commit}}")
+    except UserError:
+        raise UserError(f"{name!r} is not a commit of this repository") from None
+
+
+ASV = (sys.executable, "-m", "asv")  # asv of the Python running the command (.venv's)
+
+
+def record_machine():
+    """``asv machine --yes``: store this machine's defaults (hostname, CPU, RAM) without questions."""
+    from asv.machine import Machine
+
+    result = subprocess.run([*ASV, "machine", "--yes"], cwd=ROOT, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise UserError(f"asv machine --yes failed: {result.stderr.strip() or result.stdout.strip()}")
+    info = Machine.get_defaults()
+    print(f"machine {info['machine']!r}: {info['cpu']}, {info['num_cpu']} CPUs, {info['os']}", flush=True)
+
+
+def asv_run(commits, *options):
+    """``asv run`` over ``commits`` (a HASHFILE), skipping benchmarks already stored; asv's exit code."""
+    hashfile = ROOT / ".asv" / "commits-to-run.txt"
+    hashfile.parent.mkdir(exist_ok=True)
+    hashfile.write_text("\n".join(commits) + "\n")
+    return run(*ASV, "run", f"HASHFILE:{hashfile}", "--skip-existing", "--record-samples", *options, check=False)

@@ -1,0 +1,267 @@
+"""The lab's three tables, derived from one run's medians, as Markdown.
+
+- cache: per T, the median decode time of no_cache, concat and preallocated,
+  and the ratio no_cache / preallocated;
+- batch: per T, sequential vs batched decode of B sequences (both timings cover
+  the whole decode of all B), the speedup, positions/s = B x T / batched time,
+  and the batched time and the time batching saves per decode step;
+- batch size: batched decode at T = 128 per B: time, time per sequence,
+  positions/s and its scaling against B = 1;
+- heads: per attention kind (mha, gqa, mqa) and T, the repeat_kv and grouped
+  decode times, their ratio, the peak bytes each allocated, and the logical
+  K/V cache bytes;
+- ragged: per length distribution, the padded, compacted and paged decode
+  times, their ratios, the rows computed and the K/V slots reserved.
+
+A cell holds seconds, a ratio or a rate, or the marker ``failed`` (the gate or
+the benchmark raised) or ``n/a`` (skipped, or not measured at that commit); a
+figure derived from a marked cell carries the marker on.
+"""
+
+import datetime
+from dataclasses import dataclass
+
+from benchmarks import bench_batch, bench_cache, bench_heads, bench_ragged, heads_inputs, ragged_inputs
+from benchmarks.common import BATCH, LENGTHS, STRATEGIES, SWEEP_BATCH_SIZES, SWEEP_LENGTH
+
+from ..results import FAILED, SKIPPED, is_number, param_sort_key
+
+CACHE_BENCHMARK = "bench_cache.CacheStrategy.time_decode"
+BATCH_BENCHMARK = "bench_batch.BatchStrategy.time_decode"
+SWEEP_BENCHMARK = "bench_batch.BatchSize.time_batched_decode"
+HEADS_BENCHMARK = "bench_heads.HeadsDecode.time_decode"
+HEADS_PEAK = "bench_heads.HeadsDecode.track_decode_peak_bytes"
+HEADS_CACHE = "bench_heads.HeadsCacheBytes.track_kv_cache_bytes"
+RAGGED_BENCHMARK = "bench_ragged.RaggedDecode.time_decode"
+RAGGED_SLOTS = "bench_ragged.RaggedDecode.track_reserved_slots"
+RAGGED_ROWS = "bench_ragged.RaggedDecode.track_row_steps"
+CACHE_STRATEGIES = tuple(STRATEGIES["cache"])
+# Used where asv's benchmarks.json is missing or does not fit a result file.
+KNOWN_PARAM_NAMES = {CACHE_BENCHMARK: bench_cache.CacheStrategy.param_names,
+                     BATCH_BENCHMARK: bench_batch.BatchStrategy.param_names,
+                     SWEEP_BENCHMARK: bench_batch.BatchSize.param_names,
+                     **dict.fromkeys((HEADS_BENCHMARK, HEADS_PEAK), bench_heads.HeadsDecode.param_names),
+                     HEADS_CACHE: bench_heads.HeadsCacheBytes.param_names,
+                     **dict.fromkeys((RAGGED_BENCHMARK, RAGGED_SLOTS, RAGGED_ROWS),
+                                     bench_ragged.RaggedDecode.param_names)}
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table of one run: ``rows`` are ``(key tuple, {figure: cell})``; ``kinds`` maps figure -> format."""
+
+    title: str
+    keys: tuple  # headers of the key columns: ("T",), ("B",), ("kind", "T"), ("lengths",)
+    kinds: dict  # figure label -> "ms" | "ratio" | "ratio3" | "rate" | "us" | "bytes" | "count"
+    rows: list
+    note: str = ""
+
+
+def _combine(op, *cells):
+    """``op(*cells)`` if every cell is a number, else the marker (failed wins over n/a)."""
+    if all(is_number(c) for c in cells):
+        try:
+            return op(*cells)
+        except ZeroDivisionError:
+            return SKIPPED
+    return FAILED if FAILED in cells else SKIPPED
+
+
+def _keys(run, benchmark, name, default):
+    """The values of parameter ``name`` the run measured, in the suite's order (``default``), else ``default``."""
+    default = list(default)
+    found = {dict(key[1]).get(name) for key in run.points if key[0] == benchmark} - {None}
+    order = {v: i for i, v in enumerate(default)}
+    return sorted(found, key=lambda v: (order.get(v, len(order)), param_sort_key(v))) or default
+
+
+def cache_table(run):
+    """Cache experiment: one sequence ``[T, 64]``, median ms per strategy and no_cache / preallocated."""
+    rows = []
+    for t in _keys(run, CACHE_BENCHMARK, "T", LENGTHS):
+        cells = {f"{s} / ms": run.value(CACHE_BENCHMARK, T=t, strategy=s) for s in CACHE_STRATEGIES}
+        cells["no_cache / preallocated"] = _combine(
+            lambda a, b: a / b, cells["no_cache / ms"], cells["preallocated / ms"]
+        )
+        rows.append(((t,), cells))
+    kinds = {f"{s} / ms": "ms" for s in CACHE_STRATEGIES} | {"no_cache / preallocated": "ratio"}
+    return Table("Cache experiment: full decode of one sequence", ("T",), kinds, rows)
+
+
+def batch_table(run, batch=BATCH):
+    """Batch experiment: B sequences ``[B, T, 64]`` decoded one after another vs as one batch."""
+    rows = []
+    for t in _keys(run, BATCH_BENCHMARK, "T", LENGTHS):
+        seq = run.value(BATCH_BENCHMARK, T=t, strategy="sequential")
+        bat = run.value(BATCH_BENCHMARK, T=t, strategy="batched")
+        rows.append(((t,), {
+            "sequential / ms": seq,
+            "batched / ms": bat,
+            "speedup": _combine(lambda a, b: a / b, seq, bat),
+            "positions / s": _combine(lambda b: batch * t / b, bat),
+            "batched / step, µs": _combine(lambda b: b / t, bat),
+            "saved / step, µs": _combine(lambda a, b: (a - b) / t, seq, bat),
+        }))
+    kinds = {"sequential / ms": "ms", "batched / ms": "ms", "speedup": "ratio3",
+             "positions / s": "rate", "batched / step, µs": "us", "saved / step, µs": "us"}
+    note = (f"Both timings cover the whole decode of all B = {batch} sequences; "
+            "positions / s = B x T / batched time; a step decodes one position of every sequence; "
+            "saved / step = (sequential - batched) / T, so speedup = 1 + saved / batched per step.")
+    return Table(f"Batch experiment: B = {batch} sequences, sequential vs batched", ("T",), kinds, rows, note)
+
+
+def batch_size_table(run, t_len=SWEEP_LENGTH):
+    """Batch-size sweep at T = 128: batched ms, ms per sequence, positions/s, scaling vs B = 1."""
+    sizes = _keys(run, SWEEP_BENCHMARK, "B", SWEEP_BATCH_SIZES)
+    rate = {b: _combine(lambda s: b * t_len / s, run.value(SWEEP_BENCHMARK, B=b)) for b in sizes}
+    rows = []
+    for b in sizes:
+        bat = run.value(SWEEP_BENCHMARK, B=b)
+        rows.append(((b,), {
+            "batched / ms": bat,
+            "ms per sequence": _combine(lambda s: s / b, bat),
+            "positions / s": rate[b],
+            "scaling vs B = 1": _combine(lambda r, r1: r / r1, rate[b], rate.get(1, SKIPPED)),
+        }))
+    kinds = {"batched / ms": "ms", "ms per sequence": "ms", "positions / s": "rate", "scaling vs B = 1": "ratio3"}
+    note = f"positions / s = B x {t_len} / batched time; scaling = positions / s over that of B = 1."
+    return Table(f"Batch size: batched decode at T = {t_len}", ("B",), kinds, rows, note)
+
+
+def heads_table(run):
+    """Heads experiment: repeat_kv vs grouped decode per kind and T, with the bytes each allocated."""
+    rows = []
+    for kind in _keys(run, HEADS_BENCHMARK, "kind", heads_inputs.KINDS):
+        for t in _keys(run, HEADS_BENCHMARK, "T", heads_inputs.HEADS_LENGTHS):
+            rep = run.value(HEADS_BENCHMARK, kind=kind, T=t, path="repeat_kv")
+            grp = run.value(HEADS_BENCHMARK, kind=kind, T=t, path="grouped")
+            rows.append(((kind, t), {
+                "repeat_kv / ms": rep,
+                "grouped / ms": grp,
+                "grouped / repeat_kv": _combine(lambda a, b: b / a, rep, grp),
+                "peak bytes, repeat_kv": run.value(HEADS_PEAK, kind=kind, T=t, path="repeat_kv"),
+                "peak bytes, grouped": run.value(HEADS_PEAK, kind=kind, T=t, path="grouped"),
+                "KV cache bytes": run.value(HEADS_CACHE, kind=kind, T=t),
+            }))
+    kinds = {"repeat_kv / ms": "ms", "grouped / ms": "ms", "grouped / repeat_kv": "ratio3",
+             "peak bytes, repeat_kv": "bytes", "peak bytes, grouped": "bytes", "KV cache bytes": "bytes"}
+    note = (f"B = {heads_inputs.HEADS_BATCH}, {heads_inputs.HEADS_N_HEADS} query heads of D_head = "
+            f"{heads_inputs.HEADS_HEAD_DIM}, K/V heads: " + ", ".join(f"{k} {n}" for k, n in heads_inputs.KINDS.items())
+            + "; peak bytes are allocated during one decode (tracemalloc); 1 MiB = 2^20 bytes.")
+    return Table("Heads experiment: MHA, GQA and MQA decode, repeat_kv vs grouped", ("kind", "T"), kinds, rows, note)
+
+
+def _runs(values):
+    """``[256, 16, 16]`` -> ``"256, 16 x2"``."""
+    runs = []
+    for v in values:
+        if runs and runs[-1][0] == v:
+            runs[-1][1] += 1
+        else:
+            runs.append([v, 1])
+    return ", ".join(f"{v}" + (f" x{n}" if n > 1 else "") for v, n in runs)
+
+
+def ragged_table(run):
+    """Ragged experiment: padded vs compacted vs paged decode per length distribution, with their counts."""
+    rows = []
+    for lengths in _keys(run, RAGGED_BENCHMARK, "lengths", ragged_inputs.LENGTH_DISTRIBUTIONS):
+        ms = {s: run.value(RAGGED_BENCHMARK, strategy=s, lengths=lengths) for s in ragged_inputs.RAGGED_STRATEGIES}
+        rows.append(((lengths,), {
+            **{f"{s} / ms": v for s, v in ms.items()},
+            "padded / compacted": _combine(lambda a, b: a / b, ms["padded"], ms["compacted"]),
+            "paged / compacted": _combine(lambda a, b: a / b, ms["paged"], ms["compacted"]),
+            "rows, padded": run.value(RAGGED_ROWS, strategy="padded", lengths=lengths),
+            "rows, compacted": run.value(RAGGED_ROWS, strategy="compacted", lengths=lengths),
+            "slots, compacted": run.value(RAGGED_SLOTS, strategy="compacted", lengths=lengths),
+            "slots, paged": run.value(RAGGED_SLOTS, strategy="paged", lengths=lengths),
+        }))
+    kinds = ({f"{s} / ms": "ms" for s in ragged_inputs.RAGGED_STRATEGIES}
+             | {"padded / compacted": "ratio", "paged / compacted": "ratio"}
+             | dict.fromkeys(("rows, padded", "rows, compacted", "slots, compacted", "slots, paged"), "count"))
+    note = (f"B = {ragged_inputs.RAGGED_BATCH} sequences, T_b: " + "; ".join(
+        f"{name} {_runs(lens)}" for name, lens in ragged_inputs.LENGTH_DISTRIBUTIONS.items())
+            + f"; block_size {ragged_inputs.BLOCK_SIZE}. rows: query rows computed over the decode; "
+            "slots: K/V token slots reserved at the peak (padded reserves as many as compacted).")
+    return Table("Ragged experiment: padded vs compacted (dynamic exit) vs paged KV cache", ("lengths",), kinds,
+                 rows, note)
+
+
+def all_tables(run):
+    return [cache_table(run), batch_table(run), batch_size_table(run), heads_table(run), ragged_table(run)]
+
+
+FORMATS = {  # cell kind -> text of a number (seconds, ratio, rate, bytes or count)
+    "ms": lambda v: f"{v * 1e3:.3f}",
+    "us": lambda v: f"{v * 1e6:.1f}",
+    "ratio": lambda v: f"{v:.2f}x",
+    "ratio3": lambda v: f"{v:.3f}x",
+    "rate": lambda v: f"{v:,.0f}",
+    "count": lambda v: f"{v:,.0f}",
+    "bytes": lambda v: f"{v / 2**20:,.2f} MiB",
+}
+
+
+def format_cell(value, kind):
+    """A cell as text: ms with 3 decimals, ratios as ``16.18x``, rates with thousands separators; markers as is."""
+    return FORMATS[kind](value) if is_number(value) else str(value)
+
+
+def _markdown(headers, rows, n_keys=1, figure_column=False):
+    """A pipe table: ``n_keys`` key columns, then a left-aligned figure name if any, then numbers."""
+    from tabulate import tabulate  # asv's own dependency
+
+    align = ["right"] * n_keys + ["left"] * figure_column + ["right"] * (len(headers) - n_keys - figure_column)
+    return tabulate(rows, headers=headers, tablefmt="pipe", colalign=align, disable_numparse=True)
+
+
+def render_table(table):
+    """One table as Markdown: a heading, the table, and its note."""
+    headers = [*table.keys, *table.kinds]
+    rows = [[*map(str, key), *(format_cell(cells[f], k) for f, k in table.kinds.items())] for key, cells in table.rows]
+    parts = [f"### {table.title}", "", _markdown(headers, rows, len(table.keys))]
+    return "\n".join(parts + (["", table.note] if table.note else []))
+
+
+def _change(base, head):
+    return _combine(lambda a, b: b / a, base, head)
+
+
+def render_compare(base_table, head_table, base_label, head_label):
+    """Two runs' versions of one table, side by side: one row per (key, figure), with HEAD / BASE."""
+    head_rows = dict(head_table.rows)
+    rows = []
+    for key, base_cells in base_table.rows:
+        head_cells = head_rows.get(key, {})
+        for figure, kind in base_table.kinds.items():
+            b, h = base_cells[figure], head_cells.get(figure, SKIPPED)
+            rows.append([*map(str, key), figure, format_cell(b, kind), format_cell(h, kind),
+                         format_cell(_change(b, h), "ratio3")])
+    for key, _ in head_table.rows:  # keys only the newer run measured
+        if key not in dict(base_table.rows):
+            for figure, kind in head_table.kinds.items():
+                h = head_rows[key][figure]
+                rows.append([*map(str, key), figure, SKIPPED, format_cell(h, kind), SKIPPED])
+    headers = [*base_table.keys, "figure", base_label, head_label, "head / base"]
+    return "\n".join([f"### {base_table.title}", "", _markdown(headers, rows, len(base_table.keys), True)])
+
+
+def describe(run):
+    """Lines naming the commit, the machine and the environment a run was measured in."""
+    p = run.machine_params
+    when = datetime.datetime.fromtimestamp(run.date / 1000, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    ram = f", {int(p['ram']) / 2**30:.1f} GiB RAM" if str(p.get("ram", "")).isdigit() else ""
+    machine = ", ".join(str(p[k]) for k in ("cpu", "arch", "os") if p.get(k))
+    cpus = f", {p['num_cpu']} CPUs" if p.get("num_cpu") else ""
+    packages = ", ".join(f"{k} {v}" for k, v in p.items()
+                         if k not in {"arch", "cpu", "machine", "num_cpu", "os", "ram"})
+    threads = ", ".join(f"{k}={v}" for k, v in sorted(run.env_vars.items())) or "none set"
+    samples = sorted({pt.stats.get("repeat") for pt in run.points.values()
+                      if pt.benchmark.split(".")[-1].startswith("time_") and pt.stats.get("repeat")})
+    counts = f"{samples[0]}" if len(samples) == 1 else f"{samples[0]}–{samples[-1]}" if samples else "?"
+    return [
+        f"- commit `{run.commit[:8]}` (commit date {when})",
+        f"- machine `{run.machine}`: {machine}{cpus}{ram}",
+        f"- environment `{run.env_name}`: {packages}; thread variables {threads}",
+        f"- each time is asv's median of {counts} samples per point",
+    ]

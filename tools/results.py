@@ -1,0 +1,510 @@
+"""The one reader of asv's result files, for every command: has-results, outcomes, comparisons, runs.
+
+asv stores one JSON file per commit and environment under
+``<results_dir>/<machine>/<hash8>-<env_name>.json``. Two views of them:
+
+- for the main job and the gate, asv's own ``Results`` objects: whether a
+  commit has results for every benchmark (:func:`has_results`), how many
+  points passed, failed or were skipped (:func:`count_outcomes`), the rows
+  asv's ``Compare.print_table`` reads (:func:`compare_rows`) and asv's verdict
+  on two of them (:func:`head_is_worse`);
+- for the report, a checked :class:`Run` of :class:`Point` values
+  (:class:`ResultsDir`, :func:`load_run`).
+
+A *point* is one benchmark at one parameter combination at one commit: the
+value asv stored (the median, in seconds, for ``time_`` benchmarks; None when
+the benchmark failed; NaN when it was skipped), its statistics and, when asv ran
+with ``--record-samples``, every timing sample. The report's reader checks what
+it reads: a value that is neither a number, null nor NaN, a time that is not
+positive and finite, or malformed samples make the file unreadable (a
+:class:`~tools.common.UserError`), never a figure.
+
+asv is imported inside the functions, so that ``tools/dev.py`` can parse its
+command line before ``.venv`` exists.
+"""
+
+import ast
+import functools
+import itertools
+import json
+import math
+import os
+import re
+import subprocess
+from collections import Counter
+from dataclasses import dataclass, field
+
+from . import common
+from .common import UserError
+
+# --- asv's Results, for the main job and the gate -------------------------------------------------
+
+
+def asv_setup():
+    """``(conf, benchmarks or None, machine, env_names)`` of this project's asv on this machine.
+
+    ``benchmarks`` is None before asv has discovered the suite once (no benchmarks.json).
+    """
+    from asv.benchmarks import Benchmarks
+    from asv.config import Config
+    from asv.environment import get_environments
+    from asv.machine import Machine
+    from asv.util import UserError as AsvUserError
+
+    conf = Config.load(str(common.ROOT / "asv.conf.json"))
+    try:
+        benchmarks = Benchmarks.load(conf)
+    except AsvUserError:
+        benchmarks = None
+    env_names = {env.name for env in get_environments(conf, None, verbose=False)}
+    return conf, benchmarks, Machine.get_unique_machine_name(), env_names
+
+
+def iter_results(conf, machine, commit, env_names):
+    """asv's stored Results of ``commit`` on ``machine``, in the configured environments only."""
+    from asv.results import iter_results_for_machine_and_hash
+
+    for result in iter_results_for_machine_and_hash(conf.results_dir, machine, commit):
+        if result.env_name in env_names:
+            yield result
+
+
+def has_results(commit, conf, benchmarks, machine, env_names):
+    """True when every benchmark of the suite has a stored result for ``commit`` in every environment."""
+    if benchmarks is None:
+        return False
+    stored = {}
+    for result in iter_results(conf, machine, commit, env_names):
+        stored[result.env_name] = set(result.get_all_result_keys())
+    return set(stored) == env_names and all(set(benchmarks) <= keys for keys in stored.values())
+
+
+def count_outcomes(commit, conf, benchmarks, machine, env_names):
+    """``(Counter of ok / failed / skipped points, sorted names of failed benchmarks)`` asv stored for ``commit``."""
+    counts, failed = Counter(), []
+    for result in iter_results(conf, machine, commit, env_names):
+        for key in result.get_result_keys(benchmarks):
+            if key not in benchmarks:
+                continue
+            value = result.get_result_value(key, benchmarks[key]["params"])
+            for point in value if isinstance(value, list) else [value]:
+                if point is None:
+                    counts["failed"] += 1
+                    failed.append(key)
+                elif isinstance(point, float) and math.isnan(point):
+                    counts["skipped"] += 1
+                else:
+                    counts["ok"] += 1
+    return counts, sorted(set(failed))
+
+
+def selected_points(conf, result, pattern):
+    """``{benchmark: [bool per parameter combination]}`` of ``result``'s benchmarks that ``--bench pattern`` selects.
+
+    Decided by asv's own ``Benchmarks`` selection, as ``asv run --bench`` decides
+    it: a parameterized benchmark's combinations by matching ``name(value1, value2)``.
+    """
+    from asv.benchmarks import Benchmarks
+
+    keys = list(result.get_all_result_keys())
+    params = {key: result.get_result_params(key) for key in keys}
+    chosen = Benchmarks(conf, [{"name": key, "params": params[key]} for key in keys], regex=pattern)
+    selection = {}
+    for key in chosen:
+        count = len(list(itertools.product(*params[key])))  # 1 for an unparameterized benchmark
+        indices = chosen.benchmark_selection[key]
+        selection[key] = [True] * count if indices is None else [i in indices for i in range(count)]
+    return selection
+
+
+def compare_rows(conf, results, pattern=None):
+    """Rows in the form asv's ``Compare.print_table`` reads, for the benchmarks ``pattern`` selects.
+
+    A combination the pattern does not select shows as n/a (NaN), never as a stored or failed value.
+    """
+    rows = []
+    for result in results:
+        for key, keep in selected_points(conf, result, pattern).items():
+            params = result.get_result_params(key)
+            columns = [result.get_result_value(key, params), result.get_result_stats(key, params),
+                       result.get_result_samples(key, params)]
+            value, stats, samples = ([c if k else blank for c, k in zip(column or [None] * len(keep), keep)]
+                                     for column, blank in zip(columns, (math.nan, None, None)))
+            rows.append((key, params, value, stats, samples, result.benchmark_version.get(key),
+                         result.params["machine"], result.env_name))
+    return rows
+
+
+def unrolled(rows):
+    """``{(benchmark(params), env): (value, (stats, samples), version)}`` of every parameter combination."""
+    from asv.commands.compare import unroll_result
+
+    points = {}
+    for key, params, value, stats, samples, version, _, env_name in rows:
+        for name, point, point_stats, point_samples in unroll_result(key, params, value, stats, samples):
+            points[(name, env_name)] = (point, (point_stats, point_samples), version)
+    return points
+
+
+def head_is_worse(base, head, base_stats, head_stats, factor):
+    """asv compare's verdict: ``head`` worse than ``base`` by more than ``factor`` and significantly so.
+
+    Significance is Mann-Whitney U on the stored samples, else 99 % confidence
+    interval overlap: the rule of ``asv compare`` and ``asv continuous``.
+    """
+    # asv 0.6.6 (pinned in setup.cfg) offers this rule only as a private function of asv compare.
+    from asv.commands.compare import _is_result_better
+
+    return _is_result_better(base, head, base_stats, head_stats, factor)
+
+
+def drop_partial(conf, machine, env_names, commits, pattern):
+    """Forget stored benchmarks that ``--bench pattern`` measured for only some parameter combinations.
+
+    asv stores NaN for the combinations it did not run, and ``asv run --skip-existing``
+    (the main job) would then never measure them. A benchmark is dropped only when
+    every combination the pattern did not select is NaN. Returns True if any was.
+    """
+    dropped = False
+    for commit in commits:
+        for result in iter_results(conf, machine, commit, env_names):
+            partial = []
+            for key, keep in selected_points(conf, result, pattern).items():
+                values = result.get_result_value(key, result.get_result_params(key))
+                rest = [v for v, k in zip(values, keep) if not k]
+                if rest and all(isinstance(v, float) and math.isnan(v) for v in rest):
+                    partial.append(key)
+            for key in partial:
+                result.remove_result(key)
+            if partial:
+                result.save(conf.results_dir)
+                dropped = True
+    return dropped
+
+
+def result_files(conf, machine, commit):
+    """The path pattern of ``commit``'s result files on ``machine``: ``<results_dir>/<machine>/<hash8>-*.json``."""
+    return os.path.join(os.path.relpath(conf.results_dir, common.ROOT), machine, f"{commit[:8]}-*.json")
+
+
+# --- checked runs, for the report -----------------------------------------------------------------
+
+
+FAILED = "failed"  # asv stored null: setup (the gate) or the benchmark raised
+SKIPPED = "n/a"  # asv stored NaN (NotImplementedError), or the commit has no such result
+RESULT_FILE = re.compile(r"^([0-9a-f]{8})-(.+)\.json$")  # <hash8>-<env_name>.json
+
+
+@dataclass(frozen=True)
+class Point:
+    """One benchmark at one parameter combination, from one result file.
+
+    ``params`` maps asv's ``param_names`` to the parameter values (parsed from
+    asv's repr strings: ``'16'`` -> 16, ``"'concat'"`` -> "concat").
+    ``value`` is a number (seconds for time benchmarks) or the string
+    ``FAILED``/``SKIPPED``. ``samples`` is a list of seconds or None.
+    """
+
+    benchmark: str
+    params: dict
+    value: object
+    stats: dict = field(default_factory=dict)
+    samples: list = None
+
+
+@dataclass
+class Run:
+    """One result file: a commit measured on a machine in one asv environment."""
+
+    commit: str  # full hash
+    machine: str
+    env_name: str
+    date: int  # commit date, ms since the epoch (asv's convention)
+    machine_params: dict  # asv's machine info plus the environment's requirements
+    env_vars: dict
+    points: dict  # (benchmark, tuple(sorted(params.items()))) -> Point
+
+    def value(self, benchmark, **params):
+        """The stored value of ``benchmark`` at ``params``; SKIPPED if the run lacks it."""
+        point = self.points.get((benchmark, tuple(sorted(params.items()))))
+        return SKIPPED if point is None else point.value
+
+
+def is_number(x):
+    """A real number (not a bool): what a table cell can compute with."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _git(repo_dir, *args):
+    try:
+        out = subprocess.run(["git", *args], cwd=repo_dir, capture_output=True, text=True)
+    except OSError:  # no git, or no such directory: revisions cannot be resolved
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+@functools.lru_cache(maxsize=None)
+def _parse_param(text):
+    """asv's repr of a parameter value -> the value: ``'16'`` -> 16, ``np.int64(16)`` -> 16."""
+    wrapped = re.fullmatch(r"np\.\w+\((.*)\)", text)
+    try:
+        value = ast.literal_eval(wrapped.group(1) if wrapped else text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return text
+    return value if isinstance(value, (int, float, str)) else text
+
+
+def param_sort_key(value):
+    """Numbers first, in order, then everything else by its text."""
+    return (0, value, "") if is_number(value) else (1, 0, str(value))
+
+
+class ResultsDir:
+    """asv's results directory: ``<results_dir>/<machine>/<hash8>-<env_name>.json``.
+
+    Args:
+        results_dir: path of asv's ``results_dir`` (``.asv/results`` here).
+        repo_dir: git checkout used to resolve revisions such as ``HEAD~1``.
+        known_param_names: benchmark -> ``param_names``, used where asv's
+            ``benchmarks.json`` is missing or does not fit a result.
+
+    Raises:
+        UserError: the directory does not exist or holds no machine.
+    """
+
+    def __init__(self, results_dir, repo_dir=".", known_param_names=None):
+        self.path = results_dir
+        self.repo_dir = repo_dir
+        if not os.path.isdir(results_dir):
+            raise UserError(
+                f"no asv results directory at {results_dir}: run the main job first "
+                "(python3 tools/dev.py bench)"
+            )
+        self.machines = sorted(
+            name for name in os.listdir(results_dir)
+            if os.path.isfile(os.path.join(results_dir, name, "machine.json"))
+        )
+        if not self.machines:
+            raise UserError(f"{results_dir} holds no machine's results: run the main job first")
+        self.param_names = [self._load_param_names(), dict(known_param_names or {})]
+
+    def _load_param_names(self):
+        """benchmark name -> asv ``param_names``, from asv's ``benchmarks.json`` ({} if unusable)."""
+        try:
+            with open(os.path.join(self.path, "benchmarks.json")) as f:
+                benchmarks = json.load(f)
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(benchmarks, dict):
+            return {}
+        return {name: b["param_names"] for name, b in benchmarks.items()
+                if isinstance(b, dict) and isinstance(b.get("param_names"), list)
+                and all(isinstance(n, str) for n in b["param_names"])}
+
+    def pick_machine(self, machine=None):
+        """The machine to report: ``machine`` if given, else this host's asv machine, else the only one."""
+        if machine is not None:
+            if machine not in self.machines:
+                raise UserError(
+                    f"no results for machine {machine!r} in {self.path} "
+                    f"(machines with results: {', '.join(self.machines)})"
+                )
+            return machine
+        local = _local_asv_machine()
+        if local in self.machines:
+            return local
+        if len(self.machines) == 1:
+            return self.machines[0]
+        raise UserError(
+            f"results from several machines in {self.path} ({', '.join(self.machines)}): choose one with --machine"
+        )
+
+    def files(self, machine, env=None):
+        """Result file names of ``machine`` (``<hash8>-<env>.json``; ``env`` a part of the env name), sorted."""
+        folder = os.path.join(self.path, machine)
+        return sorted(
+            n for n in os.listdir(folder)
+            if (m := RESULT_FILE.match(n)) and (env is None or env in m.group(2))
+            and os.path.isfile(os.path.join(folder, n))
+        )
+
+    def resolve(self, rev, machine):
+        """``(hash8, commit)``: the prefix that names ``rev``'s result files on ``machine``, and
+        what the file's commit hash must start with (git's full hash, or the hex ``rev`` itself).
+
+        ``rev`` is any git revision (``HEAD~1``, a branch, a hash) or a hash
+        prefix (at least 4 characters) of a commit that has results.
+
+        Raises:
+            UserError: ``rev`` is neither a revision nor a prefix of a commit
+                with results, or the commit has no results on ``machine``.
+        """
+        full = _git(self.repo_dir, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}")
+        prefixes = {RESULT_FILE.match(n).group(1) for n in self.files(machine)}
+        if full:
+            if full[:8] not in prefixes:
+                raise UserError(
+                    f"commit {full[:8]} ({rev}) has no results on machine {machine!r}: "
+                    f"benchmark it with asv run {full[:8]}^! --record-samples"
+                )
+            return full[:8], full
+        rev_lower = rev.lower()
+        if re.fullmatch(r"[0-9a-f]{1,3}", rev_lower):
+            raise UserError(f"commit prefix {rev!r} is too short: give at least 4 hex digits")
+        matches = sorted(p for p in prefixes if re.fullmatch(r"[0-9a-f]{4,40}", rev_lower)
+                         and p.startswith(rev_lower[:8]))
+        if len(matches) == 1:
+            return matches[0], rev_lower
+        if len(matches) > 1:
+            raise UserError(f"commit prefix {rev!r} is ambiguous: {', '.join(matches)}")
+        raise UserError(f"unknown commit {rev!r}: not a git revision here, nor a commit with results on {machine!r}")
+
+    def load(self, machine, hash8=None, env=None, commit=None):
+        """Load one run: commit ``hash8`` (default: the newest commit with results) on ``machine``.
+
+        ``commit``, if given, is what the run's full hash must start with.
+
+        Raises:
+            UserError: no result file matches, or several environments do and
+                ``env`` does not choose one.
+        """
+        where = f"machine {machine!r}" + (f" in an env matching {env!r}" if env else "")
+        names = self.files(machine, env)
+        if hash8 is None:
+            runs = [self.load_file(machine, n) for n in names]
+            if not runs:
+                raise UserError(f"no results for {where} in {self.path}")
+            hash8 = max(runs, key=lambda r: r.date).commit[:8]
+        names = [n for n in names if n.startswith(hash8 + "-")]
+        if not names:
+            raise UserError(f"commit {hash8} has no results on {where}")
+        if len(names) > 1:
+            envs = ", ".join(RESULT_FILE.match(n).group(2) for n in names)
+            raise UserError(f"commit {hash8} has results in several environments ({envs}): choose one with --env")
+        run = self.load_file(machine, names[0])
+        if commit is not None and not run.commit.startswith(commit):
+            raise UserError(f"unknown commit {commit}: results file {names[0]} holds commit {run.commit}")
+        return run
+
+    def load_file(self, machine, name):
+        """Read ``<machine>/<name>`` (see :func:`load_run`)."""
+        return load_run(os.path.join(self.path, machine, name), self.param_names)
+
+
+def _local_asv_machine():
+    """The machine name ``asv machine`` recorded for this host (``~/.asv-machine.json``), or None."""
+    try:
+        with open(os.path.expanduser("~/.asv-machine.json")) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    names = [k for k in data if k != "version"] if isinstance(data, dict) else []
+    return names[0] if len(names) == 1 else None
+
+
+def import_asv_results():
+    """asv's ``Results`` and its ``UserError``; a UserError naming the fix if asv is missing."""
+    try:
+        from asv.results import Results
+        from asv.util import UserError as AsvUserError
+    except ImportError:
+        raise UserError(
+            "asv is not installed here: run inside .venv (source .venv/bin/activate), "
+            "which either of the two commands creates"
+        ) from None
+    return Results, AsvUserError
+
+
+def load_run(path, param_names=()):
+    """Read one asv result file into a :class:`Run`, through asv's own ``Results.load``.
+
+    ``param_names`` is a sequence of dicts (benchmark -> names), tried in order.
+
+    Raises:
+        UserError: the file is not a readable, well-formed asv result file.
+    """
+    Results, AsvUserError = import_asv_results()
+    short = os.path.join(*path.split(os.sep)[-2:])
+    try:
+        results = Results.load(path)
+        run = Run(
+            commit=_text(results.commit_hash, "commit_hash"),
+            machine=_text(results.params.get("machine", os.path.basename(os.path.dirname(path))), "machine"),
+            env_name=_text(results.env_name, "env_name"),
+            date=_date(results.date),
+            machine_params={str(k): str(v) for k, v in dict(results.params).items()},
+            env_vars={str(k): str(v) for k, v in dict(results.env_vars or {}).items()},
+            points={},
+        )
+        for name in results.get_all_result_keys():
+            names = _names_for(name, results.get_result_params(name), param_names)
+            for point in _points(results, name, names):
+                run.points[(name, tuple(sorted(point.params.items())))] = point
+    except (AsvUserError, OSError, ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
+        reason = str(exc).replace(path, short) or type(exc).__name__
+        raise UserError(f"cannot read asv result file {short}: {reason}") from None
+    return run
+
+
+def _text(value, what):
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} is {value!r}, not a string")
+    return value
+
+
+def _date(value):
+    """asv's commit date: ms since the epoch, between 1970 and 9999."""
+    if not is_number(value) or not 0 <= value < 253402300800000:
+        raise ValueError(f"date is {value!r}, not ms since the epoch")
+    return value
+
+
+def _names_for(name, params, param_names):
+    """The first ``param_names`` that fits the result's params, else param1, param2, ..."""
+    if not isinstance(params, list) or not all(isinstance(p, list) for p in params):
+        raise ValueError(f"{name}: params is {params!r}, not a list of lists")
+    for source in param_names:
+        names = source.get(name)
+        if names is not None and len(names) == len(params):
+            return names
+    return [f"param{i + 1}" for i in range(len(params))]
+
+
+def _value(value, name, timed):
+    """None -> FAILED, NaN -> SKIPPED, a number -> itself (a time must be finite and positive)."""
+    if value is None:
+        return FAILED
+    if isinstance(value, float) and math.isnan(value):
+        return SKIPPED
+    if not is_number(value) or math.isinf(value) or (timed and value <= 0):
+        raise ValueError(f"{name}: {value!r} is not a valid {'time' if timed else 'result'}")
+    return value
+
+
+def _samples(samples, name):
+    if samples is None:
+        return None
+    if not isinstance(samples, list) or not all(is_number(s) and math.isfinite(s) and s > 0 for s in samples):
+        raise ValueError(f"{name}: samples must be a list of positive seconds")
+    return samples
+
+
+def _points(results, name, names):
+    """Every parameter combination of benchmark ``name`` in ``results``, as Points."""
+    params = results.get_result_params(name)
+    values = results.get_result_value(name, params)
+    stats = results.get_result_stats(name, params)
+    samples = results.get_result_samples(name, params)
+    timed = name.rsplit(".", 1)[-1].startswith("time")
+    # asv keeps one entry per combination, in itertools.product order ([()] if unparameterized).
+    for i, combo in enumerate(itertools.product(*params)):
+        stat = (stats[i] if stats and i < len(stats) else None) or {}
+        if not isinstance(stat, dict) or not all(is_number(v) for v in stat.values()):
+            raise ValueError(f"{name}: malformed statistics {stat!r}")
+        yield Point(
+            benchmark=name,
+            params={n: _parse_param(str(v)) for n, v in zip(names, combo)},
+            value=_value(values[i] if values is not None and i < len(values) else None, name, timed),
+            stats=stat,
+            samples=_samples(samples[i] if samples and i < len(samples) else None, name),
+        )
