@@ -8,7 +8,7 @@ build on the same caches.
 """
 
 from .attention import causal_attention
-from .cache import DynamicCache, StaticCache
+from .cache import Cache, DynamicCache, StaticCache
 from .capacity import MODEL_SHAPES, ModelShape, kv_cache_bytes
 from .decode import (
     batched_cached_attention,
@@ -32,6 +32,7 @@ __all__ = [
     "cached_attention_preallocated",
     "sequential_cached_attention",
     "batched_cached_attention",
+    "Cache",
     "DynamicCache",
     "StaticCache",
     "Problem",

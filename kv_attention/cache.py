@@ -10,6 +10,9 @@ returns the keys and values so far, ``get_seq_length()`` counts positions,
 ``crop(length)`` drops positions past ``length``.
 """
 
+from contextlib import contextmanager
+from typing import Protocol, runtime_checkable
+
 import numpy as np
 
 from ._validation import SUPPORTED_DTYPES as _FLOATS
@@ -46,6 +49,45 @@ def _check_crop(length, stored):
     if length > stored:
         raise ValueError(f"crop length must be in [0, {stored}], got {length}")
     return length
+
+
+@runtime_checkable
+class Cache(Protocol):
+    """What a decode needs of a K/V cache; :class:`DynamicCache` and :class:`StaticCache` are two.
+
+    A cache may also hold ``k_cache: [..., T, D_k]`` and ``v_cache: [..., T, D_v]``
+    (None while empty) and ``max_seq_len``; a decode checks them against its
+    inputs when they are there.
+    """
+
+    def update(self, k, v):
+        """Store ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]``; return every position's keys and values."""
+
+    def get_seq_length(self):
+        """Number of positions stored."""
+
+    def crop(self, length):
+        """Keep only the first ``length`` positions."""
+
+
+def check_is_cache(cache):
+    """Raise TypeError unless ``cache`` is a :class:`Cache` instance (a class is not)."""
+    if isinstance(cache, type) or not isinstance(cache, Cache):
+        raise TypeError(
+            "cache must be a cache instance with update(), get_seq_length() and crop() "
+            f"(e.g. DynamicCache() or StaticCache(...)), got {cache!r}"
+        )
+
+
+@contextmanager
+def rolled_back_on_error(cache):
+    """On any error in the block, crop ``cache`` back to the length it had, then re-raise."""
+    start = cache.get_seq_length()
+    try:
+        yield
+    except BaseException:
+        cache.crop(start)
+        raise
 
 
 class DynamicCache:

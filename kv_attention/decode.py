@@ -14,7 +14,7 @@ import numpy as np
 
 from ._validation import check_finite_output, check_projection_inputs, check_score_range
 from .attention import _causal_attention, attend
-from .cache import DynamicCache, StaticCache
+from .cache import DynamicCache, StaticCache, check_is_cache, rolled_back_on_error
 
 
 def _decode(x, w_q, w_k, w_v, cache):
@@ -25,17 +25,12 @@ def _decode(x, w_q, w_k, w_v, cache):
     """
     out = np.empty(x.shape[:-1] + (w_v.shape[1],), dtype=np.result_type(x, w_v))  # [..., T, D_v]
     _check_cache(cache, x, w_q, w_k, w_v, out.dtype)
-    start = cache.get_seq_length()
-    try:
-        with np.errstate(over="ignore", invalid="ignore"):
-            for t in range(x.shape[-2]):
-                x_t = x[..., t : t + 1, :]  # [..., 1, D_model]
-                k, v = cache.update(x_t @ w_k, x_t @ w_v)  # [..., t+1, D_k], [..., t+1, D_v]
-                out[..., t : t + 1, :] = attend(x_t @ w_q, k, v)  # [..., 1, D_v]
+    with rolled_back_on_error(cache), np.errstate(over="ignore", invalid="ignore"):
+        for t in range(x.shape[-2]):
+            x_t = x[..., t : t + 1, :]  # [..., 1, D_model]
+            k, v = cache.update(x_t @ w_k, x_t @ w_v)  # [..., t+1, D_k], [..., t+1, D_v]
+            out[..., t : t + 1, :] = attend(x_t @ w_q, k, v)  # [..., 1, D_v]
         check_finite_output(out)
-    except BaseException:
-        cache.crop(start)
-        raise
     return out
 
 
@@ -55,11 +50,7 @@ def _check_cache(cache, x, w_q, w_k, w_v, dtype, layout=None):
     error; by default ``x``'s leading axes with D_k and D_v (single head). Keys
     already in the cache (a prefill) also enter the overflow bound of q·k.
     """
-    if isinstance(cache, type) or not all(hasattr(cache, n) for n in ("update", "get_seq_length", "crop")):
-        raise TypeError(
-            "cache must be a cache instance with update(), get_seq_length() and crop() "
-            f"(e.g. DynamicCache() or StaticCache(...)), got {cache!r}"
-        )
+    check_is_cache(cache)
     k_cache, v_cache = getattr(cache, "k_cache", None), getattr(cache, "v_cache", None)
     if k_cache is None:
         return

@@ -23,7 +23,7 @@ import numpy as np
 
 from ._validation import as_float_array, as_size, check_finite_output, check_score_range
 from .attention import _causal_attention, attend
-from .cache import StaticCache
+from .cache import StaticCache, rolled_back_on_error
 from .decode import _check_cache
 
 PATHS = ("repeat_kv", "grouped")
@@ -195,21 +195,16 @@ def _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache):
     kv_shape = lead + (n_kv_heads, 1, head_dim)  # [..., H_kv, 1, D_head]
     heads_shape = lead + (w_q.shape[1],)  # [..., H_q·D_head], head h at columns h·D_head..
     out = np.empty(lead + (x.shape[-2], w_o.shape[1]), dtype=np.result_type(x, w_o))  # [..., T, D_out]
-    start = cache.get_seq_length()
-    try:
-        with np.errstate(over="ignore", invalid="ignore"):
-            for t in range(x.shape[-2]):
-                x_t = x[..., t, :]  # [..., D_model]
-                k_t = (x_t @ w_k).reshape(kv_shape)  # [..., H_kv, 1, D_head]
-                v_t = (x_t @ w_v).reshape(kv_shape)  # [..., H_kv, 1, D_head]
-                k, v = cache.update(k_t, v_t)  # views [..., H_kv, t+1, D_head]
-                q_t = (x_t @ w_q).reshape(q_shape)  # [..., H_kv, G, D_head]
-                heads = step(q_t, k, v)  # [..., H_kv, G, D_head] or [..., H_q, 1, D_head]
-                out[..., t, :] = heads.reshape(heads_shape) @ w_o  # [..., D_out]
+    with rolled_back_on_error(cache), np.errstate(over="ignore", invalid="ignore"):
+        for t in range(x.shape[-2]):
+            x_t = x[..., t, :]  # [..., D_model]
+            k_t = (x_t @ w_k).reshape(kv_shape)  # [..., H_kv, 1, D_head]
+            v_t = (x_t @ w_v).reshape(kv_shape)  # [..., H_kv, 1, D_head]
+            k, v = cache.update(k_t, v_t)  # views [..., H_kv, t+1, D_head]
+            q_t = (x_t @ w_q).reshape(q_shape)  # [..., H_kv, G, D_head]
+            heads = step(q_t, k, v)  # [..., H_kv, G, D_head] or [..., H_q, 1, D_head]
+            out[..., t, :] = heads.reshape(heads_shape) @ w_o  # [..., D_out]
         check_finite_output(out)
-    except BaseException:
-        cache.crop(start)
-        raise
     return out
 
 
