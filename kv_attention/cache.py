@@ -15,40 +15,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from ._validation import SUPPORTED_DTYPES as _FLOATS
-from ._validation import as_float_dtype, as_size
-
-
-def _check_new_positions(k, v, cache):
-    """Raise unless ``k: [..., T_new, D_k]`` and ``v: [..., T_new, D_v]`` fit ``cache``."""
-    if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
-        raise TypeError(f"k and v must be numpy arrays, got {type(k).__name__}, {type(v).__name__}")
-    if k.ndim < 2 or k.ndim != v.ndim or k.shape[:-1] != v.shape[:-1]:
-        raise ValueError(
-            f"k and v must be [..., T_new, D_k] and [..., T_new, D_v] with the same "
-            f"leading axes, got k {k.shape}, v {v.shape}"
-        )
-    if k.dtype not in _FLOATS or v.dtype != k.dtype:
-        raise TypeError(f"k and v must both be float32 or both float64, got {k.dtype} and {v.dtype}")
-    if cache.k_cache is None:
-        return
-    expected_k = cache.k_cache.shape[:-2] + (k.shape[-2], cache.k_cache.shape[-1])
-    expected_v = cache.v_cache.shape[:-2] + (v.shape[-2], cache.v_cache.shape[-1])
-    if k.shape != expected_k or v.shape != expected_v:
-        raise ValueError(
-            f"k {k.shape} and v {v.shape} do not fit the cache's "
-            f"k_cache {cache.k_cache.shape} and v_cache {cache.v_cache.shape}"
-        )
-    if not np.can_cast(k.dtype, cache.k_cache.dtype, casting="safe"):
-        raise TypeError(f"k and v are {k.dtype}, which the cache's {cache.k_cache.dtype} cannot hold without loss")
-
-
-def _check_crop(length, stored):
-    """Return ``length`` as an int, or raise unless it is an integer in [0, stored]."""
-    length = as_size("crop length", length)
-    if length > stored:
-        raise ValueError(f"crop length must be in [0, {stored}], got {length}")
-    return length
+from ._validation import as_batch_shape, as_float_dtype, as_size, check_crop, check_new_positions, check_room
 
 
 @runtime_checkable
@@ -119,7 +86,7 @@ class DynamicCache:
                 float64 into a float32 cache.
             ValueError: shapes that do not fit each other or the cache.
         """
-        _check_new_positions(k, v, self)
+        check_new_positions(k, v, self)
         if self.k_cache is None:
             self.k_cache, self.v_cache = k.copy(), v.copy()
         else:
@@ -136,7 +103,7 @@ class DynamicCache:
 
         ``crop(0)`` empties the cache as new: the next update may set another dtype or leading axes.
         """
-        length = _check_crop(length, self.get_seq_length())
+        length = check_crop(length, self.get_seq_length())
         if length == 0:
             self.k_cache = self.v_cache = None
         elif self.k_cache is not None:
@@ -170,9 +137,7 @@ class StaticCache:
     """
 
     def __init__(self, batch_shape, max_seq_len, k_dim, v_dim, dtype=np.float64):
-        if not isinstance(batch_shape, (tuple, list)):
-            raise TypeError(f"batch_shape must be a tuple of ints such as () or (B,), got {batch_shape!r}")
-        batch_shape = tuple(as_size(f"batch_shape[{i}]", n) for i, n in enumerate(batch_shape))
+        batch_shape = as_batch_shape(batch_shape)
         max_seq_len, k_dim, v_dim = (
             as_size(name, n) for name, n in (("max_seq_len", max_seq_len), ("k_dim", k_dim), ("v_dim", v_dim))
         )
@@ -199,13 +164,9 @@ class StaticCache:
             TypeError: non-arrays, k and v not both float32 or both float64, or
                 float64 into a float32 cache.
         """
-        _check_new_positions(k, v, self)
+        check_new_positions(k, v, self)
+        check_room(self._length, k.shape[-2], self.max_seq_len)
         start, stop = self._length, self._length + k.shape[-2]
-        if stop > self.max_seq_len:
-            raise ValueError(
-                f"cache is full: {start} of max_seq_len={self.max_seq_len} positions "
-                f"used, cannot write {k.shape[-2]} more"
-            )
         self.k_cache[..., start:stop, :] = k
         self.v_cache[..., start:stop, :] = v
         self._length = stop
@@ -217,7 +178,7 @@ class StaticCache:
 
     def crop(self, length):
         """Keep only the first ``length`` positions (0 <= length <= get_seq_length())."""
-        length = _check_crop(length, self._length)
+        length = check_crop(length, self._length)
         self.k_cache[..., length:, :] = 0
         self.v_cache[..., length:, :] = 0
         self._length = length

@@ -16,7 +16,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from ._validation import as_size
+from ._validation import as_numeric_dtype, as_size, check_model_shape
 
 
 def kv_cache_bytes(*, batch, seq_len, n_layers, n_kv_heads, head_dim, dtype):
@@ -44,16 +44,7 @@ def kv_cache_bytes(*, batch, seq_len, n_layers, n_kv_heads, head_dim, dtype):
     counts = {"batch": (batch, 0), "seq_len": (seq_len, 0), "n_layers": (n_layers, 1)}
     counts.update(n_kv_heads=(n_kv_heads, 1), head_dim=(head_dim, 1))
     sizes = [as_size(name, value, minimum) for name, (value, minimum) in counts.items()]
-    if dtype is None:  # np.dtype(None) would silently mean float64
-        raise TypeError("dtype must be a numeric numpy dtype such as np.float16, got None")
-    try:
-        dtype = np.dtype(dtype)
-    except TypeError as error:
-        message = f"dtype must be a numeric numpy dtype such as np.float16, got {dtype!r}: {error}"
-        raise TypeError(message) from None
-    if dtype.kind not in "fiu":
-        raise TypeError(f"dtype must be a float or integer dtype, got {dtype}")
-    total = 2 * dtype.itemsize
+    total = 2 * as_numeric_dtype(dtype).itemsize
     for size in sizes:
         total *= size
     return total
@@ -77,10 +68,7 @@ class ModelShape:
 
     def __post_init__(self):
         """Raise TypeError/ValueError unless every count is an integer >= 1 and n_kv_heads divides n_heads."""
-        for name in ("n_layers", "n_heads", "n_kv_heads", "head_dim"):
-            as_size(name, getattr(self, name), minimum=1)
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}")
+        check_model_shape(self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim)
 
     def kv_cache_bytes(self, *, batch=1, seq_len=1, dtype=np.float16):
         """:func:`kv_cache_bytes` for this model; by default the bytes per token at fp16."""

@@ -12,7 +12,7 @@ Shapes at decode step t (B = batch, D = feature width):
 
 import numpy as np
 
-from ._validation import check_finite_output, check_projection_inputs, check_score_range
+from ._validation import check_cache_fits, check_finite_output, check_projection_inputs
 from .attention import _causal_attention, attend
 from .cache import DynamicCache, StaticCache, check_is_cache, rolled_back_on_error
 
@@ -24,7 +24,8 @@ def _decode(x, w_q, w_k, w_v, cache):
     call leaves a caller's cache unchanged.
     """
     out = np.empty(x.shape[:-1] + (w_v.shape[1],), dtype=np.result_type(x, w_v))  # [..., T, D_v]
-    _check_cache(cache, x, w_q, w_k, w_v, out.dtype)
+    check_is_cache(cache)
+    check_cache_fits(cache, x, w_q, w_k, w_v, out.dtype)
     with rolled_back_on_error(cache), np.errstate(over="ignore", invalid="ignore"):
         for t in range(x.shape[-2]):
             x_t = x[..., t : t + 1, :]  # [..., 1, D_model]
@@ -40,35 +41,6 @@ def _decode_preallocated(x, w_q, w_k, w_v, cache=None):
         dtype = np.result_type(x, w_k)
         cache = StaticCache(x.shape[:-2], x.shape[-2], w_k.shape[1], w_v.shape[1], dtype)
     return _decode(x, w_q, w_k, w_v, cache)
-
-
-def _check_cache(cache, x, w_q, w_k, w_v, dtype, layout=None):
-    """Raise unless ``cache`` is a cache instance that fits ``x``'s leading axes, the widths, dtype and T.
-
-    ``layout`` is ``(expected_k, expected_v, text)``: the shapes ``k_cache`` and
-    ``v_cache`` must have without their T axis, and the layout to name in the
-    error; by default ``x``'s leading axes with D_k and D_v (single head). Keys
-    already in the cache (a prefill) also enter the overflow bound of q·k.
-    """
-    check_is_cache(cache)
-    k_cache, v_cache = getattr(cache, "k_cache", None), getattr(cache, "v_cache", None)
-    if k_cache is None:
-        return
-    if layout is None:
-        layout = (x.shape[:-2] + (w_k.shape[1],), x.shape[:-2] + (w_v.shape[1],),
-                  f"vs x {x.shape}, D_k={w_k.shape[1]}, D_v={w_v.shape[1]}")
-    expected_k, expected_v, text = layout
-    if k_cache.shape[:-2] + k_cache.shape[-1:] != expected_k or v_cache.shape[:-2] + v_cache.shape[-1:] != expected_v:
-        raise ValueError(f"cache does not fit x: k_cache {k_cache.shape} and v_cache {v_cache.shape} {text}")
-    if k_cache.dtype != dtype:
-        raise TypeError(f"cache holds {k_cache.dtype} but the computation is {dtype}")
-    stored, room = cache.get_seq_length(), getattr(cache, "max_seq_len", None)
-    if room is not None and stored + x.shape[-2] > room:
-        raise ValueError(
-            f"cache too short: {stored} of max_seq_len={room} positions used, x needs T={x.shape[-2]} more"
-        )
-    if stored:
-        check_score_range(x, w_q, w_k, w_v, dtype, stored_k=k_cache[..., :stored, :])
 
 
 def decode_without_cache(x, w_q, w_k, w_v):

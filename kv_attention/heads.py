@@ -21,80 +21,17 @@ share a K/V head. This is the order of the Llama reference code's ``repeat_kv``
 
 import numpy as np
 
-from ._validation import as_float_array, as_size, check_finite_output, check_score_range
+from ._validation import (
+    check_choice,
+    check_finite_output,
+    check_head_cache_fits,
+    check_head_counts,
+    check_head_inputs,
+)
 from .attention import _causal_attention, attend
-from .cache import StaticCache, rolled_back_on_error
-from .decode import _check_cache
+from .cache import StaticCache, check_is_cache, rolled_back_on_error
 
 PATHS = ("repeat_kv", "grouped")
-
-
-def _check_head_counts(n_heads, n_kv_heads):
-    """Return ``(n_heads, n_kv_heads)`` as ints >= 1, with n_heads a multiple of n_kv_heads."""
-    n_heads = as_size("n_heads", n_heads, minimum=1)
-    n_kv_heads = as_size("n_kv_heads", n_kv_heads, minimum=1)
-    if n_heads % n_kv_heads:
-        raise ValueError(
-            f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: "
-            "every K/V head must serve the same number of query heads"
-        )
-    return n_heads, n_kv_heads
-
-
-def _head_dim(w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
-    """D_head = ``w_q.shape[1] // n_heads``; ValueError unless every weight's width is heads × D_head."""
-    head_dim, rest = divmod(w_q.shape[1], n_heads)
-    if rest or head_dim == 0:
-        raise ValueError(
-            f"w_q has {w_q.shape[1]} columns, which is not n_heads={n_heads} × head_dim "
-            f"for any head_dim >= 1: w_q {w_q.shape}"
-        )
-    for name, w in (("w_k", w_k), ("w_v", w_v)):
-        if w.shape[1] != n_kv_heads * head_dim:
-            raise ValueError(
-                f"{name} has {w.shape[1]} columns but n_kv_heads × head_dim = {n_kv_heads} × {head_dim} "
-                f"= {n_kv_heads * head_dim} (head_dim from w_q {w_q.shape}, n_heads={n_heads}): "
-                f"{name} {w.shape}"
-            )
-    if w_o.shape[0] != n_heads * head_dim:
-        raise ValueError(
-            f"w_o has {w_o.shape[0]} rows but n_heads × head_dim = {n_heads} × {head_dim} "
-            f"= {n_heads * head_dim}: w_o {w_o.shape}"
-        )
-    return head_dim
-
-
-def _check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
-    """Validate ``x`` and the four weights of multi-head attention.
-
-    Returns:
-        ``(x, w_q, w_k, w_v, w_o, head_dim, dtype)``: the weights cast to ``dtype``
-        (a new array only when the dtype differs), ``dtype = np.result_type`` of
-        all five inputs, ``head_dim = w_q.shape[1] // n_heads``.
-
-    Raises:
-        TypeError: an input is not float32/float64.
-        ValueError: NaN/inf, a wrong number of axes, weight rows that do not
-            match D_model (w_q, w_k, w_v), weight widths that are not heads ×
-            head_dim, or inputs so large that q·k could overflow the dtype.
-    """
-    x = as_float_array("x", x)
-    weights = {n: as_float_array(n, w) for n, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v), ("w_o", w_o))}
-    if x.ndim not in (2, 3):
-        raise ValueError(f"x must be [T, D_model] or [B, T, D_model], got shape {x.shape}")
-    for name, w in weights.items():
-        if w.ndim != 2:
-            raise ValueError(f"{name} must be a matrix [rows, columns], got shape {w.shape}")
-        if name != "w_o" and w.shape[0] != x.shape[-1]:
-            raise ValueError(
-                f"{name} has {w.shape[0]} rows but x has D_model={x.shape[-1]}: x {x.shape}, {name} {w.shape}"
-            )
-    w_q, w_k, w_v, w_o = weights.values()
-    head_dim = _head_dim(w_q, w_k, w_v, w_o, n_heads, n_kv_heads)
-    dtype = np.result_type(x, w_q, w_k, w_v, w_o)
-    check_score_range(x, w_q, w_k, w_v, dtype)  # |q_h| <= |x|·|w_q|_F: one bound covers every head
-    w_q, w_k, w_v, w_o = (w.astype(dtype, copy=False) for w in (w_q, w_k, w_v, w_o))
-    return x, w_q, w_k, w_v, w_o, head_dim, dtype
 
 
 def multi_head_attention(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads):
@@ -122,8 +59,8 @@ def multi_head_attention(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads):
         ValueError: n_heads not divisible by n_kv_heads, a count < 1, shapes that
             do not fit (named in the message), NaN/inf in an input, or overflow.
     """
-    n_heads, n_kv_heads = _check_head_counts(n_heads, n_kv_heads)
-    x, w_q, w_k, w_v, w_o, head_dim, _ = _check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads)
+    n_heads, n_kv_heads = check_head_counts(n_heads, n_kv_heads)
+    x, w_q, w_k, w_v, w_o, head_dim, _ = check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads)
     group = n_heads // n_kv_heads
     heads = []
     with np.errstate(over="ignore", invalid="ignore"):
@@ -174,17 +111,6 @@ def _attend_grouped(q, k, v):
 
 
 _STEPS = {"repeat_kv": _attend_repeat_kv, "grouped": _attend_grouped}
-
-
-def _check_head_cache(cache, x, w_q, w_k, w_v, n_kv_heads, head_dim, dtype):
-    """Raise unless ``cache`` fits ``[*x.shape[:-2], H_kv, T_max, D_head]``, the dtype and T more positions.
-
-    Keys already in the cache (a prefill) also enter the overflow bound of q·k.
-    """
-    expected = x.shape[:-2] + (n_kv_heads, head_dim)  # the cache's shape without its T_max axis
-    layout = ", ".join(map(str, x.shape[:-2] + (n_kv_heads, "T_max", head_dim)))
-    text = f"must be [{layout}] for x {x.shape}, n_kv_heads={n_kv_heads}, head_dim={head_dim}"
-    _check_cache(cache, x, w_q, w_k, w_v, dtype, layout=(expected, expected, text))
 
 
 def _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache):
@@ -247,12 +173,12 @@ def multi_head_decode(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, path="group
             an input, a ``cache`` that does not fit or is too short, or overflow.
             A given ``cache`` is left unchanged.
     """
-    if not isinstance(path, str) or path not in _STEPS:
-        raise ValueError(f"unknown path {path!r}; known: {', '.join(PATHS)}")
-    n_heads, n_kv_heads = _check_head_counts(n_heads, n_kv_heads)
-    x, w_q, w_k, w_v, w_o, head_dim, dtype = _check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads)
+    check_choice("path", path, PATHS)
+    n_heads, n_kv_heads = check_head_counts(n_heads, n_kv_heads)
+    x, w_q, w_k, w_v, w_o, head_dim, dtype = check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads)
     if cache is None:
         cache = StaticCache(x.shape[:-2] + (n_kv_heads,), x.shape[-2], head_dim, head_dim, dtype)
     else:
-        _check_head_cache(cache, x, w_q, w_k, w_v, n_kv_heads, head_dim, dtype)
+        check_is_cache(cache)
+        check_head_cache_fits(cache, x, w_q, w_k, w_v, n_kv_heads, head_dim, dtype)
     return _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, _STEPS[path], cache)

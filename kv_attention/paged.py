@@ -17,7 +17,15 @@ import math
 
 import numpy as np
 
-from ._validation import as_float_array, as_float_dtype, as_size
+from ._validation import (
+    as_float_dtype,
+    as_id_list,
+    as_size,
+    check_known_ids,
+    check_new_id,
+    check_paged_positions,
+    check_update_ids,
+)
 
 
 class OutOfBlocksError(RuntimeError):
@@ -81,9 +89,7 @@ class PagedKVCache:
         Raises:
             ValueError: ``seq_id`` is already in the cache. TypeError: it is not hashable.
         """
-        self._check_hashable(seq_id)
-        if seq_id in self._block_tables:
-            raise ValueError(f"sequence {seq_id!r} is already in the cache")
+        check_new_id(seq_id, self._block_tables)
         self._block_tables[seq_id] = []
         self._lengths[seq_id] = 0
 
@@ -93,19 +99,19 @@ class PagedKVCache:
         Raises:
             ValueError: ``seq_id`` is not in the cache.
         """
-        self._check_known([seq_id])
+        check_known_ids([seq_id], self._block_tables)
         self._free_blocks.extend(reversed(self._block_tables.pop(seq_id)))
         del self._lengths[seq_id]
 
     def get_seq_length(self, seq_id):
         """Tokens stored for ``seq_id`` (int). ValueError if it is not in the cache."""
-        self._check_known([seq_id])
+        check_known_ids([seq_id], self._block_tables)
         return self._lengths[seq_id]
 
     def get_seq_lengths(self, seq_ids):
         """Tokens stored for each of ``seq_ids``: ``[N]`` int64. ValueError if one is not in the cache."""
-        seq_ids = self._as_id_list(seq_ids)
-        self._check_known(seq_ids)
+        seq_ids = as_id_list(seq_ids)
+        check_known_ids(seq_ids, self._block_tables)
         return np.array([self._lengths[s] for s in seq_ids], dtype=np.int64)
 
     def block_table(self, seq_id):
@@ -114,7 +120,7 @@ class PagedKVCache:
         Raises:
             ValueError: ``seq_id`` is not in the cache.
         """
-        self._check_known([seq_id])
+        check_known_ids([seq_id], self._block_tables)
         return tuple(self._block_tables[seq_id])
 
     def update(self, seq_ids, k, v):
@@ -139,8 +145,8 @@ class PagedKVCache:
                 into a float32 pool.
             On any error the pool, the free list and every block table are unchanged.
         """
-        seq_ids = self._check_ids(seq_ids)
-        k, v = self._check_new_positions(seq_ids, k, v)
+        seq_ids = check_update_ids(seq_ids, self._block_tables)
+        k, v = check_paged_positions(k, v, len(seq_ids), self)
         t_new = k.shape[1]
         needed = [self._blocks_for(self._lengths[s] + t_new) - len(self._block_tables[s]) for s in seq_ids]
         if sum(needed) > len(self._free_blocks):
@@ -176,7 +182,7 @@ class PagedKVCache:
         Raises:
             ValueError: a sequence not in the cache.
         """
-        seq_ids = self._as_id_list(seq_ids)
+        seq_ids = as_id_list(seq_ids)
         lengths = self.get_seq_lengths(seq_ids)  # checks every id
         tables = [self._block_tables[s] for s in seq_ids]
         n, width = len(seq_ids), max((len(t) for t in tables), default=0)
@@ -245,50 +251,3 @@ class PagedKVCache:
             table, start = self._block_tables[seq_id], self._lengths[seq_id]
             slots.append([table[p // size] * size + p % size for p in range(start, start + t_new)])
         return np.array(slots, dtype=np.int64).reshape(len(seq_ids), t_new)
-
-    @staticmethod
-    def _as_id_list(seq_ids):
-        """``seq_ids`` as a list; TypeError unless it is an ordered sequence (list, tuple, array, range)."""
-        if not isinstance(seq_ids, (list, tuple, np.ndarray, range)):
-            raise TypeError(
-                f"seq_ids must be a list, tuple or array of sequence ids (ordered: row i is seq_ids[i]), "
-                f"got {type(seq_ids).__name__} {seq_ids!r}"
-            )
-        return list(seq_ids)
-
-    def _check_ids(self, seq_ids):
-        seq_ids = self._as_id_list(seq_ids)
-        self._check_known(seq_ids)
-        if len(set(seq_ids)) != len(seq_ids):
-            raise ValueError(f"seq_ids repeats a sequence: {seq_ids}")
-        return seq_ids
-
-    def _check_known(self, seq_ids):
-        for seq_id in seq_ids:
-            self._check_hashable(seq_id)
-            if seq_id not in self._block_tables:
-                raise ValueError(f"sequence {seq_id!r} is not in the cache; known: {list(self._block_tables)}")
-
-    @staticmethod
-    def _check_hashable(seq_id):
-        try:
-            hash(seq_id)
-        except TypeError:
-            raise TypeError(f"a sequence id must be hashable, got {seq_id!r}") from None
-
-    def _check_new_positions(self, seq_ids, k, v):
-        """Return k, v as arrays, or raise unless they are ``[N, T_new, D_k]``/``[N, T_new, D_v]`` for the pool."""
-        k, v = as_float_array("k", k), as_float_array("v", v)
-        expected_k = (len(seq_ids), k.shape[1] if k.ndim == 3 else "T_new", self.k_cache.shape[-1])
-        expected_v = (len(seq_ids), expected_k[1], self.v_cache.shape[-1])
-        if k.shape != expected_k or v.shape != expected_v:
-            raise ValueError(
-                f"k and v must be [N, T_new, D_k] and [N, T_new, D_v] for N={len(seq_ids)} seq_ids, "
-                f"D_k={expected_k[2]}, D_v={expected_v[2]}: got k {k.shape}, v {v.shape}"
-            )
-        if v.dtype != k.dtype or not np.can_cast(k.dtype, self.k_cache.dtype, casting="safe"):
-            raise TypeError(
-                f"k and v must both be float32 or both float64 and fit the pool's {self.k_cache.dtype}: "
-                f"got {k.dtype} and {v.dtype}"
-            )
-        return k, v

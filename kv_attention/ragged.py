@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import as_float_array, as_size, check_finite_output, check_projection_inputs
+from ._validation import as_size, check_choice, check_finite_output, check_ragged_inputs
 from .attention import attend
 from .paged import PagedKVCache
 
@@ -229,70 +229,16 @@ class _PagedBatch:
 _BATCHES = {"padded": _PaddedBatch, "compacted": _CompactedBatch, "paged": _PagedBatch}
 
 
-def _check_options(strategy, block_size, num_blocks):
-    if not isinstance(strategy, str) or strategy not in _BATCHES:
-        raise ValueError(f"unknown strategy {strategy!r}; known: {', '.join(RAGGED_STRATEGIES)}")
-    block_size = as_size("block_size", block_size, minimum=1)
-    if num_blocks is not None:
-        num_blocks = as_size("num_blocks", num_blocks)
-    return block_size, num_blocks
-
-
-_MAX_STEP = 2**62  # start_steps[i] + lengths[i] must stay within int64
-
-
-def _as_sizes(name, values, count):
-    """``values`` as an int64 array of ``count`` non-negative integers, or raise naming ``name``."""
-    if isinstance(values, (str, bytes)) or np.ndim(values) != 1 or len(values) != count:
-        raise ValueError(f"{name} must be {count} integers, one per sequence, got {values!r}")
-    sizes = [as_size(f"{name}[{i}]", n) for i, n in enumerate(values)]
-    for i, n in enumerate(sizes):
-        if n > _MAX_STEP:
-            raise ValueError(f"{name}[{i}]={n} is too large: at most 2**62 decode steps")
-    return np.array(sizes, dtype=np.int64)
-
-
-def _split(x, lengths):
-    """The sequences of ``x``: a list of ``[T_i, D_model]`` arrays and whether x came padded."""
-    if isinstance(x, (list, tuple)):
-        if lengths is not None:
-            raise ValueError("lengths is for a padded x [B, T_max, D_model]; a list of sequences carries its own")
-        seqs = [as_float_array(f"x[{i}]", seq) for i, seq in enumerate(x)]
-        for i, seq in enumerate(seqs):
-            if seq.ndim != 2:
-                raise ValueError(f"x[{i}] must be [T_i, D_model], got shape {seq.shape}")
-        return seqs, False
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"x must be a list of [T_i, D_model] arrays or an ndarray [B, T_max, D_model], got {type(x)}")
-    if x.ndim != 3:
-        raise ValueError(f"a padded x must be [B, T_max, D_model], got shape {x.shape}")
-    as_float_array("x", x[:, :0])  # the dtype, even when every length is 0
-    lengths = np.full(x.shape[0], x.shape[1]) if lengths is None else _as_sizes("lengths", lengths, x.shape[0])
-    if lengths.size and lengths.max() > x.shape[1]:
-        raise ValueError(f"lengths must be at most T_max={x.shape[1]} of x {x.shape}, got {lengths.tolist()}")
-    # Only x[b, :T_b] is read (checked, copied): the padding may hold anything.
-    return [as_float_array(f"x[{b}, :{n}]", x[b, :n]) for b, n in enumerate(lengths)], True
-
-
-def _check_problem(x, w_q, w_k, w_v, lengths, start_steps):
-    """Validate everything up front; return the :class:`_Problem` and the output form."""
-    seqs, padded = _split(x, lengths)
-    d_model = seqs[0].shape[1] if seqs else (np.shape(w_q)[:1] or (0,))[0]
-    for i, seq in enumerate(seqs):
-        if seq.shape[1] != d_model:
-            raise ValueError(f"every sequence must share D_model: x[0] has {d_model}, x[{i}] has shape {seq.shape}")
-    empty_dtype = x.dtype if isinstance(x, np.ndarray) else np.float64  # B = 0 keeps a padded x's dtype
-    flat = np.concatenate(seqs) if seqs else np.empty((0, d_model), empty_dtype)  # [sum T_i, D_model]
-    _, w_q, w_k, w_v, dtype = check_projection_inputs(flat, w_q, w_k, w_v, x_ndims=(2,))
-    n_seqs = len(seqs)
+def _make_problem(x, w_q, w_k, w_v, lengths, start_steps):
+    """The validated :class:`_Problem`, and the output's T_max for a padded x (None for a list)."""
+    seqs, padded, weights, dtype, start_steps = check_ragged_inputs(x, w_q, w_k, w_v, lengths, start_steps)
     lengths = np.array([len(seq) for seq in seqs], dtype=np.int64)
-    start_steps = np.zeros(n_seqs, np.int64) if start_steps is None else _as_sizes("start_steps", start_steps, n_seqs)
     t_max = int(lengths.max(initial=0))
-    x_pad = np.zeros((n_seqs, t_max + 1, d_model), dtype)  # [B, T_max + 1, D_model]; row T_max stays zero
+    x_pad = np.zeros((len(seqs), t_max + 1, weights[0].shape[0]), dtype)  # [B, T_max + 1, D_model]; row T_max zero
     for b, seq in enumerate(seqs):
         x_pad[b, : len(seq)] = seq
     out_len = x.shape[1] if padded else None
-    return _Problem(x_pad, lengths, start_steps, (w_q, w_k, w_v), dtype), out_len
+    return _Problem(x_pad, lengths, start_steps, weights, dtype), out_len
 
 
 def _steps(batch, problem):
@@ -324,8 +270,10 @@ def _steps(batch, problem):
 
 
 def _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blocks):
-    block_size, num_blocks = _check_options(strategy, block_size, num_blocks)
-    problem, out_len = _check_problem(x, w_q, w_k, w_v, lengths, start_steps)
+    check_choice("strategy", strategy, RAGGED_STRATEGIES)
+    block_size = as_size("block_size", block_size, minimum=1)
+    num_blocks = None if num_blocks is None else as_size("num_blocks", num_blocks)
+    problem, out_len = _make_problem(x, w_q, w_k, w_v, lengths, start_steps)
     return _BATCHES[strategy](problem, block_size, num_blocks), problem, out_len
 
 
