@@ -1,13 +1,17 @@
-"""K/V caches: grown by concatenation (dynamic) or preallocated once (static).
+"""K/V caches: the :class:`Cache` protocol, grown by concatenation (dynamic) or preallocated (static).
 
-Both hold ``k_cache: [..., T, D_k]`` and ``v_cache: [..., T, D_v]``. The
-leading ``...`` axes are free: ``[]`` for one sequence, ``[B]`` for a batch,
-``[B, H_kv]`` for multi-head caches. New positions are appended along axis -2.
+A cache holds ``k_cache: [..., T, D_k]`` and ``v_cache: [..., T, D_v]``; the
+leading ``...`` axes are free (``[]`` one sequence, ``[B]`` a batch, ``[B, H_kv]``
+multi-head), and new positions are appended along axis -2. The interface is that
+of Hugging Face ``transformers`` ``cache_utils`` (``DynamicCache``, ``StaticCache``);
+the static cache is also gpt-fast's ``KVCache``.
 
-The interface follows Hugging Face ``transformers`` ``cache_utils``
-(``DynamicCache``, ``StaticCache``): ``update(k, v)`` stores new positions and
-returns the keys and values so far, ``get_seq_length()`` counts positions,
-``crop(length)`` drops positions past ``length``.
+Errors: ``update`` raises TypeError for non-arrays, k and v not both float32 or
+both float64, or float64 into a float32 cache, and ValueError for shapes that do
+not fit each other or the cache (or, static, writing past T_max); ``crop`` takes
+an integer in [0, get_seq_length()]; a constructor raises TypeError for a size
+that is not an integer or a dtype other than float32/float64, and ValueError for
+a negative size. A call that raises leaves the cache unchanged.
 """
 
 from contextlib import contextmanager
@@ -20,15 +24,14 @@ from ._validation import as_batch_shape, as_float_dtype, as_size, check_crop, ch
 
 @runtime_checkable
 class Cache(Protocol):
-    """What a decode needs of a K/V cache; :class:`DynamicCache` and :class:`StaticCache` are two.
+    """What a decode needs of a K/V cache; :class:`DynamicCache` and :class:`StaticCache` have it.
 
-    A cache may also hold ``k_cache: [..., T, D_k]`` and ``v_cache: [..., T, D_v]``
-    (None while empty) and ``max_seq_len``; a decode checks them against its
-    inputs when they are there.
+    A cache may also hold ``k_cache``/``v_cache`` (None while empty) and
+    ``max_seq_len``; a decode checks them against its inputs when they are there.
     """
 
     def update(self, k, v):
-        """Store ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]``; return every position's keys and values."""
+        """Store ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]``; return ``(k_cache, v_cache)`` so far."""
 
     def get_seq_length(self):
         """Number of positions stored."""
@@ -65,9 +68,7 @@ class DynamicCache:
     the cost the preallocated :class:`StaticCache` avoids. The dtype and the
     leading axes are fixed by the first update.
 
-    Attributes:
-        k_cache: ``[..., T, D_k]`` or None before the first update.
-        v_cache: ``[..., T, D_v]`` or None before the first update.
+    ``k_cache`` and ``v_cache`` are None before the first update.
     """
 
     def __init__(self):
@@ -75,16 +76,9 @@ class DynamicCache:
         self.v_cache = None
 
     def update(self, k, v):
-        """Append ``k: [..., T_new, D_k]`` and ``v: [..., T_new, D_v]``.
+        """Append ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]``; return ``(k_cache, v_cache)``.
 
-        Returns:
-            ``(k_cache, v_cache)``: ``[..., T, D_k]`` and ``[..., T, D_v]``, every
-            position so far. Do not write to them.
-
-        Raises:
-            TypeError: non-arrays, k and v not both float32 or both float64, or
-                float64 into a float32 cache.
-            ValueError: shapes that do not fit each other or the cache.
+        The returned arrays are the cache's own: do not write to them.
         """
         check_new_positions(k, v, self)
         if self.k_cache is None:
@@ -119,28 +113,16 @@ class DynamicCache:
 class StaticCache:
     """A K/V cache whose buffers are allocated once and written in place.
 
-    Args:
-        batch_shape: the leading axes, e.g. ``()``, ``(B,)`` or ``(B, H_kv)``.
-        max_seq_len: T_max, the number of positions the buffers hold.
-        k_dim: D_k. v_dim: D_v.
-        dtype: float32 or float64 (default float64).
-
-    Attributes:
-        k_cache: ``[*batch_shape, T_max, D_k]``, zero past ``get_seq_length()``.
-        v_cache: ``[*batch_shape, T_max, D_v]``.
-
-    Raises:
-        ValueError: a negative size. TypeError: a size that is not an integer, or
-            a dtype other than float32/float64.
-
-    Same idea as Hugging Face ``StaticCache`` and gpt-fast's ``KVCache``.
+    ``batch_shape`` is the leading axes, e.g. ``()``, ``(B,)`` or ``(B, H_kv)``; the
+    buffers ``k_cache: [*batch_shape, max_seq_len, k_dim]`` and ``v_cache:
+    [*batch_shape, max_seq_len, v_dim]`` are zero past ``get_seq_length()``.
+    ``dtype``: float32 or float64 (default float64).
     """
 
     def __init__(self, batch_shape, max_seq_len, k_dim, v_dim, dtype=np.float64):
         batch_shape = as_batch_shape(batch_shape)
-        max_seq_len, k_dim, v_dim = (
-            as_size(name, n) for name, n in (("max_seq_len", max_seq_len), ("k_dim", k_dim), ("v_dim", v_dim))
-        )
+        sizes = {"max_seq_len": max_seq_len, "k_dim": k_dim, "v_dim": v_dim}
+        max_seq_len, k_dim, v_dim = (as_size(name, n) for name, n in sizes.items())
         dtype = as_float_dtype(dtype)
         self.k_cache = np.zeros(batch_shape + (max_seq_len, k_dim), dtype)
         self.v_cache = np.zeros(batch_shape + (max_seq_len, v_dim), dtype)
@@ -152,17 +134,9 @@ class StaticCache:
         return self.k_cache.shape[-2]
 
     def update(self, k, v):
-        """Write ``k: [..., T_new, D_k]`` and ``v: [..., T_new, D_v]`` after the stored positions.
+        """Write ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]`` after the stored positions.
 
-        Returns:
-            ``(k_cache, v_cache)``: views ``[..., T, D_k]`` and ``[..., T, D_v]`` of
-            the buffers, every position so far. Do not write to them.
-
-        Raises:
-            ValueError: shapes that do not fit, or writing past T_max; the cache
-                is left unchanged.
-            TypeError: non-arrays, k and v not both float32 or both float64, or
-                float64 into a float32 cache.
+        Returns views ``[..., T, D_k]``, ``[..., T, D_v]`` of the buffers; do not write to them.
         """
         check_new_positions(k, v, self)
         check_room(self._length, k.shape[-2], self.max_seq_len)
