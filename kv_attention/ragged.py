@@ -21,8 +21,20 @@ Strategies (the ``strategy=`` of :func:`ragged_decode`):
                leaving frees blocks, and no token is ever moved.
 
 Axis letters: B sequences, N rows computed at a step, S key positions, D feature width.
+Inputs: ``x``, a list of B arrays ``[T_i, D_model]`` or a padded ``[B, T_max, D_model]``
+(only ``x[b, :T_b]`` is read; the padding may hold anything), and ``w_q, w_k:
+[D_model, D_k]``, ``w_v: [D_model, D_v]``, float32 or float64; outputs are in
+``np.result_type`` of the inputs.
+
+Errors, checked before the first step: TypeError for an x that is neither a list
+nor an ndarray, an input that is not a float32/float64 array, or a length or start
+step that is not an integer; ValueError for an unknown strategy, shapes that do
+not fit (named in the message), lengths or start_steps of the wrong count or out
+of range, NaN/inf, or scores that overflow. OutOfBlocksError comes from the step
+at which ``num_blocks`` is too small for the sequences in the batch.
+
 Method: masked attention as in Vaswani et al. 2017; continuous batching as in
-Orca (Yu et al. 2022); the paged cache as in vLLM (Kwon et al. 2023).
+Orca (Yu et al. 2022); the paged cache as PagedAttention in vLLM (Kwon et al. 2023).
 """
 
 import math
@@ -280,15 +292,12 @@ def _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blo
 def ragged_decode_steps(
     x, w_q, w_k, w_v, *, lengths=None, start_steps=None, strategy="compacted", block_size=16, num_blocks=None
 ):
-    """The decode of :func:`ragged_decode`, one step at a time, as a server streams tokens.
+    """The decode of :func:`ragged_decode` (same arguments), one step at a time, as a server streams tokens.
 
     Inputs are validated before this returns; the iterator then yields, for each
     step with at least one sequence in the batch, ``(seq_ids, positions, out)``:
     ``seq_ids: [N]`` and ``positions: [N]`` int64 (the sequences in the batch and
     the position each decoded) and ``out: [N, D_v]``, their outputs.
-
-    Args and Raises: as :func:`ragged_decode` (errors of the decode itself,
-    such as OutOfBlocksError, come from the step that meets them).
     """
     batch, problem, _ = _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blocks)
     return ((seq_ids, positions, out) for seq_ids, positions, out, _ in _steps(batch, problem))
@@ -309,13 +318,7 @@ def ragged_decode(
 ):
     """Decode B sequences of different lengths in one batch; each equals decoding it alone.
 
-    Continuous batching as in Orca (Yu et al. 2022); the paged strategy keeps
-    K/V as PagedAttention does (Kwon et al. 2023, vLLM).
-
     Args:
-        x: a list of B arrays ``[T_i, D_model]``, or a padded ``[B, T_max, D_model]``
-            with ``lengths`` (only ``x[b, :T_b]`` is read; the padding may hold anything).
-        w_q: ``[D_model, D_k]``. w_k: ``[D_model, D_k]``. w_v: ``[D_model, D_v]``.
         lengths: B integers T_b <= T_max, for a padded x only (default: all T_max).
         start_steps: B integers >= 0 (default all 0): sequence i joins the batch
             at decode step start_steps[i], as in continuous batching.
@@ -327,16 +330,7 @@ def ragged_decode(
 
     Returns:
         A list of B arrays ``[T_i, D_v]`` for a list x, else ``[B, T_max, D_v]``
-        with zeros past each length; in ``np.result_type`` of the inputs. With
-        ``return_stats``, ``(outputs, stats)``.
-
-    Raises:
-        TypeError: x is neither a list nor an ndarray, an input is not a
-            float32/float64 array, or a length or start step is not an integer.
-        ValueError: an unknown strategy, shapes that do not fit (named in the
-            message), lengths or start_steps of the wrong count or out of range,
-            NaN/inf in an input, or scores that overflow the dtype.
-        OutOfBlocksError: ``num_blocks`` too small for the sequences in the batch at some step.
+        with zeros past each length. With ``return_stats``, ``(outputs, stats)``.
     """
     batch, problem, out_len = _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blocks)
     d_v = problem.weights[2].shape[1]
