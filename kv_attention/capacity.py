@@ -9,6 +9,9 @@ sequence, one key and one value of ``head_dim`` elements:
 and of vLLM, Kwon et al. 2023, "Efficient Memory Management for Large Language
 Model Serving with PagedAttention"). Query heads do not appear: sharing
 K/V heads (GQA, MQA) is what shrinks the cache.
+
+A count below its minimum raises ValueError naming it and its value; a count that
+is not an integer, or a dtype that is not numeric, raises TypeError.
 """
 
 from dataclasses import dataclass
@@ -20,26 +23,13 @@ from ._validation import as_numeric_dtype, as_size, check_model_shape
 
 
 def kv_cache_bytes(*, batch, seq_len, n_layers, n_kv_heads, head_dim, dtype):
-    """Logical size of a K/V cache in bytes.
+    """Logical size of a K/V cache in bytes, as a Python int (exact, never overflows).
 
-    bytes = 2 × n_layers × n_kv_heads × head_dim × seq_len × batch × itemsize.
-
-    Args:
-        batch: B >= 0 sequences.
-        seq_len: T >= 0 positions per sequence.
-        n_layers, n_kv_heads, head_dim: >= 1.
-        dtype: the cache's element type, anything ``np.dtype`` accepts with a
-            numeric kind (float, signed or unsigned integer), e.g. ``np.float16``
-            (2 bytes; also the size of bfloat16) or ``np.int8`` for an 8-bit cache.
-
-    Returns:
-        bytes (a Python int: exact, never overflows). A one-layer
-        ``StaticCache((B, n_kv_heads), T, head_dim, head_dim, dtype)`` filled to
-        T positions has this ``nbytes``.
-
-    Raises:
-        ValueError: a count below its minimum (the message names it and its value).
-        TypeError: a count that is not an integer, or a dtype that is not numeric.
+    ``batch`` and ``seq_len`` >= 0; ``n_layers``, ``n_kv_heads``, ``head_dim`` >= 1.
+    ``dtype``: anything ``np.dtype`` accepts with a float or integer kind, e.g.
+    ``np.float16`` (2 bytes; also the size of bfloat16) or ``np.int8`` for an 8-bit
+    cache. A one-layer ``StaticCache((B, n_kv_heads), T, head_dim, head_dim, dtype)``
+    filled to T positions has this ``nbytes``.
     """
     counts = {"batch": (batch, 0), "seq_len": (seq_len, 0), "n_layers": (n_layers, 1)}
     counts.update(n_kv_heads=(n_kv_heads, 1), head_dim=(head_dim, 1))
@@ -67,7 +57,7 @@ class ModelShape:
     head_dim: int
 
     def __post_init__(self):
-        """Raise TypeError/ValueError unless every count is an integer >= 1 and n_kv_heads divides n_heads."""
+        """Every count must be an integer >= 1, and n_kv_heads must divide n_heads."""
         check_model_shape(self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim)
 
     def kv_cache_bytes(self, *, batch=1, seq_len=1, dtype=np.float16):

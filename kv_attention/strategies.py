@@ -28,10 +28,6 @@ EXPERIMENTS = {
 
 
 def get_strategy(name):
-    """Return the decode function registered as ``name``.
-
-    Raises:
-        ValueError: ``name`` is not a registered strategy (the message lists them).
-    """
+    """Return the decode function registered as ``name``; ValueError (listing the names) for another."""
     check_choice("strategy", name, STRATEGIES)
     return STRATEGIES[name]
