@@ -5,10 +5,12 @@ raises TypeError (a type or dtype) or ValueError (a value or a shape), naming
 the argument and the shapes, and changes nothing. Arrays must be float32 or
 float64; a computation runs in ``np.result_type`` of its inputs.
 
-Two rules live elsewhere: whether an object is a cache at all is the
-``isinstance`` test of the ``Cache`` protocol (``cache.check_is_cache``; this
-module cannot import cache.py, which imports it), and a paged pool running out
-of blocks is ``paged.OutOfBlocksError``, a state of the pool, not bad input.
+Two kinds of rule live elsewhere. Whether an object is a cache at all is the
+``isinstance`` test of the ``Cache`` protocol (``cache.check_is_cache``: this
+module cannot import cache.py, which imports it). And a store running out of
+room is the store's own state, not bad input: ``StaticCache.update`` past
+max_seq_len, and ``paged.OutOfBlocksError``. (A decode checks a given cache's
+room up front, here, in :func:`check_cache_fits`.)
 """
 
 import math
@@ -274,15 +276,6 @@ def check_new_positions(k, v, cache):
         )
     if not np.can_cast(k.dtype, cache.k_cache.dtype, casting="safe"):
         raise TypeError(f"k and v are {k.dtype}, which the cache's {cache.k_cache.dtype} cannot hold without loss")
-
-
-def check_room(stored, t_new, max_seq_len):
-    """Raise ValueError unless ``t_new`` more positions fit after ``stored`` in ``max_seq_len``."""
-    if stored + t_new > max_seq_len:
-        raise ValueError(
-            f"cache is full: {stored} of max_seq_len={max_seq_len} positions "
-            f"used, cannot write {t_new} more"
-        )
 
 
 def check_crop(length, stored):

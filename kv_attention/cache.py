@@ -14,12 +14,11 @@ that is not an integer or a dtype other than float32/float64, and ValueError for
 a negative size. A call that raises leaves the cache unchanged.
 """
 
-from contextlib import contextmanager
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from ._validation import as_batch_shape, as_float_dtype, as_size, check_crop, check_new_positions, check_room
+from ._validation import as_batch_shape, as_float_dtype, as_size, check_crop, check_new_positions
 
 
 @runtime_checkable
@@ -49,15 +48,22 @@ def check_is_cache(cache):
         )
 
 
-@contextmanager
-def rolled_back_on_error(cache):
-    """On any error in the block, crop ``cache`` back to the length it had, then re-raise."""
-    start = cache.get_seq_length()
-    try:
-        yield
-    except BaseException:
-        cache.crop(start)
-        raise
+class rolled_back_on_error:
+    """Context manager: on any error in the block, crop ``cache`` back to the length it had; the error propagates.
+
+    A class, as ``contextlib.suppress`` is: it runs on every decode call, and a
+    generator-based one would execute four times as many Python lines.
+    """
+
+    def __init__(self, cache):
+        self.cache, self.start = cache, cache.get_seq_length()
+
+    def __enter__(self):
+        return self.cache
+
+    def __exit__(self, error_type, error, traceback):
+        if error_type is not None:
+            self.cache.crop(self.start)
 
 
 class DynamicCache:
@@ -139,8 +145,12 @@ class StaticCache:
         Returns views ``[..., T, D_k]``, ``[..., T, D_v]`` of the buffers; do not write to them.
         """
         check_new_positions(k, v, self)
-        check_room(self._length, k.shape[-2], self.max_seq_len)
         start, stop = self._length, self._length + k.shape[-2]
+        if stop > self.max_seq_len:  # the cache's own state, as paged's OutOfBlocksError
+            raise ValueError(
+                f"cache is full: {start} of max_seq_len={self.max_seq_len} positions "
+                f"used, cannot write {k.shape[-2]} more"
+            )
         self.k_cache[..., start:stop, :] = k
         self.v_cache[..., start:stop, :] = v
         self._length = stop

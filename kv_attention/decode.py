@@ -27,11 +27,16 @@ from .attention import _causal_attention, attend
 from .cache import DynamicCache, StaticCache, check_is_cache, rolled_back_on_error
 
 
+def _checked(cache, x, w_q, w_k, w_v):
+    """A caller's ``cache``, once it is known to be a Cache that fits validated ``x`` and weights."""
+    check_is_cache(cache)
+    check_cache_fits(cache, x, w_q, w_k, w_v, np.result_type(x, w_v))
+    return cache
+
+
 def _decode(x, w_q, w_k, w_v, cache):
     """The decode loop over validated ``x: [..., T, D_model]`` through ``cache``."""
     out = np.empty(x.shape[:-1] + (w_v.shape[1],), dtype=np.result_type(x, w_v))  # [..., T, D_v]
-    check_is_cache(cache)
-    check_cache_fits(cache, x, w_q, w_k, w_v, out.dtype)
     with rolled_back_on_error(cache), np.errstate(over="ignore", invalid="ignore"):
         for t in range(x.shape[-2]):
             x_t = x[..., t : t + 1, :]  # [..., 1, D_model]
@@ -46,6 +51,8 @@ def _decode_preallocated(x, w_q, w_k, w_v, cache=None):
     if cache is None:
         dtype = np.result_type(x, w_k)
         cache = StaticCache(x.shape[:-2], x.shape[-2], w_k.shape[1], w_v.shape[1], dtype)
+    else:
+        cache = _checked(cache, x, w_q, w_k, w_v)
     return _decode(x, w_q, w_k, w_v, cache)
 
 
@@ -66,7 +73,7 @@ def decode_without_cache(x, w_q, w_k, w_v):
 def cached_attention(x, w_q, w_k, w_v, cache=None):
     """Decode with a K/V cache grown by ``np.concatenate`` (default: a new :class:`DynamicCache`)."""
     x, w_q, w_k, w_v, _ = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(2,))
-    return _decode(x, w_q, w_k, w_v, DynamicCache() if cache is None else cache)
+    return _decode(x, w_q, w_k, w_v, DynamicCache() if cache is None else _checked(cache, x, w_q, w_k, w_v))
 
 
 def cached_attention_preallocated(x, w_q, w_k, w_v, cache=None):
