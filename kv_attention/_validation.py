@@ -29,6 +29,16 @@ def as_float_array(name, value):
 
     TypeError for another dtype or a masked array; ValueError for NaN/inf or a ragged array.
     """
+    array = _as_array(name, value)
+    if not np.isfinite(array).all():
+        raise ValueError(f"{name} contains NaN or inf")
+    return array
+
+
+def _as_array(name, value):
+    """:func:`as_float_array` without the NaN/inf check (for inputs whose norms the overflow guard takes)."""
+    if type(value) is np.ndarray and value.dtype in SUPPORTED_DTYPES:  # the common case: nothing to convert
+        return value
     if isinstance(value, np.ma.MaskedArray):
         raise TypeError(f"{name} is a masked array; pass a plain ndarray (e.g. {name}.filled(0.0))")
     try:
@@ -41,8 +51,6 @@ def as_float_array(name, value):
         raise TypeError(
             f"{name} must be a float32 or float64 array, got dtype {array.dtype}"
         )
-    if not np.isfinite(array).all():
-        raise ValueError(f"{name} contains NaN or inf")
     return array
 
 
@@ -100,9 +108,13 @@ _X_LAYOUTS = {2: "[T, D_model]", 3: "[B, T, D_model]"}
 
 
 def _as_inputs(x, weights, x_ndims, matrix):
-    """``x`` and ``weights`` (name -> matrix) as float arrays; every weight but ``w_o`` has D_model rows."""
-    x = as_float_array("x", x)
-    weights = {name: as_float_array(name, w) for name, w in weights.items()}
+    """``x`` and ``weights`` (name -> matrix) as float arrays; every weight but ``w_o`` has D_model rows.
+
+    NaN/inf is looked for here only in ``w_o``: the overflow guard's norms of x, w_q,
+    w_k and w_v find it there (:func:`check_score_range`).
+    """
+    x = _as_array("x", x)
+    weights = {name: (as_float_array if name == "w_o" else _as_array)(name, w) for name, w in weights.items()}
     if x.ndim not in x_ndims:
         layouts = " or ".join(_X_LAYOUTS[n] for n in x_ndims)
         raise ValueError(f"x must be {layouts}, got shape {x.shape}")
@@ -204,35 +216,83 @@ def check_model_shape(n_layers, n_heads, n_kv_heads, head_dim):
 # Overflow: the one silent failure of finite inputs
 
 
-def _max_square_norm(a):
-    """Largest squared Euclidean norm over the last axis of ``a``, in float64 (inf if it overflows)."""
-    if a.size == 0:
-        return 0.0
-    a = a.astype(np.float64, copy=False)
-    return float(np.einsum("...d,...d->...", a, a).max())
+_LOG10_LIMIT = {dtype: math.log10(float(np.finfo(dtype).max) / 4) for dtype in SUPPORTED_DTYPES}  # margin for rounding
+# The fast path's bound on squared norms: it squares without scaling, so it stays far below float64's range.
+_FAST_LIMIT_SQUARED = {dtype: min(float(np.finfo(dtype).max) / 64, 1e150) ** 2 for dtype in SUPPORTED_DTYPES}
 
 
 def check_score_range(x, w_q, w_k, w_v, dtype, stored_k=None):
-    """Raise ValueError if q, k, v or any partial sum of q·k could overflow ``dtype``.
+    """Raise ValueError if x, w_q, w_k or w_v hold NaN/inf, or q, k, v or any partial sum of q·k could overflow ``dtype``.
 
-    By Cauchy–Schwarz every partial sum of q·k is at most |q|·|k|, and
-    |q| <= |x_t|·|w_q|_F (likewise k, v). Checking this bound once up front
+    By Cauchy–Schwarz every partial sum of q_t·k_s is at most |q_t|·|k_s|, and
+    |q_t| <= |x_t|·|w_q|_F (likewise k, v). Checking this bound once up front
     rules out the one silent failure of finite inputs: a score that overflows
     to -inf would get softmax weight 0 instead of raising. ``stored_k``,
     ``[..., S, D_k]``, are keys already in a cache, which enter the bound too.
+
+    Fast path: one BLAS dot per array gives its squared norm (|x|_F for |x_t|,
+    a looser bound); it is NaN or inf if the array holds NaN/inf or squaring
+    overflows, and then, or when the loose bound is not far inside the range,
+    :func:`_check_score_range_exactly` decides without squaring anything large.
     """
-    limit = float(np.finfo(dtype).max) / 4  # margin for rounding
-    with np.errstate(over="ignore", invalid="ignore"):
-        x_sq = _max_square_norm(x)
-        q, k, v = (math.sqrt(x_sq * _max_square_norm(w.reshape(1, -1))) for w in (w_q, w_k, w_v))
-        if stored_k is not None:
-            k = max(k, math.sqrt(_max_square_norm(stored_k)))
-    # inf * 0 (a zero weight) gives NaN, which compares False: its true product is 0.
-    if q > limit or k > limit or v > limit or q * k > limit:
+    x2 = float(np.vdot(x, x))
+    q2, k2, v2 = x2 * float(np.vdot(w_q, w_q)), x2 * float(np.vdot(w_k, w_k)), x2 * float(np.vdot(w_v, w_v))
+    if stored_k is not None:
+        k2 += float(np.vdot(stored_k, stored_k))
+    limit = _FAST_LIMIT_SQUARED[dtype]
+    if not (q2 <= limit and k2 <= limit and v2 <= limit and q2 * k2 <= limit):  # NaN compares False
+        _check_score_range_exactly(x, w_q, w_k, w_v, dtype, stored_k)
+
+
+def _check_score_range_exactly(x, w_q, w_k, w_v, dtype, stored_k):
+    """:func:`check_score_range` with each norm scaled before squaring and the bounds combined in log10."""
+    for name, a in (("x", x), ("w_q", w_q), ("w_k", w_k), ("w_v", w_v), ("the cache's stored keys", stored_k)):
+        if a is not None and not np.isfinite(a).all():
+            raise ValueError(f"{name} contains NaN or inf")
+    x_norm = _log10_max_norm(x)  # |x_t|, the largest over t
+    q, k, v = (x_norm + _log10_max_norm(w.reshape(1, -1)) for w in (w_q, w_k, w_v))  # |x_t|·|w|_F
+    k_bound = "|x_t|·|w_k|_F"
+    if stored_k is not None:
+        k, k_bound = max(k, _log10_max_norm(stored_k)), "max(|x_t|·|w_k|_F, the cache's |k_s|)"
+    bounds = {"|q|": (q, "|x_t|·|w_q|_F"), "|k|": (k, k_bound), "|v|": (v, "|x_t|·|w_v|_F"), "|q·k|": (q + k, "|q|·|k|")}
+    raise_if_too_large("x and the weights", bounds, dtype, "rescale x or the weights")
+
+
+def raise_if_too_large(what, bounds, dtype, remedy):
+    """Raise ValueError naming every bound (label -> (log10 value, formula)) above ``dtype``'s max / 4, with its figure."""
+    limit = _LOG10_LIMIT[np.dtype(dtype)]
+    tripped = {label: f"{label} <= {formula} = {_power_of_ten(value)}" for label, (value, formula) in bounds.items() if value > limit}
+    if tripped:
         raise ValueError(
-            f"x and the weights are too large for {np.dtype(dtype)}: q·k could overflow "
-            f"(|q|·|k| up to {q * k:.3g}); rescale x or the weights"
+            f"{what} are too large for {np.dtype(dtype)}: {' and '.join(tripped)} could overflow "
+            f"({', '.join(tripped.values())}; the limit is {_power_of_ten(limit)}, the dtype's max / 4); {remedy}"
         )
+
+
+def _log10_max_norm(a):
+    """log10 of the largest Euclidean norm over the last axis of finite ``a`` (-inf if it is 0).
+
+    Scaled before squaring, by the largest |entry|: no step can overflow, whatever the magnitudes.
+    """
+    a = np.abs(a, dtype=np.float64)
+    scale = float(a.max(initial=0.0))
+    if scale == 0.0:
+        return -math.inf
+    with np.errstate(under="ignore"):  # tiny entries may flush to 0: the sum of squares loses nothing that counts
+        a /= scale  # entries in [0, 1]: a row's sum of squares is at most its length
+        squares = float(np.einsum("...d,...d->...", a, a).max())
+    return math.log10(scale) + 0.5 * math.log10(squares)
+
+
+def _power_of_ten(log10_value):
+    """``10 ** log10_value`` as text such as "2.5e+309", even beyond any float's range."""
+    if log10_value == -math.inf:
+        return "0"
+    exponent = math.floor(log10_value)
+    mantissa = f"{10 ** (log10_value - exponent):.3g}"
+    if mantissa == "10":
+        mantissa, exponent = "1", exponent + 1
+    return f"{mantissa}e{exponent:+d}"
 
 
 def check_finite_output(out):
@@ -242,6 +302,41 @@ def check_finite_output(out):
             f"attention overflowed {out.dtype}: the projections, scores or a given "
             "cache's keys/values are too large for the dtype (or not finite)"
         )
+
+
+# One attention step on given q, k, v
+
+
+def check_attention_inputs(q, k, v, valid=None):
+    """Validate ``q: [..., T_q, D_k]``, ``k: [..., S, D_k]``, ``v: [..., S, D_v]`` and ``valid: [..., S]`` bool.
+
+    Returns ``(q, k, v, valid)``. ValueError also for leading axes that differ,
+    D_k = 0, S = 0 without ``valid``, or a partial sum of q·k or of the output
+    that could overflow (the bounds take the valid keys only).
+    """
+    q, k, v = as_float_array("q", q), as_float_array("k", k), as_float_array("v", v)
+    if not (q.ndim >= 2 and k.ndim == v.ndim == q.ndim and k.shape[:-2] == q.shape[:-2]
+            and v.shape[:-1] == k.shape[:-1] and k.shape[-1] == q.shape[-1]):
+        raise ValueError(
+            "q, k and v must be [..., T_q, D_k], [..., S, D_k] and [..., S, D_v] with the same "
+            f"leading axes: got q {q.shape}, k {k.shape}, v {v.shape}"
+        )
+    if q.shape[-1] == 0:
+        raise ValueError(f"D_k must be at least 1: q {q.shape}")
+    keys, values = k, v
+    if valid is None and k.shape[-2] == 0:
+        raise ValueError(f"k and v hold no key position (S = 0): k {k.shape}, v {v.shape}")
+    if valid is not None:
+        valid = np.asarray(valid)
+        if valid.dtype != np.bool_:
+            raise TypeError(f"valid must be a bool array, got dtype {valid.dtype}")
+        if valid.shape != k.shape[:-1]:
+            raise ValueError(f"valid must be [..., S] = {list(k.shape[:-1])} for k {k.shape}, got shape {valid.shape}")
+        keys, values = k[valid], v[valid]  # [valid keys, D_k], [valid keys, D_v]
+    log_qk = _log10_max_norm(q) + _log10_max_norm(keys)
+    bounds = {"|q·k|": (log_qk, "|q_t|·|k_s|"), "|v|": (_log10_max_norm(values), "|v_s|")}
+    raise_if_too_large("q, k and v", bounds, np.result_type(q, k, v), "rescale q, k or v")
+    return q, k, v, valid
 
 
 # Caches: their own arguments, and a cache given to a decode

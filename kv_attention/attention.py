@@ -1,4 +1,4 @@
-"""Single-head scaled dot-product attention: the full causal reference and one decode step.
+"""Single-head scaled dot-product attention: the full causal reference and one decode step, masked or not.
 
 Axis letters used in names and shape comments:
     B  batch (independent sequences)     T  sequence length (positions)
@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from ._validation import check_finite_output, check_projection_inputs
+from ._validation import check_attention_inputs, check_finite_output, check_projection_inputs
 
 
 def softmax(scores):
@@ -37,13 +37,56 @@ def softmax(scores):
 
 
 def attend(q, k, v):
-    """Attention of ``q: [..., T_q, D_k]`` over ``k: [..., S, D_k]``, ``v: [..., S, D_v]``, with no mask.
+    """Attention of ``q: [..., T_q, D_k]`` over every key of ``k: [..., S, D_k]``, ``v: [..., S, D_v]``: ``[..., T_q, D_v]``.
 
-    A decode step passes only the keys written so far, so it needs no causal mask.
+    softmax(q kᵀ / sqrt(D_k)) v with no mask: one decode step passes the keys written
+    so far, which need none. q, k and v share their leading axes; S >= 1, D_k >= 1.
+    Also ValueError if a partial sum of q·k or of the output could overflow
+    (bounds |q_t|·|k_s| and |v_s|).
     """
+    q, k, v, _ = check_attention_inputs(q, k, v)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _attend(q, k, v)
+
+
+def masked_attend(q, k, v, valid):
+    """:func:`attend` over the keys that ``valid: [..., S]`` (bool, a key-padding mask) marks True.
+
+    Every query of a row sees the same keys, as in a ragged batch where row n
+    holds a sequence of ``valid[n].sum()`` positions. The mask is applied by
+    selection (``np.where``) before the softmax, so a masked key gets weight
+    exactly 0 whatever it holds, and a row with no valid key (S = 0 included)
+    gives zeros, never NaN; with every key valid this is :func:`attend`. The
+    overflow bounds take the valid keys only.
+    """
+    q, k, v, valid = check_attention_inputs(q, k, v, valid)
+    if k.shape[-2] == 0:
+        return np.zeros(q.shape[:-1] + v.shape[-1:], np.result_type(q, k, v))  # [..., T_q, D_v]
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _masked_attend(q, k, v, valid)
+
+
+def _attend(q, k, v):
+    """Unchecked core of :func:`attend` (inputs already validated)."""
     scores = q @ k.swapaxes(-1, -2)  # [..., T_q, S]
     scores *= 1.0 / math.sqrt(q.shape[-1])
     return softmax(scores) @ v  # [..., T_q, D_v]
+
+
+def _masked_attend(q, k, v, valid):
+    """Unchecked core of :func:`masked_attend`; ``valid: [..., S]``, S >= 1."""
+    if valid.all():
+        return _attend(q, k, v)
+    with np.errstate(over="ignore", invalid="ignore"):
+        scores = q @ k.swapaxes(-1, -2)  # [..., T_q, S]
+        scores *= 1.0 / math.sqrt(q.shape[-1])
+    scores = np.where(valid[..., None, :], scores, -np.inf)  # the mask, by selection: no arithmetic on masked scores
+    row_max = scores.max(axis=-1, keepdims=True)  # [..., T_q, 1]; -inf for a row with nothing to attend to
+    row_max[~valid.any(axis=-1)] = 0.0
+    weights = np.exp(scores - row_max)  # masked keys: exp(-inf) = 0
+    total = weights.sum(axis=-1, keepdims=True)
+    weights /= np.where(total > 0, total, 1.0)
+    return weights @ v  # [..., T_q, D_v]
 
 
 def _causal_attention(x, w_q, w_k, w_v):

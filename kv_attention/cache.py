@@ -40,7 +40,12 @@ class Cache(Protocol):
 
 
 def check_is_cache(cache):
-    """Raise TypeError unless ``cache`` is a :class:`Cache` instance (a class is not)."""
+    """Raise TypeError unless ``cache`` is a :class:`Cache` instance (a class is not).
+
+    The library's own caches pass at once; the Protocol's ``isinstance`` (a scan of its methods) is for any other.
+    """
+    if type(cache) in _OWN_CACHES:
+        return
     if isinstance(cache, type) or not isinstance(cache, Cache):
         raise TypeError(
             "cache must be a cache instance with update(), get_seq_length() and crop() "
@@ -87,6 +92,10 @@ class DynamicCache:
         The returned arrays are the cache's own: do not write to them.
         """
         check_new_positions(k, v, self)
+        return self._append(k, v)
+
+    def _append(self, k, v):
+        """:meth:`update` of positions known to fit (a decode's own cache): no check."""
         if self.k_cache is None:
             self.k_cache, self.v_cache = k.copy(), v.copy()
         else:
@@ -145,6 +154,10 @@ class StaticCache:
         Returns views ``[..., T, D_k]``, ``[..., T, D_v]`` of the buffers; do not write to them.
         """
         check_new_positions(k, v, self)
+        return self._append(k, v)
+
+    def _append(self, k, v):
+        """:meth:`update` of positions known to fit (a decode's own cache): only the room is checked."""
         start, stop = self._length, self._length + k.shape[-2]
         if stop > self.max_seq_len:  # the cache's own state, as paged's OutOfBlocksError
             raise ValueError(
@@ -173,3 +186,5 @@ class StaticCache:
         per_position = (self.k_cache.nbytes + self.v_cache.nbytes) // max(self.max_seq_len, 1)
         return per_position * self._length
 
+
+_OWN_CACHES = (DynamicCache, StaticCache)

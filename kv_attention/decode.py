@@ -4,9 +4,11 @@ At step t no strategy reads ``x[..., t+1:, :]``; the cached ones read only
 ``x[..., t, :]`` and their cache, and none projects all of ``x`` up front (that
 would be prefill, not decode).
 
-Inputs: ``x: [T, D_model]`` (``[B, T, D_model]`` for the batch strategies),
-``w_q, w_k: [D_model, D_k]``, ``w_v: [D_model, D_v]``, float32 or float64; the
-output ``[..., T, D_v]`` is in ``np.result_type`` of the inputs. At step t:
+Inputs: ``x: [T, D_model]`` or ``[B, T, D_model]`` (the B sequences decoded
+independently, as :func:`causal_attention` takes them; the two batch strategies
+take ``[B, T, D_model]`` only), ``w_q, w_k: [D_model, D_k]``, ``w_v: [D_model,
+D_v]``, float32 or float64; the output ``[..., T, D_v]`` is in ``np.result_type``
+of the inputs. At step t:
     x_t      [..., 1, D_model]      q_t      [..., 1, D_k]
     k_cache  [..., t+1, D_k]        scores   [..., 1, t+1]
     v_cache  [..., t+1, D_v]        out_t    [..., 1, D_v]
@@ -23,7 +25,7 @@ or is too short, or scores that overflow. A failed call leaves a given cache unc
 import numpy as np
 
 from ._validation import check_cache_fits, check_finite_output, check_projection_inputs
-from .attention import _causal_attention, attend
+from .attention import _attend, _causal_attention
 from .cache import DynamicCache, StaticCache, check_is_cache, rolled_back_on_error
 
 
@@ -34,16 +36,29 @@ def _checked(cache, x, w_q, w_k, w_v):
     return cache
 
 
-def _decode(x, w_q, w_k, w_v, cache):
-    """The decode loop over validated ``x: [..., T, D_model]`` through ``cache``."""
+def _decode(x, w_q, w_k, w_v, cache, update):
+    """The decode loop over validated ``x: [..., T, D_model]`` through ``cache``, writing with ``update``.
+
+    ``update`` is a caller's ``cache.update``, or the unchecked ``cache._append`` of
+    a cache this decode made: its positions come from validated inputs and fit.
+    """
     out = np.empty(x.shape[:-1] + (w_v.shape[1],), dtype=np.result_type(x, w_v))  # [..., T, D_v]
     with rolled_back_on_error(cache), np.errstate(over="ignore", invalid="ignore"):
         for t in range(x.shape[-2]):
             x_t = x[..., t : t + 1, :]  # [..., 1, D_model]
-            k, v = cache.update(x_t @ w_k, x_t @ w_v)  # [..., t+1, D_k], [..., t+1, D_v]
-            out[..., t : t + 1, :] = attend(x_t @ w_q, k, v)  # [..., 1, D_v]
+            k, v = update(x_t @ w_k, x_t @ w_v)  # [..., t+1, D_k], [..., t+1, D_v]
+            out[..., t : t + 1, :] = _attend(x_t @ w_q, k, v)  # [..., 1, D_v]
         check_finite_output(out)
     return out
+
+
+def _decode_cached(x, w_q, w_k, w_v, cache):
+    """The concat path for validated ``x: [..., T, D_model]``: a new DynamicCache by default."""
+    if cache is None:
+        cache = DynamicCache()
+        return _decode(x, w_q, w_k, w_v, cache, cache._append)
+    cache = _checked(cache, x, w_q, w_k, w_v)
+    return _decode(x, w_q, w_k, w_v, cache, cache.update)
 
 
 def _decode_preallocated(x, w_q, w_k, w_v, cache=None):
@@ -51,34 +66,34 @@ def _decode_preallocated(x, w_q, w_k, w_v, cache=None):
     if cache is None:
         dtype = np.result_type(x, w_k)
         cache = StaticCache(x.shape[:-2], x.shape[-2], w_k.shape[1], w_v.shape[1], dtype)
-    else:
-        cache = _checked(cache, x, w_q, w_k, w_v)
-    return _decode(x, w_q, w_k, w_v, cache)
+        return _decode(x, w_q, w_k, w_v, cache, cache._append)
+    cache = _checked(cache, x, w_q, w_k, w_v)
+    return _decode(x, w_q, w_k, w_v, cache, cache.update)
 
 
 def decode_without_cache(x, w_q, w_k, w_v):
-    """Decode with no cache: step t recomputes causal attention over ``x[:t+1]``, O(T³) in all.
+    """Decode with no cache: step t recomputes causal attention over ``x[..., :t+1, :]``, O(T³) in all.
 
     What a model without a KV cache does: it re-runs its whole context for every new token.
     """
-    x, w_q, w_k, w_v, dtype = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(2,))
-    out = np.empty((x.shape[0], w_v.shape[1]), dtype=dtype)  # [T, D_v]
+    x, w_q, w_k, w_v, dtype = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(2, 3))
+    out = np.empty(x.shape[:-1] + (w_v.shape[1],), dtype=dtype)  # [..., T, D_v]
     with np.errstate(over="ignore", invalid="ignore"):
-        for t in range(x.shape[0]):
-            out[t] = _causal_attention(x[: t + 1], w_q, w_k, w_v)[-1]  # prefix [t+1, D_v] -> last row
+        for t in range(x.shape[-2]):
+            out[..., t, :] = _causal_attention(x[..., : t + 1, :], w_q, w_k, w_v)[..., -1, :]  # prefix's last row
     check_finite_output(out)
     return out
 
 
 def cached_attention(x, w_q, w_k, w_v, cache=None):
     """Decode with a K/V cache grown by ``np.concatenate`` (default: a new :class:`DynamicCache`)."""
-    x, w_q, w_k, w_v, _ = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(2,))
-    return _decode(x, w_q, w_k, w_v, DynamicCache() if cache is None else _checked(cache, x, w_q, w_k, w_v))
+    x, w_q, w_k, w_v, _ = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(2, 3))
+    return _decode_cached(x, w_q, w_k, w_v, cache)
 
 
 def cached_attention_preallocated(x, w_q, w_k, w_v, cache=None):
     """Decode with K/V buffers allocated once and written in place (default: a StaticCache of T positions)."""
-    x, w_q, w_k, w_v, _ = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(2,))
+    x, w_q, w_k, w_v, _ = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(2, 3))
     return _decode_preallocated(x, w_q, w_k, w_v, cache)
 
 
@@ -104,4 +119,3 @@ def batched_cached_attention(x, w_q, w_k, w_v, cache=None):
     """
     x, w_q, w_k, w_v, _ = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(3,))
     return _decode_preallocated(x, w_q, w_k, w_v, cache)
-

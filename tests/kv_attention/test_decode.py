@@ -89,9 +89,9 @@ ARG_NAMES = ("x", "w_q", "w_k", "w_v")
 
 def test_x_with_wrong_number_of_axes(strategy):
     x, w_q, w_k, w_v = strategy_problem(strategy, 4)
-    wrong = x[0] if strategy in BATCHED else x[None]
-    with pytest.raises(ValueError, match=r"x must be \[.*got shape"):
-        run(strategy, wrong, w_q, w_k, w_v)
+    for wrong in (x[0], x[None]) if strategy in BATCHED else (x[0], x[None, None]):
+        with pytest.raises(ValueError, match=r"x must be \[.*got shape"):
+            run(strategy, wrong, w_q, w_k, w_v)
 
 
 @pytest.mark.parametrize("position", [1, 2, 3])
