@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_FLOAT32, _FLOAT64 = SUPPORTED_DTYPES
 _MAX_STEP = 2**62  # a ragged decode's start_steps[i] + lengths[i] must stay within int64
 
 
@@ -37,7 +38,7 @@ def as_float_array(name, value):
 
 def _as_array(name, value):
     """:func:`as_float_array` without the NaN/inf check (for inputs whose norms the overflow guard takes)."""
-    if type(value) is np.ndarray and value.dtype in SUPPORTED_DTYPES:  # the common case: nothing to convert
+    if type(value) is np.ndarray and (value.dtype is _FLOAT64 or value.dtype is _FLOAT32):  # nothing to convert
         return value
     if isinstance(value, np.ma.MaskedArray):
         raise TypeError(f"{name} is a masked array; pass a plain ndarray (e.g. {name}.filled(0.0))")
@@ -56,6 +57,8 @@ def _as_array(name, value):
 
 def as_size(name, value, minimum=0):
     """Return ``value`` as an int >= ``minimum``; TypeError for non-integers (bools included)."""
+    if type(value) is int and value >= minimum:  # the common case (type(True) is bool)
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an integer, got {value!r}")
     if value < minimum:
@@ -76,6 +79,8 @@ def as_sizes_per_sequence(name, values, count):
 
 def as_float_dtype(dtype):
     """Return ``np.dtype(dtype)``; TypeError unless it is float32 or float64."""
+    if dtype is _FLOAT64 or dtype is _FLOAT32:  # already a dtype, e.g. from np.result_type
+        return dtype
     dtype = np.dtype(dtype)
     if dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"dtype must be float32 or float64, got {dtype}")
@@ -105,34 +110,26 @@ def check_choice(what, value, known):
 # x and the projection weights
 
 _X_LAYOUTS = {2: "[T, D_model]", 3: "[B, T, D_model]"}
+_WEIGHT_NAMES = ("w_q", "w_k", "w_v", "w_o")
 
 
-def _as_inputs(x, weights, x_ndims, matrix):
-    """``x`` and ``weights`` (name -> matrix) as float arrays; every weight but ``w_o`` has D_model rows.
-
-    NaN/inf is looked for here only in ``w_o``: the overflow guard's norms of x, w_q,
-    w_k and w_v find it there (:func:`check_score_range`).
-    """
-    x = _as_array("x", x)
-    weights = {name: (as_float_array if name == "w_o" else _as_array)(name, w) for name, w in weights.items()}
+def _check_shapes(x, weights, x_ndims, matrix):
+    """Raise ValueError unless x has ``x_ndims`` axes and each weight is 2-D with D_model rows (w_o: any rows)."""
     if x.ndim not in x_ndims:
         layouts = " or ".join(_X_LAYOUTS[n] for n in x_ndims)
         raise ValueError(f"x must be {layouts}, got shape {x.shape}")
-    for name, w in weights.items():
+    for name, w in zip(_WEIGHT_NAMES, weights):
         if w.ndim != 2:
             raise ValueError(f"{name} must be {matrix}, got shape {w.shape}")
-        if name != "w_o" and w.shape[0] != x.shape[-1]:
-            raise ValueError(
-                f"{name} has {w.shape[0]} rows but x has D_model={x.shape[-1]}: "
-                f"x {x.shape}, {name} {w.shape}"
-            )
-    return (x, *weights.values())
+        if w.shape[0] != x.shape[-1] and name != "w_o":
+            raise ValueError(f"{name} has {w.shape[0]} rows but x has D_model={x.shape[-1]}: x {x.shape}, {name} {w.shape}")
 
 
 def _in_common_dtype(x, weights):
     """The weights cast to ``dtype = np.result_type`` of all inputs (copied only if it differs), and dtype.
 
     ``weights`` start with w_q, w_k, w_v: |q_h| <= |x|·|w_q|_F, so one overflow bound covers every head.
+    NaN/inf in x, w_q, w_k and w_v is found by the bound's norms (:func:`check_score_range`).
     """
     dtype = np.result_type(x, *weights)
     check_score_range(x, *weights[:3], dtype)
@@ -143,18 +140,30 @@ def check_projection_inputs(x, w_q, w_k, w_v, x_ndims):
     """Validate ``x`` (``x_ndims`` axes, e.g. ``(2,)`` or ``(2, 3)``) and single-head weights.
 
     Returns ``(x, w_q, w_k, w_v, dtype)``, the weights in ``dtype``. ValueError also
-    for D_k of w_q != D_k of w_k, or D_k == 0.
+    for D_k of w_q != D_k of w_k, or D_k == 0. Written for speed (it runs on every
+    decode call): one test of the types and dtypes, one of every shape, and the
+    conversions or messages only when a test fails.
     """
-    weights = {"w_q": w_q, "w_k": w_k, "w_v": w_v}
-    x, w_q, w_k, w_v = _as_inputs(x, weights, x_ndims, "[D_model, D]")
-    if w_q.shape[1] != w_k.shape[1]:
-        raise ValueError(
-            f"w_q and w_k must share D_k: w_q {w_q.shape}, w_k {w_k.shape}"
-        )
-    if w_q.shape[1] == 0:
-        raise ValueError(f"D_k must be at least 1: w_q {w_q.shape}")
-    (w_q, w_k, w_v), dtype = _in_common_dtype(x, (w_q, w_k, w_v))
+    dtype = getattr(x, "dtype", None)
+    if not (type(x) is type(w_q) is type(w_k) is type(w_v) is np.ndarray
+            and w_q.dtype is w_k.dtype is w_v.dtype is dtype and (dtype is _FLOAT64 or dtype is _FLOAT32)):
+        x, w_q, w_k, w_v, dtype = _in_common_dtype_converted(x, w_q, w_k, w_v)  # anything but 4 arrays of one dtype
+    x_shape, q_shape, k_shape, v_shape = x.shape, w_q.shape, w_k.shape, w_v.shape
+    if not (len(x_shape) in x_ndims and len(q_shape) == len(k_shape) == len(v_shape) == 2
+            and x_shape[-1] == q_shape[0] == k_shape[0] == v_shape[0] and q_shape[1] == k_shape[1] > 0):
+        _check_shapes(x, (w_q, w_k, w_v), x_ndims, "[D_model, D]")
+        if q_shape[1] != k_shape[1]:
+            raise ValueError(f"w_q and w_k must share D_k: w_q {q_shape}, w_k {k_shape}")
+        raise ValueError(f"D_k must be at least 1: w_q {q_shape}")
+    check_score_range(x, w_q, w_k, w_v, dtype)
     return x, w_q, w_k, w_v, dtype
+
+
+def _in_common_dtype_converted(x, w_q, w_k, w_v):
+    """``x`` and the weights as float arrays, the weights cast to ``dtype = np.result_type`` of all four, and dtype."""
+    x, w_q, w_k, w_v = _as_array("x", x), _as_array("w_q", w_q), _as_array("w_k", w_k), _as_array("w_v", w_v)
+    dtype = np.result_type(x, w_q, w_k, w_v)
+    return x, w_q.astype(dtype, copy=False), w_k.astype(dtype, copy=False), w_v.astype(dtype, copy=False), dtype
 
 
 def check_head_counts(n_heads, n_kv_heads):
@@ -197,8 +206,9 @@ def check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
 
     Returns ``(x, w_q, w_k, w_v, w_o, head_dim, dtype)``, the weights in ``dtype``.
     """
-    weights = {"w_q": w_q, "w_k": w_k, "w_v": w_v, "w_o": w_o}
-    x, *weights = _as_inputs(x, weights, (2, 3), "a matrix [rows, columns]")
+    x = _as_array("x", x)
+    weights = [_as_array(name, w) for name, w in zip(_WEIGHT_NAMES, (w_q, w_k, w_v))] + [as_float_array("w_o", w_o)]
+    _check_shapes(x, weights, (2, 3), "a matrix [rows, columns]")
     head_dim = _head_dim(*weights, n_heads, n_kv_heads)
     (w_q, w_k, w_v, w_o), dtype = _in_common_dtype(x, weights)
     return x, w_q, w_k, w_v, w_o, head_dim, dtype
@@ -217,8 +227,8 @@ def check_model_shape(n_layers, n_heads, n_kv_heads, head_dim):
 
 
 _LOG10_LIMIT = {dtype: math.log10(float(np.finfo(dtype).max) / 4) for dtype in SUPPORTED_DTYPES}  # margin for rounding
-# The fast path's bound on squared norms: it squares without scaling, so it stays far below float64's range.
-_FAST_LIMIT_SQUARED = {dtype: min(float(np.finfo(dtype).max) / 64, 1e150) ** 2 for dtype in SUPPORTED_DTYPES}
+# The fast path's bound on squared norms, far inside either dtype's range: (float32 max / 64)².
+_FAST_LIMIT_SQUARED = (float(np.finfo(np.float32).max) / 64) ** 2
 
 
 def check_score_range(x, w_q, w_k, w_v, dtype, stored_k=None):
@@ -232,14 +242,14 @@ def check_score_range(x, w_q, w_k, w_v, dtype, stored_k=None):
 
     Fast path: one BLAS dot per array gives its squared norm (|x|_F for |x_t|,
     a looser bound); it is NaN or inf if the array holds NaN/inf or squaring
-    overflows, and then, or when the loose bound is not far inside the range,
-    :func:`_check_score_range_exactly` decides without squaring anything large.
+    overflows, and then, or when the loose bound is not far inside float32's
+    range, :func:`_check_score_range_exactly` decides without squaring anything large.
     """
-    x2 = float(np.vdot(x, x))
+    x2 = float(np.vdot(x, x))  # vdot, unlike dot, raises no floating-point warning when a square overflows
     q2, k2, v2 = x2 * float(np.vdot(w_q, w_q)), x2 * float(np.vdot(w_k, w_k)), x2 * float(np.vdot(w_v, w_v))
     if stored_k is not None:
         k2 += float(np.vdot(stored_k, stored_k))
-    limit = _FAST_LIMIT_SQUARED[dtype]
+    limit = _FAST_LIMIT_SQUARED
     if not (q2 <= limit and k2 <= limit and v2 <= limit and q2 * k2 <= limit):  # NaN compares False
         _check_score_range_exactly(x, w_q, w_k, w_v, dtype, stored_k)
 
@@ -346,6 +356,8 @@ def as_batch_shape(batch_shape):
     """``batch_shape`` as a tuple of ints >= 0; TypeError unless it is a tuple or list."""
     if not isinstance(batch_shape, (tuple, list)):
         raise TypeError(f"batch_shape must be a tuple of ints such as () or (B,), got {batch_shape!r}")
+    if not batch_shape:
+        return ()
     return tuple(as_size(f"batch_shape[{i}]", n) for i, n in enumerate(batch_shape))
 
 

@@ -136,11 +136,19 @@ class StaticCache:
 
     def __init__(self, batch_shape, max_seq_len, k_dim, v_dim, dtype=np.float64):
         batch_shape = as_batch_shape(batch_shape)
-        sizes = {"max_seq_len": max_seq_len, "k_dim": k_dim, "v_dim": v_dim}
-        max_seq_len, k_dim, v_dim = (as_size(name, n) for name, n in sizes.items())
-        dtype = as_float_dtype(dtype)
-        self.k_cache = np.zeros(batch_shape + (max_seq_len, k_dim), dtype)
-        self.v_cache = np.zeros(batch_shape + (max_seq_len, v_dim), dtype)
+        max_seq_len, k_dim, v_dim = as_size("max_seq_len", max_seq_len), as_size("k_dim", k_dim), as_size("v_dim", v_dim)
+        self._allocate(batch_shape, max_seq_len, k_dim, v_dim, as_float_dtype(dtype))
+
+    @classmethod
+    def _of(cls, batch_shape, max_seq_len, k_dim, v_dim, dtype):
+        """A cache of sizes and dtype already validated (a decode's own): no check."""
+        cache = cls.__new__(cls)
+        cache._allocate(batch_shape, max_seq_len, k_dim, v_dim, dtype)
+        return cache
+
+    def _allocate(self, batch_shape, max_seq_len, k_dim, v_dim, dtype):
+        self.k_cache = np.zeros(batch_shape + (max_seq_len, k_dim), dtype)  # [*batch_shape, T_max, D_k]
+        self.v_cache = np.zeros(batch_shape + (max_seq_len, v_dim), dtype)  # [*batch_shape, T_max, D_v]
         self._length = 0
 
     @property
@@ -154,16 +162,16 @@ class StaticCache:
         Returns views ``[..., T, D_k]``, ``[..., T, D_v]`` of the buffers; do not write to them.
         """
         check_new_positions(k, v, self)
+        if self._length + k.shape[-2] > self.max_seq_len:  # the cache's own state, as paged's OutOfBlocksError
+            raise ValueError(
+                f"cache is full: {self._length} of max_seq_len={self.max_seq_len} positions "
+                f"used, cannot write {k.shape[-2]} more"
+            )
         return self._append(k, v)
 
     def _append(self, k, v):
-        """:meth:`update` of positions known to fit (a decode's own cache): only the room is checked."""
+        """:meth:`update` of positions known to fit, room included (a decode's own cache): no check."""
         start, stop = self._length, self._length + k.shape[-2]
-        if stop > self.max_seq_len:  # the cache's own state, as paged's OutOfBlocksError
-            raise ValueError(
-                f"cache is full: {start} of max_seq_len={self.max_seq_len} positions "
-                f"used, cannot write {k.shape[-2]} more"
-            )
         self.k_cache[..., start:stop, :] = k
         self.v_cache[..., start:stop, :] = v
         self._length = stop

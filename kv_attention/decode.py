@@ -29,46 +29,50 @@ from .attention import _attend, _causal_attention
 from .cache import DynamicCache, StaticCache, check_is_cache, rolled_back_on_error
 
 
-def _checked(cache, x, w_q, w_k, w_v):
-    """A caller's ``cache``, once it is known to be a Cache that fits validated ``x`` and weights."""
-    check_is_cache(cache)
-    check_cache_fits(cache, x, w_q, w_k, w_v, np.result_type(x, w_v))
-    return cache
-
-
 def _decode(x, w_q, w_k, w_v, cache, update):
     """The decode loop over validated ``x: [..., T, D_model]`` through ``cache``, writing with ``update``.
 
-    ``update`` is a caller's ``cache.update``, or the unchecked ``cache._append`` of
-    a cache this decode made: its positions come from validated inputs and fit.
+    Bare, for a cache the decode made (``update`` its unchecked ``_append``): its
+    positions come from validated inputs, and the overflow guard proves every
+    score and output finite. A caller's cache goes through :func:`_decode_given`.
     """
     out = np.empty(x.shape[:-1] + (w_v.shape[1],), dtype=np.result_type(x, w_v))  # [..., T, D_v]
+    for t in range(x.shape[-2]):
+        x_t = x[..., t : t + 1, :]  # [..., 1, D_model]
+        k, v = update(x_t @ w_k, x_t @ w_v)  # [..., t+1, D_k], [..., t+1, D_v]
+        out[..., t : t + 1, :] = _attend(x_t @ w_q, k, v)  # [..., 1, D_v]
+    return out
+
+
+def _decode_given(x, w_q, w_k, w_v, cache):
+    """:func:`_decode` through a caller's ``cache``, once it is known to be a Cache that fits.
+
+    Written through its own ``update()``; the positions it already held (never
+    ours to check) may hold anything, so the output is checked, and on any error
+    the cache is cropped back to its length.
+    """
+    check_is_cache(cache)
+    check_cache_fits(cache, x, w_q, w_k, w_v, np.result_type(x, w_v))
     with rolled_back_on_error(cache), np.errstate(over="ignore", invalid="ignore"):
-        for t in range(x.shape[-2]):
-            x_t = x[..., t : t + 1, :]  # [..., 1, D_model]
-            k, v = update(x_t @ w_k, x_t @ w_v)  # [..., t+1, D_k], [..., t+1, D_v]
-            out[..., t : t + 1, :] = _attend(x_t @ w_q, k, v)  # [..., 1, D_v]
+        out = _decode(x, w_q, w_k, w_v, cache, cache.update)
         check_finite_output(out)
     return out
 
 
 def _decode_cached(x, w_q, w_k, w_v, cache):
     """The concat path for validated ``x: [..., T, D_model]``: a new DynamicCache by default."""
-    if cache is None:
-        cache = DynamicCache()
-        return _decode(x, w_q, w_k, w_v, cache, cache._append)
-    cache = _checked(cache, x, w_q, w_k, w_v)
-    return _decode(x, w_q, w_k, w_v, cache, cache.update)
+    if cache is not None:
+        return _decode_given(x, w_q, w_k, w_v, cache)
+    cache = DynamicCache()
+    return _decode(x, w_q, w_k, w_v, cache, cache._append)
 
 
-def _decode_preallocated(x, w_q, w_k, w_v, cache=None):
+def _decode_preallocated(x, w_q, w_k, w_v, dtype, cache=None):
     """The preallocated path for validated ``x: [..., T, D_model]``: a StaticCache of T positions by default."""
-    if cache is None:
-        dtype = np.result_type(x, w_k)
-        cache = StaticCache(x.shape[:-2], x.shape[-2], w_k.shape[1], w_v.shape[1], dtype)
-        return _decode(x, w_q, w_k, w_v, cache, cache._append)
-    cache = _checked(cache, x, w_q, w_k, w_v)
-    return _decode(x, w_q, w_k, w_v, cache, cache.update)
+    if cache is not None:
+        return _decode_given(x, w_q, w_k, w_v, cache)
+    cache = StaticCache._of(x.shape[:-2], x.shape[-2], w_k.shape[1], w_v.shape[1], dtype)  # sizes from validated inputs
+    return _decode(x, w_q, w_k, w_v, cache, cache._append)
 
 
 def decode_without_cache(x, w_q, w_k, w_v):
@@ -93,8 +97,8 @@ def cached_attention(x, w_q, w_k, w_v, cache=None):
 
 def cached_attention_preallocated(x, w_q, w_k, w_v, cache=None):
     """Decode with K/V buffers allocated once and written in place (default: a StaticCache of T positions)."""
-    x, w_q, w_k, w_v, _ = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(2, 3))
-    return _decode_preallocated(x, w_q, w_k, w_v, cache)
+    x, w_q, w_k, w_v, dtype = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(2, 3))
+    return _decode_preallocated(x, w_q, w_k, w_v, dtype, cache)
 
 
 def sequential_cached_attention(x, w_q, w_k, w_v):
@@ -107,7 +111,7 @@ def sequential_cached_attention(x, w_q, w_k, w_v):
     x, w_q, w_k, w_v, dtype = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(3,))
     out = np.empty(x.shape[:-1] + (w_v.shape[1],), dtype=dtype)  # [B, T, D_v]
     for b in range(x.shape[0]):
-        out[b] = _decode_preallocated(x[b], w_q, w_k, w_v)  # [T, D_v], validated above
+        out[b] = _decode_preallocated(x[b], w_q, w_k, w_v, dtype)  # [T, D_v], validated above
     return out
 
 
@@ -117,5 +121,5 @@ def batched_cached_attention(x, w_q, w_k, w_v, cache=None):
     The cache is ``[B, T, D]`` (default: a new StaticCache of T positions); every
     matmul keeps B as a batch axis, so sequences never mix.
     """
-    x, w_q, w_k, w_v, _ = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(3,))
-    return _decode_preallocated(x, w_q, w_k, w_v, cache)
+    x, w_q, w_k, w_v, dtype = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(3,))
+    return _decode_preallocated(x, w_q, w_k, w_v, dtype, cache)
