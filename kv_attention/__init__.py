@@ -13,7 +13,7 @@ and the shapes, and changes nothing; every check is in ``_validation``.
 
 from .attention import attend, causal_attention, masked_attend
 from .cache import Cache, DynamicCache, StaticCache
-from .capacity import MODEL_SHAPES, ModelShape, kv_cache_bytes
+from .capacity import MODEL_SHAPES, NAMED_ITEMSIZES, ModelShape, kv_cache_bytes
 from .decode import (
     batched_cached_attention,
     cached_attention,
@@ -52,6 +52,7 @@ __all__ = [
     "kv_cache_bytes",
     "ModelShape",
     "MODEL_SHAPES",
+    "NAMED_ITEMSIZES",
     # ragged batches and the paged KV cache
     "PagedKVCache",
     "OutOfBlocksError",

@@ -86,6 +86,12 @@ class DynamicCache:
         self.k_cache = None
         self.v_cache = None
 
+    def __repr__(self):
+        if self.k_cache is None:
+            return "DynamicCache(seq_length=0)"
+        return (f"DynamicCache(k_cache={list(self.k_cache.shape)}, v_cache={list(self.v_cache.shape)}, "
+                f"dtype={self.k_cache.dtype}, seq_length={self.get_seq_length()})")
+
     def update(self, k, v):
         """Append ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]``; return ``(k_cache, v_cache)``.
 
@@ -150,6 +156,11 @@ class StaticCache:
         self.k_cache = np.zeros(batch_shape + (max_seq_len, k_dim), dtype)  # [*batch_shape, T_max, D_k]
         self.v_cache = np.zeros(batch_shape + (max_seq_len, v_dim), dtype)  # [*batch_shape, T_max, D_v]
         self._length = 0
+
+    def __repr__(self):
+        *batch_shape, max_seq_len, k_dim = self.k_cache.shape
+        return (f"StaticCache(batch_shape={tuple(batch_shape)}, max_seq_len={max_seq_len}, k_dim={k_dim}, "
+                f"v_dim={self.v_cache.shape[-1]}, dtype={self.k_cache.dtype}, seq_length={self._length})")
 
     @property
     def max_seq_len(self):

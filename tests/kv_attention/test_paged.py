@@ -341,3 +341,14 @@ def test_gather_and_lengths_take_only_ordered_id_lists():
 def test_zero_width_keys_or_values_are_refused_up_front(k_dim, v_dim):
     with pytest.raises(ValueError, match="k_dim|v_dim"):
         kv.PagedKVCache(4, 4, k_dim, v_dim)
+
+
+def test_repr_gives_the_pool_and_its_use_not_the_arrays():
+    cache = kv.PagedKVCache(num_blocks=1000, block_size=16, k_dim=128, v_dim=64, dtype=np.float32)
+    assert repr(cache) == (
+        "PagedKVCache(num_blocks=1000, block_size=16, k_dim=128, v_dim=64, dtype=float32, blocks_in_use=0, sequences=0)"
+    )
+    cache.add_sequence("a")
+    cache.add_sequence("b")
+    cache.update(["a"], np.ones((1, 33, 128), np.float32), np.ones((1, 33, 64), np.float32))  # ceil(33 / 16) = 3 blocks
+    assert repr(cache).endswith("blocks_in_use=3, sequences=2)")

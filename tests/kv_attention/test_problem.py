@@ -43,3 +43,10 @@ def test_problem_factory_checks_its_arguments():
         kv.make_problem(4, batch_size=2.5)
     with pytest.raises(TypeError, match="float32 or float64"):
         kv.make_problem(4, dtype=np.int32)
+
+
+def test_repr_gives_shapes_and_dtype_not_the_arrays():
+    assert repr(kv.make_problem(4096, 2)) == "Problem(x=[2, 4096, 64], w_q=[64, 64], w_k=[64, 64], w_v=[64, 64], dtype=float64)"
+    p = kv.make_problem(3, d_model=4, d_k=2, d_v=5, dtype=np.float32)
+    mixed = kv.Problem(p.x, p.w_q, p.w_k, p.w_v.astype(np.float64))
+    assert repr(mixed) == "Problem(x=float32[3, 4], w_q=float32[4, 2], w_k=float32[4, 2], w_v=float64[4, 5])"
