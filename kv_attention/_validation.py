@@ -240,6 +240,7 @@ def check_model_shape(n_layers, n_heads, n_kv_heads, head_dim):
 _LOG10_LIMIT = {dtype: math.log10(float(np.finfo(dtype).max) / 2) for dtype in SUPPORTED_DTYPES}
 # The fast path's bound on squared norms, far inside either dtype's range: (float32 max / 64)².
 _FAST_LIMIT_SQUARED = (float(np.finfo(np.float32).max) / 64) ** 2
+_vdot = np.vdot  # one BLAS dot per array; unlike np.dot it raises no floating-point warning when a square overflows
 
 
 def check_score_range(x, w_q, w_k, w_v, dtype, stored_k=None):
@@ -256,10 +257,10 @@ def check_score_range(x, w_q, w_k, w_v, dtype, stored_k=None):
     overflows, and then, or when the loose bound is not far inside float32's
     range, :func:`_check_score_range_exactly` decides without squaring anything large.
     """
-    x2 = float(np.vdot(x, x))  # vdot, unlike dot, raises no floating-point warning when a square overflows
-    q2, k2, v2 = x2 * float(np.vdot(w_q, w_q)), x2 * float(np.vdot(w_k, w_k)), x2 * float(np.vdot(w_v, w_v))
+    x2 = float(_vdot(x, x))
+    q2, k2, v2 = x2 * float(_vdot(w_q, w_q)), x2 * float(_vdot(w_k, w_k)), x2 * float(_vdot(w_v, w_v))
     if stored_k is not None:
-        k2 += float(np.vdot(stored_k, stored_k))
+        k2 += float(_vdot(stored_k, stored_k))
     limit = _FAST_LIMIT_SQUARED
     if not (q2 <= limit and k2 <= limit and v2 <= limit and q2 * k2 <= limit):  # NaN compares False
         _check_score_range_exactly(x, w_q, w_k, w_v, dtype, stored_k)

@@ -8,9 +8,10 @@ Leading ``...`` axes are batch-like and never mixed.
 :func:`causal_attention` takes ``x: [T, D_model]`` or ``[B, T, D_model]``, ``w_q, w_k:
 [D_model, D_k]``, ``w_v: [D_model, D_v]``, float32 or float64, and returns ``[..., T, D_v]``
 in ``np.result_type`` of the inputs (float32 only when every input is float32).
+:func:`attend` and :func:`masked_attend` are one step on given ``q``, ``k``, ``v``.
 Bad input raises TypeError (an input that is not a float32/float64 array) or
-ValueError (shapes that do not fit, named in the message; NaN/inf; scores that
-overflow the dtype).
+ValueError (shapes that do not fit, named in the message; NaN/inf; scores or
+outputs that could overflow the dtype, the bound named with its figure).
 
 Method: softmax(q kᵀ / sqrt(D_k) + causal mask) v, from Vaswani et al. 2017,
 "Attention Is All You Need", section 3.2.1.
@@ -37,16 +38,14 @@ def softmax(scores):
 
 
 def attend(q, k, v):
-    """Attention of ``q: [..., T_q, D_k]`` over every key of ``k: [..., S, D_k]``, ``v: [..., S, D_v]``: ``[..., T_q, D_v]``.
+    """One attention step with no mask: softmax(q kᵀ / sqrt(D_k)) v, ``[..., T_q, D_v]``.
 
-    softmax(q kᵀ / sqrt(D_k)) v with no mask: one decode step passes the keys written
-    so far, which need none. q, k and v share their leading axes; S >= 1, D_k >= 1.
-    Also ValueError if a partial sum of q·k or of the output could overflow
-    (bounds |q_t|·|k_s| and |v_s|).
+    ``q: [..., T_q, D_k]`` attends to every key of ``k: [..., S, D_k]``, ``v: [..., S,
+    D_v]``: a decode step passes the keys written so far, which need no causal
+    mask. q, k and v share their leading axes; S >= 1, D_k >= 1.
     """
     q, k, v, _ = check_attention_inputs(q, k, v)
-    with np.errstate(over="ignore", invalid="ignore"):
-        return _attend(q, k, v)
+    return _attend(q, k, v)
 
 
 def masked_attend(q, k, v, valid):
@@ -62,8 +61,7 @@ def masked_attend(q, k, v, valid):
     q, k, v, valid = check_attention_inputs(q, k, v, valid)
     if k.shape[-2] == 0:
         return np.zeros(q.shape[:-1] + v.shape[-1:], np.result_type(q, k, v))  # [..., T_q, D_v]
-    with np.errstate(over="ignore", invalid="ignore"):
-        return _masked_attend(q, k, v, valid)
+    return _masked_attend(q, k, v, valid)
 
 
 def _attend(q, k, v):
