@@ -22,7 +22,7 @@ class SplitDecode:
     params = [NUM_SPLITS]
     param_names = ["num_splits"]
     rounds = 2
-    repeat = (5, 15, 0.4)
+    repeat = (4, 10, 0.25)
     warmup_time = 0.05
     timeout = 120
 
@@ -48,7 +48,7 @@ class CascadeAttention:
     params = [CASCADE_STRATEGIES]
     param_names = ["strategy"]
     rounds = 2
-    repeat = (10, 40, 0.3)
+    repeat = (10, 30, 0.2)
     warmup_time = 0.05
     timeout = 60
 
