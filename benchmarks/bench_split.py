@@ -11,10 +11,10 @@ from .split_inputs import (
 
 
 class SplitDecode:
-    """The last 32 steps of a 2048-position decode of one sequence ``x: [2048, 128]``, gqa (8 query, 2 K/V heads).
+    """The last 16 steps of a 2048-position decode of one sequence ``x: [2048, 128]``, gqa (8 query, 2 K/V heads).
 
-    Each timed call decodes positions 2016..2047 over a cache prefilled with the
-    first 2016 (made fresh in setup, which asv runs before every timed call).
+    Each timed call decodes positions 2032..2047 over a cache prefilled with the
+    first 2032 (made fresh in setup, which asv runs before every timed call).
     num_splits None is ``multi_head_decode`` without it, the baseline; 1, 4 and 16
     split every head's keys into that many parts per step and merge their states.
     """
@@ -22,7 +22,7 @@ class SplitDecode:
     params = [NUM_SPLITS]
     param_names = ["num_splits"]
     rounds = 2
-    repeat = (4, 10, 0.25)
+    repeat = (3, 10, 0.2)
     warmup_time = 0.05
     timeout = 120
 

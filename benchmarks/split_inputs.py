@@ -25,7 +25,7 @@ from .common import library_function, read_only, timed_inputs, verified_decode
 from .heads_inputs import HEADS_HEAD_DIM, HEADS_N_HEADS, KINDS, heads_inputs
 
 SPLIT_T = 2048  # positions in the cache at the last timed step
-SPLIT_STEPS = 32  # positions decoded per timed call, the last ones of the 2048
+SPLIT_STEPS = 16  # positions decoded per timed call, the last ones of the 2048
 SPLIT_PREFILL = SPLIT_T - SPLIT_STEPS
 SPLIT_N_KV_HEADS = KINDS["gqa"]
 NUM_SPLITS = [None, 1, 4, 16]  # None: multi_head_decode without num_splits, the baseline

@@ -49,12 +49,12 @@ def test_the_timed_inputs_have_the_issues_shapes_and_are_read_only():
     assert not any(a.flags.writeable for a in arrays)
 
 
-def test_the_prefilled_cache_holds_the_first_2016_positions():
+def test_the_prefilled_cache_holds_the_first_2032_positions():
     cache = split_inputs.prefilled_cache()
-    assert cache.get_seq_length() == 2016 and cache.k_cache.shape == (2, 2048, 16)
+    assert cache.get_seq_length() == 2032 and cache.k_cache.shape == (2, 2048, 16)
     x, _, w_k, _, _ = split_inputs.split_inputs()
     np.testing.assert_allclose(cache.k_cache[1, 5], x[5] @ w_k[:, 16:32], rtol=1e-12)  # K/V head 1, position 5
-    assert not cache.k_cache[:, 2016:].any()
+    assert not cache.k_cache[:, 2032:].any()
 
 
 @pytest.mark.parametrize("num_splits", split_inputs.NUM_SPLITS)
@@ -65,7 +65,7 @@ def test_check_passes_the_correct_decode_and_the_timed_call_can_repeat(one_threa
     assert benchmark.decode.keywords.get("num_splits") == num_splits
     for _ in range(2):  # the timed call crops the cache back to the prefill
         benchmark.time_decode(num_splits)
-        assert benchmark.cache.get_seq_length() == 2016
+        assert benchmark.cache.get_seq_length() == 2032
 
 
 def test_check_fails_a_merge_without_the_log_sum_exp_weights(one_thread, monkeypatch):
@@ -74,7 +74,7 @@ def test_check_fails_a_merge_without_the_log_sum_exp_weights(one_thread, monkeyp
 
     monkeypatch.setattr(split_module, "_merge", averaged)
     split_inputs.verified_split_decode(1)  # one part: the wrong merge cannot show
-    with pytest.raises(AssertionError, match="num_splits=4, last 32 of T=2048"):
+    with pytest.raises(AssertionError, match="num_splits=4, last 16 of T=2048"):
         split_inputs.verified_split_decode(4)
     with pytest.raises(AssertionError, match="cascade, B=8"):
         split_inputs.verified_cascade("cascade")
