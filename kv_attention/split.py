@@ -27,11 +27,12 @@ fit (named in the message), NaN/inf in an input, an lse of NaN or +inf, ``num_sp
 below 1, or scores that could overflow the dtype.
 
 Sources: Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context inference"
-(blog); FlashAttention's ``flash_attn_with_kvcache(..., num_splits)`` and its combine
-kernel (``combine_attn_seqk_parallel`` in ``flash_fwd_kernel.h``, which also takes the
-shift 0 for an all -inf row); FlashInfer's ``merge_state``/``merge_states``, its
-"attention states and recursive attention" tutorial, and cascade inference
-(``MultiLevelCascadeAttentionWrapper``; Ye et al. 2024, "Cascade Inference" blog).
+(Stanford CRFM blog); FlashAttention's ``flash_attn_with_kvcache(..., num_splits)`` and
+its combine kernel (``combine_attn_seqk_parallel`` in ``csrc/flash_attn/src/flash_fwd_kernel.h``,
+which also takes the shift 0 for an all -inf row); FlashInfer's ``merge_state`` and
+``merge_states`` (``flashinfer.cascade``), its "attention states and recursive attention"
+tutorial, and cascade inference (``MultiLevelCascadeAttentionWrapper``; the FlashInfer
+blog "Cascade Inference: Memory Bandwidth Efficient Shared Prefix Batch Decoding", 2024).
 """
 
 import math
