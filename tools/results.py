@@ -256,6 +256,7 @@ class Run:
     machine_params: dict  # asv's machine info plus the environment's requirements
     env_vars: dict
     points: dict  # (benchmark, tuple(sorted(params.items()))) -> Point
+    measured: int = None  # when the last benchmark of the run started, ms since the epoch (None if unknown)
 
     def value(self, benchmark, **params):
         """The stored value of ``benchmark`` at ``params``; SKIPPED if the run lacks it."""
@@ -475,6 +476,7 @@ def load_run(path, param_names=()):
             machine_params={str(k): str(v) for k, v in dict(results.params).items()},
             env_vars={str(k): str(v) for k, v in dict(results.env_vars or {}).items()},
             points={},
+            measured=_measured(results),
         )
         for name in results.get_all_result_keys():
             names = _names_for(name, results.get_result_params(name), param_names)
@@ -484,6 +486,12 @@ def load_run(path, param_names=()):
         reason = str(exc).replace(path, short) or type(exc).__name__
         raise UserError(f"cannot read asv result file {short}: {reason}") from None
     return run
+
+
+def _measured(results):
+    """When the run's last benchmark started (asv's ``started_at``, ms since the epoch), or None."""
+    started = [v for v in dict(results.started_at or {}).values() if is_number(v) and 0 < v < 253402300800000]
+    return max(started) if started else None
 
 
 def _text(value, what):
