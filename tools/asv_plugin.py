@@ -181,11 +181,15 @@ def _drop_partial(conf, range_spec, bench, machine_name, env_spec):
     from asv.environment import get_environments
     from asv.machine import Machine
     from asv.repo import get_repo
+    from asv.util import ProcessError, UserError
 
     from . import results
 
-    commits = set(get_repo(conf).get_hashes_from_range(range_spec))
-    env_names = {env.name for env in get_environments(conf, env_spec, verbose=False)}
+    try:
+        commits = set(get_repo(conf).get_hashes_from_range(range_spec))
+        env_names = {env.name for env in get_environments(conf, env_spec, verbose=False)}
+    except (UserError, ProcessError):  # asv find has said what is wrong with the range or the environments
+        return
     name = machine_name or Machine.get_unique_machine_name()
     if results.drop_partial(conf, name, env_names, commits, bench):
         log.info("results asv find measured for only some parameter combinations of a benchmark were not "
