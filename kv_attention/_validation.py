@@ -370,15 +370,6 @@ def check_window_crop(length, stored, first_held, window, n_sink):
         )
 
 
-def check_update_length(k, expected):
-    """Raise unless ``cache.update`` returned ``expected`` key positions, ``k: [..., S, D_k]`` (a foreign cache)."""
-    if k.shape[-2] != expected:
-        raise ValueError(
-            f"cache.update returned {k.shape[-2]} key positions, expected {expected}: the positions it "
-            "holds (held_positions(), else 0..get_seq_length()-1) followed by the new ones"
-        )
-
-
 # The paged cache: sequence ids and new positions
 
 

@@ -44,7 +44,6 @@ from ._validation import (
     check_cache_fits,
     check_finite_output,
     check_projection_inputs,
-    check_update_length,
     check_window,
 )
 from .attention import attend, band_mask, softmax
@@ -53,16 +52,20 @@ from .window import SlidingWindowCache
 
 
 def _key_positions(cache, start, stop):
-    """Positions ``[S]`` of the keys ``cache.update`` returns for new positions ``start..stop-1``: those held, then the new."""
-    held = getattr(cache, "held_positions", None)
-    if held is None:
-        return np.arange(stop)  # a cache of every position: 0..start-1, then the chunk
-    return np.concatenate([held(), np.arange(start, stop)])
+    """Positions ``[S]`` of the keys ``cache.update`` returns for new positions ``start..stop-1``, in its order."""
+    positions = getattr(cache, "key_positions", None)
+    return np.arange(stop) if positions is None else positions(stop - start)  # a full cache: 0..start-1, the chunk
+
+
+def _blocked(start, stop, k_positions, window, n_sink):
+    """``[C, S]`` bool, True where query ``start + i`` may not attend key ``k_positions[j]``; None if nothing is."""
+    blocked = ~band_mask(np.arange(start, stop), k_positions, window, n_sink)  # [C, S]
+    return blocked if blocked.any() else None
 
 
 def _attend_chunk(q, k, v, blocked):
     """``q: [..., C, D_k]`` over ``k: [..., S, D_k]``, ``v: [..., S, D_v]``, no weight where ``blocked: [C, S]``."""
-    if not blocked.any():
+    if blocked is None:
         return attend(q, k, v)  # [..., C, D_v]
     scores = q @ k.swapaxes(-1, -2)  # [..., C, S]
     scores *= 1.0 / math.sqrt(q.shape[-1])
@@ -73,15 +76,18 @@ def _attend_chunk(q, k, v, blocked):
 def _prefill(x, w_q, w_k, w_v, chunk_size, window, n_sink, cache):
     """The chunk loop over validated ``x: [..., T, D_model]`` through ``cache``."""
     out = np.empty(x.shape[:-1] + (w_v.shape[1],), dtype=np.result_type(x, w_v))  # [..., T, D_v]
+    # A decode step through a cache of the call's window (None: every position) gets exactly the keys it attends to.
+    exact_steps = getattr(cache, "window", None) == window
     with rolled_back_on_error(cache), np.errstate(over="ignore", invalid="ignore"):
         for begin in range(0, x.shape[-2], chunk_size):
             x_c = x[..., begin : begin + chunk_size, :]  # [..., C, D_model]
             start = cache.get_seq_length()
             stop = start + x_c.shape[-2]
-            k_positions = _key_positions(cache, start, stop)  # [S]
+            if exact_steps and stop - start == 1:
+                blocked = None
+            else:
+                blocked = _blocked(start, stop, _key_positions(cache, start, stop), window, n_sink)  # [C, S] or None
             k, v = cache.update(x_c @ w_k, x_c @ w_v)  # [..., S, D_k], [..., S, D_v]
-            check_update_length(k, k_positions.size)
-            blocked = ~band_mask(np.arange(start, stop), k_positions, window, n_sink)  # [C, S]
             out[..., begin : begin + x_c.shape[-2], :] = _attend_chunk(x_c @ w_q, k, v, blocked)  # [..., C, D_v]
         check_finite_output(out)
     return out

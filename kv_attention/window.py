@@ -14,9 +14,11 @@ The ring overwrites, so a chunk of new positions must be attended to before it
 replaces the keys its own first queries need (a chunk longer than W overwrites
 all of them): :meth:`SlidingWindowCache.update` returns the positions held
 *before* the chunk, followed by the whole chunk, and only then writes the chunk's
-last W positions into the ring. The caller masks them by position
-(:meth:`~SlidingWindowCache.held_positions` + the new ones), as Hugging Face's
-layer returns ``cat(kept, new)`` and masks them.
+last W positions into the ring, as Hugging Face's layer returns ``cat(kept,
+new)``. The caller masks them by position (:meth:`~SlidingWindowCache.key_positions`).
+One new position (a decode step) overwrites only the position W back, which it
+does not attend to: it is written first, and the step attends on the buffers'
+own views (attention does not depend on the order of the keys), with no copy.
 
 Errors: as ``cache.py``'s caches (``update``: TypeError, ValueError for shapes
 that do not fit); the constructor also needs an integer ``window >= 1`` and
@@ -59,47 +61,77 @@ class SlidingWindowCache:
         self._first = n_sink  # the oldest window position held; the ring holds _first.._length-1
 
     def _ring(self, first, count):
-        """The slots of ring positions ``first..first+count-1`` (first >= n_sink, count <= W): two slices, in position order."""
+        """The slots of ring positions ``first..first+count-1`` (first >= n_sink, count <= W), in position order.
+
+        One slice, or two when they wrap past the end of the buffer.
+        """
         begin = self.n_sink + (first - self.n_sink) % self.window
-        head = min(count, self.n_sink + self.window - begin)  # up to the end of the buffer, then from the ring's start
+        head = min(count, self.n_sink + self.window - begin)  # up to the end of the buffer
+        if head == count:
+            return (slice(begin, begin + count),)
         return slice(begin, begin + head), slice(self.n_sink, self.n_sink + count - head)
 
     def _held(self):
         """The slots of every position held, in position order: the sinks seen, then the ring from its oldest."""
-        sinks = slice(0, min(self.n_sink, self._length))
-        return (sinks, *self._ring(self._first, max(self._length - self._first, 0)))
+        ring = self._ring(self._first, max(self._length - self._first, 0))
+        return ring if self.n_sink == 0 else (slice(0, min(self.n_sink, self._length)), *ring)
 
     def held_positions(self):
         """The positions held, ascending (int64 ``[S]``): the sinks seen, then the window positions still in the ring."""
         sinks = np.arange(min(self.n_sink, self._length))
         return np.concatenate([sinks, np.arange(self._first, self._length)])
 
+    def key_positions(self, t_new):
+        """The positions of the keys :meth:`update` returns for ``t_new`` new positions, in its order (int64 ``[S]``)."""
+        if t_new != 1:  # the held positions, ascending, then the new ones
+            sinks = np.arange(min(self.n_sink, self._length))
+            return np.concatenate([sinks, np.arange(min(self._first, self._length), self._length + t_new)])
+        newest = self._length  # a decode step: the buffers' filled slots, in slot order
+        slots = np.arange(min(newest + 1, self.n_sink + self.window))
+        newest_slot = self.n_sink + (newest - self.n_sink) % self.window
+        return np.where(slots < self.n_sink, slots, newest - (newest_slot - slots) % self.window)
+
     def update(self, k, v):
         """Add ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]``; return every key and value they may attend to.
 
-        Returns new arrays ``[..., S + T_new, D_k]``, ``[..., S + T_new, D_v]``: the
-        S positions held before the update (:meth:`held_positions`, read before
-        calling), then all T_new new ones, in position order. Only then are the
-        new positions written: those below ``n_sink`` into their sink slots, the
-        last ``window`` of the others into the ring.
+        The positions of what it returns are :meth:`key_positions` ``(T_new)``,
+        read before the update. For T_new != 1: new arrays ``[..., S + T_new, D]``,
+        the S positions held before the update in position order, then all the
+        new ones; only then are the new positions written (those below
+        ``n_sink`` into their sink slots, the last ``window`` of the others into
+        the ring), so a chunk longer than the window still sees every key its
+        first queries need. For one new position (a decode step) it is written
+        first, over the one position it never attends to (p - W), and the
+        buffers' filled slots are returned as views, in slot order: exactly the
+        keys it attends to, without a copy. Do not write to the views.
         """
         check_new_positions(k, v, self)
         start, stop = self._length, self._length + k.shape[-2]
+        if stop - start == 1:
+            self._write(k, v, start, stop)
+            filled = min(stop, self.n_sink + self.window)
+            return self.k_cache[..., :filled, :], self.v_cache[..., :filled, :]
         held = self._held()
-        k_seen = np.concatenate([self.k_cache[..., s, :] for s in held] + [k], axis=-2)  # [..., S + T_new, D_k]
-        v_seen = np.concatenate([self.v_cache[..., s, :] for s in held] + [v], axis=-2)  # [..., S + T_new, D_v]
-        sinks = max(min(stop, self.n_sink) - start, 0)  # new positions that are sinks
-        self.k_cache[..., start : start + sinks, :] = k[..., :sinks, :]
-        self.v_cache[..., start : start + sinks, :] = v[..., :sinks, :]
-        first = max(start, self.n_sink, stop - self.window)  # the oldest new position the ring keeps
-        offset = first - start
-        for slots in self._ring(first, max(stop - first, 0)):
-            n = slots.stop - slots.start
-            self.k_cache[..., slots, :] = k[..., offset : offset + n, :]
-            self.v_cache[..., slots, :] = v[..., offset : offset + n, :]
-            offset += n
-        self._length, self._first = stop, max(self._first, stop - self.window)
+        k_seen = np.concatenate([*(self.k_cache[..., s, :] for s in held), k], axis=-2)  # [..., S + T_new, D_k]
+        v_seen = np.concatenate([*(self.v_cache[..., s, :] for s in held), v], axis=-2)  # [..., S + T_new, D_v]
+        self._write(k, v, start, stop)
         return k_seen, v_seen
+
+    def _write(self, k, v, start, stop):
+        """Write new positions ``start..stop-1``: sinks into their own slots, the last ``window`` others into the ring."""
+        if start < self.n_sink:
+            n = min(stop, self.n_sink) - start
+            self.k_cache[..., start : start + n, :] = k[..., :n, :]
+            self.v_cache[..., start : start + n, :] = v[..., :n, :]
+        first = max(start, self.n_sink, stop - self.window)  # the oldest new position the ring keeps
+        if first < stop:
+            offset = first - start
+            for slots in self._ring(first, stop - first):
+                n = slots.stop - slots.start
+                self.k_cache[..., slots, :] = k[..., offset : offset + n, :]
+                self.v_cache[..., slots, :] = v[..., offset : offset + n, :]
+                offset += n
+        self._length, self._first = stop, max(self._first, stop - self.window)
 
     def get_seq_length(self):
         """Number of positions seen (int), held or not."""

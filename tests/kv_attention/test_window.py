@@ -64,9 +64,21 @@ def test_update_returns_what_was_held_then_the_whole_chunk(lead):
     expected = np.concatenate([positions(0, 4, lead), positions(4, 12, lead)], axis=-2)
     np.testing.assert_array_equal(k, expected)  # every key a query of the chunk needs, none overwritten yet
     np.testing.assert_array_equal(cache.held_positions(), [0, 1, 9, 10, 11])
-    k, _ = cache.update(positions(12, 13, lead), positions(12, 13, lead, d=2))
-    expected = np.concatenate([positions(p, p + 1, lead) for p in (0, 1, 9, 10, 11, 12)], axis=-2)
+    k, _ = cache.update(positions(12, 14, lead), positions(12, 14, lead, d=2))
+    expected = np.concatenate([positions(p, p + 1, lead) for p in (0, 1, 9, 10, 11, 12, 13)], axis=-2)
     np.testing.assert_array_equal(k, expected)
+
+
+def test_a_decode_step_writes_first_and_returns_the_buffers_own_views():
+    # Position 9 overwrites position 6, which it does not attend (window 3: 7, 8, 9); sinks 0, 1 stay.
+    cache = kv.SlidingWindowCache((), window=3, k_dim=3, v_dim=2, n_sink=2)
+    cache.update(positions(0, 9), positions(0, 9, d=2))
+    order = cache.key_positions(1)
+    k, v = cache.update(positions(9, 10), positions(9, 10, d=2))
+    assert np.shares_memory(k, cache.k_cache) and np.shares_memory(v, cache.v_cache)  # no copy
+    assert sorted(order.tolist()) == [0, 1, 7, 8, 9]
+    np.testing.assert_array_equal(k, np.concatenate([positions(p, p + 1) for p in order]))
+    np.testing.assert_array_equal(v, np.concatenate([positions(p, p + 1, d=2) for p in order]))
 
 
 def test_an_empty_update_returns_what_is_held_and_changes_nothing():
@@ -181,11 +193,16 @@ class RingMachine(RuleBasedStateMachine):
     @rule(count=st.integers(0, 9))
     def update(self, count):
         start, held = self.model.length, self.model.held()
+        order = self.cache.key_positions(count).tolist()
         k, v = self.cache.update(positions(start, start + count, (2,)), positions(start, start + count, (2,), d=2))
-        expected = held + list(range(start, start + count))
-        np.testing.assert_array_equal(k, np.stack([positions(p, p + 1, (2,))[:, 0] for p in expected], axis=-2)
-                                      if expected else np.zeros((2, 0, 3)))
-        assert v.shape == (2, len(expected), 2)
+        if count == 1:  # a decode step: exactly the keys position `start` attends to, in any order
+            window, n_sink = self.model.window, self.model.n_sink
+            assert sorted(order) == [s for s in range(start + 1) if s < n_sink or start - s < window]
+        else:  # what was held, then the chunk
+            assert order == held + list(range(start, start + count))
+        expected = np.zeros((2, 0, 3)) if not order else np.concatenate([positions(p, p + 1, (2,)) for p in order], -2)
+        np.testing.assert_array_equal(k, expected)
+        assert v.shape == (2, len(order), 2)
         self.model.write(count)
 
     @precondition(lambda self: self.cache is not None)
