@@ -57,20 +57,32 @@ def verified_chunked(t_len, chunk_size, window=None, n_sink=0):
 
 
 def held_cache_bytes(t_len, chunk_size, window=None, n_sink=0):
-    """Logical K/V bytes a verified prefill of ``timed_inputs(t_len)`` leaves in its cache, checked.
+    """Logical K/V bytes a prefill of ``timed_inputs(t_len)`` leaves in a cache given to it, both checked.
 
     The cache is a SlidingWindowCache of the window, else a StaticCache of T
-    positions. Expected: T positions without a window, min(T, n_sink + window)
-    with one, of (64 + 64) × 8 bytes each; AssertionError when the cache says otherwise.
+    positions; the prefill into it is checked against :func:`banded_oracle` (as
+    :func:`verified_chunked`), then its bytes: T positions without a window,
+    min(T, n_sink + window) with one, of (64 + 64) × 8 bytes each (AssertionError otherwise).
     """
-    prefill = verified_chunked(t_len, chunk_size, window, n_sink)
+    chunked = library_function("chunked_attention")
     if window is None:
-        cache = library_function("StaticCache")((), t_len, D_K, D_V)
+        make_cache = functools.partial(library_function("StaticCache"), (), t_len, D_K, D_V)
         expected = t_len
     else:
-        cache = library_function("SlidingWindowCache")((), window, D_K, D_V, n_sink=n_sink)
+        make_cache = functools.partial(library_function("SlidingWindowCache"), (), window, D_K, D_V, n_sink=n_sink)
         expected = min(t_len, n_sink + window)
-    prefill(*timed_inputs(t_len), cache=cache)
+    caches = []
+
+    def prefill_into_a_new_cache(*inputs):
+        caches.append(make_cache())
+        return chunked(*inputs, chunk_size=chunk_size, window=window, n_sink=n_sink, cache=caches[-1])
+
+    key = f"chunked_attention into a given cache, chunk_size={chunk_size}, window={window}, n_sink={n_sink} at T={t_len}"
+    reference = functools.partial(banded_oracle, window=window, n_sink=n_sink)
+    verified_decode(key, prefill_into_a_new_cache, timed_inputs(t_len), reference)
+    if not caches:  # checked earlier in this process
+        prefill_into_a_new_cache(*timed_inputs(t_len))
+    nbytes = caches[-1].nbytes
     what = f"cache bytes after chunk_size={chunk_size}, window={window}, n_sink={n_sink} at T={t_len}"
-    assert cache.nbytes == expected * BYTES_PER_POSITION, f"{what}: {cache.nbytes}, expected {expected} positions"
-    return cache.nbytes
+    assert nbytes == expected * BYTES_PER_POSITION, f"{what}: {nbytes}, expected {expected} positions"
+    return nbytes
