@@ -65,7 +65,7 @@ class WindowDecode:
     params = [list(WINDOWS)]
     param_names = ["window"]
     rounds = 1  # as ChunkedPrefill
-    repeat = (3, 8, 0.4)
+    repeat = (3, 6, 0.3)
     warmup_time = 0.02
     timeout = 120
 
