@@ -24,7 +24,7 @@ class ChunkedPrefill:
 
     params = [CHUNK_SIZES]
     param_names = ["chunk_size"]
-    rounds = 1  # each round is a process that checks the prefill again; the suite's budget allows one
+    rounds = 2  # two interleaved processes per point, each checking the prefill again
     repeat = (5, 15, 0.3)
     warmup_time = 0.02
     timeout = 120
@@ -64,7 +64,7 @@ class WindowDecode:
 
     params = [list(WINDOWS)]
     param_names = ["window"]
-    rounds = 1  # as ChunkedPrefill
+    rounds = 2
     repeat = (3, 6, 0.3)
     warmup_time = 0.02
     timeout = 120
