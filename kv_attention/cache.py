@@ -28,7 +28,8 @@ class Cache(Protocol):
     A cache may also hold ``k_cache``/``v_cache`` (None while empty) and
     ``max_seq_len``; a decode checks them against its inputs when they are there.
     A cache that keeps only some positions (``SlidingWindowCache``) also has
-    ``window``, ``n_sink`` and ``held_positions()``.
+    ``window``, ``n_sink`` and ``key_positions(t_new)``: the position of each key
+    ``update`` returns (a full cache returns positions 0, 1, .. in order).
     """
 
     def update(self, k, v):

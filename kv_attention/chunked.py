@@ -16,7 +16,7 @@ Inputs: ``x: [T, D_model]`` or ``[B, T, D_model]``, ``w_q, w_k: [D_model, D_k]``
 ``w_v: [D_model, D_v]``, float32 or float64; the output ``[..., T, D_v]`` is in
 ``np.result_type`` of the inputs. For a chunk of C positions:
     x_c   [..., C, D_model]     q_c     [..., C, D_k]
-    k     [..., S, D_k]         scores  [..., C, S]     (S: the positions the cache held, then the chunk's)
+    k     [..., S, D_k]         scores  [..., C, S]     (S: the keys the cache returns, held and new)
     v     [..., S, D_v]         out_c   [..., C, D_v]
 ``cache``: by default a new :class:`~kv_attention.window.SlidingWindowCache` when
 ``window`` is given (memory O(window) whatever T), else a StaticCache of T
