@@ -4,7 +4,9 @@ Single head, softmax(q kᵀ / sqrt(D_k) + causal mask) v: five decode strategies
 each equal to :func:`causal_attention` position by position. Multi-head,
 grouped-query and multi-query decode (``heads``), the KV cache capacity formula
 (``capacity``), and ragged batches with a paged KV cache (``ragged``, ``paged``)
-build on the same caches, which follow the :class:`Cache` protocol.
+build on the same caches, which follow the :class:`Cache` protocol. Serving
+(``scheduler``) batches requests of token ids continuously over the paged cache,
+with forks, prefix caching and preemption (``block_allocator``, ``prefix_caching``).
 
 Inputs are float32 or float64 arrays, and a computation runs in their
 ``np.result_type``. Bad input raises TypeError or ValueError naming the argument
@@ -25,6 +27,7 @@ from .heads import multi_head_attention, multi_head_decode
 from .paged import OutOfBlocksError, PagedKVCache
 from .problem import Problem, make_problem
 from .ragged import RAGGED_STRATEGIES, RaggedDecodeStats, ragged_decode, ragged_decode_steps
+from .scheduler import Request, ServeResult, ServeStats, serve
 from .strategies import EXPERIMENTS, STRATEGIES, get_strategy
 
 __version__ = "0.1.0"
@@ -57,4 +60,9 @@ __all__ = [
     "ragged_decode_steps",
     "RaggedDecodeStats",
     "RAGGED_STRATEGIES",
+    # serving: continuous batching, preemption and prefix caching over the paged cache
+    "Request",
+    "serve",
+    "ServeResult",
+    "ServeStats",
 ]
