@@ -97,3 +97,20 @@ def verified_serve(caching, pool):
                         lambda *_: serve_oracle(*workload()))
         _CHECKED[caching, pool] = serve, inputs, runs[-1] if runs else serve(*inputs)
     return _CHECKED[caching, pool]
+
+
+COUNTS = ("steps", "preemptions", "recomputed_tokens", "prefix_hit_tokens", "peak_blocks")
+
+
+def checked_counts(caching, pool):
+    """The counts (:data:`COUNTS` -> int) of the checked serve of a point, or the exception that stopped it.
+
+    The exception (NotImplementedError: the commit lacks serve; AssertionError: it
+    is wrong) is returned, not raised, so that one point's outcome does not stop
+    the others in asv's ``setup_cache``; the benchmark's setup raises it.
+    """
+    try:
+        _, _, result = verified_serve(caching, pool)
+    except (NotImplementedError, AssertionError) as error:
+        return error
+    return {name: int(getattr(result.stats, name)) for name in COUNTS}

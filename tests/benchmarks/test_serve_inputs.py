@@ -8,7 +8,7 @@ from threadpoolctl import threadpool_limits
 
 import kv_attention as kv
 from benchmarks import common, serve_inputs
-from benchmarks.bench_serve import Serve
+from benchmarks.bench_serve import Serve, ServeCounts
 
 from ..references import serve_reference
 
@@ -48,9 +48,11 @@ def test_the_check_passes_and_the_counts_show_what_each_point_is_for(one_thread,
     bench = Serve()
     bench.setup(caching, pool)
     assert bench.serve.func is kv.serve and bench.serve.keywords["enable_prefix_caching"] == (caching == "on")
-    counts = [getattr(bench, f"track_{n}")(caching, pool) for n in
-              ("steps", "preemptions", "recomputed_tokens", "prefix_hit_tokens", "peak_blocks")]
-    steps, preemptions, recomputed, hits, peak = counts
+    counts = ServeCounts()
+    cache = {(caching, pool): serve_inputs.checked_counts(caching, pool)}  # setup_cache's value, for this point
+    counts.setup(cache, caching, pool)
+    steps, preemptions, recomputed, hits, peak = (getattr(counts, f"track_{n}")(cache, caching, pool) for n in
+                                                  serve_inputs.COUNTS)
     assert (preemptions > 0 and recomputed > 0) == (pool == "tight")
     assert (hits > 0) == (caching == "on")
     assert peak <= serve_inputs.POOLS[pool] and steps >= 16 + 16  # the last arrival is at step 15
@@ -76,3 +78,17 @@ def test_the_check_skips_what_the_commit_lacks(one_thread, monkeypatch):
     monkeypatch.delattr(kv, "serve")
     with pytest.raises(NotImplementedError, match="no serve"):
         serve_inputs.verified_serve("on", "tight")
+    cache = ServeCounts().setup_cache()  # every point's outcome is kept; each point's setup raises its own
+    for point in (("off", "ample"), ("on", "tight")):
+        with pytest.raises(NotImplementedError, match="no serve"):
+            ServeCounts().setup(cache, *point)
+
+
+def test_a_wrong_serve_fails_its_counts_too(one_thread, monkeypatch):
+    class NoOutputs:
+        outputs, stats = {}, None
+
+    monkeypatch.setattr(kv, "serve", lambda *args, **kwargs: NoOutputs())
+    cache = {("on", "ample"): serve_inputs.checked_counts("on", "ample")}
+    with pytest.raises(AssertionError, match="serve, prefix caching on, ample pool"):
+        ServeCounts().setup(cache, "on", "ample")
