@@ -10,7 +10,9 @@ Two kinds of rule live elsewhere. Whether an object is a cache at all is the
 module cannot import cache.py, which imports it). And a store running out of
 room is the store's own state, not bad input: ``StaticCache.update`` past
 max_seq_len, and ``paged.OutOfBlocksError``. (A decode checks a given cache's
-room up front, here, in :func:`check_cache_fits`.)
+room up front, here, in :func:`check_cache_fits`.) A ``PagedKVCache`` given to a
+ragged decode and the ``Request`` objects given to ``serve`` are checked here,
+their classes imported inside the check (paged.py and scheduler.py import this module).
 """
 
 import math
@@ -445,20 +447,23 @@ def check_paged_token_ids(token_ids, n_seqs, t_new):
 # Blocks of a paged pool
 
 
+def check_block_id(block, num_blocks):
+    """``block`` as an int in [0, num_blocks); TypeError unless an integer, ValueError out of range."""
+    if isinstance(block, bool) or not isinstance(block, (int, np.integer)):
+        raise TypeError(f"a block id must be an integer, got {block!r}")
+    if not 0 <= block < num_blocks:
+        raise ValueError(f"block {block} is out of range: the pool has blocks 0..{num_blocks - 1}")
+    return int(block)
+
+
 def check_blocks_held(blocks, ref_counts, action, cached=()):
     """``blocks`` as a list of distinct ints in range; for an ``action``, each held (refcount >= 1) or in ``cached``.
 
     ``action`` (``"free"``, ``"share"``, ``"cache"``) names the call in the message; None checks the range only.
     """
-    blocks = list(blocks)
-    for block in blocks:
-        if isinstance(block, bool) or not isinstance(block, (int, np.integer)):
-            raise TypeError(f"a block id must be an integer, got {block!r}")
-        if not 0 <= block < len(ref_counts):
-            raise ValueError(f"block {block} is out of range: the pool has blocks 0..{len(ref_counts) - 1}")
+    blocks = [check_block_id(block, len(ref_counts)) for block in blocks]
     if len(set(blocks)) != len(blocks):
         raise ValueError(f"blocks repeat a block: {blocks}")
-    blocks = [int(b) for b in blocks]
     if action is not None:
         for block in blocks:
             if ref_counts[block] < 1 and block not in cached:

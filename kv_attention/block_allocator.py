@@ -25,7 +25,7 @@ allocating more blocks than are free. A call that raises changes nothing.
 
 import numpy as np
 
-from ._validation import as_size, check_blocks_held
+from ._validation import as_size, check_block_id, check_blocks_held
 
 
 class OutOfBlocksError(RuntimeError):
@@ -63,8 +63,7 @@ class BlockAllocator:
 
     def ref_count(self, block):
         """Block tables holding ``block`` (int); 0 for a free block."""
-        (block,) = check_blocks_held([block], self._ref_counts, None)
-        return int(self._ref_counts[block])
+        return int(self._ref_counts[check_block_id(block, self.num_blocks)])
 
     def free_blocks(self):
         """The free blocks, the next one taken first (tuple of ints)."""

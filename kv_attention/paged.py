@@ -340,7 +340,9 @@ class PagedKVCache:
             self.k_cache[copy], self.v_cache[copy] = self.k_cache[table[j]], self.v_cache[table[j]]
             self.allocator.free([table[j]])  # the other holders keep it
             table[j] = copy
-        table.extend(self.allocator.allocate(max(0, self._blocks_for(length + t_new) - len(table))))
+        new = self._blocks_for(length + t_new) - len(table)
+        if new > 0:
+            table.extend(self.allocator.allocate(new))
 
     def _out_of_blocks(self, n_seqs, needed):
         return OutOfBlocksError(

@@ -182,7 +182,8 @@ class _Scheduler:
                 break
             if not seq.running:  # preempted to make room for an earlier one
                 continue
-            if not self.make_room(seq):  # it was the latest admitted: none after it is left
+            full = seq.num_computed % self.cache.block_size == 0  # its last block is full: it needs another
+            if full and not self.make_room(seq):  # it was the latest admitted: none after it is left
                 break
             decodes.append(seq)
             budget -= 1
