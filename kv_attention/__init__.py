@@ -6,7 +6,9 @@ grouped-query and multi-query decode (``heads``), the KV cache capacity formula
 (``capacity``), and ragged batches with a paged KV cache (``ragged``, ``paged``)
 build on the same caches, which follow the :class:`Cache` protocol. Chunked
 prefill onto a cache, sliding windows and attention sinks (``chunked``,
-``window``) are exact against the banded :func:`causal_attention`.
+``window``) are exact against the banded :func:`causal_attention`. Serving
+(``scheduler``) batches requests of token ids continuously over the paged cache,
+with forks, prefix caching and preemption (``block_allocator``, ``prefix_caching``).
 
 Inputs are float32 or float64 arrays, and a computation runs in their
 ``np.result_type``. Bad input raises TypeError or ValueError naming the argument
@@ -28,6 +30,7 @@ from .heads import multi_head_attention, multi_head_decode
 from .paged import OutOfBlocksError, PagedKVCache
 from .problem import Problem, make_problem
 from .ragged import RAGGED_STRATEGIES, RaggedDecodeStats, ragged_decode, ragged_decode_steps
+from .scheduler import Request, ServeResult, ServeStats, serve
 from .strategies import EXPERIMENTS, STRATEGIES, get_strategy
 from .window import SlidingWindowCache
 
@@ -64,4 +67,9 @@ __all__ = [
     # chunked prefill, sliding windows and attention sinks
     "chunked_attention",
     "SlidingWindowCache",
+    # serving: continuous batching, preemption and prefix caching over the paged cache
+    "Request",
+    "serve",
+    "ServeResult",
+    "ServeStats",
 ]

@@ -125,3 +125,14 @@ def sequences(rng, lengths, d_model=4):
 
 def weights(rng, d_model=4, d_k=3, d_v=5):
     return [rng.standard_normal((d_model, d)) / np.sqrt(d_model) for d in (d_k, d_k, d_v)]
+
+
+# Serving: each request alone, by the naive reference.
+
+def serve_reference(token_ids, prompt_len, embedding, w_q, w_k, w_v):
+    """The outputs a request must get: ``naive_causal_attention(embedding[token_ids])`` from the last prompt position on.
+
+    ``[len(token_ids) - prompt_len + 1, D_v]`` float64: the last prompt position and every decoded one.
+    """
+    x = np.asarray(embedding, dtype=np.float64)[np.asarray(token_ids, dtype=np.int64)]  # [L, D_model]
+    return naive_causal_attention(x, w_q, w_k, w_v)[prompt_len - 1 :]
