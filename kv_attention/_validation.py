@@ -10,10 +10,13 @@ Two kinds of rule live elsewhere. Whether an object is a cache at all is the
 module cannot import cache.py, which imports it). And a store running out of
 room is the store's own state, not bad input: ``StaticCache.update`` past
 max_seq_len, and ``paged.OutOfBlocksError``. (A decode checks a given cache's
-room up front, here, in :func:`check_cache_fits`.)
+room up front, here, in :func:`check_cache_fits`.) A ``PagedKVCache`` given to a
+ragged decode and the ``Request`` objects given to ``serve`` are checked here,
+their classes imported inside the check (paged.py and scheduler.py import this module).
 """
 
 import math
+import os
 
 import numpy as np
 
@@ -286,14 +289,17 @@ def check_crop(length, stored):
     return length
 
 
-def check_cache_fits(cache, x, w_q, w_k, w_v, dtype, layout=None):
+def check_cache_fits(cache, x, w_q, w_k, w_v, dtype, layout=None, window=None, n_sink=0):
     """Raise unless a given cache fits ``x``'s leading axes, the widths, ``dtype`` and T more positions.
 
     ``layout`` is ``(expected_k, expected_v, text)``: the shapes ``k_cache`` and
     ``v_cache`` must have without their T axis, and the layout to name in the
     error; by default ``x``'s leading axes with D_k and D_v (single head). Keys
-    already in the cache (a prefill) also enter the overflow bound of q·k.
+    already in the cache (a prefill) also enter the overflow bound of q·k. A
+    cache that keeps only a window must keep the call's ``window`` and ``n_sink``
+    (:func:`check_cache_window`).
     """
+    check_cache_window(cache, window, n_sink)
     k_cache, v_cache = getattr(cache, "k_cache", None), getattr(cache, "v_cache", None)
     if k_cache is None:
         return
@@ -314,12 +320,57 @@ def check_cache_fits(cache, x, w_q, w_k, w_v, dtype, layout=None):
         check_score_range(x, w_q, w_k, w_v, dtype, stored_k=k_cache[..., :stored, :])
 
 
+def check_cache_window(cache, window, n_sink):
+    """Raise unless a cache that keeps a window (it has ``window``, e.g. SlidingWindowCache) keeps ``window`` and ``n_sink``.
+
+    Such a cache has dropped the keys outside its window, so it can serve only a
+    call with the same window and sinks; a cache without ``window`` holds every
+    position and serves any call.
+    """
+    kept = getattr(cache, "window", None)
+    if kept is None:
+        return
+    kept_sinks = getattr(cache, "n_sink", 0)
+    if (kept, kept_sinks) != (window, n_sink):
+        hint = "; full attention needs a cache of every position, e.g. StaticCache" if window is None else ""
+        raise ValueError(
+            f"cache keeps window={kept}, n_sink={kept_sinks} but the call has window={window}, "
+            f"n_sink={n_sink}{hint}"
+        )
+
+
 def check_head_cache_fits(cache, x, w_q, w_k, w_v, n_kv_heads, head_dim, dtype):
     """:func:`check_cache_fits` for the multi-head layout ``[*x.shape[:-2], H_kv, T_max, D_head]``."""
     expected = x.shape[:-2] + (n_kv_heads, head_dim)  # the cache's shape without its T_max axis
     layout = ", ".join(map(str, x.shape[:-2] + (n_kv_heads, "T_max", head_dim)))
     text = f"must be [{layout}] for x {x.shape}, n_kv_heads={n_kv_heads}, head_dim={head_dim}"
     check_cache_fits(cache, x, w_q, w_k, w_v, dtype, layout=(expected, expected, text))
+
+
+# Windows, chunks and the sliding-window cache
+
+
+def check_window(window, n_sink):
+    """Return ``(window, n_sink)`` as ints: ``window`` None or >= 1, ``n_sink`` >= 0."""
+    if window is not None:
+        window = as_size("window", window, minimum=1)
+    return window, as_size("n_sink", n_sink)
+
+
+def check_window_crop(length, stored, first_held, window, n_sink):
+    """Raise unless a sliding-window cache cut to ``length`` (already in [0, stored]) still holds every key
+    position ``length`` would attend to: the sinks, and ``length - window + 1 .. length - 1``.
+
+    ``first_held`` is the oldest window position the ring still holds (>= n_sink).
+    """
+    lowest = max(n_sink, length - window + 1)  # the oldest window position that position `length` attends to
+    if lowest < min(length, first_held):
+        raise ValueError(
+            f"cannot crop the sliding-window cache (window={window}, n_sink={n_sink}) from {stored} to "
+            f"{length} positions: position {length} attends to positions from {length - window + 1}, but the "
+            f"ring has overwritten every position before {first_held}; crop to a length in "
+            f"[{first_held + window - 1}, {stored}] or in [0, {n_sink}]"
+        )
 
 
 # The paged cache: sequence ids and new positions
@@ -384,6 +435,123 @@ def check_paged_positions(k, v, n_seqs, cache):
     return k, v
 
 
+def check_pool_size(num_blocks, block_size, k_dim, v_dim, dtype, bookkeeping):
+    """The bytes a paged pool needs (``k_cache``, ``v_cache``, ``bookkeeping``); ValueError beyond physical memory."""
+    nbytes = num_blocks * block_size * (k_dim + v_dim) * dtype.itemsize + bookkeeping
+    memory = physical_memory()
+    if memory is not None and nbytes > memory:
+        raise pool_too_large(nbytes, num_blocks, block_size, k_dim, v_dim, dtype, f"this machine has {memory} bytes")
+    return nbytes
+
+
+def physical_memory():
+    """This machine's physical memory in bytes, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def pool_too_large(nbytes, num_blocks, block_size, k_dim, v_dim, dtype, why):
+    """The ValueError for a paged pool that memory cannot hold."""
+    return ValueError(
+        f"a pool of num_blocks={num_blocks} blocks of block_size={block_size}, k_dim={k_dim}, v_dim={v_dim} "
+        f"in {dtype} needs {nbytes} bytes ({nbytes / 2**30:.3g} GiB), more than memory can hold ({why})"
+    )
+
+
+def _as_integer_array(name, values):
+    """``values`` as an int64 array; TypeError unless integers (an empty list counts), ValueError beyond int64."""
+    array = np.asarray(values)
+    if array.size == 0 and array.dtype.kind == "f":  # np.asarray([]) is float64
+        array = array.astype(np.int64)
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integers, got dtype {array.dtype}")
+    if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} holds an id beyond int64: {array.max()}")
+    return array.astype(np.int64)
+
+
+def as_token_ids(name, token_ids):
+    """``token_ids`` as a 1-D int64 array; TypeError unless integers, ValueError unless 1-D."""
+    array = _as_integer_array(name, token_ids)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D sequence of token ids, got shape {array.shape}")
+    return array
+
+
+def check_paged_token_ids(token_ids, n_seqs, t_new):
+    """The token ids of an update's new positions as ``[N, T_new]`` int64 (None stays None)."""
+    if token_ids is None:
+        return None
+    array = _as_integer_array("token_ids", token_ids)
+    if array.shape != (n_seqs, t_new):
+        raise ValueError(
+            f"token_ids must be [N, T_new] = [{n_seqs}, {t_new}], one per new position, got shape {array.shape}"
+        )
+    return array
+
+
+# Blocks of a paged pool
+
+
+def check_block_id(block, num_blocks):
+    """``block`` as an int in [0, num_blocks); TypeError unless an integer, ValueError out of range."""
+    if isinstance(block, bool) or not isinstance(block, (int, np.integer)):
+        raise TypeError(f"a block id must be an integer, got {block!r}")
+    if not 0 <= block < num_blocks:
+        raise ValueError(f"block {block} is out of range: the pool has blocks 0..{num_blocks - 1}")
+    return int(block)
+
+
+def check_blocks_held(blocks, ref_counts, action, cached=()):
+    """``blocks`` as a list of distinct ints in range; for an ``action``, each held (refcount >= 1) or in ``cached``.
+
+    ``action`` (``"free"``, ``"share"``, ``"cache"``) names the call in the message; None checks the range only.
+    """
+    blocks = [check_block_id(block, len(ref_counts)) for block in blocks]
+    if len(set(blocks)) != len(blocks):
+        raise ValueError(f"blocks repeat a block: {blocks}")
+    if action is not None:
+        for block in blocks:
+            if ref_counts[block] < 1 and block not in cached:
+                what = "Double free! " if action == "free" else ""
+                raise ValueError(f"{what}cannot {action} block {block}: it is free (refcount 0)")
+    return blocks
+
+
+
+def check_paged_cache_fits(cache, strategy, n_seqs, d_k, d_v, dtype, block_size, num_blocks):
+    """Raise unless a caller's ``cache`` is a PagedKVCache a ragged decode of ``n_seqs`` sequences can use.
+
+    It must be for ``strategy="paged"``, hold ``dtype`` with widths D_k and D_v,
+    match ``block_size`` when one is given, come without ``num_blocks`` (the
+    pool is the cache's) and not hold the decode's sequence ids 0..n_seqs-1.
+    """
+    from .paged import PagedKVCache  # paged.py imports this module
+
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
+    if strategy != "paged":
+        raise ValueError(f"cache= is for strategy='paged', got strategy={strategy!r}")
+    if num_blocks is not None:
+        raise ValueError(f"num_blocks={num_blocks} was given with a cache, whose pool has {cache.num_blocks} blocks")
+    if block_size is not None and block_size != cache.block_size:
+        raise ValueError(f"block_size={block_size} does not fit the cache's block_size={cache.block_size}")
+    widths = (cache.k_cache.shape[-1], cache.v_cache.shape[-1])
+    if widths != (d_k, d_v):
+        raise ValueError(
+            f"cache does not fit the weights: k_cache {cache.k_cache.shape} and v_cache {cache.v_cache.shape} "
+            f"need D_k={d_k}, D_v={d_v}"
+        )
+    if cache.k_cache.dtype != dtype:
+        raise TypeError(f"cache holds {cache.k_cache.dtype} but the computation is {dtype}")
+    held = set(cache.seq_ids)
+    taken = [s for s in range(n_seqs) if s in held]
+    if taken:
+        raise ValueError(f"cache already holds sequence(s) {taken}; the decode's sequences are 0..{n_seqs - 1}")
+
+
 # Ragged batches
 
 
@@ -433,6 +601,90 @@ def check_ragged_inputs(x, w_q, w_k, w_v, lengths, start_steps):
     else:
         start_steps = as_sizes_per_sequence("start_steps", start_steps, n_seqs)
     return seqs, padded, (w_q, w_k, w_v), dtype, start_steps
+
+
+# Serving: requests and the scheduler's options
+
+
+def as_flag(name, value):
+    """``value`` as a bool; TypeError unless it is one (numpy's included)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def check_serve_inputs(requests, embedding, w_q, w_k, w_v, block_size, num_blocks, budget, max_num_seqs, caching):
+    """Validate the inputs of ``serve``.
+
+    Returns ``(specs, embedding, (w_q, w_k, w_v), dtype, (block_size, num_blocks,
+    budget, max_num_seqs, caching))``: one ``(request_id, token_ids [L] int64,
+    prompt_len, arrival_step)`` per request, and the embedding and weights in ``dtype``.
+    """
+    options = (
+        as_size("block_size", block_size, minimum=1),
+        as_size("num_blocks", num_blocks),
+        as_size("max_num_batched_tokens", budget, minimum=1),
+        None if max_num_seqs is None else as_size("max_num_seqs", max_num_seqs, minimum=1),
+        as_flag("enable_prefix_caching", caching),
+    )
+    embedding = as_float_array("embedding", embedding)
+    if embedding.ndim != 2:
+        raise ValueError(f"embedding must be [V, D_model], got shape {embedding.shape}")
+    for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)):
+        if np.ndim(w) == 2 and np.shape(w)[0] != embedding.shape[1]:
+            raise ValueError(
+                f"{name} has {np.shape(w)[0]} rows but embedding has D_model={embedding.shape[1]}: "
+                f"embedding {embedding.shape}, {name} {np.shape(w)}"
+            )
+    # x = embedding[token_ids]: the bound on |q|·|k| over every embedding row covers every token.
+    embedding, w_q, w_k, w_v, dtype = check_projection_inputs(embedding, w_q, w_k, w_v, x_ndims=(2,))
+    specs = _check_requests(requests, len(embedding), options[0], options[1])
+    return specs, embedding.astype(dtype, copy=False), (w_q, w_k, w_v), dtype, options
+
+
+def _check_requests(requests, vocab_size, block_size, num_blocks):
+    """One ``(request_id, token_ids, prompt_len, arrival_step)`` per request, or raise naming the request."""
+    from .scheduler import Request  # scheduler.py imports this module
+
+    if not isinstance(requests, (list, tuple)):
+        raise TypeError(f"requests must be a list of Request, got {type(requests).__name__}")
+    specs, seen = [], {}
+    for i, request in enumerate(requests):
+        if not isinstance(request, Request):
+            raise TypeError(f"requests[{i}] must be a Request, got {type(request).__name__}")
+        try:
+            hash(request.request_id)
+        except TypeError:
+            raise TypeError(f"requests[{i}]: request_id must be hashable, got {request.request_id!r}") from None
+        name = f"request {request.request_id!r} (requests[{i}])"
+        if request.request_id in seen:
+            raise ValueError(f"{name} repeats the request_id of requests[{seen[request.request_id]}]")
+        seen[request.request_id] = i
+        specs.append(_check_request(name, request, vocab_size, block_size, num_blocks))
+    return specs
+
+
+def _check_request(name, request, vocab_size, block_size, num_blocks):
+    tokens = as_token_ids(f"{name}: token_ids", request.token_ids)
+    outside = np.flatnonzero((tokens < 0) | (tokens >= vocab_size))
+    if outside.size:
+        j = int(outside[0])
+        raise ValueError(
+            f"{name}: token_ids[{j}] = {tokens[j]} is not a row of the embedding: ids must be in [0, V={vocab_size})"
+        )
+    prompt_len = as_size(f"{name}: prompt_len", request.prompt_len, minimum=1)
+    if prompt_len > len(tokens):
+        raise ValueError(f"{name}: prompt_len must be in [1, len(token_ids)={len(tokens)}], got {prompt_len}")
+    arrival_step = as_size(f"{name}: arrival_step", request.arrival_step)
+    if arrival_step > _MAX_STEP:
+        raise ValueError(f"{name}: arrival_step={arrival_step} is too large: at most 2**62")
+    blocks = math.ceil(len(tokens) / block_size)
+    if blocks > num_blocks:
+        raise ValueError(
+            f"{name} can never fit the pool: its {len(tokens)} tokens need {blocks} blocks of "
+            f"block_size={block_size}, and num_blocks={num_blocks}"
+        )
+    return request.request_id, tokens, prompt_len, arrival_step
 
 
 # Attention states, split-KV and cascade attention (split.py)

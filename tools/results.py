@@ -43,7 +43,8 @@ from .common import UserError
 def asv_setup():
     """``(conf, benchmarks or None, machine, env_names)`` of this project's asv on this machine.
 
-    ``benchmarks`` is None before asv has discovered the suite once (no benchmarks.json).
+    ``benchmarks`` is None before asv has discovered the suite once (no benchmarks.json);
+    ``machine`` is the name :func:`common.use_machine` chose (hostname plus hardware fingerprint).
     """
     from asv.benchmarks import Benchmarks
     from asv.config import Config
@@ -57,6 +58,7 @@ def asv_setup():
     except AsvUserError:
         benchmarks = None
     env_names = {env.name for env in get_environments(conf, None, verbose=False)}
+    common.use_machine()
     return conf, benchmarks, Machine.get_unique_machine_name(), env_names
 
 
@@ -69,14 +71,45 @@ def iter_results(conf, machine, commit, env_names):
             yield result
 
 
+def unsampled(result):
+    """The ``time_`` benchmarks of ``result`` with a measured point stored without samples (a --quick run's,
+    or an asv run's without --record-samples): incomplete, since the gate's test needs the samples."""
+    names = []
+    for key in result.get_all_result_keys():
+        if not key.rsplit(".", 1)[-1].startswith("time_"):
+            continue
+        params = result.get_result_params(key)
+        values = result.get_result_value(key, params)
+        samples = result.get_result_samples(key, params) or [None] * len(values)
+        if any(is_number(v) and not math.isnan(v) and s is None for v, s in zip(values, samples)):
+            names.append(key)
+    return names
+
+
 def has_results(commit, conf, benchmarks, machine, env_names):
-    """True when every benchmark of the suite has a stored result for ``commit`` in every environment."""
+    """True when every benchmark of the suite has a stored result for ``commit`` in every environment,
+    every timing with its samples (:func:`unsampled`)."""
     if benchmarks is None:
         return False
     stored = {}
     for result in iter_results(conf, machine, commit, env_names):
-        stored[result.env_name] = set(result.get_all_result_keys())
+        stored[result.env_name] = set(result.get_all_result_keys()) - set(unsampled(result))
     return set(stored) == env_names and all(set(benchmarks) <= keys for keys in stored.values())
+
+
+def drop_unsampled(conf, machine, env_names, commits):
+    """Forget the stored timings of ``commits`` that lack samples, so that ``asv run --skip-existing``
+    measures them again; returns the number of result files that had any."""
+    dropped = 0
+    for commit in commits:
+        for result in iter_results(conf, machine, commit, env_names):
+            names = unsampled(result)
+            for key in names:
+                result.remove_result(key)
+            if names:
+                result.save(conf.results_dir)
+                dropped += 1
+    return dropped
 
 
 def count_outcomes(commit, conf, benchmarks, machine, env_names):
@@ -223,6 +256,7 @@ class Run:
     machine_params: dict  # asv's machine info plus the environment's requirements
     env_vars: dict
     points: dict  # (benchmark, tuple(sorted(params.items()))) -> Point
+    measured: int = None  # when the last benchmark of the run started, ms since the epoch (None if unknown)
 
     def value(self, benchmark, **params):
         """The stored value of ``benchmark`` at ``params``; SKIPPED if the run lacks it."""
@@ -310,9 +344,9 @@ class ResultsDir:
                     f"(machines with results: {', '.join(self.machines)})"
                 )
             return machine
-        local = _local_asv_machine()
-        if local in self.machines:
-            return local
+        for local in (_local_asv_machine(), _recorded_asv_machine()):
+            if local in self.machines:
+                return local
         if len(self.machines) == 1:
             return self.machines[0]
         raise UserError(
@@ -392,7 +426,14 @@ class ResultsDir:
 
 
 def _local_asv_machine():
-    """The machine name ``asv machine`` recorded for this host (``~/.asv-machine.json``), or None."""
+    """This host's asv machine name, :func:`tools.machine.default_name`."""
+    from .machine import default_name
+
+    return default_name()
+
+
+def _recorded_asv_machine():
+    """The one machine name ``asv machine`` recorded for this host (``~/.asv-machine.json``), or None."""
     try:
         with open(os.path.expanduser("~/.asv-machine.json")) as f:
             data = json.load(f)
@@ -435,6 +476,7 @@ def load_run(path, param_names=()):
             machine_params={str(k): str(v) for k, v in dict(results.params).items()},
             env_vars={str(k): str(v) for k, v in dict(results.env_vars or {}).items()},
             points={},
+            measured=_measured(results),
         )
         for name in results.get_all_result_keys():
             names = _names_for(name, results.get_result_params(name), param_names)
@@ -444,6 +486,12 @@ def load_run(path, param_names=()):
         reason = str(exc).replace(path, short) or type(exc).__name__
         raise UserError(f"cannot read asv result file {short}: {reason}") from None
     return run
+
+
+def _measured(results):
+    """When the run's last benchmark started (asv's ``started_at``, ms since the epoch), or None."""
+    started = [v for v in dict(results.started_at or {}).values() if is_number(v) and 0 < v < 253402300800000]
+    return max(started) if started else None
 
 
 def _text(value, what):

@@ -12,6 +12,7 @@ from ..common import UserError
 from ..results import ResultsDir
 
 DEFAULT_CONFIG = "asv.conf.json"
+EXPERIMENTS = ("cache", "batch", "batch_size", "heads", "ragged")  # tools.report.tables.TABLES, without importing it
 
 
 def _load_config(path):
@@ -56,7 +57,7 @@ def cmd_tables(args):
     results, machine = _open(args)
     run = _run(results, machine, args.commit, args.env)
     lines = [f"## kv-attention decode benchmarks at `{run.commit[:8]}` on `{run.machine}`", "", *describe(run)]
-    lines += ["\n" + render_table(table) for table in all_tables(run)]
+    lines += ["\n" + render_table(table) for table in all_tables(run, args.experiment)]
     print("\n".join(lines))
 
 
@@ -77,8 +78,9 @@ def cmd_compare(args):
     for label, run in zip(labels, (base, head)):
         lines += [f"{label}:", *describe(run), ""]
     lines.append("Last column: head / base. For a time (ms, µs) above 1 is slower; for a speedup, "
-                 "positions / s, scaling or no_cache / preallocated above 1 is larger.")
-    lines += ["\n" + render_compare(b, h, *labels) for b, h in zip(all_tables(base), all_tables(head))]
+                 "positions / s, scaling or a ratio such as no_cache / preallocated above 1 is larger.")
+    lines += ["\n" + render_compare(b, h, *labels)
+              for b, h in zip(all_tables(base, args.experiment), all_tables(head, args.experiment))]
     print("\n".join(lines))
 
 
@@ -101,7 +103,7 @@ def cmd_plots(args):
 
     results, machine = _open(args)
     run = _run(results, machine, args.commit, args.env)
-    for path in write_plots(run, args.out):
+    for path in write_plots(run, args.out, lab=args.lab):
         print(f"wrote {path}")
 
 
@@ -115,11 +117,14 @@ def setup_arguments(subparsers):
     common.add_argument("--env", help="part of the asv environment name, if a commit has several")
     common.add_argument("--config", default=DEFAULT_CONFIG, help="asv config (default: %(default)s)")
     common.add_argument("--results-dir", help="asv results directory (default: the config's results_dir)")
+    experiments = argparse.ArgumentParser(add_help=False)
+    experiments.add_argument("--experiment", action="append", choices=EXPERIMENTS, metavar="NAME",
+                             help=f"only this experiment's table ({', '.join(EXPERIMENTS)}); repeatable")
     sub = parser.add_subparsers(dest="report_command", metavar="{tables,compare,csv,plots}", required=True)
-    t = sub.add_parser("tables", parents=[common], help="the lab's tables for one commit, as Markdown")
+    t = sub.add_parser("tables", parents=[common, experiments], help="the lab's tables for one commit, as Markdown")
     t.add_argument("--commit", help="git revision or hash prefix (default: the newest commit with results)")
     t.set_defaults(report=cmd_tables)
-    c = sub.add_parser("compare", parents=[common], help="two commits' tables side by side, with ratios")
+    c = sub.add_parser("compare", parents=[common, experiments], help="two commits' tables side by side, with ratios")
     c.add_argument("base", help="BASE: git revision or hash prefix")
     c.add_argument("head", help="HEAD: git revision or hash prefix")
     c.set_defaults(report=cmd_compare)
@@ -129,6 +134,8 @@ def setup_arguments(subparsers):
     g = sub.add_parser("plots", parents=[common], help="PNG figures for one commit (needs matplotlib)")
     g.add_argument("--out", required=True, help="directory for the PNG files")
     g.add_argument("--commit", help="git revision or hash prefix (default: the newest commit with results)")
+    g.add_argument("--lab", action="store_true",
+                   help="also draw the lab's own published figures (tools/report/lab.py), marked as the lab's")
     g.set_defaults(report=cmd_plots)
     return parser
 
