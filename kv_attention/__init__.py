@@ -4,11 +4,15 @@ Single head, softmax(q kᵀ / sqrt(D_k) + causal mask) v: five decode strategies
 each equal to :func:`causal_attention` position by position. Multi-head,
 grouped-query and multi-query decode (``heads``), the KV cache capacity formula
 (``capacity``), and ragged batches with a paged KV cache (``ragged``, ``paged``)
-build on the same caches.
+build on the same caches, which follow the :class:`Cache` protocol.
+
+Inputs are float32 or float64 arrays, and a computation runs in their
+``np.result_type``. Bad input raises TypeError or ValueError naming the argument
+and the shapes, and changes nothing; every check is in ``_validation``.
 """
 
 from .attention import causal_attention
-from .cache import DynamicCache, StaticCache
+from .cache import Cache, DynamicCache, StaticCache
 from .capacity import MODEL_SHAPES, ModelShape, kv_cache_bytes
 from .decode import (
     batched_cached_attention,
@@ -32,6 +36,7 @@ __all__ = [
     "cached_attention_preallocated",
     "sequential_cached_attention",
     "batched_cached_attention",
+    "Cache",
     "DynamicCache",
     "StaticCache",
     "Problem",

@@ -5,6 +5,13 @@ Axis letters used in names and shape comments:
     S  key positions attended to         D  feature width (D_model, D_k, D_v)
 Leading ``...`` axes are batch-like and never mixed.
 
+:func:`causal_attention` takes ``x: [T, D_model]`` or ``[B, T, D_model]``, ``w_q, w_k:
+[D_model, D_k]``, ``w_v: [D_model, D_v]``, float32 or float64, and returns ``[..., T, D_v]``
+in ``np.result_type`` of the inputs (float32 only when every input is float32).
+Bad input raises TypeError (an input that is not a float32/float64 array) or
+ValueError (shapes that do not fit, named in the message; NaN/inf; scores that
+overflow the dtype).
+
 Method: softmax(q kᵀ / sqrt(D_k) + causal mask) v, from Vaswani et al. 2017,
 "Attention Is All You Need", section 3.2.1.
 """
@@ -30,14 +37,9 @@ def softmax(scores):
 
 
 def attend(q, k, v):
-    """Attention of queries over the given keys/values, with no mask.
+    """Attention of ``q: [..., T_q, D_k]`` over ``k: [..., S, D_k]``, ``v: [..., S, D_v]``, with no mask.
 
-    Args:
-        q: ``[..., T_q, D_k]``; k: ``[..., S, D_k]``; v: ``[..., S, D_v]``.
-
-    Returns:
-        ``[..., T_q, D_v]``. A decode step passes only the keys written so far,
-        so it needs no causal mask.
+    A decode step passes only the keys written so far, so it needs no causal mask.
     """
     scores = q @ k.swapaxes(-1, -2)  # [..., T_q, S]
     scores *= 1.0 / math.sqrt(q.shape[-1])
@@ -63,20 +65,8 @@ def causal_attention(x, w_q, w_k, w_v):
     """Causal self-attention over the whole sequence at once: the reference.
 
     Position t attends to positions 0..t. This is what prefill computes and what
-    every decode strategy must reproduce position by position.
-
-    Args:
-        x: ``[T, D_model]`` or ``[B, T, D_model]``, float32 or float64.
-        w_q: ``[D_model, D_k]``. w_k: ``[D_model, D_k]``. w_v: ``[D_model, D_v]``.
-
-    Returns:
-        ``[T, D_v]`` or ``[B, T, D_v]`` in ``np.result_type`` of the inputs
-        (float32 only when every input is float32). T = 0 gives an empty array.
-
-    Raises:
-        TypeError: an input is not a float32/float64 array.
-        ValueError: shapes that do not fit (named in the message), NaN/inf in an
-            input, or scores that overflow the dtype.
+    every decode strategy must reproduce position by position. T = 0 gives an
+    empty array.
     """
     x, w_q, w_k, w_v, _ = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(2, 3))
     with np.errstate(over="ignore", invalid="ignore"):

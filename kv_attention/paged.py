@@ -11,13 +11,30 @@ Language Model Serving with PagedAttention", the vLLM paper). Terms as in vLLM:
 
 Axis letters: N sequences in one call, S gathered key positions, D feature
 width (D_k, D_v), T_new new positions per sequence.
+
+Errors: TypeError for a sequence id that is not hashable, ``seq_ids`` that are
+not an ordered sequence (list, tuple, array, range), k and v not both float32 or
+both float64 or float64 into a float32 pool, a size that is not an integer or a
+dtype other than float32/float64; ValueError for a sequence not in the cache
+(or, for ``add_sequence``, already in it), ``seq_ids`` that repeat one, shapes
+that do not fit (named in the message), NaN/inf, or a size below its minimum;
+:class:`OutOfBlocksError` when an update needs more blocks than are free. On any
+error the pool, the free list and every block table are unchanged.
 """
 
 import math
 
 import numpy as np
 
-from ._validation import as_float_array, as_float_dtype, as_size
+from ._validation import (
+    as_float_dtype,
+    as_id_list,
+    as_size,
+    check_known_ids,
+    check_new_id,
+    check_paged_positions,
+    check_update_ids,
+)
 
 
 class OutOfBlocksError(RuntimeError):
@@ -33,19 +50,9 @@ class PagedKVCache:
     next one taken (a LIFO free list starting from block ``num_blocks - 1``, as
     vLLM's original ``UncachedBlockAllocator``). Tokens never move once written.
 
-    Args:
-        num_blocks: physical blocks in the pool (>= 0).
-        block_size: token slots per block (>= 1).
-        k_dim: D_k (>= 1). v_dim: D_v (>= 1).
-        dtype: float32 or float64 (default float64).
-
-    Attributes:
-        k_cache: the key pool ``[num_blocks, block_size, D_k]``.
-        v_cache: the value pool ``[num_blocks, block_size, D_v]``.
-
-    Raises:
-        ValueError: a negative num_blocks, or block_size, k_dim or v_dim below 1. TypeError: a size that is
-            not an integer, or a dtype other than float32/float64.
+    ``num_blocks >= 0``, ``block_size``, ``k_dim`` (D_k) and ``v_dim`` (D_v) >= 1;
+    the pools are ``k_cache: [num_blocks, block_size, D_k]`` and ``v_cache:
+    [num_blocks, block_size, D_v]``, float32 or float64 (default float64).
     """
 
     def __init__(self, num_blocks, block_size, k_dim, v_dim, dtype=np.float64):
@@ -76,71 +83,43 @@ class PagedKVCache:
         return tuple(self._block_tables)
 
     def add_sequence(self, seq_id):
-        """Start an empty sequence ``seq_id`` (any hashable); it takes no block until written.
-
-        Raises:
-            ValueError: ``seq_id`` is already in the cache. TypeError: it is not hashable.
-        """
-        self._check_hashable(seq_id)
-        if seq_id in self._block_tables:
-            raise ValueError(f"sequence {seq_id!r} is already in the cache")
+        """Start an empty sequence ``seq_id`` (any hashable); it takes no block until written."""
+        check_new_id(seq_id, self._block_tables)
         self._block_tables[seq_id] = []
         self._lengths[seq_id] = 0
 
     def free(self, seq_id):
-        """Remove sequence ``seq_id`` and return its blocks to the free list (their contents stay).
-
-        Raises:
-            ValueError: ``seq_id`` is not in the cache.
-        """
-        self._check_known([seq_id])
+        """Remove sequence ``seq_id`` and return its blocks to the free list (their contents stay)."""
+        check_known_ids([seq_id], self._block_tables)
         self._free_blocks.extend(reversed(self._block_tables.pop(seq_id)))
         del self._lengths[seq_id]
 
     def get_seq_length(self, seq_id):
-        """Tokens stored for ``seq_id`` (int). ValueError if it is not in the cache."""
-        self._check_known([seq_id])
+        """Tokens stored for ``seq_id`` (int)."""
+        check_known_ids([seq_id], self._block_tables)
         return self._lengths[seq_id]
 
     def get_seq_lengths(self, seq_ids):
-        """Tokens stored for each of ``seq_ids``: ``[N]`` int64. ValueError if one is not in the cache."""
-        seq_ids = self._as_id_list(seq_ids)
-        self._check_known(seq_ids)
+        """Tokens stored for each of ``seq_ids``: ``[N]`` int64."""
+        seq_ids = as_id_list(seq_ids)
+        check_known_ids(seq_ids, self._block_tables)
         return np.array([self._lengths[s] for s in seq_ids], dtype=np.int64)
 
     def block_table(self, seq_id):
-        """The physical blocks of ``seq_id``, logical block 0 first (tuple of ints).
-
-        Raises:
-            ValueError: ``seq_id`` is not in the cache.
-        """
-        self._check_known([seq_id])
+        """The physical blocks of ``seq_id``, logical block 0 first (tuple of ints)."""
+        check_known_ids([seq_id], self._block_tables)
         return tuple(self._block_tables[seq_id])
 
     def update(self, seq_ids, k, v):
-        """Append ``T_new`` positions to each sequence of ``seq_ids``, taking blocks as needed.
+        """Append ``k: [N, T_new, D_k]``, ``v: [N, T_new, D_v]`` to the N distinct sequences ``seq_ids``.
 
-        Either every sequence gets its positions or nothing changes: the blocks
-        needed are counted before any is taken.
-
-        Args:
-            seq_ids: N distinct sequences already in the cache.
-            k: ``[N, T_new, D_k]``; v: ``[N, T_new, D_v]``, row i for ``seq_ids[i]``.
-
-        Returns:
-            slot_mapping: ``[N, T_new]`` int64, the pool slot each new position was
-            written to, ``physical_block * block_size + offset``.
-
-        Raises:
-            OutOfBlocksError: the free list holds fewer blocks than needed.
-            ValueError: unknown or repeated ``seq_ids``, shapes that do not fit
-                (named in the message), NaN/inf in k or v.
-            TypeError: k and v not both float32 or both float64, or float64
-                into a float32 pool.
-            On any error the pool, the free list and every block table are unchanged.
+        Row i goes to ``seq_ids[i]``, taking blocks as needed; the blocks needed are
+        counted before any is taken, so either every sequence gets its positions or
+        nothing changes. Returns slot_mapping, ``[N, T_new]`` int64: the pool slot
+        each new position was written to, ``physical_block * block_size + offset``.
         """
-        seq_ids = self._check_ids(seq_ids)
-        k, v = self._check_new_positions(seq_ids, k, v)
+        seq_ids = check_update_ids(seq_ids, self._block_tables)
+        k, v = check_paged_positions(k, v, len(seq_ids), self)
         t_new = k.shape[1]
         needed = [self._blocks_for(self._lengths[s] + t_new) - len(self._block_tables[s]) for s in seq_ids]
         if sum(needed) > len(self._free_blocks):
@@ -159,24 +138,16 @@ class PagedKVCache:
         return slot_mapping
 
     def gather(self, seq_ids):
-        """Keys and values of each sequence, read through its own block table only.
+        """Keys and values of the N sequences ``seq_ids``, each read through its own block table only.
 
-        Args:
-            seq_ids: N sequences in the cache.
-
-        Returns:
-            ``(k, v, lengths)``: ``k: [N, S, D_k]``, ``v: [N, S, D_v]`` (copies),
-            ``lengths: [N]`` int64, with S = the most blocks any of them holds
-            × block_size. Row i holds the tokens of ``seq_ids[i]`` at positions
-            ``< lengths[i]``; past that it holds the unwritten slots of its own
-            last block, then that block repeated (zeros for a sequence with no
-            block): mask them. Positions ``< lengths[i]`` equal, bit for bit,
-            what was written.
-
-        Raises:
-            ValueError: a sequence not in the cache.
+        Returns ``(k, v, lengths)``: copies ``k: [N, S, D_k]``, ``v: [N, S, D_v]`` and
+        ``lengths: [N]`` int64, with S = the most blocks any of them holds ×
+        block_size. Row i holds the tokens of ``seq_ids[i]`` at positions
+        ``< lengths[i]``, bit for bit as written; past that, the unwritten slots
+        of its own last block, then that block repeated (zeros for a sequence with
+        no block): mask them.
         """
-        seq_ids = self._as_id_list(seq_ids)
+        seq_ids = as_id_list(seq_ids)
         lengths = self.get_seq_lengths(seq_ids)  # checks every id
         tables = [self._block_tables[s] for s in seq_ids]
         n, width = len(seq_ids), max((len(t) for t in tables), default=0)
@@ -245,50 +216,3 @@ class PagedKVCache:
             table, start = self._block_tables[seq_id], self._lengths[seq_id]
             slots.append([table[p // size] * size + p % size for p in range(start, start + t_new)])
         return np.array(slots, dtype=np.int64).reshape(len(seq_ids), t_new)
-
-    @staticmethod
-    def _as_id_list(seq_ids):
-        """``seq_ids`` as a list; TypeError unless it is an ordered sequence (list, tuple, array, range)."""
-        if not isinstance(seq_ids, (list, tuple, np.ndarray, range)):
-            raise TypeError(
-                f"seq_ids must be a list, tuple or array of sequence ids (ordered: row i is seq_ids[i]), "
-                f"got {type(seq_ids).__name__} {seq_ids!r}"
-            )
-        return list(seq_ids)
-
-    def _check_ids(self, seq_ids):
-        seq_ids = self._as_id_list(seq_ids)
-        self._check_known(seq_ids)
-        if len(set(seq_ids)) != len(seq_ids):
-            raise ValueError(f"seq_ids repeats a sequence: {seq_ids}")
-        return seq_ids
-
-    def _check_known(self, seq_ids):
-        for seq_id in seq_ids:
-            self._check_hashable(seq_id)
-            if seq_id not in self._block_tables:
-                raise ValueError(f"sequence {seq_id!r} is not in the cache; known: {list(self._block_tables)}")
-
-    @staticmethod
-    def _check_hashable(seq_id):
-        try:
-            hash(seq_id)
-        except TypeError:
-            raise TypeError(f"a sequence id must be hashable, got {seq_id!r}") from None
-
-    def _check_new_positions(self, seq_ids, k, v):
-        """Return k, v as arrays, or raise unless they are ``[N, T_new, D_k]``/``[N, T_new, D_v]`` for the pool."""
-        k, v = as_float_array("k", k), as_float_array("v", v)
-        expected_k = (len(seq_ids), k.shape[1] if k.ndim == 3 else "T_new", self.k_cache.shape[-1])
-        expected_v = (len(seq_ids), expected_k[1], self.v_cache.shape[-1])
-        if k.shape != expected_k or v.shape != expected_v:
-            raise ValueError(
-                f"k and v must be [N, T_new, D_k] and [N, T_new, D_v] for N={len(seq_ids)} seq_ids, "
-                f"D_k={expected_k[2]}, D_v={expected_v[2]}: got k {k.shape}, v {v.shape}"
-            )
-        if v.dtype != k.dtype or not np.can_cast(k.dtype, self.k_cache.dtype, casting="safe"):
-            raise TypeError(
-                f"k and v must both be float32 or both float64 and fit the pool's {self.k_cache.dtype}: "
-                f"got {k.dtype} and {v.dtype}"
-            )
-        return k, v

@@ -1,4 +1,8 @@
-"""A seeded decode problem: inputs and projection weights for users and tests."""
+"""A seeded decode problem: inputs and projection weights for users and tests.
+
+A size below its minimum raises ValueError; a size that is not an integer, or a
+dtype other than float32/float64, raises TypeError.
+"""
 
 from dataclasses import dataclass
 
@@ -38,13 +42,6 @@ def make_problem(seq_len, batch_size=None, *, d_model=64, d_k=64, d_v=64, seed=4
         d_model, d_k, d_v: widths (defaults 64, as in the lab); d_k >= 1.
         seed: the generator's seed (default 42).
         dtype: float32 or float64 (default float64).
-
-    Returns:
-        A :class:`Problem`.
-
-    Raises:
-        ValueError: a negative size or d_k < 1. TypeError: a size that is not
-            an integer, or a dtype other than float32/float64.
     """
     seq_len, d_model, d_v = (as_size(n, v) for n, v in (("seq_len", seq_len), ("d_model", d_model), ("d_v", d_v)))
     d_k = as_size("d_k", d_k, minimum=1)
