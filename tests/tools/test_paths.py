@@ -48,7 +48,10 @@ def test_a_fifo_is_refused_and_stays_a_fifo(project, capsys, tmp_path):
 @pytest.mark.skipif(os.geteuid() != 0, reason="mknod of a device needs root")
 def test_a_device_node_is_refused_and_stays_a_device(project, capsys, tmp_path):
     device = tmp_path / "full"
-    os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 7))  # a copy of /dev/full
+    try:
+        os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 7))  # a copy of /dev/full
+    except PermissionError:  # root without CAP_MKNOD (a container)
+        pytest.skip("mknod is not permitted here")
     code, _, err = csv(project, capsys, device)
     one_line_error(code, err, "is a character device")
     assert stat.S_ISCHR(os.lstat(device).st_mode) and os.lstat(device).st_rdev == os.makedev(1, 7)
