@@ -256,7 +256,7 @@ def quarantine_unreadable():
             try:
                 Results.load(path)
             except Exception as exc:  # asv raises UserError, and others on odd content
-                reason = str(exc).replace(path, os.path.basename(path))[:200] or type(exc).__name__
+                reason = str(exc).replace(path, "it").replace(filename, "it")[:200] or type(exc).__name__
         if reason:
             moved.append(_move_aside(path, results_dir, reason))
     return moved
