@@ -4,7 +4,9 @@ Single head, softmax(q kᵀ / sqrt(D_k) + causal mask) v: five decode strategies
 each equal to :func:`causal_attention` position by position. Multi-head,
 grouped-query and multi-query decode (``heads``), the KV cache capacity formula
 (``capacity``), and ragged batches with a paged KV cache (``ragged``, ``paged``)
-build on the same caches, which follow the :class:`Cache` protocol.
+build on the same caches, which follow the :class:`Cache` protocol. Chunked
+prefill onto a cache, sliding windows and attention sinks (``chunked``,
+``window``) are exact against the banded :func:`causal_attention`.
 
 Inputs are float32 or float64 arrays, and a computation runs in their
 ``np.result_type``. Bad input raises TypeError or ValueError naming the argument
@@ -14,6 +16,7 @@ and the shapes, and changes nothing; every check is in ``_validation``.
 from .attention import causal_attention
 from .cache import Cache, DynamicCache, StaticCache
 from .capacity import MODEL_SHAPES, ModelShape, kv_cache_bytes
+from .chunked import chunked_attention
 from .decode import (
     batched_cached_attention,
     cached_attention,
@@ -26,6 +29,7 @@ from .paged import OutOfBlocksError, PagedKVCache
 from .problem import Problem, make_problem
 from .ragged import RAGGED_STRATEGIES, RaggedDecodeStats, ragged_decode, ragged_decode_steps
 from .strategies import EXPERIMENTS, STRATEGIES, get_strategy
+from .window import SlidingWindowCache
 
 __version__ = "0.1.0"
 
@@ -57,4 +61,7 @@ __all__ = [
     "ragged_decode_steps",
     "RaggedDecodeStats",
     "RAGGED_STRATEGIES",
+    # chunked prefill, sliding windows and attention sinks
+    "chunked_attention",
+    "SlidingWindowCache",
 ]

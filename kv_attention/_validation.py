@@ -286,14 +286,17 @@ def check_crop(length, stored):
     return length
 
 
-def check_cache_fits(cache, x, w_q, w_k, w_v, dtype, layout=None):
+def check_cache_fits(cache, x, w_q, w_k, w_v, dtype, layout=None, window=None, n_sink=0):
     """Raise unless a given cache fits ``x``'s leading axes, the widths, ``dtype`` and T more positions.
 
     ``layout`` is ``(expected_k, expected_v, text)``: the shapes ``k_cache`` and
     ``v_cache`` must have without their T axis, and the layout to name in the
     error; by default ``x``'s leading axes with D_k and D_v (single head). Keys
-    already in the cache (a prefill) also enter the overflow bound of q·k.
+    already in the cache (a prefill) also enter the overflow bound of q·k. A
+    cache that keeps only a window must keep the call's ``window`` and ``n_sink``
+    (:func:`check_cache_window`).
     """
+    check_cache_window(cache, window, n_sink)
     k_cache, v_cache = getattr(cache, "k_cache", None), getattr(cache, "v_cache", None)
     if k_cache is None:
         return
@@ -314,12 +317,57 @@ def check_cache_fits(cache, x, w_q, w_k, w_v, dtype, layout=None):
         check_score_range(x, w_q, w_k, w_v, dtype, stored_k=k_cache[..., :stored, :])
 
 
+def check_cache_window(cache, window, n_sink):
+    """Raise unless a cache that keeps a window (it has ``window``, e.g. SlidingWindowCache) keeps ``window`` and ``n_sink``.
+
+    Such a cache has dropped the keys outside its window, so it can serve only a
+    call with the same window and sinks; a cache without ``window`` holds every
+    position and serves any call.
+    """
+    kept = getattr(cache, "window", None)
+    if kept is None:
+        return
+    kept_sinks = getattr(cache, "n_sink", 0)
+    if (kept, kept_sinks) != (window, n_sink):
+        hint = "; full attention needs a cache of every position, e.g. StaticCache" if window is None else ""
+        raise ValueError(
+            f"cache keeps window={kept}, n_sink={kept_sinks} but the call has window={window}, "
+            f"n_sink={n_sink}{hint}"
+        )
+
+
 def check_head_cache_fits(cache, x, w_q, w_k, w_v, n_kv_heads, head_dim, dtype):
     """:func:`check_cache_fits` for the multi-head layout ``[*x.shape[:-2], H_kv, T_max, D_head]``."""
     expected = x.shape[:-2] + (n_kv_heads, head_dim)  # the cache's shape without its T_max axis
     layout = ", ".join(map(str, x.shape[:-2] + (n_kv_heads, "T_max", head_dim)))
     text = f"must be [{layout}] for x {x.shape}, n_kv_heads={n_kv_heads}, head_dim={head_dim}"
     check_cache_fits(cache, x, w_q, w_k, w_v, dtype, layout=(expected, expected, text))
+
+
+# Windows, chunks and the sliding-window cache
+
+
+def check_window(window, n_sink):
+    """Return ``(window, n_sink)`` as ints: ``window`` None or >= 1, ``n_sink`` >= 0."""
+    if window is not None:
+        window = as_size("window", window, minimum=1)
+    return window, as_size("n_sink", n_sink)
+
+
+def check_window_crop(length, stored, first_held, window, n_sink):
+    """Raise unless a sliding-window cache cut to ``length`` (already in [0, stored]) still holds every key
+    position ``length`` would attend to: the sinks, and ``length - window + 1 .. length - 1``.
+
+    ``first_held`` is the oldest window position the ring still holds (>= n_sink).
+    """
+    lowest = max(n_sink, length - window + 1)  # the oldest window position that position `length` attends to
+    if lowest < min(length, first_held):
+        raise ValueError(
+            f"cannot crop the sliding-window cache (window={window}, n_sink={n_sink}) from {stored} to "
+            f"{length} positions: position {length} attends to positions from {length - window + 1}, but the "
+            f"ring has overwritten every position before {first_held}; crop to a length in "
+            f"[{first_held + window - 1}, {stored}] or in [0, {n_sink}]"
+        )
 
 
 # The paged cache: sequence ids and new positions
