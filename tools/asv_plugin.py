@@ -15,7 +15,7 @@ directory of asv.conf.json) and calls its ``setup()``. This one is listed as
   gate does), so that the main job measures them whole;
 - ``asv publish`` writes the dashboard the main job writes
   (:func:`tools.commands.publish.finish`: local copies of its JavaScript,
-  default views);
+  default views, repository text shown as text);
 - ``asv preview`` listens on 127.0.0.1 unless ``KV_ATTENTION_PREVIEW_HOST``
   says otherwise (asv parses its command line before plugins load, so a new
   option is impossible), and prints the address it really listens on;
@@ -208,9 +208,15 @@ def _wrap_publish():
 
     def run(cls, conf, *args, **kwargs):
         code = original(cls, conf, *args, **kwargs)
+        from asv.util import UserError
+
+        from .common import UserError as CommandError
         from .commands.publish import finish
 
-        finish(conf.html_dir, say=log.info)
+        try:
+            finish(conf.html_dir, say=log.info)
+        except CommandError as error:
+            raise UserError(str(error)) from None
         return code
 
     Publish.run = classmethod(functools.wraps(original)(run))

@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from . import processes
+
 ROOT = Path(__file__).resolve().parents[1]  # the repository; tests point it at a repository of their own
 BRANCH = "main"
 INSIDE_VENV = "KV_ATTENTION_DEV_VENV"  # set to "1" once a command runs inside .venv (tools/dev.py)
@@ -14,8 +16,12 @@ class UserError(Exception):
 
 
 def run(*command, check=True):
-    """Run a command from the repository root; its exit code (UserError if it fails and ``check``)."""
-    result = subprocess.run(command, cwd=ROOT)
+    """Run a command from the repository root; its exit code (UserError if it fails and ``check``).
+
+    The command runs in a session of its own and is stopped, with every process
+    it started, when this one is (:mod:`tools.processes`).
+    """
+    result = processes.run(command, cwd=ROOT)
     if check and result.returncode != 0:
         raise UserError(f"`{' '.join(map(str, command))}` exited {result.returncode}")
     return result.returncode
@@ -62,7 +68,7 @@ def record_machine(name=None):
     from asv.machine import Machine
 
     name = use_machine(name)
-    result = subprocess.run([*ASV, "machine", "--yes", "--machine", name], cwd=ROOT, capture_output=True, text=True)
+    result = processes.run([*ASV, "machine", "--yes", "--machine", name], cwd=ROOT, capture_output=True, text=True)
     if result.returncode != 0:
         raise UserError(f"asv machine --yes failed: {result.stderr.strip() or result.stdout.strip()}")
     info = Machine.get_defaults()

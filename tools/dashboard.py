@@ -24,11 +24,10 @@ which rewrites index.html each time.
 import json
 import re
 import shutil
-import subprocess
 import urllib.parse
 from pathlib import Path
 
-from . import common
+from . import common, processes
 
 # CDN address in asv 0.6.6's index.html -> (npm package@version, file in the package).
 # stupid-table-plugin is on npm from 1.1.3 only (the CDN serves 1.0.1, same $.fn.stupidtable).
@@ -69,7 +68,7 @@ def npm_install(prefix=None):
         raise VendorError("npm not found: the dashboard keeps asv's CDN links and needs internet")
     prefix.mkdir(parents=True, exist_ok=True)
     specs = sorted({spec for spec, _ in CDN_FILES.values()})
-    result = subprocess.run(
+    result = processes.run(
         [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", "--no-save", "--package-lock=false", *specs],
         capture_output=True, text=True,
     )

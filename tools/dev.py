@@ -30,7 +30,7 @@ if not __package__:  # run as a file: run as the module tools.dev, from the repo
     os.chdir(Path(__file__).resolve().parents[1])
     os.execv(sys.executable, [sys.executable, "-m", "tools.dev", *sys.argv[1:]])
 
-from . import common  # noqa: E402
+from . import common, lock, processes  # noqa: E402
 from .commands import COMMANDS  # noqa: E402
 
 VENV = common.ROOT / ".venv"
@@ -71,6 +71,14 @@ def parse_args(argv):
     return args
 
 
+def run_command(args):
+    """``args.module.run(args)``, holding the workspace lock if the command declares ``LOCKS_WORKSPACE``."""
+    if not getattr(args.module, "LOCKS_WORKSPACE", False):
+        return args.module.run(args) or 0
+    with lock.workspace(f"tools/dev.py {args.command}"):
+        return args.module.run(args) or 0
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -79,10 +87,15 @@ def main(argv=None):
             ensure_venv()
             os.environ[common.INSIDE_VENV] = "1"
             os.execv(str(venv_python()), [str(venv_python()), "-m", "tools.dev", *argv])
-        return args.module.run(args) or 0
+        with processes.handle_signals():
+            return run_command(args)
     except common.UserError as error:
         print(f"tools/dev.py {args.command}: error: {error}", file=sys.stderr)
         return getattr(args.module, "ERROR_EXIT", 1)  # gate: 1 means a regression, never an error
+    except processes.Stopped as stopped:
+        print(f"tools/dev.py {args.command}: stopped by {stopped}, with every process it started "
+              f"(exit {stopped.exit_code})", file=sys.stderr)
+        return stopped.exit_code
     except KeyboardInterrupt:
         return 130
 

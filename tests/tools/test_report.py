@@ -544,9 +544,9 @@ def test_csv_env_filter_env_column_and_no_partial_file(repo, capsys, tmp_path):
     code, _, err = report(path, "csv", "--out", str(out_file), capsys=capsys)
     assert code == 1 and "cannot read asv result file" in err
     assert len(read_csv(out_file)) == 29 * 3  # the earlier file is left whole
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".report-")] == []
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")] == []
     code, _, err = report(path, "csv", "--out", str(broken), capsys=capsys)
-    assert code == 1 and "inside the results directory" in err and broken.read_text() == "{"
+    assert code == 1 and f"is inside {path / '.asv/results'}" in err and broken.read_text() == "{"
 
 
 def test_plots_of_a_run_where_every_gate_failed(repo, capsys, tmp_path):
@@ -686,3 +686,80 @@ def test_heads_and_ragged_plots_draw_the_tables_figures(repo):
     assert times == pytest.approx([16.0] * 3 + [2.0, 4.0, 6.0] + [3.0, 6.0, 9.0])  # padded, compacted, paged
     assert slots == [2048] * 6 + [16 * 16 * (1 + i) for i in range(3)]
     plt.close(fig)
+
+
+# --- hand-edited and odd files: one line, never a traceback, never a hang (issue 12) -------------------
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["results"][CACHE][0].__setitem__(0, 10**400), "is not a valid time"),  # OverflowError before
+    (lambda d: d["results"][CACHE][COLUMNS.index("stats_q_25")].__setitem__(0, 10**400), "malformed statistics"),
+    (lambda d: d["results"][SWEEP][COLUMNS.index("samples")].__setitem__(0, [10**400]), "samples"),
+    (lambda d: d.__setitem__("date", 10**400), "not ms since the epoch"),
+    (lambda d: d["params"].__setitem__("ram", "²"), "machine field ram is '²', not a number"),  # ValueError before
+    (lambda d: d["params"].__setitem__("num_cpu", "two"), "machine field num_cpu"),
+])
+def test_out_of_range_numbers_and_odd_machine_fields_are_one_line_errors(repo, edit, message):
+    path, hashes = repo
+    run = write_run(path / ".asv/results", hashes[2])
+    data = json.loads(run.read_text())
+    edit(data)
+    run.write_text(json.dumps(data))
+    for command in (["tables"], ["csv", "--out", str(path / "out.csv")]):
+        proc = subprocess.run([sys.executable, "-m", "tools.dev", "report", *command, "--config",
+                               str(path / "asv.conf.json")], cwd=ROOT, env={**os.environ, common.INSIDE_VENV: "1"},
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr
+        assert len(proc.stderr) < 600  # a huge number is shortened, not printed whole
+
+
+def test_deeply_nested_json_is_a_one_line_error(repo, capsys):
+    path, hashes = repo
+    run = write_run(path / ".asv/results", hashes[2])
+    run.write_text("[" * 100_000 + "]" * 100_000)  # RecursionError in the JSON decoder before
+    code, out, err = report(path, "tables", capsys=capsys)
+    assert code == 1 and "nested too deeply" in err and len(err.strip().splitlines()) == 1
+    (path / ".asv/results/benchmarks.json").write_text("[" * 100_000 + "]" * 100_000)
+    write_run(path / ".asv/results", hashes[1])
+    (path / ".asv/results/benchmarks.json").write_text("[" * 100_000 + "]" * 100_000)
+    code, out, _ = report(path, "tables", "--commit", hashes[1], capsys=capsys)
+    assert code == 0 and "Cache experiment" in out  # the suite's own parameter names are used
+
+
+def test_a_parameter_too_large_for_a_float_is_a_one_line_error(repo, capsys):
+    path, hashes = repo
+    run = write_run(path / ".asv/results", hashes[2])
+    data = json.loads(run.read_text())
+    data["results"][SWEEP][1] = [["1", "2", "4", str(10**400)]]
+    run.write_text(json.dumps(data))
+    code, out, err = report(path, "tables", capsys=capsys)
+    assert code == 1 and "hold B = '10000" in err and "not a number in range" in err
+
+
+def test_fifos_in_the_results_directory_are_skipped_with_a_message(repo):
+    """A FIFO named benchmarks.json hung ``report tables`` forever; a FIFO result file is skipped too."""
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2])
+    (path / ".asv/results/benchmarks.json").unlink()
+    os.mkfifo(path / ".asv/results/benchmarks.json")
+    os.mkfifo(path / ".asv/results/box" / f"{hashes[1][:8]}-{ENV}.json")
+    for command in (["tables"], ["csv", "--out", str(path / "out.csv")], ["tables", "--commit", hashes[1]]):
+        proc = subprocess.run([sys.executable, "-m", "tools.dev", "report", *command, "--config",
+                               str(path / "asv.conf.json")], cwd=ROOT, env={**os.environ, common.INSIDE_VENV: "1"},
+                              capture_output=True, text=True, timeout=60)
+        assert "note: skipped" in proc.stderr and "benchmarks.json: a FIFO, not a regular file" in proc.stderr
+        assert f"{hashes[1][:8]}-{ENV}.json: a FIFO" in proc.stderr and "Traceback" not in proc.stderr
+        if command[-1] == hashes[1]:  # the commit whose only result file is the FIFO
+            assert proc.returncode == 1 and "has no results" in proc.stderr
+        else:
+            assert proc.returncode == 0, proc.stderr
+    assert float(read_csv(path / "out.csv")[0]["seconds"]) > 0
+
+
+def test_a_fifo_config_is_a_one_line_error(repo, capsys):
+    path, _ = repo
+    os.mkfifo(path / "fifo.json")
+    code = dev.main(["report", "tables", "--config", str(path / "fifo.json")])
+    err = capsys.readouterr().err
+    assert code == 1 and "a FIFO, not a regular file" in err and len(err.strip().splitlines()) == 1

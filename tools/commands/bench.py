@@ -8,12 +8,15 @@ have results for every benchmark are skipped, so a re-run costs only what is
 new; a stored timing without samples (a plain ``asv run --quick``'s) counts
 as missing and is measured again. Results are stored under this machine's
 name, hostname plus a hardware fingerprint (:mod:`tools.machine`), or
-``--machine NAME``. The job exits 1 when a benchmark failed its correctness
-check at main's tip.
+``--machine NAME``. The job exits 2 when a benchmark failed its correctness
+check at main's tip, or a point measured at main~1 is n/a there (it vanished);
+1 on an error.
 """
 
 from .. import common, results
 from .publish import VIEW_COMMAND, publish
+
+LOCKS_WORKSPACE = True  # one job at a time in .asv/ (tools/lock.py)
 
 RESULT_PATHS = ["kv_attention", "setup.cfg", "pyproject.toml", "asv.conf.json"]
 BUILD_FILES = ["setup.cfg", "pyproject.toml", "kv_attention/__init__.py"]  # all present => buildable
@@ -82,6 +85,7 @@ def print_outcomes(commits, head):
 def run(args):
     commits = select_commits(args.all)
     common.record_machine(args.machine)
+    results.quarantine_unreadable()
     conf, benchmarks, machine, env_names = results.asv_setup()
     todo = [c for c in commits if not results.has_results(c, conf, benchmarks, machine, env_names)]
     if results.drop_unsampled(conf, machine, env_names, todo):
@@ -91,9 +95,28 @@ def run(args):
     if todo:
         common.asv_run(todo)
     publish()
-    head_failed = print_outcomes(commits, common.git("rev-parse", common.BRANCH))
+    tip = common.git("rev-parse", common.BRANCH)
+    head_failed = print_outcomes(commits, tip)
     print(f"\ndashboard written to {common.ROOT / '.asv' / 'html'}; view it with:\n  {VIEW_COMMAND}")
-    if head_failed:
-        raise common.UserError(f"{len(head_failed)} benchmark(s) failed their correctness check at "
-                               f"{common.BRANCH}: {', '.join(head_failed)}")
+    return verdict(tip, head_failed)
+
+
+def verdict(tip, head_failed):
+    """Exit 2 naming each benchmark that failed at main's tip and each point that vanished there, else 0.
+
+    A point vanished when it had a value at main~1 and is n/a at main
+    (:func:`tools.results.vanished`; a benchmark retired in benchmarks/common.py is not).
+    """
+    parent = common.git("rev-list", "--first-parent", "--skip=1", "--max-count=1", tip)
+    vanished = results.vanished_between(parent, tip) if parent else []
+    for name in head_failed:
+        print(f"FAILED at {common.BRANCH} {tip[:8]}  {name}")
+    for label in vanished:
+        print(f"VANISHED at {common.BRANCH} {tip[:8]}  {label}  (a value at {common.BRANCH}~1 {parent[:8]}, n/a now)")
+    if vanished:
+        print(results.RETIRE_HINT)
+    if head_failed or vanished:
+        print(f"bench: exit 2 ({len(head_failed)} benchmark(s) failed their correctness check, {len(vanished)} "
+              f"point(s) vanished at {common.BRANCH})")
+        return 2
     return 0

@@ -25,6 +25,8 @@ import math
 from .. import common, results
 from .gate import DEFAULT_FACTOR, ERROR_EXIT, bench_regex, factor, judge  # noqa: F401 (ERROR_EXIT: dev.py's)
 
+LOCKS_WORKSPACE = True  # it runs asv in .asv/: one job at a time (tools/lock.py)
+
 
 def setup_arguments(subparsers):
     parser = subparsers.add_parser("bisect", allow_abbrev=False,

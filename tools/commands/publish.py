@@ -3,8 +3,10 @@
 ``asv publish`` writes ``.asv/html``; then :func:`finish` makes it the
 dashboard this repository publishes: where npm is present, the page's
 JavaScript and CSS are installed as npm packages under ``.asv/npm`` and copied
-next to it (:mod:`tools.dashboard`), so that it renders without internet, and
-each graph opens on a view that shows its comparison. The asv plugin
+next to it (:mod:`tools.dashboard`), so that it renders without internet; each
+graph opens on a view that shows its comparison; and every place where asv's
+pages would insert a tag, branch, benchmark or machine name as HTML is rewritten
+to insert text (:mod:`tools.dashboard_text`). The asv plugin
 (:mod:`tools.asv_plugin`) calls :func:`finish` after every ``asv publish``, so
 a plain ``asv publish``, this command and the main job write the same
 dashboard: whatever a published dashboard needs goes into :func:`finish`.
@@ -12,7 +14,9 @@ dashboard: whatever a published dashboard needs goes into :func:`finish`.
 
 from pathlib import Path
 
-from .. import common, dashboard
+from .. import common, dashboard, dashboard_text
+
+LOCKS_WORKSPACE = True  # one job at a time in .asv/ (tools/lock.py)
 
 VIEW_COMMAND = ".venv/bin/python -m asv preview   # serves .asv/html on 127.0.0.1"
 
@@ -23,9 +27,10 @@ def setup_arguments(subparsers):
 
 
 def finish(html_dir, say=print):
-    """What follows asv's own publish of ``html_dir``: local copies of its JavaScript, default graph views.
+    """What follows asv's own publish of ``html_dir``: local JavaScript, default graph views, text kept text.
 
-    ``say`` prints a line (the asv plugin passes asv's log).
+    ``say`` prints a line (the asv plugin passes asv's log). Raises UserError as
+    :func:`make_safe` does.
     """
     html_dir = Path(html_dir)
     try:
@@ -35,6 +40,19 @@ def finish(html_dir, say=print):
         say(f"dashboard keeps asv's CDN links (needs internet to render): {error}")
     views = dashboard.add_default_views(html_dir)
     say(f"dashboard graphs open on a view of their comparison: {views} benchmarks")
+    count = make_safe(html_dir)
+    say(f"dashboard shows tag, branch, benchmark and machine names as text ({count} places of asv's pages "
+        "rewritten, and a Content-Security-Policy)")
+
+
+def make_safe(html_dir):
+    """:func:`tools.dashboard_text.neutralise`; if it cannot, ``index.html`` is removed (never served unsafe)."""
+    try:
+        return dashboard_text.neutralise(html_dir)
+    except dashboard_text.UnsafeDashboard as error:
+        (Path(html_dir) / "index.html").unlink(missing_ok=True)
+        raise common.UserError(f"the dashboard was not published (index.html removed): it could not be made to "
+                               f"show repository text as text: {error}") from None
 
 
 def publish():

@@ -9,7 +9,7 @@ import os
 import sys
 
 from ..common import UserError
-from ..results import ResultsDir
+from ..results import ResultsDir, not_regular
 
 DEFAULT_CONFIG = "asv.conf.json"
 EXPERIMENTS = ("cache", "batch", "batch_size", "heads", "ragged")  # tools.report.tables.TABLES, without importing it
@@ -21,6 +21,9 @@ def _load_config(path):
         from asv.util import load_json
     except ImportError:
         raise UserError("asv is not installed here: run inside .venv (source .venv/bin/activate)") from None
+    what = not_regular(path)
+    if what:
+        raise UserError(f"cannot read asv config {path}: it is {what}, not a regular file")
     try:
         conf = load_json(path, js_comments=True)
     except Exception as exc:  # asv raises UserError (or others) for a missing or malformed file
@@ -90,6 +93,8 @@ def cmd_csv(args):
     results, machine = _open(args)
     counts = write_csv(results, args.out, machine, args.env)
     where = "stdout" if args.out == "-" else args.out
+    if counts.get("replaced"):
+        print(f"replaced the existing file {args.out}")
     print(f"wrote {counts['rows']} rows from {counts['points']} benchmark points "
           f"in {counts['runs']} result files to {where}", file=sys.stderr if args.out == "-" else sys.stdout)
     if counts["points_without_samples"]:
@@ -103,8 +108,8 @@ def cmd_plots(args):
 
     results, machine = _open(args)
     run = _run(results, machine, args.commit, args.env)
-    for path in write_plots(run, args.out, lab=args.lab):
-        print(f"wrote {path}")
+    for path, replaced in write_plots(run, args.out, lab=args.lab, protected=[results.path]):
+        print(f"{'replaced' if replaced else 'wrote'} {path}")
 
 
 def setup_arguments(subparsers):

@@ -22,6 +22,7 @@ import os
 from benchmarks import heads_inputs, ragged_inputs
 from benchmarks.common import SWEEP_LENGTH
 
+from .. import paths
 from ..common import UserError
 from ..results import is_number
 from . import lab as lab_figures
@@ -213,30 +214,31 @@ FIGURES = {"time_vs_T.png": _time_vs_t, "ratios_vs_T.png": _ratios_vs_t, "positi
            "heads_vs_T.png": _heads_vs_t, "ragged.png": _ragged}
 
 
-def write_plots(run, out_dir, lab=False):
-    """Draw the figures of ``run`` into ``out_dir`` (created if missing); returns their paths.
+def write_plots(run, out_dir, lab=False, protected=()):
+    """Draw the figures of ``run`` into ``out_dir`` (created if missing); returns ``[(path, replaced)]``.
 
     ``lab`` adds the lab's own published figures where it has some, marked as the lab's.
+    ``out_dir`` and each PNG in it are checked as :mod:`tools.paths` says
+    (``protected``: directories such as the results directory no file may go
+    into); each PNG is written whole or not at all.
 
     Raises:
-        UserError: matplotlib is not installed, or ``out_dir`` cannot be written.
+        UserError: matplotlib is not installed, or ``out_dir`` or a PNG may not or cannot be written.
     """
     plt = _pyplot()
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"cannot create --out directory {out_dir}: {exc.strerror}") from None
+    folder = paths.check_dir(out_dir, protected)
+    targets = {name: paths.check_file(os.path.join(folder, name), protected, what=os.path.join(out_dir, name))
+               for name in FIGURES}  # every check before the first file is written
     title = f"commit {run.commit[:8]} on {run.machine}"
-    paths = []
+    written = []
     for name, draw in FIGURES.items():
         fig = draw(plt, run, title, lab)
-        path = os.path.join(out_dir, name)
         fig.tight_layout()
+        target, replaced = targets[name]
         try:
-            fig.savefig(path, dpi=110)
-        except OSError as exc:
-            raise UserError(f"cannot write {path}: {exc.strerror}") from None
+            with paths.atomic_write(target, binary=True) as f:
+                fig.savefig(f, format="png", dpi=110)
         finally:
             plt.close(fig)
-        paths.append(path)
-    return paths
+        written.append((target, replaced))
+    return written

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from benchmarks import bench_batch, bench_cache, bench_heads, bench_ragged, heads_inputs, ragged_inputs
 from benchmarks.common import BATCH, LENGTHS, STRATEGIES, SWEEP_BATCH_SIZES, SWEEP_LENGTH
 
-from ..results import FAILED, SKIPPED, is_number, param_sort_key
+from ..common import UserError
+from ..results import FAILED, SKIPPED, is_number, param_sort_key, short
 
 CACHE_BENCHMARK = "bench_cache.CacheStrategy.time_decode"
 BATCH_BENCHMARK = "bench_batch.BatchStrategy.time_decode"
@@ -72,6 +73,10 @@ def _keys(run, benchmark, name, default):
     """The values of parameter ``name`` the run measured, in the suite's order (``default``), else ``default``."""
     default = list(default)
     found = {dict(key[1]).get(name) for key in run.points if key[0] == benchmark} - {None}
+    odd = sorted(str(v) for v in found if not is_number(v)) if all(is_number(v) for v in default) else []
+    if odd:  # a table computes with these (positions / s = B x T / time): never with text
+        raise UserError(f"results of {benchmark} at {run.commit[:8]} hold {name} = {short(odd[0])}, "
+                        "not a number in range")
     order = {v: i for i, v in enumerate(default)}
     return sorted(found, key=lambda v: (order.get(v, len(order)), param_sort_key(v))) or default
 
