@@ -4,7 +4,13 @@ Single head, softmax(q kᵀ / sqrt(D_k) + causal mask) v: five decode strategies
 each equal to :func:`causal_attention` position by position. Multi-head,
 grouped-query and multi-query decode (``heads``), the KV cache capacity formula
 (``capacity``), and ragged batches with a paged KV cache (``ragged``, ``paged``)
-build on the same caches, which follow the :class:`Cache` protocol.
+build on the same caches, which follow the :class:`Cache` protocol. Chunked
+prefill onto a cache, sliding windows and attention sinks (``chunked``,
+``window``) are exact against the banded :func:`causal_attention`. Serving
+(``scheduler``) batches requests of token ids continuously over the paged cache,
+with forks, prefix caching and preemption (``block_allocator``, ``prefix_caching``).
+Split-KV (flash-decoding) and cascade attention (``split``) merge partial attention
+states exactly by log-sum-exp.
 
 Inputs are float32 or float64 arrays, and a computation runs in their
 ``np.result_type``. Bad input raises TypeError or ValueError naming the argument
@@ -14,6 +20,7 @@ and the shapes, and changes nothing; every check is in ``_validation``.
 from .attention import attend, causal_attention, masked_attend
 from .cache import Cache, DynamicCache, StaticCache
 from .capacity import MODEL_SHAPES, NAMED_ITEMSIZES, ModelShape, kv_cache_bytes
+from .chunked import chunked_attention
 from .decode import (
     batched_cached_attention,
     cached_attention,
@@ -25,7 +32,10 @@ from .heads import multi_head_attention, multi_head_decode
 from .paged import OutOfBlocksError, PagedKVCache
 from .problem import Problem, make_problem
 from .ragged import RAGGED_STRATEGIES, RaggedDecodeStats, ragged_decode, ragged_decode_steps
+from .scheduler import Request, ServeResult, ServeStats, serve
+from .split import attention_state, cascade_attention, merge_attention_states, split_kv_attention
 from .strategies import EXPERIMENTS, STRATEGIES, get_strategy
+from .window import SlidingWindowCache
 
 __version__ = "0.1.0"
 
@@ -60,4 +70,17 @@ __all__ = [
     "ragged_decode_steps",
     "RaggedDecodeStats",
     "RAGGED_STRATEGIES",
+    # attention states merged by log-sum-exp: split-KV (flash-decoding) and cascade attention
+    "attention_state",
+    "merge_attention_states",
+    "split_kv_attention",
+    "cascade_attention",
+    # chunked prefill, sliding windows and attention sinks
+    "chunked_attention",
+    "SlidingWindowCache",
+    # serving: continuous batching, preemption and prefix caching over the paged cache
+    "Request",
+    "serve",
+    "ServeResult",
+    "ServeStats",
 ]

@@ -10,10 +10,13 @@ Two kinds of rule live elsewhere. Whether an object is a cache at all is the
 module cannot import cache.py, which imports it). And a store running out of
 room is the store's own state, not bad input: ``StaticCache.update`` past
 max_seq_len, and ``paged.OutOfBlocksError``. (A decode checks a given cache's
-room up front, here, in :func:`check_cache_fits`.)
+room up front, here, in :func:`check_cache_fits`.) A ``PagedKVCache`` given to a
+ragged decode and the ``Request`` objects given to ``serve`` are checked here,
+their classes imported inside the check (paged.py and scheduler.py import this module).
 """
 
 import math
+import os
 
 import numpy as np
 
@@ -278,16 +281,19 @@ def _check_score_range_exactly(x, w_q, w_k, w_v, dtype, stored_k):
         k, k_bound = max(k, _log10_max_norm(stored_k)), "max(|x_t|·|w_k|_F, the cache's |k_s|)"
         qk_bound = "|q|·|k|, the cache's keys included"
     bounds = {"|q|": (q, "|x_t|·|w_q|_F"), "|k|": (k, k_bound), "|v|": (v, "|x_t|·|w_v|_F"), "|q·k|": (q + k, qk_bound)}
-    raise_if_too_large("x and the weights", bounds, dtype, "rescale x or the weights")
+    raise_if_too_large("x and the weights are", bounds, dtype, "rescale x or the weights")
 
 
-def raise_if_too_large(what, bounds, dtype, remedy):
-    """Raise ValueError naming every bound (label -> (log10 value, formula)) above ``dtype``'s max / 2, with its figure."""
+def raise_if_too_large(subject, bounds, dtype, remedy):
+    """Raise ValueError naming every bound (label -> (log10 value, formula)) above ``dtype``'s max / 2, with its figure.
+
+    ``subject`` starts the message, e.g. "x and the weights are"; ``remedy`` ends it.
+    """
     limit = _LOG10_LIMIT[np.dtype(dtype)]
     tripped = {label: f"{label} <= {formula} = {_power_of_ten(value)}" for label, (value, formula) in bounds.items() if value > limit}
     if tripped:
         raise ValueError(
-            f"{what} are too large for {np.dtype(dtype)}: {' and '.join(tripped)} could overflow "
+            f"{subject} too large for {np.dtype(dtype)}: {' and '.join(tripped)} could overflow "
             f"({', '.join(tripped.values())}; the limit is {_power_of_ten(limit)}, half the dtype's max); {remedy}"
         )
 
@@ -325,41 +331,6 @@ def check_finite_output(out):
             f"attention overflowed {out.dtype}: the projections, scores or a given "
             "cache's keys/values are too large for the dtype (or not finite)"
         )
-
-
-# One attention step on given q, k, v
-
-
-def check_attention_inputs(q, k, v, valid=None):
-    """Validate ``q: [..., T_q, D_k]``, ``k: [..., S, D_k]``, ``v: [..., S, D_v]`` and ``valid: [..., S]`` bool.
-
-    Returns ``(q, k, v, valid)``. ValueError also for leading axes that differ,
-    D_k = 0, S = 0 without ``valid``, or a partial sum of q·k or of the output
-    that could overflow (the bounds take the valid keys only).
-    """
-    q, k, v = as_float_array("q", q), as_float_array("k", k), as_float_array("v", v)
-    if not (q.ndim >= 2 and k.ndim == v.ndim == q.ndim and k.shape[:-2] == q.shape[:-2]
-            and v.shape[:-1] == k.shape[:-1] and k.shape[-1] == q.shape[-1]):
-        raise ValueError(
-            "q, k and v must be [..., T_q, D_k], [..., S, D_k] and [..., S, D_v] with the same "
-            f"leading axes: got q {q.shape}, k {k.shape}, v {v.shape}"
-        )
-    if q.shape[-1] == 0:
-        raise ValueError(f"D_k must be at least 1: q {q.shape}")
-    keys, values = k, v
-    if valid is None and k.shape[-2] == 0:
-        raise ValueError(f"k and v hold no key position (S = 0): k {k.shape}, v {v.shape}")
-    if valid is not None:
-        valid = np.asarray(valid)
-        if valid.dtype != np.bool_:
-            raise TypeError(f"valid must be a bool array, got dtype {valid.dtype}")
-        if valid.shape != k.shape[:-1]:
-            raise ValueError(f"valid must be [..., S] = {list(k.shape[:-1])} for k {k.shape}, got shape {valid.shape}")
-        keys, values = k[valid], v[valid]  # [valid keys, D_k], [valid keys, D_v]
-    log_qk = _log10_max_norm(q) + _log10_max_norm(keys)
-    bounds = {"|q·k|": (log_qk, "|q_t|·|k_s|"), "|v|": (_log10_max_norm(values), "|v_s|")}
-    raise_if_too_large("q, k and v", bounds, np.result_type(q, k, v), "rescale q, k or v")
-    return q, k, v, valid
 
 
 # Caches: their own arguments, and a cache given to a decode
@@ -406,14 +377,17 @@ def check_crop(length, stored):
     return length
 
 
-def check_cache_fits(cache, x, w_q, w_k, w_v, dtype, layout=None):
+def check_cache_fits(cache, x, w_q, w_k, w_v, dtype, layout=None, window=None, n_sink=0):
     """Raise unless a given cache fits ``x``'s leading axes, the widths, ``dtype`` and T more positions.
 
     ``layout`` is ``(expected_k, expected_v, text)``: the shapes ``k_cache`` and
     ``v_cache`` must have without their T axis, and the layout to name in the
     error; by default ``x``'s leading axes with D_k and D_v (single head). Keys
-    already in the cache (a prefill) also enter the overflow bound of q·k.
+    already in the cache (a prefill) also enter the overflow bound of q·k. A
+    cache that keeps only a window must keep the call's ``window`` and ``n_sink``
+    (:func:`check_cache_window`).
     """
+    check_cache_window(cache, window, n_sink)
     k_cache, v_cache = getattr(cache, "k_cache", None), getattr(cache, "v_cache", None)
     if k_cache is None:
         return
@@ -434,12 +408,57 @@ def check_cache_fits(cache, x, w_q, w_k, w_v, dtype, layout=None):
         check_score_range(x, w_q, w_k, w_v, dtype, stored_k=k_cache[..., :stored, :])
 
 
+def check_cache_window(cache, window, n_sink):
+    """Raise unless a cache that keeps a window (it has ``window``, e.g. SlidingWindowCache) keeps ``window`` and ``n_sink``.
+
+    Such a cache has dropped the keys outside its window, so it can serve only a
+    call with the same window and sinks; a cache without ``window`` holds every
+    position and serves any call.
+    """
+    kept = getattr(cache, "window", None)
+    if kept is None:
+        return
+    kept_sinks = getattr(cache, "n_sink", 0)
+    if (kept, kept_sinks) != (window, n_sink):
+        hint = "; full attention needs a cache of every position, e.g. StaticCache" if window is None else ""
+        raise ValueError(
+            f"cache keeps window={kept}, n_sink={kept_sinks} but the call has window={window}, "
+            f"n_sink={n_sink}{hint}"
+        )
+
+
 def check_head_cache_fits(cache, x, w_q, w_k, w_v, n_kv_heads, head_dim, dtype):
     """:func:`check_cache_fits` for the multi-head layout ``[*x.shape[:-2], H_kv, T_max, D_head]``."""
     expected = x.shape[:-2] + (n_kv_heads, head_dim)  # the cache's shape without its T_max axis
     layout = ", ".join(map(str, x.shape[:-2] + (n_kv_heads, "T_max", head_dim)))
     text = f"must be [{layout}] for x {x.shape}, n_kv_heads={n_kv_heads}, head_dim={head_dim}"
     check_cache_fits(cache, x, w_q, w_k, w_v, dtype, layout=(expected, expected, text))
+
+
+# Windows, chunks and the sliding-window cache
+
+
+def check_window(window, n_sink):
+    """Return ``(window, n_sink)`` as ints: ``window`` None or >= 1, ``n_sink`` >= 0."""
+    if window is not None:
+        window = as_size("window", window, minimum=1)
+    return window, as_size("n_sink", n_sink)
+
+
+def check_window_crop(length, stored, first_held, window, n_sink):
+    """Raise unless a sliding-window cache cut to ``length`` (already in [0, stored]) still holds every key
+    position ``length`` would attend to: the sinks, and ``length - window + 1 .. length - 1``.
+
+    ``first_held`` is the oldest window position the ring still holds (>= n_sink).
+    """
+    lowest = max(n_sink, length - window + 1)  # the oldest window position that position `length` attends to
+    if lowest < min(length, first_held):
+        raise ValueError(
+            f"cannot crop the sliding-window cache (window={window}, n_sink={n_sink}) from {stored} to "
+            f"{length} positions: position {length} attends to positions from {length - window + 1}, but the "
+            f"ring has overwritten every position before {first_held}; crop to a length in "
+            f"[{first_held + window - 1}, {stored}] or in [0, {n_sink}]"
+        )
 
 
 # The paged cache: sequence ids and new positions
@@ -504,6 +523,123 @@ def check_paged_positions(k, v, n_seqs, cache):
     return k, v
 
 
+def check_pool_size(num_blocks, block_size, k_dim, v_dim, dtype, bookkeeping):
+    """The bytes a paged pool needs (``k_cache``, ``v_cache``, ``bookkeeping``); ValueError beyond physical memory."""
+    nbytes = num_blocks * block_size * (k_dim + v_dim) * dtype.itemsize + bookkeeping
+    memory = physical_memory()
+    if memory is not None and nbytes > memory:
+        raise pool_too_large(nbytes, num_blocks, block_size, k_dim, v_dim, dtype, f"this machine has {memory} bytes")
+    return nbytes
+
+
+def physical_memory():
+    """This machine's physical memory in bytes, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def pool_too_large(nbytes, num_blocks, block_size, k_dim, v_dim, dtype, why):
+    """The ValueError for a paged pool that memory cannot hold."""
+    return ValueError(
+        f"a pool of num_blocks={num_blocks} blocks of block_size={block_size}, k_dim={k_dim}, v_dim={v_dim} "
+        f"in {dtype} needs {nbytes} bytes ({nbytes / 2**30:.3g} GiB), more than memory can hold ({why})"
+    )
+
+
+def _as_integer_array(name, values):
+    """``values`` as an int64 array; TypeError unless integers (an empty list counts), ValueError beyond int64."""
+    array = np.asarray(values)
+    if array.size == 0 and array.dtype.kind == "f":  # np.asarray([]) is float64
+        array = array.astype(np.int64)
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integers, got dtype {array.dtype}")
+    if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} holds an id beyond int64: {array.max()}")
+    return array.astype(np.int64)
+
+
+def as_token_ids(name, token_ids):
+    """``token_ids`` as a 1-D int64 array; TypeError unless integers, ValueError unless 1-D."""
+    array = _as_integer_array(name, token_ids)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D sequence of token ids, got shape {array.shape}")
+    return array
+
+
+def check_paged_token_ids(token_ids, n_seqs, t_new):
+    """The token ids of an update's new positions as ``[N, T_new]`` int64 (None stays None)."""
+    if token_ids is None:
+        return None
+    array = _as_integer_array("token_ids", token_ids)
+    if array.shape != (n_seqs, t_new):
+        raise ValueError(
+            f"token_ids must be [N, T_new] = [{n_seqs}, {t_new}], one per new position, got shape {array.shape}"
+        )
+    return array
+
+
+# Blocks of a paged pool
+
+
+def check_block_id(block, num_blocks):
+    """``block`` as an int in [0, num_blocks); TypeError unless an integer, ValueError out of range."""
+    if isinstance(block, bool) or not isinstance(block, (int, np.integer)):
+        raise TypeError(f"a block id must be an integer, got {block!r}")
+    if not 0 <= block < num_blocks:
+        raise ValueError(f"block {block} is out of range: the pool has blocks 0..{num_blocks - 1}")
+    return int(block)
+
+
+def check_blocks_held(blocks, ref_counts, action, cached=()):
+    """``blocks`` as a list of distinct ints in range; for an ``action``, each held (refcount >= 1) or in ``cached``.
+
+    ``action`` (``"free"``, ``"share"``, ``"cache"``) names the call in the message; None checks the range only.
+    """
+    blocks = [check_block_id(block, len(ref_counts)) for block in blocks]
+    if len(set(blocks)) != len(blocks):
+        raise ValueError(f"blocks repeat a block: {blocks}")
+    if action is not None:
+        for block in blocks:
+            if ref_counts[block] < 1 and block not in cached:
+                what = "Double free! " if action == "free" else ""
+                raise ValueError(f"{what}cannot {action} block {block}: it is free (refcount 0)")
+    return blocks
+
+
+
+def check_paged_cache_fits(cache, strategy, n_seqs, d_k, d_v, dtype, block_size, num_blocks):
+    """Raise unless a caller's ``cache`` is a PagedKVCache a ragged decode of ``n_seqs`` sequences can use.
+
+    It must be for ``strategy="paged"``, hold ``dtype`` with widths D_k and D_v,
+    match ``block_size`` when one is given, come without ``num_blocks`` (the
+    pool is the cache's) and not hold the decode's sequence ids 0..n_seqs-1.
+    """
+    from .paged import PagedKVCache  # paged.py imports this module
+
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
+    if strategy != "paged":
+        raise ValueError(f"cache= is for strategy='paged', got strategy={strategy!r}")
+    if num_blocks is not None:
+        raise ValueError(f"num_blocks={num_blocks} was given with a cache, whose pool has {cache.num_blocks} blocks")
+    if block_size is not None and block_size != cache.block_size:
+        raise ValueError(f"block_size={block_size} does not fit the cache's block_size={cache.block_size}")
+    widths = (cache.k_cache.shape[-1], cache.v_cache.shape[-1])
+    if widths != (d_k, d_v):
+        raise ValueError(
+            f"cache does not fit the weights: k_cache {cache.k_cache.shape} and v_cache {cache.v_cache.shape} "
+            f"need D_k={d_k}, D_v={d_v}"
+        )
+    if cache.k_cache.dtype != dtype:
+        raise TypeError(f"cache holds {cache.k_cache.dtype} but the computation is {dtype}")
+    held = set(cache.seq_ids)
+    taken = [s for s in range(n_seqs) if s in held]
+    if taken:
+        raise ValueError(f"cache already holds sequence(s) {taken}; the decode's sequences are 0..{n_seqs - 1}")
+
+
 # Ragged batches
 
 
@@ -553,3 +689,276 @@ def check_ragged_inputs(x, w_q, w_k, w_v, lengths, start_steps):
     else:
         start_steps = as_sizes_per_sequence("start_steps", start_steps, n_seqs)
     return seqs, padded, (w_q, w_k, w_v), dtype, start_steps
+
+
+# Serving: requests and the scheduler's options
+
+
+def as_flag(name, value):
+    """``value`` as a bool; TypeError unless it is one (numpy's included)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def check_serve_inputs(requests, embedding, w_q, w_k, w_v, block_size, num_blocks, budget, max_num_seqs, caching):
+    """Validate the inputs of ``serve``.
+
+    Returns ``(specs, embedding, (w_q, w_k, w_v), dtype, (block_size, num_blocks,
+    budget, max_num_seqs, caching))``: one ``(request_id, token_ids [L] int64,
+    prompt_len, arrival_step)`` per request, and the embedding and weights in ``dtype``.
+    """
+    options = (
+        as_size("block_size", block_size, minimum=1),
+        as_size("num_blocks", num_blocks),
+        as_size("max_num_batched_tokens", budget, minimum=1),
+        None if max_num_seqs is None else as_size("max_num_seqs", max_num_seqs, minimum=1),
+        as_flag("enable_prefix_caching", caching),
+    )
+    embedding = as_float_array("embedding", embedding)
+    if embedding.ndim != 2:
+        raise ValueError(f"embedding must be [V, D_model], got shape {embedding.shape}")
+    for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)):
+        if np.ndim(w) == 2 and np.shape(w)[0] != embedding.shape[1]:
+            raise ValueError(
+                f"{name} has {np.shape(w)[0]} rows but embedding has D_model={embedding.shape[1]}: "
+                f"embedding {embedding.shape}, {name} {np.shape(w)}"
+            )
+    # x = embedding[token_ids]: the bound on |q|·|k| over every embedding row covers every token.
+    embedding, w_q, w_k, w_v, dtype = check_projection_inputs(embedding, w_q, w_k, w_v, x_ndims=(2,))
+    specs = _check_requests(requests, len(embedding), options[0], options[1])
+    return specs, embedding.astype(dtype, copy=False), (w_q, w_k, w_v), dtype, options
+
+
+def _check_requests(requests, vocab_size, block_size, num_blocks):
+    """One ``(request_id, token_ids, prompt_len, arrival_step)`` per request, or raise naming the request."""
+    from .scheduler import Request  # scheduler.py imports this module
+
+    if not isinstance(requests, (list, tuple)):
+        raise TypeError(f"requests must be a list of Request, got {type(requests).__name__}")
+    specs, seen = [], {}
+    for i, request in enumerate(requests):
+        if not isinstance(request, Request):
+            raise TypeError(f"requests[{i}] must be a Request, got {type(request).__name__}")
+        try:
+            hash(request.request_id)
+        except TypeError:
+            raise TypeError(f"requests[{i}]: request_id must be hashable, got {request.request_id!r}") from None
+        name = f"request {request.request_id!r} (requests[{i}])"
+        if request.request_id in seen:
+            raise ValueError(f"{name} repeats the request_id of requests[{seen[request.request_id]}]")
+        seen[request.request_id] = i
+        specs.append(_check_request(name, request, vocab_size, block_size, num_blocks))
+    return specs
+
+
+def _check_request(name, request, vocab_size, block_size, num_blocks):
+    tokens = as_token_ids(f"{name}: token_ids", request.token_ids)
+    outside = np.flatnonzero((tokens < 0) | (tokens >= vocab_size))
+    if outside.size:
+        j = int(outside[0])
+        raise ValueError(
+            f"{name}: token_ids[{j}] = {tokens[j]} is not a row of the embedding: ids must be in [0, V={vocab_size})"
+        )
+    prompt_len = as_size(f"{name}: prompt_len", request.prompt_len, minimum=1)
+    if prompt_len > len(tokens):
+        raise ValueError(f"{name}: prompt_len must be in [1, len(token_ids)={len(tokens)}], got {prompt_len}")
+    arrival_step = as_size(f"{name}: arrival_step", request.arrival_step)
+    if arrival_step > _MAX_STEP:
+        raise ValueError(f"{name}: arrival_step={arrival_step} is too large: at most 2**62")
+    blocks = math.ceil(len(tokens) / block_size)
+    if blocks > num_blocks:
+        raise ValueError(
+            f"{name} can never fit the pool: its {len(tokens)} tokens need {blocks} blocks of "
+            f"block_size={block_size}, and num_blocks={num_blocks}"
+        )
+    return request.request_id, tokens, prompt_len, arrival_step
+
+
+# One attention step on given q, k, v (attention.py); attention states, split-KV and cascade attention (split.py)
+
+
+def as_num_splits(num_splits):
+    """``num_splits`` as an int >= 1; TypeError for a non-integer (bools included), ValueError below 1."""
+    return as_size("num_splits", num_splits, minimum=1)
+
+
+def as_lse(name, value):
+    """``value`` as a float32/float64 ndarray of log-sum-exps: each finite, or -inf for a state with no keys.
+
+    TypeError for another dtype or a masked array; ValueError for NaN or +inf.
+    """
+    if isinstance(value, np.ma.MaskedArray):
+        raise TypeError(f"{name} is a masked array; pass a plain ndarray")
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"{name} is not a rectangular array: {error}") from None
+    if array.dtype.kind == "f" and not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    if array.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} must be a float32 or float64 array, got dtype {array.dtype}")
+    if np.isnan(array).any() or np.isposinf(array).any():
+        raise ValueError(
+            f"{name} contains NaN or +inf: an lse is finite, or -inf for a state with no keys "
+            "(FlashAttention before its PR #978 wrote +inf there; pass -inf)"
+        )
+    return array
+
+
+def check_scores_fit(dtype, q, *keys):
+    """Raise ValueError if a score q·k, or any partial sum of it, could overflow ``dtype``.
+
+    Cauchy–Schwarz bounds every partial sum by |q_t|·|k_s|, the largest norms over
+    the last axis of ``q: [..., D_k]`` and of the ``keys`` arrays ``[..., D_k]``,
+    scaled before squaring and compared as in :func:`check_score_range`.
+    """
+    log_k = max((_log10_max_norm(k) for k in keys), default=-math.inf)
+    bounds = {"|q·k|": (_log10_max_norm(q) + log_k, "|q_t|·|k_s|")}
+    raise_if_too_large("q and k are", bounds, dtype, "rescale q or k")
+
+
+def check_attention_inputs(q, k, v, valid=None):
+    """Validate ``q: [..., T_q, D_k]``, ``k: [..., S, D_k]``, ``v: [..., S, D_v]`` (the same leading axes).
+
+    Returns ``(q, k, v, dtype)``, each in ``dtype = np.result_type(q, k, v)``.
+    ``valid``, when given, is a key-padding mask: a bool array ``[..., S]`` (k's
+    shape without D_k), and the overflow bounds take only the keys and values it
+    marks. ValueError also for D_k = 0, or a partial sum of q·k (|q_t|·|k_s|) or
+    of the output (|v_s|) that could overflow.
+    """
+    q, k, v = as_float_array("q", q), as_float_array("k", k), as_float_array("v", v)
+    shapes = f"q {q.shape}, k {k.shape}, v {v.shape}"
+    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim or not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
+        raise ValueError(
+            f"q, k and v must be [..., T_q, D_k], [..., S, D_k] and [..., S, D_v] "
+            f"with the same leading axes, got {shapes}"
+        )
+    if k.shape[-1] != q.shape[-1] or v.shape[-2] != k.shape[-2]:
+        raise ValueError(f"q and k must share D_k, and k and v the S axis: {shapes}")
+    if q.shape[-1] == 0:
+        raise ValueError(f"D_k must be at least 1: {shapes}")
+    keys, values = k, v
+    if valid is not None:
+        valid = as_key_mask(valid, k)
+        keys, values = k[valid], v[valid]  # [valid keys, D_k], [valid keys, D_v]
+    dtype = np.result_type(q, k, v)
+    check_scores_fit(dtype, q, keys)
+    raise_if_too_large("v is", {"|v|": (_log10_max_norm(values), "|v_s|")}, dtype, "rescale v")
+    return q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False), dtype
+
+
+def as_key_mask(valid, k):
+    """``valid`` as a bool array ``[..., S]`` of ``k: [..., S, D_k]``'s shape without D_k; TypeError or ValueError."""
+    valid = np.asarray(valid)
+    if valid.dtype != np.bool_:
+        raise TypeError(f"valid must be a bool array, got dtype {valid.dtype}")
+    if valid.shape != k.shape[:-1]:
+        raise ValueError(f"valid must be [..., S] = {list(k.shape[:-1])} for k {k.shape}, got shape {valid.shape}")
+    return valid
+
+
+def check_attention_states(states):
+    """Validate ``states``, a non-empty sequence of ``(out, lse)`` pairs of one shape.
+
+    ``out: [..., T_q, D_v]`` finite, ``lse: [..., T_q]`` finite or -inf. Returns
+    ``(outs, lses, dtype)``: two lists of arrays in ``dtype = np.result_type`` of them all.
+    """
+    if isinstance(states, (str, bytes, np.ndarray)) or not hasattr(states, "__iter__"):
+        raise TypeError(f"states must be a sequence of (out, lse) pairs, got {type(states).__name__}")
+    states = list(states)
+    if not states:
+        raise ValueError("states must hold at least one (out, lse) pair")
+    outs, lses = [], []
+    for i, state in enumerate(states):
+        if not isinstance(state, (tuple, list)) or len(state) != 2:
+            raise TypeError(f"states[{i}] must be an (out, lse) pair, got {type(state).__name__}")
+        out, lse = as_float_array(f"states[{i}] out", state[0]), as_lse(f"states[{i}] lse", state[1])
+        if out.ndim < 2 or lse.shape != out.shape[:-1]:
+            raise ValueError(
+                f"states[{i}] must be out [..., T_q, D_v] and lse [..., T_q], got out {out.shape}, lse {lse.shape}"
+            )
+        if outs and out.shape != outs[0].shape:
+            raise ValueError(
+                f"every state must have the shape of states[0]: out {outs[0].shape}, states[{i}] out {out.shape}"
+            )
+        outs.append(out)
+        lses.append(lse)
+    dtype = np.result_type(*outs, *lses)
+    return [o.astype(dtype, copy=False) for o in outs], [s.astype(dtype, copy=False) for s in lses], dtype
+
+
+def _padded(arrays, s_max, width):
+    """B arrays ``[S_i, width]`` as one ``[B, s_max, width]`` array, zero past each S_i."""
+    padded = np.zeros((len(arrays), s_max, width), np.result_type(*arrays) if arrays else np.float64)
+    for b, a in enumerate(arrays):
+        padded[b, : len(a)] = a
+    return padded
+
+
+def _as_suffixes(k_suffix, v_suffix, suffix_lengths, d_k, d_v):
+    """The suffixes padded, ``[B, S_max, D_k]`` and ``[B, S_max, D_v]``, and their lengths ``[B]`` (None: all S_max).
+
+    Lists of B arrays ``[S_i, D]`` are padded with zeros; arrays ``[B, S_max, D]``
+    come with ``suffix_lengths`` (default: every suffix S_max long).
+    """
+    if isinstance(k_suffix, (list, tuple)) and isinstance(v_suffix, (list, tuple)):
+        if suffix_lengths is not None:
+            raise ValueError("suffix_lengths is for padded suffixes [B, S_max, D]; lists of suffixes carry their own")
+        ks = [as_float_array(f"k_suffix[{i}]", k) for i, k in enumerate(k_suffix)]
+        vs = [as_float_array(f"v_suffix[{i}]", v) for i, v in enumerate(v_suffix)]
+        if len(ks) != len(vs):
+            raise ValueError(f"k_suffix has {len(ks)} suffixes but v_suffix has {len(vs)}")
+        for i, (k, v) in enumerate(zip(ks, vs)):
+            if k.ndim != 2 or v.ndim != 2 or len(k) != len(v) or k.shape[1] != d_k or v.shape[1] != d_v:
+                raise ValueError(
+                    f"k_suffix[{i}] and v_suffix[{i}] must be [S_i, D_k={d_k}] and [S_i, D_v={d_v}], "
+                    f"got {k.shape} and {v.shape}"
+                )
+        lengths = np.array([len(k) for k in ks], dtype=np.int64)
+        s_max = int(lengths.max(initial=0))
+        full = bool((lengths == s_max).all())
+        return _padded(ks, s_max, d_k), _padded(vs, s_max, d_v), None if full else lengths
+    if not isinstance(k_suffix, np.ndarray) or not isinstance(v_suffix, np.ndarray):
+        raise TypeError(
+            "k_suffix and v_suffix must both be lists of B arrays [S_i, D] or both arrays [B, S_max, D], "
+            f"got {type(k_suffix).__name__} and {type(v_suffix).__name__}"
+        )
+    k_suffix, v_suffix = as_float_array("k_suffix", k_suffix), as_float_array("v_suffix", v_suffix)
+    if (k_suffix.ndim != 3 or v_suffix.ndim != 3 or k_suffix.shape[:2] != v_suffix.shape[:2]
+            or k_suffix.shape[2] != d_k or v_suffix.shape[2] != d_v):
+        raise ValueError(
+            f"k_suffix and v_suffix must be [B, S_max, D_k={d_k}] and [B, S_max, D_v={d_v}] (or lists of "
+            f"B arrays [S_i, D]), got k_suffix {k_suffix.shape}, v_suffix {v_suffix.shape}"
+        )
+    if suffix_lengths is None:
+        return k_suffix, v_suffix, None
+    lengths = as_sizes_per_sequence("suffix_lengths", suffix_lengths, k_suffix.shape[0])
+    if lengths.size and lengths.max() > k_suffix.shape[1]:
+        raise ValueError(f"suffix_lengths must be at most S_max={k_suffix.shape[1]}, got {lengths.tolist()}")
+    return k_suffix, v_suffix, lengths
+
+
+def check_cascade_inputs(q, k_shared, v_shared, k_suffix, v_suffix, suffix_lengths):
+    """Validate cascade attention's inputs: ``q: [B, T_q, D_k]``, a shared prefix, B suffixes.
+
+    Returns ``(q, k_shared, v_shared, k_suffix, v_suffix, lengths, dtype)``: the
+    arrays in ``dtype = np.result_type`` of them all, the suffixes padded to
+    ``[B, S_max, D]``, ``lengths`` ``[B]`` int64 or None when every suffix is S_max long.
+    """
+    q = as_float_array("q", q)
+    k_shared, v_shared = as_float_array("k_shared", k_shared), as_float_array("v_shared", v_shared)
+    if q.ndim != 3 or q.shape[-1] == 0:
+        raise ValueError(f"q must be [B, T_q, D_k] with D_k >= 1, got shape {q.shape}")
+    if k_shared.ndim != 2 or v_shared.ndim != 2 or len(k_shared) != len(v_shared) or k_shared.shape[1] != q.shape[2]:
+        raise ValueError(
+            f"k_shared and v_shared must be [S_p, D_k={q.shape[2]}] and [S_p, D_v], "
+            f"got k_shared {k_shared.shape}, v_shared {v_shared.shape}"
+        )
+    k_suffix, v_suffix, lengths = _as_suffixes(k_suffix, v_suffix, suffix_lengths, q.shape[2], v_shared.shape[1])
+    if len(k_suffix) != len(q):
+        raise ValueError(f"q has B={len(q)} sequences but there are {len(k_suffix)} suffixes: q {q.shape}")
+    arrays = (q, k_shared, v_shared, k_suffix, v_suffix)
+    dtype = np.result_type(*arrays)
+    check_scores_fit(dtype, q, k_shared, k_suffix)
+    return (*(a.astype(dtype, copy=False) for a in arrays), lengths, dtype)

@@ -27,6 +27,9 @@ class Cache(Protocol):
 
     A cache may also hold ``k_cache``/``v_cache`` (None while empty) and
     ``max_seq_len``; a decode checks them against its inputs when they are there.
+    A cache that keeps only some positions (``SlidingWindowCache``) also has
+    ``window``, ``n_sink`` and ``key_positions(t_new)``: the position of each key
+    ``update`` returns (a full cache returns positions 0, 1, .. in order).
     """
 
     def update(self, k, v):
@@ -53,22 +56,31 @@ def check_is_cache(cache):
         )
 
 
+_NO_SNAPSHOT = type(None)  # NoneType() is None: the snapshot of a cache a crop can roll back, made without a Python line
+
+
 class rolled_back_on_error:
     """Context manager: on any error in the block, crop ``cache`` back to the length it had; the error propagates.
 
+    A cache whose updates a crop cannot undo (a ring buffer overwrites) gives a
+    ``_snapshot()`` of its state instead, put back by its ``_restore``.
     A class, as ``contextlib.suppress`` is: it runs on every decode call, and a
     generator-based one would execute four times as many Python lines.
     """
 
     def __init__(self, cache):
-        self.cache, self.start = cache, cache.get_seq_length()
+        # One line, so that a decode executes as many Python lines as before (bench_work counts them).
+        self.cache, self.start, self.saved = cache, cache.get_seq_length(), getattr(cache, "_snapshot", _NO_SNAPSHOT)()
 
     def __enter__(self):
         return self.cache
 
     def __exit__(self, error_type, error, traceback):
         if error_type is not None:
-            self.cache.crop(self.start)
+            if self.saved is None:
+                self.cache.crop(self.start)
+            else:
+                self.cache._restore(self.saved)
 
 
 class DynamicCache:

@@ -18,7 +18,9 @@ Strategies (the ``strategy=`` of :func:`ragged_decode`):
                copied into a leaver's row: up to T_max positions of K and of V
                moved per exit (its stored positions only).
     paged      compacted, with K/V in a :class:`~kv_attention.paged.PagedKVCache`:
-               leaving frees blocks, and no token is ever moved.
+               leaving frees blocks, and no token is ever moved. The cache is
+               the caller's when given (``cache=``), to inspect afterwards: it
+               holds sequences 0..B-1 while they are in the batch.
 
 Axis letters: B sequences, N rows computed at a step, S key positions, D feature width.
 Inputs: ``x``, a list of B arrays ``[T_i, D_model]`` or a padded ``[B, T_max, D_model]``
@@ -28,10 +30,13 @@ Inputs: ``x``, a list of B arrays ``[T_i, D_model]`` or a padded ``[B, T_max, D_
 
 Errors, checked before the first step: TypeError for an x that is neither a list
 nor an ndarray, an input that is not a float32/float64 array, or a length or start
-step that is not an integer; ValueError for an unknown strategy, shapes that do
-not fit (named in the message), lengths or start_steps of the wrong count or out
-of range, NaN/inf, or scores that overflow. OutOfBlocksError comes from the step
-at which ``num_blocks`` is too small for the sequences in the batch.
+step that is not an integer, or a ``cache`` that is not a PagedKVCache or holds
+another dtype; ValueError for an unknown strategy, shapes that do not fit (named
+in the message), lengths or start_steps of the wrong count or out of range,
+NaN/inf, scores that overflow, or a ``cache`` that does not fit (its D_k, D_v or
+block_size, a sequence id 0..B-1 it already holds, ``num_blocks`` given beside it,
+or a strategy other than paged). OutOfBlocksError comes from the step at which
+the pool is too small for the sequences in the batch.
 
 Method: masked attention as in Vaswani et al. 2017; continuous batching as in
 Orca (Yu et al. 2022); the paged cache as PagedAttention in vLLM (Kwon et al. 2023).
@@ -42,7 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import as_size, check_choice, check_finite_output, check_ragged_inputs
+from ._validation import as_size, check_choice, check_finite_output, check_paged_cache_fits, check_ragged_inputs
 from .attention import _masked_attend
 from .paged import PagedKVCache
 
@@ -108,7 +113,7 @@ class _ContiguousCache:
 class _PaddedBatch(_ContiguousCache):
     """All B rows computed every step over the contiguous cache, masked where out of the batch."""
 
-    def __init__(self, problem, block_size, num_blocks):
+    def __init__(self, problem, block_size, num_blocks, cache):
         super().__init__(problem)
         self.in_batch = np.zeros(len(problem.lengths), dtype=bool)
 
@@ -135,7 +140,7 @@ class _PaddedBatch(_ContiguousCache):
 class _CompactedBatch(_ContiguousCache):
     """Only the sequences in the batch, in rows 0..N-1 of the contiguous cache."""
 
-    def __init__(self, problem, block_size, num_blocks):
+    def __init__(self, problem, block_size, num_blocks, cache):
         super().__init__(problem)
         self.seqs = []  # the sequence in each row in use
 
@@ -175,12 +180,13 @@ class _CompactedBatch(_ContiguousCache):
 class _PagedBatch:
     """Only the sequences in the batch, with K/V in a :class:`PagedKVCache`: leaving frees blocks, nothing moves."""
 
-    def __init__(self, problem, block_size, num_blocks):
-        if num_blocks is None:  # enough for every sequence at its full length at once
-            num_blocks = sum(math.ceil(int(n) / block_size) for n in problem.lengths)
-        w_k, w_v = problem.weights[1:]
-        self.cache = PagedKVCache(num_blocks, block_size, w_k.shape[1], w_v.shape[1], problem.dtype)
-        self.seqs, self.moved_slots = [], 0
+    def __init__(self, problem, block_size, num_blocks, cache):
+        if cache is None:
+            if num_blocks is None:  # enough for every sequence at its full length at once
+                num_blocks = sum(math.ceil(int(n) / block_size) for n in problem.lengths)
+            w_k, w_v = problem.weights[1:]
+            cache = PagedKVCache(num_blocks, block_size, w_k.shape[1], w_v.shape[1], problem.dtype)
+        self.cache, self.seqs, self.moved_slots = cache, [], 0
 
     def join(self, seq):
         self.cache.add_sequence(seq)
@@ -252,18 +258,27 @@ def _steps(batch, problem):
             seq_ids, positions, out, rows = batch.step(problem)
             check_finite_output(out)
             yield seq_ids, positions, out, rows
+    if events:  # the last to leave leave too, so that a caller's paged cache is left holding none of them
+        batch.leave(leaves[events[-1]])
 
 
-def _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blocks):
+def _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blocks, cache):
     check_choice("strategy", strategy, RAGGED_STRATEGIES)
-    block_size = as_size("block_size", block_size, minimum=1)
+    block_size = None if block_size is None else as_size("block_size", block_size, minimum=1)
     num_blocks = None if num_blocks is None else as_size("num_blocks", num_blocks)
     problem, out_len = _make_problem(x, w_q, w_k, w_v, lengths, start_steps)
-    return _BATCHES[strategy](problem, block_size, num_blocks), problem, out_len
+    if cache is not None:
+        w_k, w_v = problem.weights[1:]
+        check_paged_cache_fits(cache, strategy, len(problem.lengths), w_k.shape[1], w_v.shape[1], problem.dtype,
+                               block_size, num_blocks)
+        block_size = cache.block_size
+    block_size = 16 if block_size is None else block_size
+    return _BATCHES[strategy](problem, block_size, num_blocks, cache), problem, out_len
 
 
 def ragged_decode_steps(
-    x, w_q, w_k, w_v, *, lengths=None, start_steps=None, strategy="compacted", block_size=16, num_blocks=None
+    x, w_q, w_k, w_v, *, lengths=None, start_steps=None, strategy="compacted", block_size=None, num_blocks=None,
+    cache=None,
 ):
     """The decode of :func:`ragged_decode` (same arguments), one step at a time, as a server streams tokens.
 
@@ -272,7 +287,7 @@ def ragged_decode_steps(
     ``seq_ids: [N]`` and ``positions: [N]`` int64 (the sequences in the batch and
     the position each decoded) and ``out: [N, D_v]``, their outputs.
     """
-    batch, problem, _ = _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blocks)
+    batch, problem, _ = _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blocks, cache)
     return ((seq_ids, positions, out) for seq_ids, positions, out, _ in _steps(batch, problem))
 
 
@@ -285,9 +300,10 @@ def ragged_decode(
     lengths=None,
     start_steps=None,
     strategy="compacted",
-    block_size=16,
+    block_size=None,
     num_blocks=None,
     return_stats=False,
+    cache=None,
 ):
     """Decode B sequences of different lengths in one batch; each equals decoding it alone.
 
@@ -296,16 +312,20 @@ def ragged_decode(
         start_steps: B integers >= 0 (default all 0): sequence i joins the batch
             at decode step start_steps[i], as in continuous batching.
         strategy: ``"padded"``, ``"compacted"`` (default) or ``"paged"`` (see the module).
-        block_size: tokens per block of the paged cache (default 16).
+        block_size: tokens per block of the paged cache (default 16, or the given cache's).
         num_blocks: blocks in the paged cache's pool (default: enough for every
             sequence at full length at once, sum of ceil(T_i / block_size)).
         return_stats: also return a :class:`RaggedDecodeStats`.
+        cache: for ``strategy="paged"``, a :class:`~kv_attention.paged.PagedKVCache`
+            of the caller's to decode in (its pool, block_size and free list; it
+            must not hold sequences 0..B-1), instead of a new one. It is left
+            with the blocks freed and its peak_blocks, for inspection.
 
     Returns:
         A list of B arrays ``[T_i, D_v]`` for a list x, else ``[B, T_max, D_v]``
         with zeros past each length. With ``return_stats``, ``(outputs, stats)``.
     """
-    batch, problem, out_len = _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blocks)
+    batch, problem, out_len = _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blocks, cache)
     d_v = problem.weights[2].shape[1]
     out = np.zeros((len(problem.lengths), problem.t_max, d_v), problem.dtype)  # [B, T_max, D_v]
     steps = row_steps = 0

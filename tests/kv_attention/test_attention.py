@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import kv_attention as kv
+from kv_attention.attention import band_mask
 
 from ..references import naive_attend, naive_causal_attention, problem
 
@@ -65,6 +66,94 @@ def test_reference_zero_length():
     assert kv.causal_attention(x, np.ones((4, 3)), np.ones((4, 3)), np.ones((4, 5))).shape == (2, 0, 5)
 
 
+# The banded reference: sliding windows and attention sinks
+
+
+@pytest.mark.parametrize("t_len", [1, 6, 9])
+@pytest.mark.parametrize("window_of", [lambda t: 1, lambda t: 2, lambda t: t - 1, lambda t: t, lambda t: t + 3],
+                         ids=["1", "2", "T-1", "T", "T+3"])
+@pytest.mark.parametrize("n_sink", [0, 1, 3])
+def test_banded_reference_matches_naive(t_len, window_of, n_sink):
+    window = max(window_of(t_len), 1)
+    args = problem(t_len)
+    out = kv.causal_attention(*args, window=window, n_sink=n_sink)
+    assert out.shape == (t_len, 5)
+    expected = naive_causal_attention(*args, window=window, n_sink=n_sink)
+    np.testing.assert_allclose(out, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_banded_reference_batched_keeps_sequences_apart():
+    args = problem(8, batch=3)
+    out = kv.causal_attention(*args, window=3, n_sink=2)
+    assert out.shape == (3, 8, 5)
+    np.testing.assert_allclose(out, naive_causal_attention(*args, window=3, n_sink=2), rtol=1e-10, atol=1e-10)
+
+
+def test_window_of_one_attends_only_to_itself():
+    x, w_q, w_k, w_v = problem(7)
+    np.testing.assert_allclose(kv.causal_attention(x, w_q, w_k, w_v, window=1), x @ w_v, rtol=1e-12, atol=1e-12)
+
+
+def test_equal_keys_give_the_mean_of_the_window_and_the_sinks():
+    # w_k = 0: every allowed key scores 0, so position t outputs the mean of the values it may attend to.
+    x, w_q, w_k, w_v = problem(9)
+    v = x @ w_v
+    out = kv.causal_attention(x, w_q, np.zeros_like(w_k), w_v, window=3, n_sink=2)
+    for t in range(9):
+        allowed = sorted({0, 1} & set(range(t + 1)) | set(range(max(t - 2, 0), t + 1)))  # sinks 0, 1; window t-2..t
+        np.testing.assert_allclose(out[t], v[allowed].mean(axis=0), rtol=1e-12, atol=1e-12)
+
+
+def test_band_mask_by_hand():
+    # T = 5, window 2, one sink: t attends t-1, t, and position 0.
+    expected = np.array([
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [1, 1, 1, 0, 0],
+        [1, 0, 1, 1, 0],
+        [1, 0, 0, 1, 1],
+    ], dtype=bool)
+    positions = np.arange(5)
+    np.testing.assert_array_equal(band_mask(positions, positions, window=2, n_sink=1), expected)
+    # a chunk of queries 3, 4 after three cached positions: the causal diagonal is offset, not square
+    np.testing.assert_array_equal(band_mask(np.array([3, 4]), positions, window=2, n_sink=1), expected[3:])
+
+
+@pytest.mark.parametrize("t_len", [1, 6])
+def test_no_window_and_a_window_past_t_are_exactly_the_causal_reference(t_len):
+    # n_sink without a window changes nothing, and a window >= T masks nothing more than causality: bit for bit.
+    args = problem(t_len, batch=2)
+    causal = kv.causal_attention(*args)
+    for kwargs in ({"window": None}, {"n_sink": 3}, {"window": t_len}, {"window": t_len + 5, "n_sink": 2}):
+        np.testing.assert_array_equal(kv.causal_attention(*args, **kwargs), causal)
+
+
+def test_banded_reference_float32():
+    args = problem(9, dtype=np.float32)
+    out = kv.causal_attention(*args, window=4, n_sink=1)
+    assert out.dtype == np.float32
+    expected = naive_causal_attention(*args, window=4, n_sink=1)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"window": 0}, ValueError, "window must be >= 1, got 0"),
+        ({"window": -2}, ValueError, "window must be >= 1"),
+        ({"window": 2.5}, TypeError, "window must be an integer, got 2.5"),
+        ({"window": True}, TypeError, "window must be an integer"),
+        ({"window": "3"}, TypeError, "window must be an integer"),
+        ({"n_sink": -1}, ValueError, "n_sink must be >= 0, got -1"),
+        ({"n_sink": None}, TypeError, "n_sink must be an integer, got None"),
+        ({"window": 3, "n_sink": 1.0}, TypeError, "n_sink must be an integer"),
+    ],
+)
+def test_bad_window_or_sinks_raise(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        kv.causal_attention(*problem(4), **kwargs)
+
+
 # --- one step: attend and masked_attend ----------------------------------------------------------
 
 
@@ -119,28 +208,31 @@ def test_masked_keys_may_be_huge_the_bound_takes_the_valid_keys_only():
     with np.errstate(all="raise"):
         out = kv.masked_attend(q, k, v, valid)
     np.testing.assert_allclose(out, naive_attend(q, k[:, :2], v[:, :2]), rtol=1e-12, atol=1e-12)
-    with pytest.raises(ValueError, match=r"q, k and v are too large for float64: \|q·k\| and \|v\| could overflow"):
+    with pytest.raises(ValueError, match=r"q and k are too large for float64: \|q·k\| could overflow"):
         kv.masked_attend(q, k, v, np.ones((3, 5), dtype=bool))
+    with pytest.raises(ValueError, match=r"v is too large for float64: \|v\| could overflow"):
+        kv.masked_attend(q, k * (np.arange(5) < 2)[:, None], v, np.ones((3, 5), dtype=bool))  # only v is huge
 
 
-def test_masked_attend_over_no_key_position_gives_zeros():
+def test_no_key_position_gives_zeros():
     q, k, v = step_inputs(s=0)
-    out = kv.masked_attend(q, k, v, np.ones((3, 0), dtype=bool))
-    assert out.shape == (3, 2, 6) and not out.any()
+    for out in (kv.attend(q, k, v), kv.masked_attend(q, k, v, np.ones((3, 0), dtype=bool))):
+        assert out.shape == (3, 2, 6) and out.dtype == np.float64 and not out.any()
 
 
 @pytest.mark.parametrize(
     "change, error, message",
     [
-        (lambda q, k, v: (q, k[:, :, :3], v), ValueError, r"q, k and v must be \[\.\.\., T_q, D_k\], .* got q \(3, 2, 4\), k \(3, 5, 3\)"),
-        (lambda q, k, v: (q, k, v[:, :4]), ValueError, r"same leading axes: got q \(3, 2, 4\), k \(3, 5, 4\), v \(3, 4, 6\)"),
-        (lambda q, k, v: (q[:2], k, v), ValueError, r"same leading axes"),
+        (lambda q, k, v: (q, k[:, :, :3], v), ValueError, r"q and k must share D_k, .*: q \(3, 2, 4\), k \(3, 5, 3\)"),
+        (lambda q, k, v: (q, k, v[:, :4]), ValueError, r"k and v the S axis: q \(3, 2, 4\), k \(3, 5, 4\), v \(3, 4, 6\)"),
+        (lambda q, k, v: (q[:2], k, v), ValueError, r"with the same leading axes, got q \(2, 2, 4\), k \(3, 5, 4\)"),
         (lambda q, k, v: (q[0, 0], k, v), ValueError, r"must be \[\.\.\., T_q, D_k\]"),
-        (lambda q, k, v: (q, k[:, :0], v[:, :0]), ValueError, r"k and v hold no key position \(S = 0\)"),
         (lambda q, k, v: (q[..., :0], k[..., :0], v), ValueError, r"D_k must be at least 1"),
         (lambda q, k, v: (q.astype(np.int64), k, v), TypeError, r"q must be a float32 or float64 array"),
         (lambda q, k, v: (q, np.where(k > 1, np.nan, k), v), ValueError, r"^k contains NaN or inf$"),
-        (lambda q, k, v: (q * 1e200, k * 1e200, v), ValueError, r"\|q·k\| could overflow \(\|q·k\| <= \|q_t\|·\|k_s\| = "),
+        (lambda q, k, v: (q * 1e200, k * 1e200, v), ValueError,
+         r"^q and k are too large for float64: \|q·k\| could overflow \(\|q·k\| <= \|q_t\|·\|k_s\| = [\d.]+e\+400;"),
+        (lambda q, k, v: (q, k, np.full_like(v, 1e308)), ValueError, r"^v is too large for float64: \|v\| could overflow \(\|v\| <= \|v_s\| = "),
     ],
 )
 def test_attend_refuses_bad_input(change, error, message):

@@ -45,8 +45,26 @@ def test_problem_factory_checks_its_arguments():
         kv.make_problem(4, dtype=np.int32)
 
 
+def test_the_embedding_is_drawn_after_the_weights_so_nothing_else_changes():
+    shape = {"d_model": 4, "d_k": 4, "d_v": 4}
+    plain, with_vocab = kv.make_problem(5, 2, **shape), kv.make_problem(5, 2, **shape, vocab_size=7)
+    for a, b in zip(plain.args(), with_vocab.args()):
+        np.testing.assert_array_equal(a, b)
+    assert plain.embedding is None
+    rng = np.random.default_rng(42)
+    rng.standard_normal((2, 5, 4))
+    for d in (4, 4, 4):
+        rng.standard_normal((4, d))
+    np.testing.assert_array_equal(with_vocab.embedding, rng.standard_normal((7, 4)))
+    assert kv.make_problem(3, vocab_size=2, dtype=np.float32).embedding.dtype == np.float32
+    with pytest.raises(ValueError, match="vocab_size must be >= 1"):
+        kv.make_problem(3, vocab_size=0)
+
+
 def test_repr_gives_shapes_and_dtype_not_the_arrays():
     assert repr(kv.make_problem(4096, 2)) == "Problem(x=[2, 4096, 64], w_q=[64, 64], w_k=[64, 64], w_v=[64, 64], dtype=float64)"
     p = kv.make_problem(3, d_model=4, d_k=2, d_v=5, dtype=np.float32)
     mixed = kv.Problem(p.x, p.w_q, p.w_k, p.w_v.astype(np.float64))
     assert repr(mixed) == "Problem(x=float32[3, 4], w_q=float32[4, 2], w_k=float32[4, 2], w_v=float64[4, 5])"
+    with_vocab = kv.make_problem(3, d_model=4, d_k=2, d_v=5, vocab_size=100)
+    assert repr(with_vocab) == "Problem(x=[3, 4], w_q=[4, 2], w_k=[4, 2], w_v=[4, 5], embedding=[100, 4], dtype=float64)"

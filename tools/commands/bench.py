@@ -5,11 +5,18 @@ changes what asv builds and installs (the package, its build files, asv's own
 config) can change a result: those commits of main are selected, plus main
 and main~1, never one the package cannot be built from. Commits that already
 have results for every benchmark are skipped, so a re-run costs only what is
-new. The job exits 1 when a benchmark failed its correctness check at main's tip.
+new; a stored timing without samples (a plain ``asv run --quick``'s) counts
+as missing and is measured again. Results are stored under this machine's
+name, hostname plus a hardware fingerprint (:mod:`tools.machine`), or
+``--machine NAME``. The job exits 2 when a benchmark failed its correctness
+check at main's tip, or a point measured at main~1 is n/a there (it vanished);
+1 on an error.
 """
 
 from .. import common, results
-from .publish import publish
+from .publish import VIEW_COMMAND, publish
+
+LOCKS_WORKSPACE = True  # one job at a time in .asv/ (tools/lock.py)
 
 RESULT_PATHS = ["kv_attention", "setup.cfg", "pyproject.toml", "asv.conf.json"]
 BUILD_FILES = ["setup.cfg", "pyproject.toml", "kv_attention/__init__.py"]  # all present => buildable
@@ -21,6 +28,9 @@ def setup_arguments(subparsers):
     parser.add_argument("--all", action="store_true",
                         help="every buildable commit of main, not only main, main~1 and those that changed "
                              + ", ".join(RESULT_PATHS))
+    parser.add_argument("--machine", metavar="NAME",
+                        help="asv machine name to store the results under (default: hostname plus a short "
+                             "fingerprint of the CPU and /etc/machine-id)")
     return parser
 
 
@@ -74,18 +84,39 @@ def print_outcomes(commits, head):
 
 def run(args):
     commits = select_commits(args.all)
-    common.record_machine()
+    common.record_machine(args.machine)
+    results.quarantine_unreadable()
     conf, benchmarks, machine, env_names = results.asv_setup()
     todo = [c for c in commits if not results.has_results(c, conf, benchmarks, machine, env_names)]
+    if results.drop_unsampled(conf, machine, env_names, todo):
+        print("stored timings without samples (asv run --quick, or without --record-samples) are measured again")
     print(f"{len(commits)} commit(s) of {common.BRANCH} can change a result; {len(commits) - len(todo)} already "
           f"have results on this machine, benchmarking {len(todo)}", flush=True)
     if todo:
         common.asv_run(todo)
     publish()
-    head_failed = print_outcomes(commits, common.git("rev-parse", common.BRANCH))
-    print(f"\ndashboard written to {common.ROOT / '.asv' / 'html'}; view it on 127.0.0.1 with:\n"
-          "  .venv/bin/python -m http.server --bind 127.0.0.1 --directory .asv/html 8080")
-    if head_failed:
-        raise common.UserError(f"{len(head_failed)} benchmark(s) failed their correctness check at "
-                               f"{common.BRANCH}: {', '.join(head_failed)}")
+    tip = common.git("rev-parse", common.BRANCH)
+    head_failed = print_outcomes(commits, tip)
+    print(f"\ndashboard written to {common.ROOT / '.asv' / 'html'}; view it with:\n  {VIEW_COMMAND}")
+    return verdict(tip, head_failed)
+
+
+def verdict(tip, head_failed):
+    """Exit 2 naming each benchmark that failed at main's tip and each point that vanished there, else 0.
+
+    A point vanished when it had a value at main~1 and is n/a at main
+    (:func:`tools.results.vanished`; a benchmark retired in benchmarks/common.py is not).
+    """
+    parent = common.git("rev-list", "--first-parent", "--skip=1", "--max-count=1", tip)
+    vanished = results.vanished_between(parent, tip) if parent else []
+    for name in head_failed:
+        print(f"FAILED at {common.BRANCH} {tip[:8]}  {name}")
+    for label in vanished:
+        print(f"VANISHED at {common.BRANCH} {tip[:8]}  {label}  (a value at {common.BRANCH}~1 {parent[:8]}, n/a now)")
+    if vanished:
+        print(results.RETIRE_HINT)
+    if head_failed or vanished:
+        print(f"bench: exit 2 ({len(head_failed)} benchmark(s) failed their correctness check, {len(vanished)} "
+              f"point(s) vanished at {common.BRANCH})")
+        return 2
     return 0

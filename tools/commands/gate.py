@@ -20,6 +20,8 @@ DEFAULT_FACTOR = 1.10
 # separate asv runs of identical code, so they count as a regression only beyond this factor.
 PEAKMEM_FACTOR = 1.25
 ERROR_EXIT = 2  # a usage or user error; 1 means a regression
+VANISHED = "(vanished: a value at BASE, n/a at HEAD)"
+LOCKS_WORKSPACE = True  # one job at a time in .asv/ (tools/lock.py)
 
 
 def factor(text):
@@ -61,11 +63,12 @@ def judge(base_rows, head_rows, factor):
     regressions: ``[(name, ratio head/base)]`` where :func:`results.head_is_worse`
     with ``factor`` (for ``peakmem_`` benchmarks, at least PEAKMEM_FACTOR).
     failures: ``[(name, commit role)]`` where a stored value is None (a failed
-    benchmark or correctness check). Points whose benchmark code changed between
-    the two (asv marks them x) are not compared.
+    benchmark or correctness check), and where a point with a value at BASE is
+    n/a at HEAD (:func:`results.vanished`, unless retired in benchmarks/common.py).
+    Points whose benchmark code changed between the two (asv marks them x) are not compared.
     """
     base, head = results.unrolled(base_rows), results.unrolled(head_rows)
-    regressions, failures = [], []
+    regressions, failures = [], [(f"{label}  {VANISHED}", "head") for label in results.vanished(base, head)]
     for name in sorted(set(base) | set(head)):
         label = name[0]
         (value_1, ss_1, version_1), (value_2, ss_2, version_2) = (
@@ -89,6 +92,7 @@ def run(args):
         print(f"note: BASE and HEAD are the same commit {commits['head'][:8]}: the comparison is of its "
               "results with themselves")
     common.record_machine()
+    results.quarantine_unreadable()
     common.asv_run(list(dict.fromkeys(commits.values())), *(["--bench", args.bench] if args.bench else []))
     conf, _, machine, env_names = results.asv_setup()
     rows = {role: results.compare_rows(conf, results.iter_results(conf, machine, commit, env_names), args.bench)
@@ -110,6 +114,8 @@ def run(args):
         print(f"REGRESSION {ratio:.2f}x  {label}")
     for label, role in failures:
         print(f"FAILED at {role} {commits[role][:8]}  {label}")
+    if any(label.endswith(VANISHED) for label, _ in failures):
+        print(results.RETIRE_HINT)
     if missing or failures:
         print(f"gate: exit 2 ({len(failures)} failed benchmark point(s), {len(missing)} commit(s) without results, "
               f"{len(regressions)} regression(s) beyond {args.factor}x)")

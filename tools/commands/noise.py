@@ -23,8 +23,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .. import common, results
+from .. import common, processes, results
 from .gate import DEFAULT_FACTOR, bench_regex, factor
+
+LOCKS_WORKSPACE = True  # one measuring job at a time here (tools/lock.py); each clone has its own .asv/
 
 SLOWDOWN = '''
 
@@ -80,8 +82,8 @@ class Clone:
         command = [sys.executable, "-m", "tools.dev", "gate", self.base, head,
                    "--factor", str(factor)] + (["--bench", bench] if bench else [])
         print(f"$ {' '.join(command)}", flush=True)
-        result = subprocess.run(command, cwd=self.path, env={**os.environ, common.INSIDE_VENV: "1"},
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        result = processes.run(command, cwd=self.path, env={**os.environ, common.INSIDE_VENV: "1"},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         print(result.stdout, flush=True)
         return result.returncode, result.stdout
 
