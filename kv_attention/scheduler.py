@@ -81,6 +81,11 @@ class Request:
     prompt_len: int
     arrival_step: int = 0
 
+    def __repr__(self):
+        """The request without its tokens: ``Request('a', 512 tokens, prompt_len=500, arrival_step=0)``."""
+        return (f"Request({self.request_id!r}, {len(self.token_ids)} tokens, prompt_len={self.prompt_len}, "
+                f"arrival_step={self.arrival_step})")
+
 
 @dataclass(frozen=True)
 class ServeStats:
@@ -116,6 +121,12 @@ class ServeStats:
         """Decoded tokens computed in all (int)."""
         return sum(self.decode_tokens_per_step)
 
+    def __repr__(self):
+        """The counts, with the per-step tuples as their totals."""
+        return (f"ServeStats(steps={self.steps}, preemptions={self.preemptions}, "
+                f"recomputed_tokens={self.recomputed_tokens}, prefix_hit_tokens={self.prefix_hit_tokens}, "
+                f"peak_blocks={self.peak_blocks}, prefill_tokens={self.prefill_tokens}, decode_tokens={self.decode_tokens})")
+
 
 @dataclass(frozen=True)
 class ServeResult:
@@ -128,6 +139,11 @@ class ServeResult:
 
     outputs: dict
     stats: ServeStats
+
+    def __repr__(self):
+        """The stats, and the outputs as request_id -> shape."""
+        shapes = ", ".join(f"{rid!r}: {list(out.shape)}" for rid, out in self.outputs.items())
+        return f"ServeResult(outputs={{{shapes}}}, stats={self.stats!r})"
 
 
 class _Sequence:
