@@ -1,6 +1,7 @@
 """Batch experiment: B sequences decoded one after another vs together, and a batch-size sweep."""
 
 from .common import BATCH, LENGTHS, STRATEGIES, SWEEP_BATCH_SIZES, SWEEP_LENGTH, timed_inputs, verified_strategy
+from .counts import Counts
 
 
 class BatchStrategy:
@@ -46,3 +47,29 @@ class BatchSize:
         self.decode(*self.inputs)
 
     time_batched_decode.version = "891d42ca3c02f3595412aacc6e9a1a3996daf02aec134cf565af2c998689844b"
+
+
+class BatchCounts(Counts):
+    """Instructions and estimated cycles of the decode of B = 2 sequences ``x: [2, T, 64]``, per strategy."""
+
+    params = [[64], list(STRATEGIES["batch"])]
+    param_names = ["T", "strategy"]
+
+    def prepare(self, T, strategy):
+        return verified_strategy(strategy, T, BATCH), timed_inputs(T, BATCH)
+
+    def setup_cache(self):
+        return self.count_all()
+
+
+class BatchSizeCounts(Counts):
+    """Instructions and estimated cycles of the batched decode at T = 128 for B in {1, 2, 4, 8}."""
+
+    params = [SWEEP_BATCH_SIZES]
+    param_names = ["B"]
+
+    def prepare(self, B):
+        return verified_strategy("batched", SWEEP_LENGTH, B), timed_inputs(SWEEP_LENGTH, B)
+
+    def setup_cache(self):
+        return self.count_all()

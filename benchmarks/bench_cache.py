@@ -3,6 +3,7 @@
 import inspect
 
 from .common import D_K, D_V, LENGTHS, STRATEGIES, timed_inputs, verified_strategy
+from .counts import Counts
 
 
 class CacheStrategy:
@@ -47,3 +48,16 @@ class CacheStrategy:
 
     track_kv_cache_bytes.unit = "bytes"
     track_kv_cache_bytes.version = "b59bea7c73594a61808a03b85d444da953a7d75d9367ab1541de0f62885b52f8"
+
+
+class CacheCounts(Counts):
+    """Instructions and estimated cycles of one full T-step decode of ``x: [T, 64]``, per strategy (callgrind)."""
+
+    params = [[64, 256], list(STRATEGIES["cache"])]
+    param_names = ["T", "strategy"]
+
+    def prepare(self, T, strategy):
+        return verified_strategy(strategy, T), timed_inputs(T)
+
+    def setup_cache(self):
+        return self.count_all()

@@ -2,6 +2,7 @@
 
 import tracemalloc
 
+from .counts import Counts
 from .heads_inputs import HEADS_LENGTHS, HEADS_PATHS, KINDS, heads_inputs, verified_cache_bytes, verified_heads_decode
 
 
@@ -62,3 +63,16 @@ class HeadsCacheBytes:
 
     track_kv_cache_bytes.unit = "bytes"
     track_kv_cache_bytes.version = "27f1abfbb2b66e26af51c7bdb71b8024fcfb2079bd120139db2880029d6085ac"
+
+
+class HeadsCounts(Counts):
+    """Instructions and estimated cycles of the decode of ``x: [4, T, 128]``, 8 query heads, per kind and path."""
+
+    params = [list(KINDS), [64], HEADS_PATHS]
+    param_names = ["kind", "T", "path"]
+
+    def prepare(self, kind, T, path):
+        return verified_heads_decode(kind, T, path), heads_inputs(kind, T)
+
+    def setup_cache(self):
+        return self.count_all()

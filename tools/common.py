@@ -51,9 +51,20 @@ def record_machine():
     print(f"machine {info['machine']!r}: {info['cpu']}, {info['num_cpu']} CPUs, {info['os']}", flush=True)
 
 
-def asv_run(commits, *options):
-    """``asv run`` over ``commits`` (a HASHFILE), skipping benchmarks already stored; asv's exit code."""
+def asv_run(commits, *options, progress=None):
+    """``asv run`` over ``commits`` (a HASHFILE), skipping benchmarks already stored; asv's exit code.
+
+    ``progress``, if given, is called with every line asv prints, after it is printed.
+    """
     hashfile = ROOT / ".asv" / "commits-to-run.txt"
     hashfile.parent.mkdir(exist_ok=True)
     hashfile.write_text("\n".join(commits) + "\n")
-    return run(*ASV, "run", f"HASHFILE:{hashfile}", "--skip-existing", "--record-samples", *options, check=False)
+    command = (*ASV, "run", f"HASHFILE:{hashfile}", "--skip-existing", "--record-samples", *options)
+    if progress is None:
+        return run(*command, check=False)
+    with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          bufsize=1) as process:
+        for line in process.stdout:
+            print(line, end="", flush=True)
+            progress(line)
+    return process.returncode
