@@ -11,8 +11,8 @@ class CacheStrategy:
 
     params = [LENGTHS, list(STRATEGIES["cache"])]
     param_names = ["T", "strategy"]
-    rounds = 4  # four interleaved processes per point: a slow process moves the median less
-    repeat = (5, 20, 0.5)  # 5 to 20 samples per round, within ~0.5 s: still up to 80 samples
+    rounds = 2  # two interleaved processes per point: the counts (CacheCounts) carry the fine detection
+    repeat = (5, 10, 0.25)  # 5 to 10 samples per round, within ~0.25 s: 10 to 20 samples hold the 1.10 factor
     warmup_time = 0.05
     timeout = 120
 
@@ -53,7 +53,7 @@ class CacheStrategy:
 class CacheCounts(Counts):
     """Instructions and estimated cycles of one full T-step decode of ``x: [T, 64]``, per strategy (callgrind)."""
 
-    params = [[64, 256], list(STRATEGIES["cache"])]
+    params = [[16, 64], list(STRATEGIES["cache"])]
     param_names = ["T", "strategy"]
 
     def prepare(self, T, strategy):

@@ -15,8 +15,8 @@ class HeadsDecode:
 
     params = [list(KINDS), HEADS_LENGTHS, HEADS_PATHS]
     param_names = ["kind", "T", "path"]
-    rounds = 4  # four interleaved processes per point: repeat_kv's large per-step copies vary between processes
-    repeat = (3, 10, 1.0)  # at least 3 samples per round: a T = 1024 decode takes 0.1-0.7 s
+    rounds = 2  # two interleaved processes per point: repeat_kv's large per-step copies vary between processes
+    repeat = (2, 5, 0.5)  # 2 to 5 samples per round: a T = 1024 decode takes 0.1-0.7 s; HeadsCounts detects finely
     timeout = 300
 
     def setup(self, kind, T, path):
@@ -66,9 +66,9 @@ class HeadsCacheBytes:
 
 
 class HeadsCounts(Counts):
-    """Instructions and estimated cycles of the decode of ``x: [4, T, 128]``, 8 query heads, per kind and path."""
+    """Instructions and estimated cycles of the gqa decode of ``x: [4, 64, 128]`` (8 query heads, 2 K/V), per path."""
 
-    params = [list(KINDS), [64], HEADS_PATHS]
+    params = [["gqa"], [64], HEADS_PATHS]
     param_names = ["kind", "T", "path"]
 
     def prepare(self, kind, T, path):

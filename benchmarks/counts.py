@@ -24,13 +24,17 @@ with instrumentation and collection off, which for every parameter combination
 
 1. calls ``prepare`` (the correctness check: NotImplementedError skips the
    point, any other error fails it, as for the timings);
-2. decodes :data:`WARMUP_DECODES` times uninstrumented, so that Python has
-   quickened and specialised what the decode runs (CPython 3.11+ quickens a
-   function after 8 calls) and numpy's caches are filled;
-3. switches instrumentation on (callgrind then clears its simulated caches),
-   decodes once instrumented but not collected (the simulated caches warm up),
-   zeroes the counters, switches collection on, decodes, switches it off,
-   dumps the counters under the point's label and switches instrumentation off.
+2. decodes :data:`WARMUP_DECODES` more times uninstrumented (first-call work:
+   numpy's caches, CPython's quickening of the per-step code), so the counted
+   decode is always the same call of the point's sequence;
+3. switches instrumentation on (callgrind then clears its simulated caches:
+   every point starts from the same cold caches), zeroes the counters,
+   switches collection on, decodes, switches it off, dumps the counters under
+   the point's label and switches instrumentation off.
+
+Uninstrumented, valgrind runs numpy's BLAS kernels 30-90 times slower than
+natively, and instrumented with the cache simulation 100 times or more, so a
+class's points are a few small problems, one or two lengths of the timed ones.
 
 The switches are callgrind's client requests (valgrind/callgrind.h), issued by
 valgrind.h's amd64 "special instruction" sequence from an executable page
@@ -67,7 +71,7 @@ import subprocess
 import sys
 import tempfile
 
-WARMUP_DECODES = 10  # uninstrumented decodes before the counted one (step 2 above)
+WARMUP_DECODES = 2  # uninstrumented decodes after the check's and before the counted one (step 2 above)
 COUNT_TIMEOUT = 600  # seconds for one class's counting process (asv's setup_cache timeout)
 CALLGRIND = (
     "--tool=callgrind", "--instr-atstart=no", "--collect-atstart=no",
@@ -138,7 +142,6 @@ def count_decode(requests, decode, inputs, label):
     gc.disable()
     requests.request(requests.START_INSTRUMENTATION)
     try:
-        decode(*inputs)  # instrumented, not collected: warms the simulated caches
         requests.request(requests.ZERO_STATS)
         requests.request(requests.TOGGLE_COLLECT)
         try:

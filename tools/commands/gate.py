@@ -112,10 +112,11 @@ def covers(count_label, count_params, label, params):
 
 
 def channel(label, params, counts):
-    """Which channel moved for a flagged point. ``counts``: ``[(label, params, moved)]`` of the compared count points."""
+    """Which channel moved for a flagged point; ``counts``: ``[(label, params, moved)]`` of the compared counts."""
     if method_of(label).startswith("track_"):
         return WORK_CHANGED
-    covering = [moved for count_label, count_params, moved in counts if covers(count_label, count_params, label, params)]
+    covering = [moved for count_label, count_params, moved in counts
+                if covers(count_label, count_params, label, params)]
     if any(covering):
         return WORK_CHANGED
     return TIME_ONLY if covering else NOT_COUNTED
