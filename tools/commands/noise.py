@@ -14,6 +14,11 @@
         and the count ratios measured.
     python3 tools/dev.py noise broken STRATEGY [--bench REGEX]
         A commit whose STRATEGY is 0.1 % off; the gate must exit 2 and print the rest.
+    python3 tools/dev.py noise history [--library-commits 60]
+        The main job's cost on a fresh clone: HEAD plus that many library commits
+        (a comment changed in kv_attention/ each) as main, then the main job as a
+        new user runs it (its own .venv, a fresh HOME, no .asv), then again after
+        one more library commit; prints both times.
 
 Each run clones HEAD into a temporary folder under /tmp, commits there, runs
 the clone's ``gate`` with this checkout's .venv, and deletes the clone
@@ -29,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from .. import common, results
@@ -272,6 +278,36 @@ def broken(clone, args):
     return code == 2 and failed and all(f"'{args.strategy}'" in line for line in failed) and others_compared
 
 
+def history(clone, args):
+    """Time the README's main job on a fresh clone of a long synthetic history, and its re-run after one commit."""
+    for i in range(args.library_commits):
+        with open(clone.path / "kv_attention" / "__init__.py", "a") as init:
+            init.write(f"# synthetic library commit {i + 1} (tools/dev.py noise history)\n")
+        clone.git("commit", "--quiet", "-am", f"synthetic library commit {i + 1}")
+    clone.git("checkout", "--quiet", "-B", common.BRANCH)
+    home = Path(tempfile.mkdtemp(prefix="kv-attention-home-"))
+    env = {k: v for k, v in os.environ.items() if k not in (common.INSIDE_VENV, "VIRTUAL_ENV")}
+    env.update(HOME=str(home), PIP_CACHE_DIR=str(home / ".cache" / "pip"))
+    times = []
+    try:
+        for run in ("fresh clone", "after one more library commit"):
+            if times:
+                with open(clone.path / "kv_attention" / "__init__.py", "a") as init:
+                    init.write("# one more library commit\n")
+                clone.git("commit", "--quiet", "-am", "one more library commit")
+            print(f"$ python3 tools/dev.py bench   # in {clone.path}, HOME={home}: {run}", flush=True)
+            started = time.monotonic()
+            code = subprocess.run(["python3", "tools/dev.py", "bench"],
+                                  cwd=clone.path, env=env).returncode
+            times.append((run, code, time.monotonic() - started))
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    print(f"\nmain job on a clone of HEAD + {args.library_commits} library commits:")
+    for run, code, seconds in times:
+        print(f"  {run}: {seconds / 60:.0f} min {seconds % 60:.0f} s, exit {code}")
+    return all(code == 0 for _, code, _ in times)
+
+
 def strategy(text):
     """argparse type: a strategy of the cache or batch experiment (``benchmarks.common.PUBLIC_FUNCTIONS``)."""
     try:
@@ -294,7 +330,7 @@ def fractions(text):
     return values
 
 
-DRILLS = {"aa": aa, "slowdown": slowdown, "work": work, "broken": broken}
+DRILLS = {"aa": aa, "slowdown": slowdown, "work": work, "broken": broken, "history": history}
 
 
 def setup_arguments(subparsers):
@@ -303,7 +339,12 @@ def setup_arguments(subparsers):
     drills = parser.add_subparsers(dest="drill", required=True)
     for name in DRILLS:
         sub = drills.add_parser(name, allow_abbrev=False)
-        if name != "aa":
+        if name == "history":
+            sub.add_argument("--library-commits", type=int, default=60, metavar="N",
+                             help="library commits added on top of HEAD (default 60)")
+            sub.add_argument("--keep", action="store_true", help="keep the temporary clone")
+            continue
+        if name not in ("aa", "history"):
             sub.add_argument("strategy", type=strategy, help="a strategy of the cache or batch experiment")
         if name == "slowdown":
             sub.add_argument("--slowdown", type=fractions, default=[0.10], help="fractions, e.g. 0.05,0.10,0.20")
