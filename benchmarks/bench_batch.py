@@ -58,9 +58,6 @@ class BatchCounts(Counts):
     def prepare(self, T, strategy):
         return verified_strategy(strategy, T, BATCH), timed_inputs(T, BATCH)
 
-    def setup_cache(self):
-        return self.count_all()
-
 
 class BatchSizeCounts(Counts):
     """Instructions and estimated cycles of the batched decode at T = 128 for B = 1 and 8, the ends of the sweep."""
@@ -70,6 +67,3 @@ class BatchSizeCounts(Counts):
 
     def prepare(self, B):
         return verified_strategy("batched", SWEEP_LENGTH, B), timed_inputs(SWEEP_LENGTH, B)
-
-    def setup_cache(self):
-        return self.count_all()

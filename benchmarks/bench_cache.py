@@ -58,6 +58,3 @@ class CacheCounts(Counts):
 
     def prepare(self, T, strategy):
         return verified_strategy(strategy, T), timed_inputs(T)
-
-    def setup_cache(self):
-        return self.count_all()

@@ -73,6 +73,3 @@ class HeadsCounts(Counts):
 
     def prepare(self, kind, T, path):
         return verified_heads_decode(kind, T, path), heads_inputs(kind, T)
-
-    def setup_cache(self):
-        return self.count_all()

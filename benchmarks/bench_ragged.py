@@ -44,6 +44,3 @@ class RaggedCounts(Counts):
 
     def prepare(self, strategy, lengths):
         return verified_ragged_decode(strategy, lengths), ragged_inputs(lengths)
-
-    def setup_cache(self):
-        return self.count_all()

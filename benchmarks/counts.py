@@ -8,24 +8,25 @@ check (``common.verified_decode`` and its wrappers), so the counts are taken on
 the same timed problem, behind the same check, as the timings::
 
     class CacheCounts(Counts):
-        params = [[64], list(STRATEGIES["cache"])]
+        params = [[16, 64], list(STRATEGIES["cache"])]
         param_names = ["T", "strategy"]
 
         def prepare(self, T, strategy):
             return verified_strategy(strategy, T), timed_inputs(T)
 
-        def setup_cache(self):  # asv keeps one cache per place setup_cache is defined
-            return self.count_all()
-
-How a class is counted: asv runs ``setup_cache`` once per class and
-environment. It starts ONE process, the benchmark's own interpreter
-(``sys.executable``: the commit under test) under ``valgrind --tool=callgrind``
-with instrumentation and collection off, which for every parameter combination
+How the suite is counted: every count class inherits the one ``setup_cache``
+of :class:`Counts`, and asv runs a ``setup_cache`` once per place it is defined
+and environment, handing its result to every point of every class that shares
+it. So valgrind starts ONCE per commit (its start-up with numpy costs seconds):
+one process, the benchmark's own interpreter (``sys.executable``: the commit
+under test, the working tree's benchmark files) under ``valgrind
+--tool=callgrind`` with instrumentation and collection off, which for every
+parameter combination of every count class of the suite
 
 1. calls ``prepare`` (the correctness check: NotImplementedError skips the
-   point, any other error fails it, as for the timings);
-2. decodes :data:`WARMUP_DECODES` more times uninstrumented (first-call work:
-   numpy's caches, CPython's quickening of the per-step code), so the counted
+   point, any other error fails it, as for the timings), whose decode is the
+   first call, with its first-call work (numpy's caches);
+2. decodes :data:`WARMUP_DECODES` more times uninstrumented, so the counted
    decode is always the same call of the point's sequence;
 3. switches instrumentation on (callgrind then clears its simulated caches:
    every point starts from the same cold caches), zeroes the counters,
@@ -65,14 +66,15 @@ import itertools
 import json
 import mmap
 import os
+import pkgutil
 import platform
 import shutil
 import subprocess
 import sys
 import tempfile
 
-WARMUP_DECODES = 2  # uninstrumented decodes after the check's and before the counted one (step 2 above)
-COUNT_TIMEOUT = 600  # seconds for one class's counting process (asv's setup_cache timeout)
+WARMUP_DECODES = 0  # uninstrumented decodes after the check's and before the counted one (step 2 above)
+COUNT_TIMEOUT = 600  # seconds for the suite's counting process (asv's setup_cache timeout)
 CALLGRIND = (
     "--tool=callgrind", "--instr-atstart=no", "--collect-atstart=no",
     "--cache-sim=yes", "--I1=32768,8,64", "--D1=32768,8,64", "--LL=8388608,16,64",
@@ -134,8 +136,8 @@ class ClientRequests:
         self.request(self.DUMP_STATS_AT, ctypes.addressof(text))
 
 
-def count_decode(requests, decode, inputs, label):
-    """Count one ``decode(*inputs)`` under callgrind (steps 2 and 3 of the module docstring)."""
+def count_decode(requests, decode, inputs, name):
+    """Count one ``decode(*inputs)`` under callgrind, its counters dumped as ``name`` (steps 2 and 3 above)."""
     for _ in range(WARMUP_DECODES):
         decode(*inputs)
     gc.collect()
@@ -148,7 +150,7 @@ def count_decode(requests, decode, inputs, label):
             decode(*inputs)
         finally:
             requests.request(requests.TOGGLE_COLLECT)
-        requests.dump_stats_at(label)
+        requests.dump_stats_at(name)
     finally:
         requests.request(requests.STOP_INSTRUMENTATION)
         gc.enable()
@@ -161,8 +163,13 @@ def estimated_cycles(events):
     return events["Ir"] + MISS_WEIGHTS["L1"] * l1 + MISS_WEIGHTS["LL"] * ll
 
 
-def label(index):
-    return f"kv-attention-point-{index}"
+def label(class_index, index):
+    return f"kv-attention-point-{class_index}-{index}"
+
+
+def class_key(cls):
+    """``bench_cache.CacheCounts``: how a count class is named in the counted results."""
+    return f"{cls.__module__.split('.', 1)[-1]}.{cls.__qualname__}"
 
 
 def read_dumps(folder):
@@ -196,23 +203,45 @@ def why_uncountable():
     return None
 
 
-def count_class(counts):
-    """Count every parameter combination of ``counts`` (a :class:`Counts`) in one callgrind process.
+def import_root(module):
+    """The folder from which ``module`` (a dotted name, already imported) is imported: for the counting process."""
+    root = os.path.abspath(sys.modules[module].__file__)
+    for _ in module.split("."):
+        root = os.path.dirname(root)
+    return root
 
-    Returns ``{"unavailable": reason}`` or ``{"points": {params: outcome}}``, each
-    outcome ``{"events": {...}}``, ``{"skipped": why}`` or ``{"failed": why}``.
+
+def suite_classes():
+    """Every count class of the suite: the concrete subclasses of :class:`Counts` in its modules, sorted by name."""
+    package = __name__.rsplit(".", 1)[0]
+    for module in pkgutil.iter_modules([os.path.dirname(os.path.abspath(__file__))]):
+        importlib.import_module(f"{package}.{module.name}")
+    found, todo = set(), [Counts]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            todo.append(sub)
+            if not getattr(sub, "__abstractmethods__", None) and sub.__module__.startswith(package + "."):
+                found.add(sub)
+    return sorted(found, key=class_key)
+
+
+def count_classes(classes):
+    """Count every parameter combination of ``classes`` (subclasses of :class:`Counts`) in ONE callgrind process.
+
+    Returns ``{"unavailable": reason}`` or ``{"points": {(class_key, params): outcome}}``,
+    each outcome ``{"events": {...}}``, ``{"skipped": why}`` or ``{"failed": why}``.
     """
     reason = why_uncountable()
     if reason is not None:
         return {"unavailable": reason}
-    cls = type(counts)
-    combinations = list(itertools.product(*cls.params))
-    suite = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the folder holding the suite package
+    roots = [import_root(name) for name in (__name__, *(c.__module__ for c in classes))]
     with tempfile.TemporaryDirectory(prefix="kv-attention-counts-") as folder:
         status_file = os.path.join(folder, "status.jsonl")
+        names = [f"{c.__module__}:{c.__qualname__}" for c in classes]
         command = ["valgrind", *CALLGRIND, f"--callgrind-out-file={folder}/callgrind.out.%p", sys.executable,
-                   "-c", f"import sys; sys.path.insert(0, sys.argv[1]); import {__name__} as c; c.main(sys.argv[2:])",
-                   suite, cls.__module__, cls.__qualname__, status_file]
+                   "-c", f"import json, sys; sys.path[:0] = json.loads(sys.argv[1]); import {__name__} as c; "
+                         "c.main(sys.argv[2:])",
+                   json.dumps(list(dict.fromkeys(roots))), status_file, *names]
         try:
             run = subprocess.run(command, env={**os.environ, "PYTHONHASHSEED": "0"}, capture_output=True,
                                  text=True, timeout=COUNT_TIMEOUT - 30)
@@ -222,67 +251,65 @@ def count_class(counts):
         statuses = {}
         if os.path.exists(status_file):
             with open(status_file) as lines:
-                statuses = {s["index"]: s for s in map(json.loads, lines)}
+                statuses = {(s["class"], s["index"]): s for s in map(json.loads, lines)}
         dumps = read_dumps(folder)
     points = {}
-    for index, params in enumerate(combinations):
-        status = statuses.get(index, {})
-        if "skipped" in status or "failed" in status:
-            points[params] = {k: status[k] for k in ("skipped", "failed") if k in status}
-        elif label(index) in dumps:
-            points[params] = {"events": dumps[label(index)]}
-        else:
-            points[params] = {"failed": f"not counted: the counting process stopped ({ended or 'no dump'})"}
+    for class_index, cls in enumerate(classes):
+        for index, params in enumerate(itertools.product(*cls.params)):
+            status = statuses.get((class_index, index), {})
+            if "skipped" in status or "failed" in status:
+                outcome = {k: status[k] for k in ("skipped", "failed") if k in status}
+            elif label(class_index, index) in dumps:
+                outcome = {"events": dumps[label(class_index, index)]}
+            else:
+                outcome = {"failed": f"not counted: the counting process stopped ({ended or 'no dump'})"}
+            points[(class_key(cls), params)] = outcome
     return {"points": points}
 
 
 def main(argv):
-    """The counting process, under valgrind: ``MODULE CLASS STATUS_FILE``; one JSON line per point."""
-    module, qualname, status_file = argv
-    cls = getattr(importlib.import_module(module), qualname)
-    counts = cls()
+    """The counting process, under valgrind: ``STATUS_FILE MODULE:CLASS ...``; one JSON line per point."""
+    status_file, *names = argv
     requests = ClientRequests()
     with open(status_file, "w") as status:
-        for index, params in enumerate(itertools.product(*cls.params)):
-            try:
-                decode, inputs = counts.prepare(*params)
-                count_decode(requests, decode, inputs, label(index))
-                outcome = {"counted": True}
-            except NotImplementedError as error:
-                outcome = {"skipped": str(error) or "not implemented at this commit"}
-            except Exception as error:  # noqa: BLE001 (a wrong or broken decode fails its point only)
-                outcome = {"failed": f"{type(error).__name__}: {error}"}
-            status.write(json.dumps({"index": index, **outcome}) + "\n")
-            status.flush()
+        for class_index, name in enumerate(names):
+            module, qualname = name.split(":")
+            cls = getattr(importlib.import_module(module), qualname)
+            counts = cls()
+            for index, params in enumerate(itertools.product(*cls.params)):
+                try:
+                    decode, inputs = counts.prepare(*params)
+                    count_decode(requests, decode, inputs, label(class_index, index))
+                    outcome = {"counted": True}
+                except NotImplementedError as error:
+                    outcome = {"skipped": str(error) or "not implemented at this commit"}
+                except Exception as error:  # noqa: BLE001 (a wrong or broken decode fails its point only)
+                    outcome = {"failed": f"{type(error).__name__}: {error}"}
+                status.write(json.dumps({"class": class_index, "index": index, **outcome}) + "\n")
+                status.flush()
 
 
 class Counts(abc.ABC):
-    """An experiment's count points: asv's ``params``/``param_names``, ``prepare``, and its own ``setup_cache``.
+    """An experiment's count points: asv's ``params`` and ``param_names``, and ``prepare``.
 
-    asv runs a ``setup_cache`` once per place it is defined (module and line),
-    so each subclass defines one that returns ``self.count_all()``; a subclass
-    without it is refused when it is defined.
+    Every subclass shares this class's ``setup_cache``, so asv counts the whole
+    suite's count points in one callgrind process per commit and environment.
     """
 
     timeout = COUNT_TIMEOUT  # also the timeout of setup_cache
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if "setup_cache" not in cls.__dict__:
-            raise TypeError(f"{cls.__name__} must define setup_cache (returning self.count_all()): asv shares "
-                            "one cache among all classes that inherit the same setup_cache")
 
     @abc.abstractmethod
     def prepare(self, *params):
         """``(decode, inputs)`` of one point, after the experiment's correctness check on the timed problem."""
 
-    def count_all(self):
-        return count_class(self)
+    def setup_cache(self):
+        return count_classes(suite_classes())
 
     def setup(self, counted, *params):
         if "unavailable" in counted:
             raise NotImplementedError(counted["unavailable"])
-        outcome = counted["points"].get(tuple(params), {"failed": f"{params} was not counted"})
+        outcome = counted["points"].get((class_key(type(self)), tuple(params)),
+                                        {"failed": f"{class_key(type(self))}{params} was not counted"})
         if "skipped" in outcome:
             raise NotImplementedError(outcome["skipped"])
         if "failed" in outcome:

@@ -31,10 +31,10 @@ def test_the_cycle_estimate_weighs_misses_as_kcachegrind():
 
 
 def test_read_dumps_takes_the_summary_of_labelled_dumps_only(tmp_path):
-    (tmp_path / "callgrind.out.42.1").write_text(DUMP.format(label=counts.label(3)))
+    (tmp_path / "callgrind.out.42.1").write_text(DUMP.format(label=counts.label(1, 3)))
     (tmp_path / "callgrind.out.42").write_text(DUMP.replace("Client Request: {label}", "Program termination"))
     (tmp_path / "status.jsonl").write_text("{}")
-    assert counts.read_dumps(tmp_path) == {counts.label(3): EVENTS}
+    assert counts.read_dumps(tmp_path) == {counts.label(1, 3): EVENTS}
 
 
 def test_client_requests_do_nothing_outside_valgrind():
@@ -43,13 +43,16 @@ def test_client_requests_do_nothing_outside_valgrind():
     requests.dump_stats_at("not under valgrind")
 
 
-def test_a_counts_class_must_define_its_own_setup_cache():
-    with pytest.raises(TypeError, match="must define setup_cache"):
-        class Shared(counts.Counts):  # noqa: F841
-            params = [[1]]
+def test_the_suite_counts_every_count_class_in_one_shared_setup_cache():
+    """asv runs one setup_cache per place of definition: every count class inherits the base's, so valgrind
+    starts once per commit, for every class of the suite."""
+    from benchmarks import bench_batch, bench_cache, bench_heads, bench_ragged
 
-            def prepare(self, n):
-                return (lambda: None), ()
+    classes = counts.suite_classes()
+    assert classes == [bench_batch.BatchCounts, bench_batch.BatchSizeCounts, bench_cache.CacheCounts,
+                       bench_heads.HeadsCounts, bench_ragged.RaggedCounts]
+    assert all(c.setup_cache is counts.Counts.setup_cache for c in classes)
+    assert TinyCounts not in classes  # a count class outside the suite is not the suite's
 
 
 class TinyCounts(counts.Counts):
@@ -65,9 +68,6 @@ class TinyCounts(counts.Counts):
             raise AssertionError("preallocated at T=8: not equal to the oracle")
         return verified_strategy("preallocated", T), timed_inputs(T)
 
-    def setup_cache(self):
-        return self.count_all()
-
 
 def outcome_of(counted, point):
     bench = TinyCounts()
@@ -76,8 +76,9 @@ def outcome_of(counted, point):
 
 
 def test_setup_skips_fails_or_reports_as_the_counting_process_found():
-    counted = {"points": {(8,): {"events": EVENTS}, ("missing",): {"skipped": "no such strategy"},
-                          ("wrong",): {"failed": "AssertionError: not equal"}}}
+    key = counts.class_key(TinyCounts)
+    counted = {"points": {(key, (8,)): {"events": EVENTS}, (key, ("missing",)): {"skipped": "no such strategy"},
+                          (key, ("wrong",)): {"failed": "AssertionError: not equal"}}}
     assert outcome_of(counted, 8) == (1000, counts.estimated_cycles(EVENTS))
     with pytest.raises(NotImplementedError, match="no such strategy"):
         outcome_of(counted, "missing")
@@ -91,6 +92,7 @@ def test_without_valgrind_every_point_skips_saying_how_to_install_it(monkeypatch
     monkeypatch.setattr(counts.shutil, "which", lambda name: None)
     counted = TinyCounts().setup_cache()
     assert counted == {"unavailable": f"valgrind is not installed: {counts.INSTALL_HINT}"}
+    assert counts.count_classes([TinyCounts]) == counted
     with pytest.raises(NotImplementedError, match="apt-get install valgrind"):
         outcome_of(counted, 8)
 
@@ -102,11 +104,11 @@ def counted():
     with pytest.MonkeyPatch.context() as patch:  # the check's one-thread pin, as asv.conf.json sets it
         for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             patch.setenv(name, "1")
-        yield TinyCounts().setup_cache()
+        yield counts.count_classes([TinyCounts])
 
 
 def test_one_callgrind_process_counts_each_point_and_keeps_the_outcomes(counted):
-    points = counted["points"]
+    points = {params: outcome for (_, params), outcome in counted["points"].items()}
     assert points[("missing",)] == {"skipped": "kv_attention has no such strategy at this commit"}
     assert points[("wrong",)] == {"failed": "AssertionError: preallocated at T=8: not equal to the oracle"}
     small, large = points[(8,)]["events"], points[(16,)]["events"]
