@@ -4,12 +4,21 @@ Single head, softmax(q kᵀ / sqrt(D_k) + causal mask) v: five decode strategies
 each equal to :func:`causal_attention` position by position. Multi-head,
 grouped-query and multi-query decode (``heads``), the KV cache capacity formula
 (``capacity``), and ragged batches with a paged KV cache (``ragged``, ``paged``)
-build on the same caches.
+build on the same caches, which follow the :class:`Cache` protocol. Chunked
+prefill onto a cache, sliding windows and attention sinks (``chunked``,
+``window``) are exact against the banded :func:`causal_attention`. Serving
+(``scheduler``) batches requests of token ids continuously over the paged cache,
+with forks, prefix caching and preemption (``block_allocator``, ``prefix_caching``).
+
+Inputs are float32 or float64 arrays, and a computation runs in their
+``np.result_type``. Bad input raises TypeError or ValueError naming the argument
+and the shapes, and changes nothing; every check is in ``_validation``.
 """
 
 from .attention import causal_attention
-from .cache import DynamicCache, StaticCache
+from .cache import Cache, DynamicCache, StaticCache
 from .capacity import MODEL_SHAPES, ModelShape, kv_cache_bytes
+from .chunked import chunked_attention
 from .decode import (
     batched_cached_attention,
     cached_attention,
@@ -21,7 +30,9 @@ from .heads import multi_head_attention, multi_head_decode
 from .paged import OutOfBlocksError, PagedKVCache
 from .problem import Problem, make_problem
 from .ragged import RAGGED_STRATEGIES, RaggedDecodeStats, ragged_decode, ragged_decode_steps
+from .scheduler import Request, ServeResult, ServeStats, serve
 from .strategies import EXPERIMENTS, STRATEGIES, get_strategy
+from .window import SlidingWindowCache
 
 __version__ = "0.1.0"
 
@@ -32,6 +43,7 @@ __all__ = [
     "cached_attention_preallocated",
     "sequential_cached_attention",
     "batched_cached_attention",
+    "Cache",
     "DynamicCache",
     "StaticCache",
     "Problem",
@@ -52,4 +64,12 @@ __all__ = [
     "ragged_decode_steps",
     "RaggedDecodeStats",
     "RAGGED_STRATEGIES",
+    # chunked prefill, sliding windows and attention sinks
+    "chunked_attention",
+    "SlidingWindowCache",
+    # serving: continuous batching, preemption and prefix caching over the paged cache
+    "Request",
+    "serve",
+    "ServeResult",
+    "ServeStats",
 ]

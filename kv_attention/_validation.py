@@ -1,23 +1,36 @@
-"""Input checks shared by every strategy: dtype, finiteness and shapes.
+"""Every input check of the library, grouped by what it checks.
 
-Every public entry point validates all of its inputs here before it computes
-or mutates anything, so bad input raises a clear error and changes nothing.
+Entry points call these before they compute or mutate anything, so bad input
+raises TypeError (a type or dtype) or ValueError (a value or a shape), naming
+the argument and the shapes, and changes nothing. Arrays must be float32 or
+float64; a computation runs in ``np.result_type`` of its inputs.
+
+Two kinds of rule live elsewhere. Whether an object is a cache at all is the
+``isinstance`` test of the ``Cache`` protocol (``cache.check_is_cache``: this
+module cannot import cache.py, which imports it). And a store running out of
+room is the store's own state, not bad input: ``StaticCache.update`` past
+max_seq_len, and ``paged.OutOfBlocksError``. (A decode checks a given cache's
+room up front, here, in :func:`check_cache_fits`.) A ``PagedKVCache`` given to a
+ragged decode and the ``Request`` objects given to ``serve`` are checked here,
+their classes imported inside the check (paged.py and scheduler.py import this module).
 """
 
 import math
+import os
 
 import numpy as np
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_MAX_STEP = 2**62  # a ragged decode's start_steps[i] + lengths[i] must stay within int64
+
+
+# Arrays, sizes, dtypes and names
 
 
 def as_float_array(name, value):
     """Return ``value`` as a native-byte-order float32/float64 ndarray; never writes it.
 
-    Raises:
-        TypeError: the dtype is not float32 or float64 (ints, bools, complex,
-            float16, object, ...), or ``value`` is a masked array.
-        ValueError: the array holds NaN or inf, or is ragged.
+    TypeError for another dtype or a masked array; ValueError for NaN/inf or a ragged array.
     """
     if isinstance(value, np.ma.MaskedArray):
         raise TypeError(f"{name} is a masked array; pass a plain ndarray (e.g. {name}.filled(0.0))")
@@ -45,12 +58,153 @@ def as_size(name, value, minimum=0):
     return int(value)
 
 
+def as_sizes_per_sequence(name, values, count):
+    """``values`` as an int64 array of ``count`` integers in [0, 2**62]."""
+    if isinstance(values, (str, bytes)) or np.ndim(values) != 1 or len(values) != count:
+        raise ValueError(f"{name} must be {count} integers, one per sequence, got {values!r}")
+    sizes = [as_size(f"{name}[{i}]", n) for i, n in enumerate(values)]
+    for i, n in enumerate(sizes):
+        if n > _MAX_STEP:
+            raise ValueError(f"{name}[{i}]={n} is too large: at most 2**62 decode steps")
+    return np.array(sizes, dtype=np.int64)
+
+
 def as_float_dtype(dtype):
     """Return ``np.dtype(dtype)``; TypeError unless it is float32 or float64."""
     dtype = np.dtype(dtype)
     if dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"dtype must be float32 or float64, got {dtype}")
     return dtype
+
+
+def as_numeric_dtype(dtype):
+    """Return ``np.dtype(dtype)``; TypeError unless it is a float or integer dtype (None is not)."""
+    if dtype is None:  # np.dtype(None) would silently mean float64
+        raise TypeError("dtype must be a numeric numpy dtype such as np.float16, got None")
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError as error:
+        message = f"dtype must be a numeric numpy dtype such as np.float16, got {dtype!r}: {error}"
+        raise TypeError(message) from None
+    if dtype.kind not in "fiu":
+        raise TypeError(f"dtype must be a float or integer dtype, got {dtype}")
+    return dtype
+
+
+def check_choice(what, value, known):
+    """Raise ValueError unless ``value`` is one of the names ``known``."""
+    if not isinstance(value, str) or value not in known:
+        raise ValueError(f"unknown {what} {value!r}; known: {', '.join(known)}")
+
+
+# x and the projection weights
+
+_X_LAYOUTS = {2: "[T, D_model]", 3: "[B, T, D_model]"}
+
+
+def _as_inputs(x, weights, x_ndims, matrix):
+    """``x`` and ``weights`` (name -> matrix) as float arrays; every weight but ``w_o`` has D_model rows."""
+    x = as_float_array("x", x)
+    weights = {name: as_float_array(name, w) for name, w in weights.items()}
+    if x.ndim not in x_ndims:
+        layouts = " or ".join(_X_LAYOUTS[n] for n in x_ndims)
+        raise ValueError(f"x must be {layouts}, got shape {x.shape}")
+    for name, w in weights.items():
+        if w.ndim != 2:
+            raise ValueError(f"{name} must be {matrix}, got shape {w.shape}")
+        if name != "w_o" and w.shape[0] != x.shape[-1]:
+            raise ValueError(
+                f"{name} has {w.shape[0]} rows but x has D_model={x.shape[-1]}: "
+                f"x {x.shape}, {name} {w.shape}"
+            )
+    return (x, *weights.values())
+
+
+def _in_common_dtype(x, weights):
+    """The weights cast to ``dtype = np.result_type`` of all inputs (copied only if it differs), and dtype.
+
+    ``weights`` start with w_q, w_k, w_v: |q_h| <= |x|·|w_q|_F, so one overflow bound covers every head.
+    """
+    dtype = np.result_type(x, *weights)
+    check_score_range(x, *weights[:3], dtype)
+    return [w.astype(dtype, copy=False) for w in weights], dtype
+
+
+def check_projection_inputs(x, w_q, w_k, w_v, x_ndims):
+    """Validate ``x`` (``x_ndims`` axes, e.g. ``(2,)`` or ``(2, 3)``) and single-head weights.
+
+    Returns ``(x, w_q, w_k, w_v, dtype)``, the weights in ``dtype``. ValueError also
+    for D_k of w_q != D_k of w_k, or D_k == 0.
+    """
+    weights = {"w_q": w_q, "w_k": w_k, "w_v": w_v}
+    x, w_q, w_k, w_v = _as_inputs(x, weights, x_ndims, "[D_model, D]")
+    if w_q.shape[1] != w_k.shape[1]:
+        raise ValueError(
+            f"w_q and w_k must share D_k: w_q {w_q.shape}, w_k {w_k.shape}"
+        )
+    if w_q.shape[1] == 0:
+        raise ValueError(f"D_k must be at least 1: w_q {w_q.shape}")
+    (w_q, w_k, w_v), dtype = _in_common_dtype(x, (w_q, w_k, w_v))
+    return x, w_q, w_k, w_v, dtype
+
+
+def check_head_counts(n_heads, n_kv_heads):
+    """Return ``(n_heads, n_kv_heads)`` as ints >= 1, with n_heads a multiple of n_kv_heads."""
+    n_heads = as_size("n_heads", n_heads, minimum=1)
+    n_kv_heads = as_size("n_kv_heads", n_kv_heads, minimum=1)
+    if n_heads % n_kv_heads:
+        raise ValueError(
+            f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: "
+            "every K/V head must serve the same number of query heads"
+        )
+    return n_heads, n_kv_heads
+
+
+def _head_dim(w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
+    """D_head = ``w_q.shape[1] // n_heads``; ValueError unless every weight's width is heads × D_head."""
+    head_dim, rest = divmod(w_q.shape[1], n_heads)
+    if rest or head_dim == 0:
+        raise ValueError(
+            f"w_q has {w_q.shape[1]} columns, which is not n_heads={n_heads} × head_dim "
+            f"for any head_dim >= 1: w_q {w_q.shape}"
+        )
+    for name, w in (("w_k", w_k), ("w_v", w_v)):
+        if w.shape[1] != n_kv_heads * head_dim:
+            raise ValueError(
+                f"{name} has {w.shape[1]} columns but n_kv_heads × head_dim = {n_kv_heads} × {head_dim} "
+                f"= {n_kv_heads * head_dim} (head_dim from w_q {w_q.shape}, n_heads={n_heads}): "
+                f"{name} {w.shape}"
+            )
+    if w_o.shape[0] != n_heads * head_dim:
+        raise ValueError(
+            f"w_o has {w_o.shape[0]} rows but n_heads × head_dim = {n_heads} × {head_dim} "
+            f"= {n_heads * head_dim}: w_o {w_o.shape}"
+        )
+    return head_dim
+
+
+def check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
+    """Validate ``x`` and the four weights of multi-head attention (counts already checked).
+
+    Returns ``(x, w_q, w_k, w_v, w_o, head_dim, dtype)``, the weights in ``dtype``.
+    """
+    weights = {"w_q": w_q, "w_k": w_k, "w_v": w_v, "w_o": w_o}
+    x, *weights = _as_inputs(x, weights, (2, 3), "a matrix [rows, columns]")
+    head_dim = _head_dim(*weights, n_heads, n_kv_heads)
+    (w_q, w_k, w_v, w_o), dtype = _in_common_dtype(x, weights)
+    return x, w_q, w_k, w_v, w_o, head_dim, dtype
+
+
+def check_model_shape(n_layers, n_heads, n_kv_heads, head_dim):
+    """Raise unless every count is an integer >= 1 and n_kv_heads divides n_heads."""
+    counts = {"n_layers": n_layers, "n_heads": n_heads, "n_kv_heads": n_kv_heads, "head_dim": head_dim}
+    for name, n in counts.items():
+        as_size(name, n, minimum=1)
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}")
+
+
+# Overflow: the one silent failure of finite inputs
 
 
 def _max_square_norm(a):
@@ -84,52 +238,6 @@ def check_score_range(x, w_q, w_k, w_v, dtype, stored_k=None):
         )
 
 
-def check_projection_inputs(x, w_q, w_k, w_v, x_ndims):
-    """Validate ``x`` and the three projection matrices of single-head attention.
-
-    Args:
-        x: ``[T, D_model]`` or ``[B, T, D_model]``; ``x_ndims`` says which are allowed.
-        w_q: ``[D_model, D_k]``; w_k: ``[D_model, D_k]``; w_v: ``[D_model, D_v]``.
-        x_ndims: the allowed numbers of axes of ``x``, e.g. ``(2,)`` or ``(2, 3)``.
-
-    Returns:
-        ``(x, w_q, w_k, w_v, dtype)``: the weights cast to ``dtype`` (a new array
-        only when the dtype differs), where ``dtype = np.result_type`` of all
-        four inputs; ``x`` is returned as given.
-
-    Raises:
-        TypeError: an input is not float32/float64.
-        ValueError: NaN/inf in an input, a wrong number of axes, a D_model that
-            differs between ``x`` and the weights, D_k of ``w_q`` != D_k of ``w_k``,
-            D_k == 0, or inputs so large that q·k could overflow the dtype.
-    """
-    x = as_float_array("x", x)
-    w_q = as_float_array("w_q", w_q)
-    w_k = as_float_array("w_k", w_k)
-    w_v = as_float_array("w_v", w_v)
-    if x.ndim not in x_ndims:
-        layouts = " or ".join({2: "[T, D_model]", 3: "[B, T, D_model]"}[n] for n in x_ndims)
-        raise ValueError(f"x must be {layouts}, got shape {x.shape}")
-    for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)):
-        if w.ndim != 2:
-            raise ValueError(f"{name} must be [D_model, D], got shape {w.shape}")
-        if w.shape[0] != x.shape[-1]:
-            raise ValueError(
-                f"{name} has {w.shape[0]} rows but x has D_model={x.shape[-1]}: "
-                f"x {x.shape}, {name} {w.shape}"
-            )
-    if w_q.shape[1] != w_k.shape[1]:
-        raise ValueError(
-            f"w_q and w_k must share D_k: w_q {w_q.shape}, w_k {w_k.shape}"
-        )
-    if w_q.shape[1] == 0:
-        raise ValueError(f"D_k must be at least 1: w_q {w_q.shape}")
-    dtype = np.result_type(x, w_q, w_k, w_v)
-    check_score_range(x, w_q, w_k, w_v, dtype)
-    w_q, w_k, w_v = (w.astype(dtype, copy=False) for w in (w_q, w_k, w_v))
-    return x, w_q, w_k, w_v, dtype
-
-
 def check_finite_output(out):
     """Raise ValueError if ``out`` holds inf/NaN (overflow, or a cache holding inf/NaN)."""
     if not np.isfinite(out).all():
@@ -137,3 +245,443 @@ def check_finite_output(out):
             f"attention overflowed {out.dtype}: the projections, scores or a given "
             "cache's keys/values are too large for the dtype (or not finite)"
         )
+
+
+# Caches: their own arguments, and a cache given to a decode
+
+
+def as_batch_shape(batch_shape):
+    """``batch_shape`` as a tuple of ints >= 0; TypeError unless it is a tuple or list."""
+    if not isinstance(batch_shape, (tuple, list)):
+        raise TypeError(f"batch_shape must be a tuple of ints such as () or (B,), got {batch_shape!r}")
+    return tuple(as_size(f"batch_shape[{i}]", n) for i, n in enumerate(batch_shape))
+
+
+def check_new_positions(k, v, cache):
+    """Raise unless ``k: [..., T_new, D_k]`` and ``v: [..., T_new, D_v]`` fit ``cache``."""
+    if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
+        raise TypeError(f"k and v must be numpy arrays, got {type(k).__name__}, {type(v).__name__}")
+    if k.ndim < 2 or k.ndim != v.ndim or k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(
+            f"k and v must be [..., T_new, D_k] and [..., T_new, D_v] with the same "
+            f"leading axes, got k {k.shape}, v {v.shape}"
+        )
+    if k.dtype not in SUPPORTED_DTYPES or v.dtype != k.dtype:
+        raise TypeError(f"k and v must both be float32 or both float64, got {k.dtype} and {v.dtype}")
+    if cache.k_cache is None:
+        return
+    expected_k = cache.k_cache.shape[:-2] + (k.shape[-2], cache.k_cache.shape[-1])
+    expected_v = cache.v_cache.shape[:-2] + (v.shape[-2], cache.v_cache.shape[-1])
+    if k.shape != expected_k or v.shape != expected_v:
+        raise ValueError(
+            f"k {k.shape} and v {v.shape} do not fit the cache's "
+            f"k_cache {cache.k_cache.shape} and v_cache {cache.v_cache.shape}"
+        )
+    if not np.can_cast(k.dtype, cache.k_cache.dtype, casting="safe"):
+        raise TypeError(f"k and v are {k.dtype}, which the cache's {cache.k_cache.dtype} cannot hold without loss")
+
+
+def check_crop(length, stored):
+    """Return ``length`` as an int, or raise unless it is an integer in [0, stored]."""
+    length = as_size("crop length", length)
+    if length > stored:
+        raise ValueError(f"crop length must be in [0, {stored}], got {length}")
+    return length
+
+
+def check_cache_fits(cache, x, w_q, w_k, w_v, dtype, layout=None, window=None, n_sink=0):
+    """Raise unless a given cache fits ``x``'s leading axes, the widths, ``dtype`` and T more positions.
+
+    ``layout`` is ``(expected_k, expected_v, text)``: the shapes ``k_cache`` and
+    ``v_cache`` must have without their T axis, and the layout to name in the
+    error; by default ``x``'s leading axes with D_k and D_v (single head). Keys
+    already in the cache (a prefill) also enter the overflow bound of q·k. A
+    cache that keeps only a window must keep the call's ``window`` and ``n_sink``
+    (:func:`check_cache_window`).
+    """
+    check_cache_window(cache, window, n_sink)
+    k_cache, v_cache = getattr(cache, "k_cache", None), getattr(cache, "v_cache", None)
+    if k_cache is None:
+        return
+    if layout is None:
+        layout = (x.shape[:-2] + (w_k.shape[1],), x.shape[:-2] + (w_v.shape[1],),
+                  f"vs x {x.shape}, D_k={w_k.shape[1]}, D_v={w_v.shape[1]}")
+    expected_k, expected_v, text = layout
+    if k_cache.shape[:-2] + k_cache.shape[-1:] != expected_k or v_cache.shape[:-2] + v_cache.shape[-1:] != expected_v:
+        raise ValueError(f"cache does not fit x: k_cache {k_cache.shape} and v_cache {v_cache.shape} {text}")
+    if k_cache.dtype != dtype:
+        raise TypeError(f"cache holds {k_cache.dtype} but the computation is {dtype}")
+    stored, room = cache.get_seq_length(), getattr(cache, "max_seq_len", None)
+    if room is not None and stored + x.shape[-2] > room:
+        raise ValueError(
+            f"cache too short: {stored} of max_seq_len={room} positions used, x needs T={x.shape[-2]} more"
+        )
+    if stored:
+        check_score_range(x, w_q, w_k, w_v, dtype, stored_k=k_cache[..., :stored, :])
+
+
+def check_cache_window(cache, window, n_sink):
+    """Raise unless a cache that keeps a window (it has ``window``, e.g. SlidingWindowCache) keeps ``window`` and ``n_sink``.
+
+    Such a cache has dropped the keys outside its window, so it can serve only a
+    call with the same window and sinks; a cache without ``window`` holds every
+    position and serves any call.
+    """
+    kept = getattr(cache, "window", None)
+    if kept is None:
+        return
+    kept_sinks = getattr(cache, "n_sink", 0)
+    if (kept, kept_sinks) != (window, n_sink):
+        hint = "; full attention needs a cache of every position, e.g. StaticCache" if window is None else ""
+        raise ValueError(
+            f"cache keeps window={kept}, n_sink={kept_sinks} but the call has window={window}, "
+            f"n_sink={n_sink}{hint}"
+        )
+
+
+def check_head_cache_fits(cache, x, w_q, w_k, w_v, n_kv_heads, head_dim, dtype):
+    """:func:`check_cache_fits` for the multi-head layout ``[*x.shape[:-2], H_kv, T_max, D_head]``."""
+    expected = x.shape[:-2] + (n_kv_heads, head_dim)  # the cache's shape without its T_max axis
+    layout = ", ".join(map(str, x.shape[:-2] + (n_kv_heads, "T_max", head_dim)))
+    text = f"must be [{layout}] for x {x.shape}, n_kv_heads={n_kv_heads}, head_dim={head_dim}"
+    check_cache_fits(cache, x, w_q, w_k, w_v, dtype, layout=(expected, expected, text))
+
+
+# Windows, chunks and the sliding-window cache
+
+
+def check_window(window, n_sink):
+    """Return ``(window, n_sink)`` as ints: ``window`` None or >= 1, ``n_sink`` >= 0."""
+    if window is not None:
+        window = as_size("window", window, minimum=1)
+    return window, as_size("n_sink", n_sink)
+
+
+def check_window_crop(length, stored, first_held, window, n_sink):
+    """Raise unless a sliding-window cache cut to ``length`` (already in [0, stored]) still holds every key
+    position ``length`` would attend to: the sinks, and ``length - window + 1 .. length - 1``.
+
+    ``first_held`` is the oldest window position the ring still holds (>= n_sink).
+    """
+    lowest = max(n_sink, length - window + 1)  # the oldest window position that position `length` attends to
+    if lowest < min(length, first_held):
+        raise ValueError(
+            f"cannot crop the sliding-window cache (window={window}, n_sink={n_sink}) from {stored} to "
+            f"{length} positions: position {length} attends to positions from {length - window + 1}, but the "
+            f"ring has overwritten every position before {first_held}; crop to a length in "
+            f"[{first_held + window - 1}, {stored}] or in [0, {n_sink}]"
+        )
+
+
+# The paged cache: sequence ids and new positions
+
+
+def as_id_list(seq_ids):
+    """``seq_ids`` as a list; TypeError unless it is an ordered sequence (list, tuple, array, range)."""
+    if not isinstance(seq_ids, (list, tuple, np.ndarray, range)):
+        raise TypeError(
+            f"seq_ids must be a list, tuple or array of sequence ids (ordered: row i is seq_ids[i]), "
+            f"got {type(seq_ids).__name__} {seq_ids!r}"
+        )
+    return list(seq_ids)
+
+
+def check_hashable(seq_id):
+    try:
+        hash(seq_id)
+    except TypeError:
+        raise TypeError(f"a sequence id must be hashable, got {seq_id!r}") from None
+
+
+def check_new_id(seq_id, known):
+    """Raise unless ``seq_id`` is hashable and not among the ids ``known``."""
+    check_hashable(seq_id)
+    if seq_id in known:
+        raise ValueError(f"sequence {seq_id!r} is already in the cache")
+
+
+def check_known_ids(seq_ids, known):
+    """Raise unless every one of ``seq_ids`` is among the ids ``known``."""
+    for seq_id in seq_ids:
+        check_hashable(seq_id)
+        if seq_id not in known:
+            raise ValueError(f"sequence {seq_id!r} is not in the cache; known: {list(known)}")
+
+
+def check_update_ids(seq_ids, known):
+    """``seq_ids`` as a list of distinct ids, each among ``known``."""
+    seq_ids = as_id_list(seq_ids)
+    check_known_ids(seq_ids, known)
+    if len(set(seq_ids)) != len(seq_ids):
+        raise ValueError(f"seq_ids repeats a sequence: {seq_ids}")
+    return seq_ids
+
+
+def check_paged_positions(k, v, n_seqs, cache):
+    """Return k, v as arrays, or raise unless they are ``[N, T_new, D_k]``/``[N, T_new, D_v]`` for the pool."""
+    k, v = as_float_array("k", k), as_float_array("v", v)
+    expected_k = (n_seqs, k.shape[1] if k.ndim == 3 else "T_new", cache.k_cache.shape[-1])
+    expected_v = (n_seqs, expected_k[1], cache.v_cache.shape[-1])
+    if k.shape != expected_k or v.shape != expected_v:
+        raise ValueError(
+            f"k and v must be [N, T_new, D_k] and [N, T_new, D_v] for N={n_seqs} seq_ids, "
+            f"D_k={expected_k[2]}, D_v={expected_v[2]}: got k {k.shape}, v {v.shape}"
+        )
+    if v.dtype != k.dtype or not np.can_cast(k.dtype, cache.k_cache.dtype, casting="safe"):
+        raise TypeError(
+            f"k and v must both be float32 or both float64 and fit the pool's {cache.k_cache.dtype}: "
+            f"got {k.dtype} and {v.dtype}"
+        )
+    return k, v
+
+
+def check_pool_size(num_blocks, block_size, k_dim, v_dim, dtype, bookkeeping):
+    """The bytes a paged pool needs (``k_cache``, ``v_cache``, ``bookkeeping``); ValueError beyond physical memory."""
+    nbytes = num_blocks * block_size * (k_dim + v_dim) * dtype.itemsize + bookkeeping
+    memory = physical_memory()
+    if memory is not None and nbytes > memory:
+        raise pool_too_large(nbytes, num_blocks, block_size, k_dim, v_dim, dtype, f"this machine has {memory} bytes")
+    return nbytes
+
+
+def physical_memory():
+    """This machine's physical memory in bytes, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def pool_too_large(nbytes, num_blocks, block_size, k_dim, v_dim, dtype, why):
+    """The ValueError for a paged pool that memory cannot hold."""
+    return ValueError(
+        f"a pool of num_blocks={num_blocks} blocks of block_size={block_size}, k_dim={k_dim}, v_dim={v_dim} "
+        f"in {dtype} needs {nbytes} bytes ({nbytes / 2**30:.3g} GiB), more than memory can hold ({why})"
+    )
+
+
+def _as_integer_array(name, values):
+    """``values`` as an int64 array; TypeError unless integers (an empty list counts), ValueError beyond int64."""
+    array = np.asarray(values)
+    if array.size == 0 and array.dtype.kind == "f":  # np.asarray([]) is float64
+        array = array.astype(np.int64)
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integers, got dtype {array.dtype}")
+    if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} holds an id beyond int64: {array.max()}")
+    return array.astype(np.int64)
+
+
+def as_token_ids(name, token_ids):
+    """``token_ids`` as a 1-D int64 array; TypeError unless integers, ValueError unless 1-D."""
+    array = _as_integer_array(name, token_ids)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D sequence of token ids, got shape {array.shape}")
+    return array
+
+
+def check_paged_token_ids(token_ids, n_seqs, t_new):
+    """The token ids of an update's new positions as ``[N, T_new]`` int64 (None stays None)."""
+    if token_ids is None:
+        return None
+    array = _as_integer_array("token_ids", token_ids)
+    if array.shape != (n_seqs, t_new):
+        raise ValueError(
+            f"token_ids must be [N, T_new] = [{n_seqs}, {t_new}], one per new position, got shape {array.shape}"
+        )
+    return array
+
+
+# Blocks of a paged pool
+
+
+def check_block_id(block, num_blocks):
+    """``block`` as an int in [0, num_blocks); TypeError unless an integer, ValueError out of range."""
+    if isinstance(block, bool) or not isinstance(block, (int, np.integer)):
+        raise TypeError(f"a block id must be an integer, got {block!r}")
+    if not 0 <= block < num_blocks:
+        raise ValueError(f"block {block} is out of range: the pool has blocks 0..{num_blocks - 1}")
+    return int(block)
+
+
+def check_blocks_held(blocks, ref_counts, action, cached=()):
+    """``blocks`` as a list of distinct ints in range; for an ``action``, each held (refcount >= 1) or in ``cached``.
+
+    ``action`` (``"free"``, ``"share"``, ``"cache"``) names the call in the message; None checks the range only.
+    """
+    blocks = [check_block_id(block, len(ref_counts)) for block in blocks]
+    if len(set(blocks)) != len(blocks):
+        raise ValueError(f"blocks repeat a block: {blocks}")
+    if action is not None:
+        for block in blocks:
+            if ref_counts[block] < 1 and block not in cached:
+                what = "Double free! " if action == "free" else ""
+                raise ValueError(f"{what}cannot {action} block {block}: it is free (refcount 0)")
+    return blocks
+
+
+
+def check_paged_cache_fits(cache, strategy, n_seqs, d_k, d_v, dtype, block_size, num_blocks):
+    """Raise unless a caller's ``cache`` is a PagedKVCache a ragged decode of ``n_seqs`` sequences can use.
+
+    It must be for ``strategy="paged"``, hold ``dtype`` with widths D_k and D_v,
+    match ``block_size`` when one is given, come without ``num_blocks`` (the
+    pool is the cache's) and not hold the decode's sequence ids 0..n_seqs-1.
+    """
+    from .paged import PagedKVCache  # paged.py imports this module
+
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
+    if strategy != "paged":
+        raise ValueError(f"cache= is for strategy='paged', got strategy={strategy!r}")
+    if num_blocks is not None:
+        raise ValueError(f"num_blocks={num_blocks} was given with a cache, whose pool has {cache.num_blocks} blocks")
+    if block_size is not None and block_size != cache.block_size:
+        raise ValueError(f"block_size={block_size} does not fit the cache's block_size={cache.block_size}")
+    widths = (cache.k_cache.shape[-1], cache.v_cache.shape[-1])
+    if widths != (d_k, d_v):
+        raise ValueError(
+            f"cache does not fit the weights: k_cache {cache.k_cache.shape} and v_cache {cache.v_cache.shape} "
+            f"need D_k={d_k}, D_v={d_v}"
+        )
+    if cache.k_cache.dtype != dtype:
+        raise TypeError(f"cache holds {cache.k_cache.dtype} but the computation is {dtype}")
+    held = set(cache.seq_ids)
+    taken = [s for s in range(n_seqs) if s in held]
+    if taken:
+        raise ValueError(f"cache already holds sequence(s) {taken}; the decode's sequences are 0..{n_seqs - 1}")
+
+
+# Ragged batches
+
+
+def _as_sequences(x, lengths):
+    """The sequences of ``x``: a list of ``[T_i, D_model]`` arrays and whether x came padded."""
+    if isinstance(x, (list, tuple)):
+        if lengths is not None:
+            raise ValueError("lengths is for a padded x [B, T_max, D_model]; a list of sequences carries its own")
+        seqs = [as_float_array(f"x[{i}]", seq) for i, seq in enumerate(x)]
+        for i, seq in enumerate(seqs):
+            if seq.ndim != 2:
+                raise ValueError(f"x[{i}] must be [T_i, D_model], got shape {seq.shape}")
+        return seqs, False
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"x must be a list of [T_i, D_model] arrays or an ndarray [B, T_max, D_model], got {type(x)}")
+    if x.ndim != 3:
+        raise ValueError(f"a padded x must be [B, T_max, D_model], got shape {x.shape}")
+    as_float_array("x", x[:, :0])  # the dtype, even when every length is 0
+    if lengths is None:
+        lengths = np.full(x.shape[0], x.shape[1])
+    else:
+        lengths = as_sizes_per_sequence("lengths", lengths, x.shape[0])
+    if lengths.size and lengths.max() > x.shape[1]:
+        raise ValueError(f"lengths must be at most T_max={x.shape[1]} of x {x.shape}, got {lengths.tolist()}")
+    # Only x[b, :T_b] is read (checked, copied): the padding may hold anything.
+    return [as_float_array(f"x[{b}, :{n}]", x[b, :n]) for b, n in enumerate(lengths)], True
+
+
+def check_ragged_inputs(x, w_q, w_k, w_v, lengths, start_steps):
+    """Validate a ragged decode's inputs.
+
+    Returns ``(seqs, padded, (w_q, w_k, w_v), dtype, start_steps)``: the
+    sequences as ``[T_i, D_model]`` arrays, whether ``x`` came padded, the weights
+    in ``dtype`` and ``start_steps`` as ``[B]`` int64.
+    """
+    seqs, padded = _as_sequences(x, lengths)
+    d_model = seqs[0].shape[1] if seqs else (np.shape(w_q)[:1] or (0,))[0]
+    for i, seq in enumerate(seqs):
+        if seq.shape[1] != d_model:
+            raise ValueError(f"every sequence must share D_model: x[0] has {d_model}, x[{i}] has shape {seq.shape}")
+    empty_dtype = x.dtype if isinstance(x, np.ndarray) else np.float64  # B = 0 keeps a padded x's dtype
+    flat = np.concatenate(seqs) if seqs else np.empty((0, d_model), empty_dtype)  # [sum T_i, D_model]
+    _, w_q, w_k, w_v, dtype = check_projection_inputs(flat, w_q, w_k, w_v, x_ndims=(2,))
+    n_seqs = len(seqs)
+    if start_steps is None:
+        start_steps = np.zeros(n_seqs, np.int64)
+    else:
+        start_steps = as_sizes_per_sequence("start_steps", start_steps, n_seqs)
+    return seqs, padded, (w_q, w_k, w_v), dtype, start_steps
+
+
+# Serving: requests and the scheduler's options
+
+
+def as_flag(name, value):
+    """``value`` as a bool; TypeError unless it is one (numpy's included)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def check_serve_inputs(requests, embedding, w_q, w_k, w_v, block_size, num_blocks, budget, max_num_seqs, caching):
+    """Validate the inputs of ``serve``.
+
+    Returns ``(specs, embedding, (w_q, w_k, w_v), dtype, (block_size, num_blocks,
+    budget, max_num_seqs, caching))``: one ``(request_id, token_ids [L] int64,
+    prompt_len, arrival_step)`` per request, and the embedding and weights in ``dtype``.
+    """
+    options = (
+        as_size("block_size", block_size, minimum=1),
+        as_size("num_blocks", num_blocks),
+        as_size("max_num_batched_tokens", budget, minimum=1),
+        None if max_num_seqs is None else as_size("max_num_seqs", max_num_seqs, minimum=1),
+        as_flag("enable_prefix_caching", caching),
+    )
+    embedding = as_float_array("embedding", embedding)
+    if embedding.ndim != 2:
+        raise ValueError(f"embedding must be [V, D_model], got shape {embedding.shape}")
+    for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)):
+        if np.ndim(w) == 2 and np.shape(w)[0] != embedding.shape[1]:
+            raise ValueError(
+                f"{name} has {np.shape(w)[0]} rows but embedding has D_model={embedding.shape[1]}: "
+                f"embedding {embedding.shape}, {name} {np.shape(w)}"
+            )
+    # x = embedding[token_ids]: the bound on |q|·|k| over every embedding row covers every token.
+    embedding, w_q, w_k, w_v, dtype = check_projection_inputs(embedding, w_q, w_k, w_v, x_ndims=(2,))
+    specs = _check_requests(requests, len(embedding), options[0], options[1])
+    return specs, embedding.astype(dtype, copy=False), (w_q, w_k, w_v), dtype, options
+
+
+def _check_requests(requests, vocab_size, block_size, num_blocks):
+    """One ``(request_id, token_ids, prompt_len, arrival_step)`` per request, or raise naming the request."""
+    from .scheduler import Request  # scheduler.py imports this module
+
+    if not isinstance(requests, (list, tuple)):
+        raise TypeError(f"requests must be a list of Request, got {type(requests).__name__}")
+    specs, seen = [], {}
+    for i, request in enumerate(requests):
+        if not isinstance(request, Request):
+            raise TypeError(f"requests[{i}] must be a Request, got {type(request).__name__}")
+        try:
+            hash(request.request_id)
+        except TypeError:
+            raise TypeError(f"requests[{i}]: request_id must be hashable, got {request.request_id!r}") from None
+        name = f"request {request.request_id!r} (requests[{i}])"
+        if request.request_id in seen:
+            raise ValueError(f"{name} repeats the request_id of requests[{seen[request.request_id]}]")
+        seen[request.request_id] = i
+        specs.append(_check_request(name, request, vocab_size, block_size, num_blocks))
+    return specs
+
+
+def _check_request(name, request, vocab_size, block_size, num_blocks):
+    tokens = as_token_ids(f"{name}: token_ids", request.token_ids)
+    outside = np.flatnonzero((tokens < 0) | (tokens >= vocab_size))
+    if outside.size:
+        j = int(outside[0])
+        raise ValueError(
+            f"{name}: token_ids[{j}] = {tokens[j]} is not a row of the embedding: ids must be in [0, V={vocab_size})"
+        )
+    prompt_len = as_size(f"{name}: prompt_len", request.prompt_len, minimum=1)
+    if prompt_len > len(tokens):
+        raise ValueError(f"{name}: prompt_len must be in [1, len(token_ids)={len(tokens)}], got {prompt_len}")
+    arrival_step = as_size(f"{name}: arrival_step", request.arrival_step)
+    if arrival_step > _MAX_STEP:
+        raise ValueError(f"{name}: arrival_step={arrival_step} is too large: at most 2**62")
+    blocks = math.ceil(len(tokens) / block_size)
+    if blocks > num_blocks:
+        raise ValueError(
+            f"{name} can never fit the pool: its {len(tokens)} tokens need {blocks} blocks of "
+            f"block_size={block_size}, and num_blocks={num_blocks}"
+        )
+    return request.request_id, tokens, prompt_len, arrival_step

@@ -1,51 +1,81 @@
-"""K/V caches: grown by concatenation (dynamic) or preallocated once (static).
+"""K/V caches: the :class:`Cache` protocol, grown by concatenation (dynamic) or preallocated (static).
 
-Both hold ``k_cache: [..., T, D_k]`` and ``v_cache: [..., T, D_v]``. The
-leading ``...`` axes are free: ``[]`` for one sequence, ``[B]`` for a batch,
-``[B, H_kv]`` for multi-head caches. New positions are appended along axis -2.
+A cache holds ``k_cache: [..., T, D_k]`` and ``v_cache: [..., T, D_v]``; the
+leading ``...`` axes are free (``[]`` one sequence, ``[B]`` a batch, ``[B, H_kv]``
+multi-head), and new positions are appended along axis -2. The interface is that
+of Hugging Face ``transformers`` ``cache_utils`` (``DynamicCache``, ``StaticCache``);
+the static cache is also gpt-fast's ``KVCache``.
 
-The interface follows Hugging Face ``transformers`` ``cache_utils``
-(``DynamicCache``, ``StaticCache``): ``update(k, v)`` stores new positions and
-returns the keys and values so far, ``get_seq_length()`` counts positions,
-``crop(length)`` drops positions past ``length``.
+Errors: ``update`` raises TypeError for non-arrays, k and v not both float32 or
+both float64, or float64 into a float32 cache, and ValueError for shapes that do
+not fit each other or the cache (or, static, writing past T_max); ``crop`` takes
+an integer in [0, get_seq_length()]; a constructor raises TypeError for a size
+that is not an integer or a dtype other than float32/float64, and ValueError for
+a negative size. A call that raises leaves the cache unchanged.
 """
+
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from ._validation import SUPPORTED_DTYPES as _FLOATS
-from ._validation import as_float_dtype, as_size
+from ._validation import as_batch_shape, as_float_dtype, as_size, check_crop, check_new_positions
 
 
-def _check_new_positions(k, v, cache):
-    """Raise unless ``k: [..., T_new, D_k]`` and ``v: [..., T_new, D_v]`` fit ``cache``."""
-    if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
-        raise TypeError(f"k and v must be numpy arrays, got {type(k).__name__}, {type(v).__name__}")
-    if k.ndim < 2 or k.ndim != v.ndim or k.shape[:-1] != v.shape[:-1]:
-        raise ValueError(
-            f"k and v must be [..., T_new, D_k] and [..., T_new, D_v] with the same "
-            f"leading axes, got k {k.shape}, v {v.shape}"
+@runtime_checkable
+class Cache(Protocol):
+    """What a decode needs of a K/V cache; :class:`DynamicCache` and :class:`StaticCache` have it.
+
+    A cache may also hold ``k_cache``/``v_cache`` (None while empty) and
+    ``max_seq_len``; a decode checks them against its inputs when they are there.
+    A cache that keeps only some positions (``SlidingWindowCache``) also has
+    ``window``, ``n_sink`` and ``key_positions(t_new)``: the position of each key
+    ``update`` returns (a full cache returns positions 0, 1, .. in order).
+    """
+
+    def update(self, k, v):
+        """Store ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]``; return ``(k_cache, v_cache)`` so far."""
+
+    def get_seq_length(self):
+        """Number of positions stored."""
+
+    def crop(self, length):
+        """Keep only the first ``length`` positions."""
+
+
+def check_is_cache(cache):
+    """Raise TypeError unless ``cache`` is a :class:`Cache` instance (a class is not)."""
+    if isinstance(cache, type) or not isinstance(cache, Cache):
+        raise TypeError(
+            "cache must be a cache instance with update(), get_seq_length() and crop() "
+            f"(e.g. DynamicCache() or StaticCache(...)), got {cache!r}"
         )
-    if k.dtype not in _FLOATS or v.dtype != k.dtype:
-        raise TypeError(f"k and v must both be float32 or both float64, got {k.dtype} and {v.dtype}")
-    if cache.k_cache is None:
-        return
-    expected_k = cache.k_cache.shape[:-2] + (k.shape[-2], cache.k_cache.shape[-1])
-    expected_v = cache.v_cache.shape[:-2] + (v.shape[-2], cache.v_cache.shape[-1])
-    if k.shape != expected_k or v.shape != expected_v:
-        raise ValueError(
-            f"k {k.shape} and v {v.shape} do not fit the cache's "
-            f"k_cache {cache.k_cache.shape} and v_cache {cache.v_cache.shape}"
-        )
-    if not np.can_cast(k.dtype, cache.k_cache.dtype, casting="safe"):
-        raise TypeError(f"k and v are {k.dtype}, which the cache's {cache.k_cache.dtype} cannot hold without loss")
 
 
-def _check_crop(length, stored):
-    """Return ``length`` as an int, or raise unless it is an integer in [0, stored]."""
-    length = as_size("crop length", length)
-    if length > stored:
-        raise ValueError(f"crop length must be in [0, {stored}], got {length}")
-    return length
+_NO_SNAPSHOT = type(None)  # NoneType() is None: the snapshot of a cache a crop can roll back, made without a Python line
+
+
+class rolled_back_on_error:
+    """Context manager: on any error in the block, crop ``cache`` back to the length it had; the error propagates.
+
+    A cache whose updates a crop cannot undo (a ring buffer overwrites) gives a
+    ``_snapshot()`` of its state instead, put back by its ``_restore``.
+    A class, as ``contextlib.suppress`` is: it runs on every decode call, and a
+    generator-based one would execute four times as many Python lines.
+    """
+
+    def __init__(self, cache):
+        # One line, so that a decode executes as many Python lines as before (bench_work counts them).
+        self.cache, self.start, self.saved = cache, cache.get_seq_length(), getattr(cache, "_snapshot", _NO_SNAPSHOT)()
+
+    def __enter__(self):
+        return self.cache
+
+    def __exit__(self, error_type, error, traceback):
+        if error_type is not None:
+            if self.saved is None:
+                self.cache.crop(self.start)
+            else:
+                self.cache._restore(self.saved)
 
 
 class DynamicCache:
@@ -56,9 +86,7 @@ class DynamicCache:
     the cost the preallocated :class:`StaticCache` avoids. The dtype and the
     leading axes are fixed by the first update.
 
-    Attributes:
-        k_cache: ``[..., T, D_k]`` or None before the first update.
-        v_cache: ``[..., T, D_v]`` or None before the first update.
+    ``k_cache`` and ``v_cache`` are None before the first update.
     """
 
     def __init__(self):
@@ -66,18 +94,11 @@ class DynamicCache:
         self.v_cache = None
 
     def update(self, k, v):
-        """Append ``k: [..., T_new, D_k]`` and ``v: [..., T_new, D_v]``.
+        """Append ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]``; return ``(k_cache, v_cache)``.
 
-        Returns:
-            ``(k_cache, v_cache)``: ``[..., T, D_k]`` and ``[..., T, D_v]``, every
-            position so far. Do not write to them.
-
-        Raises:
-            TypeError: non-arrays, k and v not both float32 or both float64, or
-                float64 into a float32 cache.
-            ValueError: shapes that do not fit each other or the cache.
+        The returned arrays are the cache's own: do not write to them.
         """
-        _check_new_positions(k, v, self)
+        check_new_positions(k, v, self)
         if self.k_cache is None:
             self.k_cache, self.v_cache = k.copy(), v.copy()
         else:
@@ -94,7 +115,7 @@ class DynamicCache:
 
         ``crop(0)`` empties the cache as new: the next update may set another dtype or leading axes.
         """
-        length = _check_crop(length, self.get_seq_length())
+        length = check_crop(length, self.get_seq_length())
         if length == 0:
             self.k_cache = self.v_cache = None
         elif self.k_cache is not None:
@@ -110,30 +131,16 @@ class DynamicCache:
 class StaticCache:
     """A K/V cache whose buffers are allocated once and written in place.
 
-    Args:
-        batch_shape: the leading axes, e.g. ``()``, ``(B,)`` or ``(B, H_kv)``.
-        max_seq_len: T_max, the number of positions the buffers hold.
-        k_dim: D_k. v_dim: D_v.
-        dtype: float32 or float64 (default float64).
-
-    Attributes:
-        k_cache: ``[*batch_shape, T_max, D_k]``, zero past ``get_seq_length()``.
-        v_cache: ``[*batch_shape, T_max, D_v]``.
-
-    Raises:
-        ValueError: a negative size. TypeError: a size that is not an integer, or
-            a dtype other than float32/float64.
-
-    Same idea as Hugging Face ``StaticCache`` and gpt-fast's ``KVCache``.
+    ``batch_shape`` is the leading axes, e.g. ``()``, ``(B,)`` or ``(B, H_kv)``; the
+    buffers ``k_cache: [*batch_shape, max_seq_len, k_dim]`` and ``v_cache:
+    [*batch_shape, max_seq_len, v_dim]`` are zero past ``get_seq_length()``.
+    ``dtype``: float32 or float64 (default float64).
     """
 
     def __init__(self, batch_shape, max_seq_len, k_dim, v_dim, dtype=np.float64):
-        if not isinstance(batch_shape, (tuple, list)):
-            raise TypeError(f"batch_shape must be a tuple of ints such as () or (B,), got {batch_shape!r}")
-        batch_shape = tuple(as_size(f"batch_shape[{i}]", n) for i, n in enumerate(batch_shape))
-        max_seq_len, k_dim, v_dim = (
-            as_size(name, n) for name, n in (("max_seq_len", max_seq_len), ("k_dim", k_dim), ("v_dim", v_dim))
-        )
+        batch_shape = as_batch_shape(batch_shape)
+        sizes = {"max_seq_len": max_seq_len, "k_dim": k_dim, "v_dim": v_dim}
+        max_seq_len, k_dim, v_dim = (as_size(name, n) for name, n in sizes.items())
         dtype = as_float_dtype(dtype)
         self.k_cache = np.zeros(batch_shape + (max_seq_len, k_dim), dtype)
         self.v_cache = np.zeros(batch_shape + (max_seq_len, v_dim), dtype)
@@ -145,21 +152,13 @@ class StaticCache:
         return self.k_cache.shape[-2]
 
     def update(self, k, v):
-        """Write ``k: [..., T_new, D_k]`` and ``v: [..., T_new, D_v]`` after the stored positions.
+        """Write ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]`` after the stored positions.
 
-        Returns:
-            ``(k_cache, v_cache)``: views ``[..., T, D_k]`` and ``[..., T, D_v]`` of
-            the buffers, every position so far. Do not write to them.
-
-        Raises:
-            ValueError: shapes that do not fit, or writing past T_max; the cache
-                is left unchanged.
-            TypeError: non-arrays, k and v not both float32 or both float64, or
-                float64 into a float32 cache.
+        Returns views ``[..., T, D_k]``, ``[..., T, D_v]`` of the buffers; do not write to them.
         """
-        _check_new_positions(k, v, self)
+        check_new_positions(k, v, self)
         start, stop = self._length, self._length + k.shape[-2]
-        if stop > self.max_seq_len:
+        if stop > self.max_seq_len:  # the cache's own state, as paged's OutOfBlocksError
             raise ValueError(
                 f"cache is full: {start} of max_seq_len={self.max_seq_len} positions "
                 f"used, cannot write {k.shape[-2]} more"
@@ -175,7 +174,7 @@ class StaticCache:
 
     def crop(self, length):
         """Keep only the first ``length`` positions (0 <= length <= get_seq_length())."""
-        length = _check_crop(length, self._length)
+        length = check_crop(length, self._length)
         self.k_cache[..., length:, :] = 0
         self.v_cache[..., length:, :] = 0
         self._length = length

@@ -9,6 +9,9 @@ sequence, one key and one value of ``head_dim`` elements:
 and of vLLM, Kwon et al. 2023, "Efficient Memory Management for Large Language
 Model Serving with PagedAttention"). Query heads do not appear: sharing
 K/V heads (GQA, MQA) is what shrinks the cache.
+
+A count below its minimum raises ValueError naming it and its value; a count that
+is not an integer, or a dtype that is not numeric, raises TypeError.
 """
 
 from dataclasses import dataclass
@@ -16,44 +19,22 @@ from types import MappingProxyType
 
 import numpy as np
 
-from ._validation import as_size
+from ._validation import as_numeric_dtype, as_size, check_model_shape
 
 
 def kv_cache_bytes(*, batch, seq_len, n_layers, n_kv_heads, head_dim, dtype):
-    """Logical size of a K/V cache in bytes.
+    """Logical size of a K/V cache in bytes, as a Python int (exact, never overflows).
 
-    bytes = 2 × n_layers × n_kv_heads × head_dim × seq_len × batch × itemsize.
-
-    Args:
-        batch: B >= 0 sequences.
-        seq_len: T >= 0 positions per sequence.
-        n_layers, n_kv_heads, head_dim: >= 1.
-        dtype: the cache's element type, anything ``np.dtype`` accepts with a
-            numeric kind (float, signed or unsigned integer), e.g. ``np.float16``
-            (2 bytes; also the size of bfloat16) or ``np.int8`` for an 8-bit cache.
-
-    Returns:
-        bytes (a Python int: exact, never overflows). A one-layer
-        ``StaticCache((B, n_kv_heads), T, head_dim, head_dim, dtype)`` filled to
-        T positions has this ``nbytes``.
-
-    Raises:
-        ValueError: a count below its minimum (the message names it and its value).
-        TypeError: a count that is not an integer, or a dtype that is not numeric.
+    ``batch`` and ``seq_len`` >= 0; ``n_layers``, ``n_kv_heads``, ``head_dim`` >= 1.
+    ``dtype``: anything ``np.dtype`` accepts with a float or integer kind, e.g.
+    ``np.float16`` (2 bytes; also the size of bfloat16) or ``np.int8`` for an 8-bit
+    cache. A one-layer ``StaticCache((B, n_kv_heads), T, head_dim, head_dim, dtype)``
+    filled to T positions has this ``nbytes``.
     """
     counts = {"batch": (batch, 0), "seq_len": (seq_len, 0), "n_layers": (n_layers, 1)}
     counts.update(n_kv_heads=(n_kv_heads, 1), head_dim=(head_dim, 1))
     sizes = [as_size(name, value, minimum) for name, (value, minimum) in counts.items()]
-    if dtype is None:  # np.dtype(None) would silently mean float64
-        raise TypeError("dtype must be a numeric numpy dtype such as np.float16, got None")
-    try:
-        dtype = np.dtype(dtype)
-    except TypeError as error:
-        message = f"dtype must be a numeric numpy dtype such as np.float16, got {dtype!r}: {error}"
-        raise TypeError(message) from None
-    if dtype.kind not in "fiu":
-        raise TypeError(f"dtype must be a float or integer dtype, got {dtype}")
-    total = 2 * dtype.itemsize
+    total = 2 * as_numeric_dtype(dtype).itemsize
     for size in sizes:
         total *= size
     return total
@@ -76,11 +57,8 @@ class ModelShape:
     head_dim: int
 
     def __post_init__(self):
-        """Raise TypeError/ValueError unless every count is an integer >= 1 and n_kv_heads divides n_heads."""
-        for name in ("n_layers", "n_heads", "n_kv_heads", "head_dim"):
-            as_size(name, getattr(self, name), minimum=1)
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}")
+        """Every count must be an integer >= 1, and n_kv_heads must divide n_heads."""
+        check_model_shape(self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim)
 
     def kv_cache_bytes(self, *, batch=1, seq_len=1, dtype=np.float16):
         """:func:`kv_cache_bytes` for this model; by default the bytes per token at fp16."""

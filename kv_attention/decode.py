@@ -1,41 +1,48 @@
-"""Token-by-token decode strategies, each exact against :func:`causal_attention`.
+"""Token-by-token decode strategies for one head, each exact against :func:`causal_attention`.
 
-Decode contract: at step t no strategy reads ``x[..., t+1:, :]``; the cached
-strategies read only ``x[..., t, :]`` and their cache, and none projects the
-whole of ``x`` up front (that would be prefill, not decode).
+At step t no strategy reads ``x[..., t+1:, :]``; the cached ones read only
+``x[..., t, :]`` and their cache, and none projects all of ``x`` up front (that
+would be prefill, not decode).
 
-Shapes at decode step t (B = batch, D = feature width):
+Inputs: ``x: [T, D_model]`` (``[B, T, D_model]`` for the batch strategies),
+``w_q, w_k: [D_model, D_k]``, ``w_v: [D_model, D_v]``, float32 or float64; the
+output ``[..., T, D_v]`` is in ``np.result_type`` of the inputs. At step t:
     x_t      [..., 1, D_model]      q_t      [..., 1, D_k]
     k_cache  [..., t+1, D_k]        scores   [..., 1, t+1]
     v_cache  [..., t+1, D_v]        out_t    [..., 1, D_v]
+An optional ``cache`` (a :class:`~kv_attention.cache.Cache`, e.g. Hugging Face's
+dynamic or static cache) must fit x's leading axes, D_k, D_v and dtype and have
+room for T more positions; positions already in it are attended to (a prefill).
+
+Bad input raises before anything is computed: TypeError for an input that is not
+a float32/float64 array, a non-cache or a cache of another dtype; ValueError for
+shapes that do not fit (named in the message), NaN/inf, a cache that does not fit
+or is too short, or scores that overflow. A failed call leaves a given cache unchanged.
 """
 
 import numpy as np
 
-from ._validation import check_finite_output, check_projection_inputs, check_score_range
+from ._validation import check_cache_fits, check_finite_output, check_projection_inputs
 from .attention import _causal_attention, attend
-from .cache import DynamicCache, StaticCache
+from .cache import DynamicCache, StaticCache, check_is_cache, rolled_back_on_error
+
+
+def _checked(cache, x, w_q, w_k, w_v):
+    """A caller's ``cache``, once it is known to be a Cache that fits validated ``x`` and weights."""
+    check_is_cache(cache)
+    check_cache_fits(cache, x, w_q, w_k, w_v, np.result_type(x, w_v))
+    return cache
 
 
 def _decode(x, w_q, w_k, w_v, cache):
-    """Run the decode loop over ``x: [..., T, D_model]`` through ``cache``.
-
-    On any error the cache is cropped back to the length it had, so a failed
-    call leaves a caller's cache unchanged.
-    """
+    """The decode loop over validated ``x: [..., T, D_model]`` through ``cache``."""
     out = np.empty(x.shape[:-1] + (w_v.shape[1],), dtype=np.result_type(x, w_v))  # [..., T, D_v]
-    _check_cache(cache, x, w_q, w_k, w_v, out.dtype)
-    start = cache.get_seq_length()
-    try:
-        with np.errstate(over="ignore", invalid="ignore"):
-            for t in range(x.shape[-2]):
-                x_t = x[..., t : t + 1, :]  # [..., 1, D_model]
-                k, v = cache.update(x_t @ w_k, x_t @ w_v)  # [..., t+1, D_k], [..., t+1, D_v]
-                out[..., t : t + 1, :] = attend(x_t @ w_q, k, v)  # [..., 1, D_v]
+    with rolled_back_on_error(cache), np.errstate(over="ignore", invalid="ignore"):
+        for t in range(x.shape[-2]):
+            x_t = x[..., t : t + 1, :]  # [..., 1, D_model]
+            k, v = cache.update(x_t @ w_k, x_t @ w_v)  # [..., t+1, D_k], [..., t+1, D_v]
+            out[..., t : t + 1, :] = attend(x_t @ w_q, k, v)  # [..., 1, D_v]
         check_finite_output(out)
-    except BaseException:
-        cache.crop(start)
-        raise
     return out
 
 
@@ -44,59 +51,15 @@ def _decode_preallocated(x, w_q, w_k, w_v, cache=None):
     if cache is None:
         dtype = np.result_type(x, w_k)
         cache = StaticCache(x.shape[:-2], x.shape[-2], w_k.shape[1], w_v.shape[1], dtype)
+    else:
+        cache = _checked(cache, x, w_q, w_k, w_v)
     return _decode(x, w_q, w_k, w_v, cache)
 
 
-def _check_cache(cache, x, w_q, w_k, w_v, dtype, layout=None):
-    """Raise unless ``cache`` is a cache instance that fits ``x``'s leading axes, the widths, dtype and T.
-
-    ``layout`` is ``(expected_k, expected_v, text)``: the shapes ``k_cache`` and
-    ``v_cache`` must have without their T axis, and the layout to name in the
-    error; by default ``x``'s leading axes with D_k and D_v (single head). Keys
-    already in the cache (a prefill) also enter the overflow bound of q·k.
-    """
-    if isinstance(cache, type) or not all(hasattr(cache, n) for n in ("update", "get_seq_length", "crop")):
-        raise TypeError(
-            "cache must be a cache instance with update(), get_seq_length() and crop() "
-            f"(e.g. DynamicCache() or StaticCache(...)), got {cache!r}"
-        )
-    k_cache, v_cache = getattr(cache, "k_cache", None), getattr(cache, "v_cache", None)
-    if k_cache is None:
-        return
-    if layout is None:
-        layout = (x.shape[:-2] + (w_k.shape[1],), x.shape[:-2] + (w_v.shape[1],),
-                  f"vs x {x.shape}, D_k={w_k.shape[1]}, D_v={w_v.shape[1]}")
-    expected_k, expected_v, text = layout
-    if k_cache.shape[:-2] + k_cache.shape[-1:] != expected_k or v_cache.shape[:-2] + v_cache.shape[-1:] != expected_v:
-        raise ValueError(f"cache does not fit x: k_cache {k_cache.shape} and v_cache {v_cache.shape} {text}")
-    if k_cache.dtype != dtype:
-        raise TypeError(f"cache holds {k_cache.dtype} but the computation is {dtype}")
-    stored, room = cache.get_seq_length(), getattr(cache, "max_seq_len", None)
-    if room is not None and stored + x.shape[-2] > room:
-        raise ValueError(
-            f"cache too short: {stored} of max_seq_len={room} positions used, x needs T={x.shape[-2]} more"
-        )
-    if stored:
-        check_score_range(x, w_q, w_k, w_v, dtype, stored_k=k_cache[..., :stored, :])
-
-
 def decode_without_cache(x, w_q, w_k, w_v):
-    """Decode with no cache: at step t recompute causal attention over ``x[:t+1]``.
+    """Decode with no cache: step t recomputes causal attention over ``x[:t+1]``, O(T³) in all.
 
-    This is what a model without a KV cache does: it re-runs its whole context
-    for every new token and keeps only the last position's output. O(T³) work.
-
-    Args:
-        x: ``[T, D_model]``, float32 or float64.
-        w_q: ``[D_model, D_k]``. w_k: ``[D_model, D_k]``. w_v: ``[D_model, D_v]``.
-
-    Returns:
-        ``[T, D_v]`` in ``np.result_type`` of the inputs.
-
-    Raises:
-        TypeError: an input is not a float32/float64 array.
-        ValueError: shapes that do not fit (named in the message), NaN/inf in an
-            input, or scores that overflow the dtype.
+    What a model without a KV cache does: it re-runs its whole context for every new token.
     """
     x, w_q, w_k, w_v, dtype = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(2,))
     out = np.empty((x.shape[0], w_v.shape[1]), dtype=dtype)  # [T, D_v]
@@ -108,51 +71,13 @@ def decode_without_cache(x, w_q, w_k, w_v):
 
 
 def cached_attention(x, w_q, w_k, w_v, cache=None):
-    """Decode one sequence with a K/V cache grown by ``np.concatenate``.
-
-    At step t only the new token's q/k/v are computed; K and V grow by one
-    position through :class:`DynamicCache` (Hugging Face's "dynamic cache").
-
-    Args:
-        x: ``[T, D_model]``, float32 or float64.
-        w_q: ``[D_model, D_k]``. w_k: ``[D_model, D_k]``. w_v: ``[D_model, D_v]``.
-        cache: optional :class:`DynamicCache` (or any cache with the same
-            interface) to append to; positions already in it are attended to,
-            as after a prefill. Default: a new empty DynamicCache.
-
-    Returns:
-        ``[T, D_v]`` in ``np.result_type`` of the inputs.
-
-    Raises:
-        TypeError: an input is not a float32/float64 array, or ``cache`` is not a
-            cache or holds another dtype than the computation's.
-        ValueError: shapes that do not fit (named in the message), NaN/inf in an
-            input, a ``cache`` that does not fit or is too short, or scores that
-            overflow the dtype. A given ``cache`` is left unchanged.
-    """
+    """Decode with a K/V cache grown by ``np.concatenate`` (default: a new :class:`DynamicCache`)."""
     x, w_q, w_k, w_v, _ = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(2,))
-    return _decode(x, w_q, w_k, w_v, DynamicCache() if cache is None else cache)
+    return _decode(x, w_q, w_k, w_v, DynamicCache() if cache is None else _checked(cache, x, w_q, w_k, w_v))
 
 
 def cached_attention_preallocated(x, w_q, w_k, w_v, cache=None):
-    """Decode one sequence with K/V buffers allocated once and written in place.
-
-    Args:
-        x: ``[T, D_model]``, float32 or float64.
-        w_q: ``[D_model, D_k]``. w_k: ``[D_model, D_k]``. w_v: ``[D_model, D_v]``.
-        cache: optional :class:`StaticCache` with ``batch_shape=()`` and room for
-            T more positions. Default: a new StaticCache of exactly T positions.
-
-    Returns:
-        ``[T, D_v]`` in ``np.result_type`` of the inputs.
-
-    Raises:
-        TypeError: an input is not a float32/float64 array, or ``cache`` is not a
-            cache or holds another dtype than the computation's.
-        ValueError: shapes that do not fit (named in the message), NaN/inf in an
-            input, a ``cache`` that does not fit or is too short, or scores that
-            overflow the dtype. A given ``cache`` is left unchanged.
-    """
+    """Decode with K/V buffers allocated once and written in place (default: a StaticCache of T positions)."""
     x, w_q, w_k, w_v, _ = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(2,))
     return _decode_preallocated(x, w_q, w_k, w_v, cache)
 
@@ -160,22 +85,9 @@ def cached_attention_preallocated(x, w_q, w_k, w_v, cache=None):
 def sequential_cached_attention(x, w_q, w_k, w_v):
     """Decode B sequences one after another in a Python loop: the batch baseline.
 
-    Each sequence goes through the decode path of
-    :func:`cached_attention_preallocated` with its own preallocated cache
-    (inputs validated once for all B), so the only difference from
-    :func:`batched_cached_attention` is how many NumPy calls are made.
-
-    Args:
-        x: ``[B, T, D_model]``, float32 or float64.
-        w_q: ``[D_model, D_k]``. w_k: ``[D_model, D_k]``. w_v: ``[D_model, D_v]``.
-
-    Returns:
-        ``[B, T, D_v]`` in ``np.result_type`` of the inputs.
-
-    Raises:
-        TypeError: an input is not a float32/float64 array.
-        ValueError: shapes that do not fit (named in the message), NaN/inf in an
-            input, or scores that overflow the dtype.
+    Each takes the path of :func:`cached_attention_preallocated` (inputs validated
+    once for all B), so it differs from :func:`batched_cached_attention` only in
+    how many NumPy calls are made.
     """
     x, w_q, w_k, w_v, dtype = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(3,))
     out = np.empty(x.shape[:-1] + (w_v.shape[1],), dtype=dtype)  # [B, T, D_v]
@@ -185,26 +97,10 @@ def sequential_cached_attention(x, w_q, w_k, w_v):
 
 
 def batched_cached_attention(x, w_q, w_k, w_v, cache=None):
-    """Decode B sequences together: one NumPy call per operation per step.
+    """Decode B sequences together, one NumPy call per operation per step.
 
-    The cache is ``k_cache: [B, T, D_k]``, ``v_cache: [B, T, D_v]``,
-    preallocated. Every matmul keeps B as a batch axis, so sequences never mix.
-
-    Args:
-        x: ``[B, T, D_model]``, float32 or float64.
-        w_q: ``[D_model, D_k]``. w_k: ``[D_model, D_k]``. w_v: ``[D_model, D_v]``.
-        cache: optional :class:`StaticCache` with ``batch_shape=(B,)`` and room
-            for T more positions. Default: a new one of exactly T positions.
-
-    Returns:
-        ``[B, T, D_v]`` in ``np.result_type`` of the inputs.
-
-    Raises:
-        TypeError: an input is not a float32/float64 array, or ``cache`` is not a
-            cache or holds another dtype than the computation's.
-        ValueError: shapes that do not fit (named in the message), NaN/inf in an
-            input, a ``cache`` that does not fit or is too short, or scores that
-            overflow the dtype. A given ``cache`` is left unchanged.
+    The cache is ``[B, T, D]`` (default: a new StaticCache of T positions); every
+    matmul keeps B as a batch axis, so sequences never mix.
     """
     x, w_q, w_k, w_v, _ = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(3,))
     return _decode_preallocated(x, w_q, w_k, w_v, cache)

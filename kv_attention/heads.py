@@ -8,122 +8,47 @@ Axis letters used in names and shape comments:
     D_out    output width of ``w_o`` (D_model in a transformer layer)
 Leading ``...`` axes are batch-like and never mixed.
 
-Multi-head attention (MHA, H_kv = H_q) is Vaswani et al. 2017, section 3.2.2;
-multi-query attention (MQA, H_kv = 1) is Shazeer 2019, "Fast Transformer Decoding:
-One Write-Head is All You Need"; grouped-query attention (GQA, 1 < H_kv < H_q) is
-Ainslie et al. 2023, "GQA: Training Generalized Multi-Query Transformer Models".
+Inputs: ``x: [T, D_model]`` or ``[B, T, D_model]``, ``w_q: [D_model, H_q·D_head]``,
+``w_k, w_v: [D_model, H_kv·D_head]``, ``w_o: [H_q·D_head, D_out]``, float32 or
+float64, and integer counts H_q, H_kv >= 1 with H_kv dividing H_q. The output
+``[..., T, D_out]`` is in ``np.result_type`` of the inputs; scale 1/sqrt(D_head).
+Bad input raises before anything is computed: TypeError for an input that is not
+a float32/float64 array or a count that is not an integer; ValueError for a bad
+count, shapes that do not fit (named in the message), NaN/inf, or overflow.
 
-Head mapping: query head h reads K/V head ``h // G``, so consecutive query heads
-share a K/V head. This is the order of the Llama reference code's ``repeat_kv``
-(``expand`` then ``reshape``, i.e. repeat-interleave) and of FlashAttention's GQA;
-``h % H_kv`` would be a different, wrong model.
+MHA (H_kv = H_q) is Vaswani et al. 2017, section 3.2.2; MQA (H_kv = 1) is Shazeer
+2019, "Fast Transformer Decoding: One Write-Head is All You Need"; GQA (1 < H_kv
+< H_q) is Ainslie et al. 2023, "GQA: Training Generalized Multi-Query Transformer
+Models". Query head h reads K/V head ``h // G``, so consecutive query heads share
+a K/V head: the order of the Llama reference code's ``repeat_kv`` (``expand`` then
+``reshape``, i.e. repeat-interleave) and of FlashAttention's GQA; ``h % H_kv``
+would be a different, wrong model.
 """
 
 import numpy as np
 
-from ._validation import as_float_array, as_size, check_finite_output, check_score_range
+from ._validation import (
+    check_choice,
+    check_finite_output,
+    check_head_cache_fits,
+    check_head_counts,
+    check_head_inputs,
+)
 from .attention import _causal_attention, attend
-from .cache import StaticCache
-from .decode import _check_cache
+from .cache import StaticCache, check_is_cache, rolled_back_on_error
 
 PATHS = ("repeat_kv", "grouped")
-
-
-def _check_head_counts(n_heads, n_kv_heads):
-    """Return ``(n_heads, n_kv_heads)`` as ints >= 1, with n_heads a multiple of n_kv_heads."""
-    n_heads = as_size("n_heads", n_heads, minimum=1)
-    n_kv_heads = as_size("n_kv_heads", n_kv_heads, minimum=1)
-    if n_heads % n_kv_heads:
-        raise ValueError(
-            f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: "
-            "every K/V head must serve the same number of query heads"
-        )
-    return n_heads, n_kv_heads
-
-
-def _head_dim(w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
-    """D_head = ``w_q.shape[1] // n_heads``; ValueError unless every weight's width is heads × D_head."""
-    head_dim, rest = divmod(w_q.shape[1], n_heads)
-    if rest or head_dim == 0:
-        raise ValueError(
-            f"w_q has {w_q.shape[1]} columns, which is not n_heads={n_heads} × head_dim "
-            f"for any head_dim >= 1: w_q {w_q.shape}"
-        )
-    for name, w in (("w_k", w_k), ("w_v", w_v)):
-        if w.shape[1] != n_kv_heads * head_dim:
-            raise ValueError(
-                f"{name} has {w.shape[1]} columns but n_kv_heads × head_dim = {n_kv_heads} × {head_dim} "
-                f"= {n_kv_heads * head_dim} (head_dim from w_q {w_q.shape}, n_heads={n_heads}): "
-                f"{name} {w.shape}"
-            )
-    if w_o.shape[0] != n_heads * head_dim:
-        raise ValueError(
-            f"w_o has {w_o.shape[0]} rows but n_heads × head_dim = {n_heads} × {head_dim} "
-            f"= {n_heads * head_dim}: w_o {w_o.shape}"
-        )
-    return head_dim
-
-
-def _check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
-    """Validate ``x`` and the four weights of multi-head attention.
-
-    Returns:
-        ``(x, w_q, w_k, w_v, w_o, head_dim, dtype)``: the weights cast to ``dtype``
-        (a new array only when the dtype differs), ``dtype = np.result_type`` of
-        all five inputs, ``head_dim = w_q.shape[1] // n_heads``.
-
-    Raises:
-        TypeError: an input is not float32/float64.
-        ValueError: NaN/inf, a wrong number of axes, weight rows that do not
-            match D_model (w_q, w_k, w_v), weight widths that are not heads ×
-            head_dim, or inputs so large that q·k could overflow the dtype.
-    """
-    x = as_float_array("x", x)
-    weights = {n: as_float_array(n, w) for n, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v), ("w_o", w_o))}
-    if x.ndim not in (2, 3):
-        raise ValueError(f"x must be [T, D_model] or [B, T, D_model], got shape {x.shape}")
-    for name, w in weights.items():
-        if w.ndim != 2:
-            raise ValueError(f"{name} must be a matrix [rows, columns], got shape {w.shape}")
-        if name != "w_o" and w.shape[0] != x.shape[-1]:
-            raise ValueError(
-                f"{name} has {w.shape[0]} rows but x has D_model={x.shape[-1]}: x {x.shape}, {name} {w.shape}"
-            )
-    w_q, w_k, w_v, w_o = weights.values()
-    head_dim = _head_dim(w_q, w_k, w_v, w_o, n_heads, n_kv_heads)
-    dtype = np.result_type(x, w_q, w_k, w_v, w_o)
-    check_score_range(x, w_q, w_k, w_v, dtype)  # |q_h| <= |x|·|w_q|_F: one bound covers every head
-    w_q, w_k, w_v, w_o = (w.astype(dtype, copy=False) for w in (w_q, w_k, w_v, w_o))
-    return x, w_q, w_k, w_v, w_o, head_dim, dtype
 
 
 def multi_head_attention(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads):
     """Causal multi-head attention over the whole sequence at once: the reference.
 
-    Each query head h is the single-head reference :func:`causal_attention` with
-    its own columns of ``w_q`` and the columns of K/V head ``h // G`` in ``w_k``
-    and ``w_v``; the H_q head outputs are concatenated in head order and
-    projected by ``w_o``. Scale 1/sqrt(D_head). With ``n_heads = n_kv_heads = 1``
-    and ``w_o`` the identity this is :func:`causal_attention`.
-
-    Args:
-        x: ``[T, D_model]`` or ``[B, T, D_model]``, float32 or float64.
-        w_q: ``[D_model, H_q·D_head]``. w_k, w_v: ``[D_model, H_kv·D_head]``.
-        w_o: ``[H_q·D_head, D_out]`` (D_out = D_model in a transformer layer).
-        n_heads: H_q >= 1. n_kv_heads: H_kv >= 1, dividing n_heads (H_kv = H_q
-            is MHA, 1 is MQA, in between GQA).
-
-    Returns:
-        ``[T, D_out]`` or ``[B, T, D_out]`` in ``np.result_type`` of the inputs.
-        T = 0 gives an empty array.
-
-    Raises:
-        TypeError: an input is not a float32/float64 array, or a head count is not an integer.
-        ValueError: n_heads not divisible by n_kv_heads, a count < 1, shapes that
-            do not fit (named in the message), NaN/inf in an input, or overflow.
+    Query head h is :func:`causal_attention` with its columns of ``w_q`` and K/V
+    head ``h // G``'s of ``w_k`` and ``w_v``; the heads are concatenated in order and
+    projected by ``w_o``. One head and ``w_o`` the identity give :func:`causal_attention`.
     """
-    n_heads, n_kv_heads = _check_head_counts(n_heads, n_kv_heads)
-    x, w_q, w_k, w_v, w_o, head_dim, _ = _check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads)
+    n_heads, n_kv_heads = check_head_counts(n_heads, n_kv_heads)
+    x, w_q, w_k, w_v, w_o, head_dim, _ = check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads)
     group = n_heads // n_kv_heads
     heads = []
     with np.errstate(over="ignore", invalid="ignore"):
@@ -140,14 +65,10 @@ def multi_head_attention(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads):
 def _attend_repeat_kv(q, k, v):
     """One decode step by repeating each K/V head G times, as Llama's ``repeat_kv`` does.
 
-    Args:
-        q: ``[..., H_kv, G, D_head]``, the new position's queries by group.
-        k, v: ``[..., H_kv, S, D_head]``, the cache's views.
-
-    Returns:
-        ``[..., H_q, 1, D_head]``. For G > 1 each step materialises
-        ``[..., H_q, S, D_head]`` copies of K and V; for G = 1 (MHA) it uses the
-        cache's views, as ``repeat_kv`` returns its input when ``n_rep == 1``.
+    ``q: [..., H_kv, G, D_head]`` is the new position's queries by group, ``k, v:
+    [..., H_kv, S, D_head]`` the cache's views. For G > 1 each step materialises
+    ``[..., H_q, S, D_head]`` copies of K and V; for G = 1 (MHA) it uses the views,
+    as ``repeat_kv`` does for ``n_rep == 1``.
     """
     *lead, n_kv_heads, group, head_dim = q.shape
     if group > 1:
@@ -160,15 +81,10 @@ def _attend_repeat_kv(q, k, v):
 def _attend_grouped(q, k, v):
     """One decode step on the cache's own views: the G query heads of a group are G query rows.
 
-    Args:
-        q: ``[..., H_kv, G, D_head]``, the new position's queries by group.
-        k, v: ``[..., H_kv, S, D_head]``, the cache's views; never copied.
-
-    Returns:
-        ``[..., H_kv, G, D_head]``: one ``[G, D_head] x [D_head, S]`` product per
-        K/V head instead of G products against G copies. FlashAttention-2 does the
-        same for one query position (``seqlenq_ngroups_swapped`` in its
-        ``flash_api.cpp``: q ``(b, 1, H_kv·G, d)`` viewed as ``(b, G, H_kv, d)``).
+    Shapes as :func:`_attend_repeat_kv`. One ``[G, D_head] x [D_head, S]`` product
+    per K/V head instead of G against G copies. FlashAttention-2 does the same for
+    one query position (``seqlenq_ngroups_swapped`` in ``flash_api.cpp``: q
+    ``(b, 1, H_kv·G, d)`` viewed as ``(b, G, H_kv, d)``).
     """
     return attend(q, k, v)  # scores [..., H_kv, G, S] -> [..., H_kv, G, D_head]
 
@@ -176,88 +92,53 @@ def _attend_grouped(q, k, v):
 _STEPS = {"repeat_kv": _attend_repeat_kv, "grouped": _attend_grouped}
 
 
-def _check_head_cache(cache, x, w_q, w_k, w_v, n_kv_heads, head_dim, dtype):
-    """Raise unless ``cache`` fits ``[*x.shape[:-2], H_kv, T_max, D_head]``, the dtype and T more positions.
-
-    Keys already in the cache (a prefill) also enter the overflow bound of q·k.
-    """
-    expected = x.shape[:-2] + (n_kv_heads, head_dim)  # the cache's shape without its T_max axis
-    layout = ", ".join(map(str, x.shape[:-2] + (n_kv_heads, "T_max", head_dim)))
-    text = f"must be [{layout}] for x {x.shape}, n_kv_heads={n_kv_heads}, head_dim={head_dim}"
-    _check_cache(cache, x, w_q, w_k, w_v, dtype, layout=(expected, expected, text))
-
-
 def _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache):
-    """The decode loop over validated ``x: [..., T, D_model]``; on any error ``cache`` is cropped back."""
+    """The decode loop over validated ``x: [..., T, D_model]`` through ``cache``."""
     lead = x.shape[:-2]
     group = w_q.shape[1] // (n_kv_heads * head_dim)
     q_shape = lead + (n_kv_heads, group, head_dim)  # [..., H_kv, G, D_head]
     kv_shape = lead + (n_kv_heads, 1, head_dim)  # [..., H_kv, 1, D_head]
     heads_shape = lead + (w_q.shape[1],)  # [..., H_q·D_head], head h at columns h·D_head..
     out = np.empty(lead + (x.shape[-2], w_o.shape[1]), dtype=np.result_type(x, w_o))  # [..., T, D_out]
-    start = cache.get_seq_length()
-    try:
-        with np.errstate(over="ignore", invalid="ignore"):
-            for t in range(x.shape[-2]):
-                x_t = x[..., t, :]  # [..., D_model]
-                k_t = (x_t @ w_k).reshape(kv_shape)  # [..., H_kv, 1, D_head]
-                v_t = (x_t @ w_v).reshape(kv_shape)  # [..., H_kv, 1, D_head]
-                k, v = cache.update(k_t, v_t)  # views [..., H_kv, t+1, D_head]
-                q_t = (x_t @ w_q).reshape(q_shape)  # [..., H_kv, G, D_head]
-                heads = step(q_t, k, v)  # [..., H_kv, G, D_head] or [..., H_q, 1, D_head]
-                out[..., t, :] = heads.reshape(heads_shape) @ w_o  # [..., D_out]
+    with rolled_back_on_error(cache), np.errstate(over="ignore", invalid="ignore"):
+        for t in range(x.shape[-2]):
+            x_t = x[..., t, :]  # [..., D_model]
+            k_t = (x_t @ w_k).reshape(kv_shape)  # [..., H_kv, 1, D_head]
+            v_t = (x_t @ w_v).reshape(kv_shape)  # [..., H_kv, 1, D_head]
+            k, v = cache.update(k_t, v_t)  # views [..., H_kv, t+1, D_head]
+            q_t = (x_t @ w_q).reshape(q_shape)  # [..., H_kv, G, D_head]
+            heads = step(q_t, k, v)  # [..., H_kv, G, D_head] or [..., H_q, 1, D_head]
+            out[..., t, :] = heads.reshape(heads_shape) @ w_o  # [..., D_out]
         check_finite_output(out)
-    except BaseException:
-        cache.crop(start)
-        raise
     return out
 
 
 def multi_head_decode(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, path="grouped", cache=None):
-    """Decode token by token with a preallocated ``[B, H_kv, T_max, D_head]`` K/V cache.
+    """Decode token by token through a ``[B, H_kv, T_max, D_head]`` K/V cache.
 
-    At step t only ``x[..., t, :]`` is projected: its H_kv new keys and values
-    are written into the cache (:class:`StaticCache`, leading axes ``(B, H_kv)``),
-    and its H_q queries attend over the cache's first t+1 positions. Equals
-    :func:`multi_head_attention` position by position.
+    At step t only ``x[..., t, :]`` is projected: its H_kv keys and values go into
+    the cache and its H_q queries attend over the first t+1 positions. Equals
+    :func:`multi_head_attention` position by position. Two paths, the same result
+    up to rounding (about 1e-16 in float64):
+        ``"repeat_kv"``: repeat each K/V head G times per step (the common approach:
+        Llama's ``repeat_kv``, gpt-fast), one query row per head.
+        ``"grouped"`` (default): a group's G query heads as G query rows against
+        their K/V head's cache view; K/V are never copied.
 
-    Two paths, the same result up to rounding (about 1e-16 in float64):
-        ``"repeat_kv"``: repeat each K/V head G times into ``[..., H_q, S, D_head]``
-        per step (the common approach: Llama's ``repeat_kv``, gpt-fast), one
-        query row per head.
-        ``"grouped"`` (default): attention on ``[..., H_kv, G, ...]`` views, the G
-        query heads of a group as G query rows against their K/V head's cache
-        view; K/V are never copied.
-
-    Args:
-        x: ``[T, D_model]`` or ``[B, T, D_model]``, float32 or float64.
-        w_q: ``[D_model, H_q·D_head]``. w_k, w_v: ``[D_model, H_kv·D_head]``.
-        w_o: ``[H_q·D_head, D_out]`` (D_out = D_model in a transformer layer).
-        n_heads: H_q >= 1. n_kv_heads: H_kv >= 1, dividing n_heads.
-        path: ``"grouped"`` or ``"repeat_kv"``.
-        cache: optional cache with ``k_cache``/``v_cache`` of
-            ``[*x.shape[:-2], H_kv, T_max, D_head]`` and room for T more positions,
-            e.g. ``StaticCache((B, n_kv_heads), T_max, head_dim, head_dim)``;
-            positions already in it are attended to, as after a prefill.
-            Default: a new StaticCache of exactly T positions.
-
-    Returns:
-        ``[T, D_out]`` or ``[B, T, D_out]`` in ``np.result_type`` of the inputs.
-
-    Raises:
-        TypeError: an input is not a float32/float64 array, a head count is not an
-            integer, or ``cache`` is not a cache or holds another dtype.
-        ValueError: an unknown ``path``, n_heads not divisible by n_kv_heads, a
-            count < 1, shapes that do not fit (named in the message), NaN/inf in
-            an input, a ``cache`` that does not fit or is too short, or overflow.
-            A given ``cache`` is left unchanged.
+    ``cache``: a Cache of ``[*x.shape[:-2], H_kv, T_max, D_head]`` with room for T
+    more positions, e.g. ``StaticCache((B, n_kv_heads), T_max, head_dim, head_dim)``;
+    positions in it are attended to (a prefill). Default: a new StaticCache of
+    exactly T positions.
+    Also raises ValueError for an unknown path or a cache that does not fit or is
+    too short, TypeError for a non-cache or one of another dtype; a failed call
+    leaves a given cache unchanged.
     """
-    if not isinstance(path, str) or path not in _STEPS:
-        raise ValueError(f"unknown path {path!r}; known: {', '.join(PATHS)}")
-    n_heads, n_kv_heads = _check_head_counts(n_heads, n_kv_heads)
-    x, w_q, w_k, w_v, w_o, head_dim, dtype = _check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads)
+    check_choice("path", path, PATHS)
+    n_heads, n_kv_heads = check_head_counts(n_heads, n_kv_heads)
+    x, w_q, w_k, w_v, w_o, head_dim, dtype = check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads)
     if cache is None:
         cache = StaticCache(x.shape[:-2] + (n_kv_heads,), x.shape[-2], head_dim, head_dim, dtype)
     else:
-        _check_head_cache(cache, x, w_q, w_k, w_v, n_kv_heads, head_dim, dtype)
+        check_is_cache(cache)
+        check_head_cache_fits(cache, x, w_q, w_k, w_v, n_kv_heads, head_dim, dtype)
     return _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, _STEPS[path], cache)

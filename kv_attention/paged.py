@@ -8,56 +8,88 @@ Language Model Serving with PagedAttention", the vLLM paper). Terms as in vLLM:
     block_table   per sequence: logical block j -> physical block number
     slot_mapping  per new token: its slot, physical_block * block_size + offset
     free list     physical blocks not in any block table
+    refcount      per block: the block tables holding it (forks share blocks)
 
 Axis letters: N sequences in one call, S gathered key positions, D feature
 width (D_k, D_v), T_new new positions per sequence.
+
+Sharing. :meth:`PagedKVCache.fork` gives a child sequence the parent's blocks,
+each block's refcount up by one; only the last, partial block can be written
+again, and the first write into it while it is shared copies it first
+(copy-on-write, vLLM's ``CopyOnWriteTracker``). With ``enable_prefix_caching``,
+full blocks are also cached under a chained hash of their tokens (see
+:mod:`~kv_attention.prefix_caching`), and a new sequence starts from the longest
+cached prefix of its token ids. The free list and the refcounts are the
+allocator's (:mod:`~kv_attention.block_allocator`); this class keeps the map of
+sequence -> block table.
+
+Errors: TypeError for a sequence id that is not hashable, ``seq_ids`` that are
+not an ordered sequence (list, tuple, array, range), k and v not both float32 or
+both float64 or float64 into a float32 pool, token ids that are not integers, a
+size that is not an integer or a dtype other than float32/float64; ValueError
+for a sequence not in the cache (or, for ``add_sequence`` and a fork's child,
+already in it), ``seq_ids`` that repeat one, shapes that do not fit (named in
+the message), NaN/inf, a size below its minimum, or a pool larger than memory
+(with the bytes it needs); :class:`OutOfBlocksError` when an update needs more
+blocks than are free. On any error the pool, the free list, the refcounts and
+every block table are unchanged.
 """
 
 import math
 
 import numpy as np
 
-from ._validation import as_float_array, as_float_dtype, as_size
-
-
-class OutOfBlocksError(RuntimeError):
-    """The pool has fewer free blocks than an update needs; the cache was left unchanged."""
-
+from ._validation import (
+    as_float_dtype,
+    as_id_list,
+    as_size,
+    as_token_ids,
+    check_known_ids,
+    check_new_id,
+    check_paged_positions,
+    check_paged_token_ids,
+    check_pool_size,
+    check_update_ids,
+    pool_too_large,
+)
+from .block_allocator import BlockAllocator, OutOfBlocksError
+from .prefix_caching import PrefixCachingAllocator, hash_block_tokens
 
 class PagedKVCache:
     """K/V of many sequences in one pool of fixed-size blocks, taken from a free list as they grow.
 
-    A sequence holds whole blocks only: ``ceil(length / block_size)`` of them,
-    listed in its block table. Blocks are taken when a sequence's last block is
-    full and returned to the free list by :meth:`free`; a freed block is the
-    next one taken (a LIFO free list starting from block ``num_blocks - 1``, as
-    vLLM's original ``UncachedBlockAllocator``). Tokens never move once written.
+    A sequence holds whole blocks: ``ceil(length / block_size)`` of them, listed
+    in its block table, plus any reserved ahead by :meth:`allocate_slots`. Blocks
+    are taken when a sequence's last block is full and returned to the free list
+    by :meth:`free` once no sequence holds them; a freed block is the next one
+    taken (a LIFO free list starting from block ``num_blocks - 1``, as vLLM's
+    original ``UncachedBlockAllocator``). Tokens never move once written, except
+    that a write into a shared partial block first copies it.
 
-    Args:
-        num_blocks: physical blocks in the pool (>= 0).
-        block_size: token slots per block (>= 1).
-        k_dim: D_k (>= 1). v_dim: D_v (>= 1).
-        dtype: float32 or float64 (default float64).
-
-    Attributes:
-        k_cache: the key pool ``[num_blocks, block_size, D_k]``.
-        v_cache: the value pool ``[num_blocks, block_size, D_v]``.
-
-    Raises:
-        ValueError: a negative num_blocks, or block_size, k_dim or v_dim below 1. TypeError: a size that is
-            not an integer, or a dtype other than float32/float64.
+    ``num_blocks >= 0``, ``block_size``, ``k_dim`` (D_k) and ``v_dim`` (D_v) >= 1;
+    the pools are ``k_cache: [num_blocks, block_size, D_k]`` and ``v_cache:
+    [num_blocks, block_size, D_v]``, float32 or float64 (default float64).
+    ``enable_prefix_caching`` (default False) keeps full blocks cached by the
+    hash of their tokens; the token ids come with :meth:`update`.
     """
 
-    def __init__(self, num_blocks, block_size, k_dim, v_dim, dtype=np.float64):
+    def __init__(self, num_blocks, block_size, k_dim, v_dim, dtype=np.float64, *, enable_prefix_caching=False):
         num_blocks = as_size("num_blocks", num_blocks)
         k_dim, v_dim = (as_size(name, n, minimum=1) for name, n in (("k_dim", k_dim), ("v_dim", v_dim)))
         block_size = as_size("block_size", block_size, minimum=1)
         dtype = as_float_dtype(dtype)
-        self.k_cache = np.zeros((num_blocks, block_size, k_dim), dtype)
-        self.v_cache = np.zeros((num_blocks, block_size, v_dim), dtype)
-        self._free_blocks = list(range(num_blocks))  # pop() takes from the end
+        nbytes = check_pool_size(num_blocks, block_size, k_dim, v_dim, dtype, BlockAllocator.nbytes_for(num_blocks))
+        allocator = PrefixCachingAllocator if enable_prefix_caching else BlockAllocator
+        try:
+            self.k_cache = np.zeros((num_blocks, block_size, k_dim), dtype)
+            self.v_cache = np.zeros((num_blocks, block_size, v_dim), dtype)
+            self.allocator = allocator(num_blocks)
+        except (MemoryError, ValueError):  # ValueError: numpy's "array is too big"
+            raise pool_too_large(nbytes, num_blocks, block_size, k_dim, v_dim, dtype, "the allocation failed") from None
         self._block_tables = {}  # seq_id -> [physical block, ...]
         self._lengths = {}  # seq_id -> tokens stored
+        self._block_hashes = {}  # prefix caching: seq_id -> hashes of its full blocks, or None once a write had no ids
+        self._partial_tokens = {}  # prefix caching: seq_id -> token ids in its last, partial block
         self._peak_blocks = 0
 
     @property
@@ -71,114 +103,152 @@ class PagedKVCache:
         return self.k_cache.shape[1]
 
     @property
+    def enable_prefix_caching(self):
+        """Whether full blocks are cached by the hash of their tokens (bool)."""
+        return isinstance(self.allocator, PrefixCachingAllocator)
+
+    @property
     def seq_ids(self):
         """The sequences held, in the order they were added (tuple)."""
         return tuple(self._block_tables)
 
-    def add_sequence(self, seq_id):
-        """Start an empty sequence ``seq_id`` (any hashable); it takes no block until written.
+    def add_sequence(self, seq_id, token_ids=None):
+        """Start sequence ``seq_id`` (any hashable); it takes no new block until written.
 
-        Raises:
-            ValueError: ``seq_id`` is already in the cache. TypeError: it is not hashable.
+        With prefix caching and ``token_ids`` (the sequence's first tokens), it
+        starts holding the cached blocks of the longest run of full blocks of
+        ``token_ids`` found in the cache (a hit): returns the tokens so held, a
+        multiple of block_size, from which the next :meth:`update` continues.
+        Else returns 0. A caller that must compute a token's output passes the
+        tokens before it only (a fully cached prompt still computes its last token).
         """
-        self._check_hashable(seq_id)
-        if seq_id in self._block_tables:
-            raise ValueError(f"sequence {seq_id!r} is already in the cache")
-        self._block_tables[seq_id] = []
-        self._lengths[seq_id] = 0
+        check_new_id(seq_id, self._block_tables)
+        token_ids = None if token_ids is None else as_token_ids("token_ids", token_ids)
+        blocks, hashes = self._cached_prefix(token_ids)
+        self.allocator.share(blocks)
+        self._block_tables[seq_id] = blocks
+        self._lengths[seq_id] = len(blocks) * self.block_size
+        if self.enable_prefix_caching:
+            self._block_hashes[seq_id], self._partial_tokens[seq_id] = hashes, []
+        self._note_peak()
+        return self._lengths[seq_id]
+
+    def find_cached_blocks(self, token_ids):
+        """The cached blocks :meth:`add_sequence` would start from with ``token_ids`` (tuple; changes nothing)."""
+        return tuple(self._cached_prefix(as_token_ids("token_ids", token_ids))[0])
+
+    def fork(self, parent_id, child_id):
+        """Start ``child_id`` as a copy of ``parent_id`` that shares its blocks (each refcount + 1); no copy now.
+
+        The child holds the parent's written blocks only (not blocks the parent
+        reserved ahead). Either may then grow on its own: the first write of
+        either into the shared last partial block copies that block for the
+        writer (copy-on-write); full blocks stay shared until both are freed.
+        """
+        check_known_ids([parent_id], self._block_tables)
+        check_new_id(child_id, self._block_tables)
+        blocks = self._block_tables[parent_id][: self._blocks_for(self._lengths[parent_id])]
+        self.allocator.share(blocks)
+        self._block_tables[child_id] = list(blocks)
+        self._lengths[child_id] = self._lengths[parent_id]
+        if self.enable_prefix_caching:
+            hashes = self._block_hashes[parent_id]
+            self._block_hashes[child_id] = None if hashes is None else list(hashes)
+            self._partial_tokens[child_id] = list(self._partial_tokens[parent_id])
 
     def free(self, seq_id):
-        """Remove sequence ``seq_id`` and return its blocks to the free list (their contents stay).
+        """Remove sequence ``seq_id``; each of its blocks returns to the free list once no sequence holds it.
 
-        Raises:
-            ValueError: ``seq_id`` is not in the cache.
+        Their contents stay; with prefix caching, a cached block stays findable
+        by its hash until it is evicted.
         """
-        self._check_known([seq_id])
-        self._free_blocks.extend(reversed(self._block_tables.pop(seq_id)))
+        check_known_ids([seq_id], self._block_tables)
+        self.allocator.free(self._block_tables.pop(seq_id))
         del self._lengths[seq_id]
+        self._block_hashes.pop(seq_id, None)
+        self._partial_tokens.pop(seq_id, None)
 
     def get_seq_length(self, seq_id):
-        """Tokens stored for ``seq_id`` (int). ValueError if it is not in the cache."""
-        self._check_known([seq_id])
+        """Tokens stored for ``seq_id`` (int)."""
+        check_known_ids([seq_id], self._block_tables)
         return self._lengths[seq_id]
 
     def get_seq_lengths(self, seq_ids):
-        """Tokens stored for each of ``seq_ids``: ``[N]`` int64. ValueError if one is not in the cache."""
-        seq_ids = self._as_id_list(seq_ids)
-        self._check_known(seq_ids)
+        """Tokens stored for each of ``seq_ids``: ``[N]`` int64."""
+        seq_ids = as_id_list(seq_ids)
+        check_known_ids(seq_ids, self._block_tables)
         return np.array([self._lengths[s] for s in seq_ids], dtype=np.int64)
 
     def block_table(self, seq_id):
-        """The physical blocks of ``seq_id``, logical block 0 first (tuple of ints).
-
-        Raises:
-            ValueError: ``seq_id`` is not in the cache.
-        """
-        self._check_known([seq_id])
+        """The physical blocks of ``seq_id``, logical block 0 first (tuple of ints)."""
+        check_known_ids([seq_id], self._block_tables)
         return tuple(self._block_tables[seq_id])
 
-    def update(self, seq_ids, k, v):
-        """Append ``T_new`` positions to each sequence of ``seq_ids``, taking blocks as needed.
+    def ref_count(self, block):
+        """Block tables holding physical block ``block`` (int; 0 for a free or only cached block)."""
+        return self.allocator.ref_count(block)
 
-        Either every sequence gets its positions or nothing changes: the blocks
-        needed are counted before any is taken.
+    def allocate_slots(self, seq_id, num_tokens):
+        """Make ``seq_id`` hold blocks for ``num_tokens`` more tokens now, so that writing them takes none.
 
-        Args:
-            seq_ids: N distinct sequences already in the cache.
-            k: ``[N, T_new, D_k]``; v: ``[N, T_new, D_v]``, row i for ``seq_ids[i]``.
-
-        Returns:
-            slot_mapping: ``[N, T_new]`` int64, the pool slot each new position was
-            written to, ``physical_block * block_size + offset``.
-
-        Raises:
-            OutOfBlocksError: the free list holds fewer blocks than needed.
-            ValueError: unknown or repeated ``seq_ids``, shapes that do not fit
-                (named in the message), NaN/inf in k or v.
-            TypeError: k and v not both float32 or both float64, or float64
-                into a float32 pool.
-            On any error the pool, the free list and every block table are unchanged.
+        Takes the blocks (and copies a shared last block) that an update of
+        ``num_tokens`` positions would; returns how many blocks it took. All or
+        nothing: :class:`OutOfBlocksError` if fewer are free. vLLM's
+        ``allocate_slots``: a scheduler reserves a prompt's blocks when it admits it.
         """
-        seq_ids = self._check_ids(seq_ids)
-        k, v = self._check_new_positions(seq_ids, k, v)
+        check_known_ids([seq_id], self._block_tables)
+        num_tokens = as_size("num_tokens", num_tokens)
+        needed = self._blocks_needed([seq_id], num_tokens)
+        if needed > self.allocator.num_free_blocks:
+            raise self._out_of_blocks(1, needed)
+        self._make_room(seq_id, num_tokens)
+        self._note_peak()
+        return needed
+
+    def update(self, seq_ids, k, v, token_ids=None):
+        """Append ``k: [N, T_new, D_k]``, ``v: [N, T_new, D_v]`` to the N distinct sequences ``seq_ids``.
+
+        Row i goes to ``seq_ids[i]``, taking blocks as needed (and copying a
+        shared last partial block before writing into it); the blocks needed are
+        counted before any is taken, so either every sequence gets its positions
+        or nothing changes. ``token_ids: [N, T_new]`` integers name the new
+        tokens; with prefix caching, each block they fill is cached under its
+        chained hash (without them, that sequence's later blocks are not cached).
+        Returns slot_mapping, ``[N, T_new]`` int64: the pool slot each new
+        position was written to, ``physical_block * block_size + offset``.
+        """
+        seq_ids = check_update_ids(seq_ids, self._block_tables)
+        k, v = check_paged_positions(k, v, len(seq_ids), self)
         t_new = k.shape[1]
-        needed = [self._blocks_for(self._lengths[s] + t_new) - len(self._block_tables[s]) for s in seq_ids]
-        if sum(needed) > len(self._free_blocks):
-            raise OutOfBlocksError(
-                f"out of blocks: {len(seq_ids)} sequence(s) need {sum(needed)} new block(s) of "
-                f"block_size={self.block_size}, {len(self._free_blocks)} of num_blocks={self.num_blocks} free"
-            )
-        for seq_id, n in zip(seq_ids, needed):
-            self._block_tables[seq_id].extend(self._free_blocks.pop() for _ in range(n))
+        token_ids = check_paged_token_ids(token_ids, len(seq_ids), t_new)
+        needed = self._blocks_needed(seq_ids, t_new)
+        if needed > self.allocator.num_free_blocks:
+            raise self._out_of_blocks(len(seq_ids), needed)
+        for seq_id in seq_ids:
+            self._make_room(seq_id, t_new)
         slot_mapping = self._slot_mapping(seq_ids, t_new)  # [N, T_new]
         self.k_cache.reshape(-1, self.k_cache.shape[-1])[slot_mapping.ravel()] = k.reshape(-1, k.shape[-1])
         self.v_cache.reshape(-1, self.v_cache.shape[-1])[slot_mapping.ravel()] = v.reshape(-1, v.shape[-1])
-        for seq_id in seq_ids:
+        for i, seq_id in enumerate(seq_ids):
             self._lengths[seq_id] += t_new
-        self._peak_blocks = max(self._peak_blocks, self.blocks_in_use)
+            if self.enable_prefix_caching:
+                self._cache_full_blocks(seq_id, None if token_ids is None else token_ids[i])
+        self._note_peak()
         return slot_mapping
 
     def gather(self, seq_ids):
-        """Keys and values of each sequence, read through its own block table only.
+        """Keys and values of the N sequences ``seq_ids``, each read through its own block table only.
 
-        Args:
-            seq_ids: N sequences in the cache.
-
-        Returns:
-            ``(k, v, lengths)``: ``k: [N, S, D_k]``, ``v: [N, S, D_v]`` (copies),
-            ``lengths: [N]`` int64, with S = the most blocks any of them holds
-            × block_size. Row i holds the tokens of ``seq_ids[i]`` at positions
-            ``< lengths[i]``; past that it holds the unwritten slots of its own
-            last block, then that block repeated (zeros for a sequence with no
-            block): mask them. Positions ``< lengths[i]`` equal, bit for bit,
-            what was written.
-
-        Raises:
-            ValueError: a sequence not in the cache.
+        Returns ``(k, v, lengths)``: copies ``k: [N, S, D_k]``, ``v: [N, S, D_v]`` and
+        ``lengths: [N]`` int64, with S = the most written blocks any of them
+        holds × block_size. Row i holds the tokens of ``seq_ids[i]`` at positions
+        ``< lengths[i]``, bit for bit as written; past that, the unwritten slots
+        of its own last block, then that block repeated (zeros for a sequence with
+        no written block): mask them.
         """
-        seq_ids = self._as_id_list(seq_ids)
+        seq_ids = as_id_list(seq_ids)
         lengths = self.get_seq_lengths(seq_ids)  # checks every id
-        tables = [self._block_tables[s] for s in seq_ids]
+        tables = [self._block_tables[s][: self._blocks_for(n)] for s, n in zip(seq_ids, lengths.tolist())]
         n, width = len(seq_ids), max((len(t) for t in tables), default=0)
         # Pad each table with its own last block, so that no row reads another sequence's block.
         held = [t + t[-1:] * (width - len(t)) for t in tables if t]
@@ -198,13 +268,13 @@ class PagedKVCache:
 
     @property
     def blocks_in_use(self):
-        """Blocks held by some sequence (int)."""
-        return self.num_blocks - len(self._free_blocks)
+        """Blocks held by some sequence, a shared block once (int)."""
+        return self.num_blocks - self.allocator.num_free_blocks
 
     @property
     def num_free_blocks(self):
-        """Blocks on the free list (int)."""
-        return len(self._free_blocks)
+        """Blocks that can be taken (int): the free list's, and with prefix caching cached ones no sequence holds."""
+        return self.allocator.num_free_blocks
 
     @property
     def peak_blocks(self):
@@ -218,14 +288,20 @@ class PagedKVCache:
 
     @property
     def slots_used(self):
-        """Token slots holding a token: the sum of the sequences' lengths (int)."""
-        return sum(self._lengths.values())
+        """Token slots holding a token, a shared block's once: the sum of the lengths without sharing (int)."""
+        filled = {}  # block -> tokens in it; sharers of a block agree, since a write into a shared block copies it
+        for seq_id, table in self._block_tables.items():
+            length = self._lengths[seq_id]
+            for j in range(self._blocks_for(length)):
+                filled[table[j]] = min(self.block_size, length - j * self.block_size)
+        return sum(filled.values())
 
     @property
     def internal_fragmentation(self):
         """Allocated token slots that hold no token, slots_allocated - slots_used (int).
 
-        At most block_size - 1 per sequence: only a sequence's last block can be partly empty.
+        At most block_size - 1 per sequence, in its last block, plus the blocks
+        reserved ahead by :meth:`allocate_slots`.
         """
         return self.slots_allocated - self.slots_used
 
@@ -238,6 +314,73 @@ class PagedKVCache:
     def _blocks_for(self, length):
         return math.ceil(length / self.block_size)
 
+    def _blocks_needed(self, seq_ids, t_new):
+        """Blocks that writing ``t_new`` more positions of each of ``seq_ids`` takes: new ones, and copies.
+
+        A shared last partial block is copied for each of its holders that
+        writes, except the last of them when all of its holders write.
+        """
+        if t_new == 0:
+            return 0
+        size, new, writers = self.block_size, 0, {}
+        for seq_id in seq_ids:
+            table, length = self._block_tables[seq_id], self._lengths[seq_id]
+            new += max(0, self._blocks_for(length + t_new) - len(table))
+            if length % size:
+                writers[table[length // size]] = writers.get(table[length // size], 0) + 1
+        holders = {block: self.allocator.ref_count(block) for block in writers}
+        return new + sum(m - (m == holders[b]) for b, m in writers.items() if holders[b] > 1)
+
+    def _make_room(self, seq_id, t_new):
+        """Take the blocks of :meth:`_blocks_needed` (counted free): copy a shared last block, then extend the table."""
+        table, length = self._block_tables[seq_id], self._lengths[seq_id]
+        if t_new and length % self.block_size and self.allocator.ref_count(table[length // self.block_size]) > 1:
+            j = length // self.block_size
+            (copy,) = self.allocator.allocate(1)
+            self.k_cache[copy], self.v_cache[copy] = self.k_cache[table[j]], self.v_cache[table[j]]
+            self.allocator.free([table[j]])  # the other holders keep it
+            table[j] = copy
+        new = self._blocks_for(length + t_new) - len(table)
+        if new > 0:
+            table.extend(self.allocator.allocate(new))
+
+    def _out_of_blocks(self, n_seqs, needed):
+        return OutOfBlocksError(
+            f"out of blocks: {n_seqs} sequence(s) need {needed} new block(s) of "
+            f"block_size={self.block_size}, {self.num_free_blocks} of num_blocks={self.num_blocks} free"
+        )
+
+    def _note_peak(self):
+        self._peak_blocks = max(self._peak_blocks, self.blocks_in_use)
+
+    def _cached_prefix(self, token_ids):
+        """The longest run of cached full blocks that starts ``token_ids``: ``(blocks, their hashes)``."""
+        blocks, hashes = [], []
+        if token_ids is None or not self.enable_prefix_caching:
+            return blocks, hashes
+        size = self.block_size
+        for j in range(len(token_ids) // size):
+            block_hash = hash_block_tokens(hashes[-1] if hashes else None, token_ids[j * size : (j + 1) * size])
+            block = self.allocator.lookup(block_hash)
+            if block is None:
+                break
+            blocks.append(block)
+            hashes.append(block_hash)
+        return blocks, hashes
+
+    def _cache_full_blocks(self, seq_id, token_ids):
+        """Record ``seq_id``'s new token ids; cache each block they complete under its chained hash."""
+        hashes = self._block_hashes[seq_id]
+        if hashes is None or token_ids is None:  # a write without ids ends the sequence's caching
+            self._block_hashes[seq_id] = None
+            return
+        partial, size, table = self._partial_tokens[seq_id], self.block_size, self._block_tables[seq_id]
+        partial.extend(token_ids.tolist())
+        while len(partial) >= size:
+            hashes.append(hash_block_tokens(hashes[-1] if hashes else None, partial[:size]))
+            self.allocator.cache(table[len(hashes) - 1], hashes[-1])
+            del partial[:size]
+
     def _slot_mapping(self, seq_ids, t_new):
         """Slots ``[N, T_new]`` of the next ``t_new`` positions of each sequence (blocks already taken)."""
         size, slots = self.block_size, []
@@ -245,50 +388,3 @@ class PagedKVCache:
             table, start = self._block_tables[seq_id], self._lengths[seq_id]
             slots.append([table[p // size] * size + p % size for p in range(start, start + t_new)])
         return np.array(slots, dtype=np.int64).reshape(len(seq_ids), t_new)
-
-    @staticmethod
-    def _as_id_list(seq_ids):
-        """``seq_ids`` as a list; TypeError unless it is an ordered sequence (list, tuple, array, range)."""
-        if not isinstance(seq_ids, (list, tuple, np.ndarray, range)):
-            raise TypeError(
-                f"seq_ids must be a list, tuple or array of sequence ids (ordered: row i is seq_ids[i]), "
-                f"got {type(seq_ids).__name__} {seq_ids!r}"
-            )
-        return list(seq_ids)
-
-    def _check_ids(self, seq_ids):
-        seq_ids = self._as_id_list(seq_ids)
-        self._check_known(seq_ids)
-        if len(set(seq_ids)) != len(seq_ids):
-            raise ValueError(f"seq_ids repeats a sequence: {seq_ids}")
-        return seq_ids
-
-    def _check_known(self, seq_ids):
-        for seq_id in seq_ids:
-            self._check_hashable(seq_id)
-            if seq_id not in self._block_tables:
-                raise ValueError(f"sequence {seq_id!r} is not in the cache; known: {list(self._block_tables)}")
-
-    @staticmethod
-    def _check_hashable(seq_id):
-        try:
-            hash(seq_id)
-        except TypeError:
-            raise TypeError(f"a sequence id must be hashable, got {seq_id!r}") from None
-
-    def _check_new_positions(self, seq_ids, k, v):
-        """Return k, v as arrays, or raise unless they are ``[N, T_new, D_k]``/``[N, T_new, D_v]`` for the pool."""
-        k, v = as_float_array("k", k), as_float_array("v", v)
-        expected_k = (len(seq_ids), k.shape[1] if k.ndim == 3 else "T_new", self.k_cache.shape[-1])
-        expected_v = (len(seq_ids), expected_k[1], self.v_cache.shape[-1])
-        if k.shape != expected_k or v.shape != expected_v:
-            raise ValueError(
-                f"k and v must be [N, T_new, D_k] and [N, T_new, D_v] for N={len(seq_ids)} seq_ids, "
-                f"D_k={expected_k[2]}, D_v={expected_v[2]}: got k {k.shape}, v {v.shape}"
-            )
-        if v.dtype != k.dtype or not np.can_cast(k.dtype, self.k_cache.dtype, casting="safe"):
-            raise TypeError(
-                f"k and v must both be float32 or both float64 and fit the pool's {self.k_cache.dtype}: "
-                f"got {k.dtype} and {v.dtype}"
-            )
-        return k, v

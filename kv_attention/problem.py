@@ -1,4 +1,8 @@
-"""A seeded decode problem: inputs and projection weights for users and tests."""
+"""A seeded decode problem: inputs, projection weights and a token embedding table, for users and tests.
+
+A size below its minimum raises ValueError; a size that is not an integer, or a
+dtype other than float32/float64, raises TypeError.
+"""
 
 from dataclasses import dataclass
 
@@ -14,23 +18,29 @@ class Problem:
     Attributes:
         x: ``[T, D_model]`` or ``[B, T, D_model]``.
         w_q: ``[D_model, D_k]``. w_k: ``[D_model, D_k]``. w_v: ``[D_model, D_v]``.
+        embedding: ``[V, D_model]``, the token embedding table of ``vocab_size=V``
+            (None unless asked for): a request's model input is ``embedding[token_ids]``.
     """
 
     x: np.ndarray
     w_q: np.ndarray
     w_k: np.ndarray
     w_v: np.ndarray
+    embedding: np.ndarray | None = None
 
     def args(self):
         """``(x, w_q, w_k, w_v)``, the positional arguments of every strategy."""
         return self.x, self.w_q, self.w_k, self.w_v
 
 
-def make_problem(seq_len, batch_size=None, *, d_model=64, d_k=64, d_v=64, seed=42, dtype=np.float64):
+def make_problem(seq_len, batch_size=None, *, d_model=64, d_k=64, d_v=64, seed=42, dtype=np.float64,
+                 vocab_size=None):
     """Draw a reproducible problem from ``np.random.default_rng(seed)``.
 
     ``x`` is standard normal; each weight is normal with variance 1 / D_model,
-    so q·k / sqrt(D_k) stays of order 1 at any width. Draw order: x, w_q, w_k, w_v.
+    so q·k / sqrt(D_k) stays of order 1 at any width. Draw order: x, w_q, w_k, w_v,
+    then the embedding (standard normal, like x), so x and the weights do not
+    depend on ``vocab_size``.
 
     Args:
         seq_len: T >= 0.
@@ -38,22 +48,19 @@ def make_problem(seq_len, batch_size=None, *, d_model=64, d_k=64, d_v=64, seed=4
         d_model, d_k, d_v: widths (defaults 64, as in the lab); d_k >= 1.
         seed: the generator's seed (default 42).
         dtype: float32 or float64 (default float64).
-
-    Returns:
-        A :class:`Problem`.
-
-    Raises:
-        ValueError: a negative size or d_k < 1. TypeError: a size that is not
-            an integer, or a dtype other than float32/float64.
+        vocab_size: None (default, no embedding) or V >= 1 for ``embedding: [V, D_model]``.
     """
     seq_len, d_model, d_v = (as_size(n, v) for n, v in (("seq_len", seq_len), ("d_model", d_model), ("d_v", d_v)))
     d_k = as_size("d_k", d_k, minimum=1)
     if batch_size is not None:
         batch_size = as_size("batch_size", batch_size)
     dtype = as_float_dtype(dtype)
+    if vocab_size is not None:
+        vocab_size = as_size("vocab_size", vocab_size, minimum=1)
     rng = np.random.default_rng(seed)
     x_shape = (seq_len, d_model) if batch_size is None else (batch_size, seq_len, d_model)
     x = rng.standard_normal(x_shape)
     scale = 1.0 / np.sqrt(max(d_model, 1))
     w_q, w_k, w_v = (rng.standard_normal((d_model, d)) * scale for d in (d_k, d_k, d_v))
-    return Problem(*(a.astype(dtype) for a in (x, w_q, w_k, w_v)))
+    embedding = None if vocab_size is None else rng.standard_normal((vocab_size, d_model)).astype(dtype)
+    return Problem(*(a.astype(dtype) for a in (x, w_q, w_k, w_v)), embedding=embedding)

@@ -18,11 +18,28 @@ Strategies (the ``strategy=`` of :func:`ragged_decode`):
                copied into a leaver's row: up to T_max positions of K and of V
                moved per exit (its stored positions only).
     paged      compacted, with K/V in a :class:`~kv_attention.paged.PagedKVCache`:
-               leaving frees blocks, and no token is ever moved.
+               leaving frees blocks, and no token is ever moved. The cache is
+               the caller's when given (``cache=``), to inspect afterwards: it
+               holds sequences 0..B-1 while they are in the batch.
 
 Axis letters: B sequences, N rows computed at a step, S key positions, D feature width.
+Inputs: ``x``, a list of B arrays ``[T_i, D_model]`` or a padded ``[B, T_max, D_model]``
+(only ``x[b, :T_b]`` is read; the padding may hold anything), and ``w_q, w_k:
+[D_model, D_k]``, ``w_v: [D_model, D_v]``, float32 or float64; outputs are in
+``np.result_type`` of the inputs.
+
+Errors, checked before the first step: TypeError for an x that is neither a list
+nor an ndarray, an input that is not a float32/float64 array, or a length or start
+step that is not an integer, or a ``cache`` that is not a PagedKVCache or holds
+another dtype; ValueError for an unknown strategy, shapes that do not fit (named
+in the message), lengths or start_steps of the wrong count or out of range,
+NaN/inf, scores that overflow, or a ``cache`` that does not fit (its D_k, D_v or
+block_size, a sequence id 0..B-1 it already holds, ``num_blocks`` given beside it,
+or a strategy other than paged). OutOfBlocksError comes from the step at which
+the pool is too small for the sequences in the batch.
+
 Method: masked attention as in Vaswani et al. 2017; continuous batching as in
-Orca (Yu et al. 2022); the paged cache as in vLLM (Kwon et al. 2023).
+Orca (Yu et al. 2022); the paged cache as PagedAttention in vLLM (Kwon et al. 2023).
 """
 
 import math
@@ -30,7 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import as_float_array, as_size, check_finite_output, check_projection_inputs
+from ._validation import as_size, check_choice, check_finite_output, check_paged_cache_fits, check_ragged_inputs
 from .attention import attend
 from .paged import PagedKVCache
 
@@ -123,7 +140,7 @@ class _ContiguousCache:
 class _PaddedBatch(_ContiguousCache):
     """All B rows computed every step over the contiguous cache, masked where out of the batch."""
 
-    def __init__(self, problem, block_size, num_blocks):
+    def __init__(self, problem, block_size, num_blocks, cache):
         super().__init__(problem)
         self.in_batch = np.zeros(len(problem.lengths), dtype=bool)
 
@@ -150,7 +167,7 @@ class _PaddedBatch(_ContiguousCache):
 class _CompactedBatch(_ContiguousCache):
     """Only the sequences in the batch, in rows 0..N-1 of the contiguous cache."""
 
-    def __init__(self, problem, block_size, num_blocks):
+    def __init__(self, problem, block_size, num_blocks, cache):
         super().__init__(problem)
         self.seqs = []  # the sequence in each row in use
 
@@ -190,12 +207,13 @@ class _CompactedBatch(_ContiguousCache):
 class _PagedBatch:
     """Only the sequences in the batch, with K/V in a :class:`PagedKVCache`: leaving frees blocks, nothing moves."""
 
-    def __init__(self, problem, block_size, num_blocks):
-        if num_blocks is None:  # enough for every sequence at its full length at once
-            num_blocks = sum(math.ceil(int(n) / block_size) for n in problem.lengths)
-        w_k, w_v = problem.weights[1:]
-        self.cache = PagedKVCache(num_blocks, block_size, w_k.shape[1], w_v.shape[1], problem.dtype)
-        self.seqs, self.moved_slots = [], 0
+    def __init__(self, problem, block_size, num_blocks, cache):
+        if cache is None:
+            if num_blocks is None:  # enough for every sequence at its full length at once
+                num_blocks = sum(math.ceil(int(n) / block_size) for n in problem.lengths)
+            w_k, w_v = problem.weights[1:]
+            cache = PagedKVCache(num_blocks, block_size, w_k.shape[1], w_v.shape[1], problem.dtype)
+        self.cache, self.seqs, self.moved_slots = cache, [], 0
 
     def join(self, seq):
         self.cache.add_sequence(seq)
@@ -229,70 +247,16 @@ class _PagedBatch:
 _BATCHES = {"padded": _PaddedBatch, "compacted": _CompactedBatch, "paged": _PagedBatch}
 
 
-def _check_options(strategy, block_size, num_blocks):
-    if not isinstance(strategy, str) or strategy not in _BATCHES:
-        raise ValueError(f"unknown strategy {strategy!r}; known: {', '.join(RAGGED_STRATEGIES)}")
-    block_size = as_size("block_size", block_size, minimum=1)
-    if num_blocks is not None:
-        num_blocks = as_size("num_blocks", num_blocks)
-    return block_size, num_blocks
-
-
-_MAX_STEP = 2**62  # start_steps[i] + lengths[i] must stay within int64
-
-
-def _as_sizes(name, values, count):
-    """``values`` as an int64 array of ``count`` non-negative integers, or raise naming ``name``."""
-    if isinstance(values, (str, bytes)) or np.ndim(values) != 1 or len(values) != count:
-        raise ValueError(f"{name} must be {count} integers, one per sequence, got {values!r}")
-    sizes = [as_size(f"{name}[{i}]", n) for i, n in enumerate(values)]
-    for i, n in enumerate(sizes):
-        if n > _MAX_STEP:
-            raise ValueError(f"{name}[{i}]={n} is too large: at most 2**62 decode steps")
-    return np.array(sizes, dtype=np.int64)
-
-
-def _split(x, lengths):
-    """The sequences of ``x``: a list of ``[T_i, D_model]`` arrays and whether x came padded."""
-    if isinstance(x, (list, tuple)):
-        if lengths is not None:
-            raise ValueError("lengths is for a padded x [B, T_max, D_model]; a list of sequences carries its own")
-        seqs = [as_float_array(f"x[{i}]", seq) for i, seq in enumerate(x)]
-        for i, seq in enumerate(seqs):
-            if seq.ndim != 2:
-                raise ValueError(f"x[{i}] must be [T_i, D_model], got shape {seq.shape}")
-        return seqs, False
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"x must be a list of [T_i, D_model] arrays or an ndarray [B, T_max, D_model], got {type(x)}")
-    if x.ndim != 3:
-        raise ValueError(f"a padded x must be [B, T_max, D_model], got shape {x.shape}")
-    as_float_array("x", x[:, :0])  # the dtype, even when every length is 0
-    lengths = np.full(x.shape[0], x.shape[1]) if lengths is None else _as_sizes("lengths", lengths, x.shape[0])
-    if lengths.size and lengths.max() > x.shape[1]:
-        raise ValueError(f"lengths must be at most T_max={x.shape[1]} of x {x.shape}, got {lengths.tolist()}")
-    # Only x[b, :T_b] is read (checked, copied): the padding may hold anything.
-    return [as_float_array(f"x[{b}, :{n}]", x[b, :n]) for b, n in enumerate(lengths)], True
-
-
-def _check_problem(x, w_q, w_k, w_v, lengths, start_steps):
-    """Validate everything up front; return the :class:`_Problem` and the output form."""
-    seqs, padded = _split(x, lengths)
-    d_model = seqs[0].shape[1] if seqs else (np.shape(w_q)[:1] or (0,))[0]
-    for i, seq in enumerate(seqs):
-        if seq.shape[1] != d_model:
-            raise ValueError(f"every sequence must share D_model: x[0] has {d_model}, x[{i}] has shape {seq.shape}")
-    empty_dtype = x.dtype if isinstance(x, np.ndarray) else np.float64  # B = 0 keeps a padded x's dtype
-    flat = np.concatenate(seqs) if seqs else np.empty((0, d_model), empty_dtype)  # [sum T_i, D_model]
-    _, w_q, w_k, w_v, dtype = check_projection_inputs(flat, w_q, w_k, w_v, x_ndims=(2,))
-    n_seqs = len(seqs)
+def _make_problem(x, w_q, w_k, w_v, lengths, start_steps):
+    """The validated :class:`_Problem`, and the output's T_max for a padded x (None for a list)."""
+    seqs, padded, weights, dtype, start_steps = check_ragged_inputs(x, w_q, w_k, w_v, lengths, start_steps)
     lengths = np.array([len(seq) for seq in seqs], dtype=np.int64)
-    start_steps = np.zeros(n_seqs, np.int64) if start_steps is None else _as_sizes("start_steps", start_steps, n_seqs)
     t_max = int(lengths.max(initial=0))
-    x_pad = np.zeros((n_seqs, t_max + 1, d_model), dtype)  # [B, T_max + 1, D_model]; row T_max stays zero
+    x_pad = np.zeros((len(seqs), t_max + 1, weights[0].shape[0]), dtype)  # [B, T_max + 1, D_model]; row T_max zero
     for b, seq in enumerate(seqs):
         x_pad[b, : len(seq)] = seq
     out_len = x.shape[1] if padded else None
-    return _Problem(x_pad, lengths, start_steps, (w_q, w_k, w_v), dtype), out_len
+    return _Problem(x_pad, lengths, start_steps, weights, dtype), out_len
 
 
 def _steps(batch, problem):
@@ -321,28 +285,36 @@ def _steps(batch, problem):
             seq_ids, positions, out, rows = batch.step(problem)
             check_finite_output(out)
             yield seq_ids, positions, out, rows
+    if events:  # the last to leave leave too, so that a caller's paged cache is left holding none of them
+        batch.leave(leaves[events[-1]])
 
 
-def _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blocks):
-    block_size, num_blocks = _check_options(strategy, block_size, num_blocks)
-    problem, out_len = _check_problem(x, w_q, w_k, w_v, lengths, start_steps)
-    return _BATCHES[strategy](problem, block_size, num_blocks), problem, out_len
+def _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blocks, cache):
+    check_choice("strategy", strategy, RAGGED_STRATEGIES)
+    block_size = None if block_size is None else as_size("block_size", block_size, minimum=1)
+    num_blocks = None if num_blocks is None else as_size("num_blocks", num_blocks)
+    problem, out_len = _make_problem(x, w_q, w_k, w_v, lengths, start_steps)
+    if cache is not None:
+        w_k, w_v = problem.weights[1:]
+        check_paged_cache_fits(cache, strategy, len(problem.lengths), w_k.shape[1], w_v.shape[1], problem.dtype,
+                               block_size, num_blocks)
+        block_size = cache.block_size
+    block_size = 16 if block_size is None else block_size
+    return _BATCHES[strategy](problem, block_size, num_blocks, cache), problem, out_len
 
 
 def ragged_decode_steps(
-    x, w_q, w_k, w_v, *, lengths=None, start_steps=None, strategy="compacted", block_size=16, num_blocks=None
+    x, w_q, w_k, w_v, *, lengths=None, start_steps=None, strategy="compacted", block_size=None, num_blocks=None,
+    cache=None,
 ):
-    """The decode of :func:`ragged_decode`, one step at a time, as a server streams tokens.
+    """The decode of :func:`ragged_decode` (same arguments), one step at a time, as a server streams tokens.
 
     Inputs are validated before this returns; the iterator then yields, for each
     step with at least one sequence in the batch, ``(seq_ids, positions, out)``:
     ``seq_ids: [N]`` and ``positions: [N]`` int64 (the sequences in the batch and
     the position each decoded) and ``out: [N, D_v]``, their outputs.
-
-    Args and Raises: as :func:`ragged_decode` (errors of the decode itself,
-    such as OutOfBlocksError, come from the step that meets them).
     """
-    batch, problem, _ = _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blocks)
+    batch, problem, _ = _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blocks, cache)
     return ((seq_ids, positions, out) for seq_ids, positions, out, _ in _steps(batch, problem))
 
 
@@ -355,42 +327,32 @@ def ragged_decode(
     lengths=None,
     start_steps=None,
     strategy="compacted",
-    block_size=16,
+    block_size=None,
     num_blocks=None,
     return_stats=False,
+    cache=None,
 ):
     """Decode B sequences of different lengths in one batch; each equals decoding it alone.
 
-    Continuous batching as in Orca (Yu et al. 2022); the paged strategy keeps
-    K/V as PagedAttention does (Kwon et al. 2023, vLLM).
-
     Args:
-        x: a list of B arrays ``[T_i, D_model]``, or a padded ``[B, T_max, D_model]``
-            with ``lengths`` (only ``x[b, :T_b]`` is read; the padding may hold anything).
-        w_q: ``[D_model, D_k]``. w_k: ``[D_model, D_k]``. w_v: ``[D_model, D_v]``.
         lengths: B integers T_b <= T_max, for a padded x only (default: all T_max).
         start_steps: B integers >= 0 (default all 0): sequence i joins the batch
             at decode step start_steps[i], as in continuous batching.
         strategy: ``"padded"``, ``"compacted"`` (default) or ``"paged"`` (see the module).
-        block_size: tokens per block of the paged cache (default 16).
+        block_size: tokens per block of the paged cache (default 16, or the given cache's).
         num_blocks: blocks in the paged cache's pool (default: enough for every
             sequence at full length at once, sum of ceil(T_i / block_size)).
         return_stats: also return a :class:`RaggedDecodeStats`.
+        cache: for ``strategy="paged"``, a :class:`~kv_attention.paged.PagedKVCache`
+            of the caller's to decode in (its pool, block_size and free list; it
+            must not hold sequences 0..B-1), instead of a new one. It is left
+            with the blocks freed and its peak_blocks, for inspection.
 
     Returns:
         A list of B arrays ``[T_i, D_v]`` for a list x, else ``[B, T_max, D_v]``
-        with zeros past each length; in ``np.result_type`` of the inputs. With
-        ``return_stats``, ``(outputs, stats)``.
-
-    Raises:
-        TypeError: x is neither a list nor an ndarray, an input is not a
-            float32/float64 array, or a length or start step is not an integer.
-        ValueError: an unknown strategy, shapes that do not fit (named in the
-            message), lengths or start_steps of the wrong count or out of range,
-            NaN/inf in an input, or scores that overflow the dtype.
-        OutOfBlocksError: ``num_blocks`` too small for the sequences in the batch at some step.
+        with zeros past each length. With ``return_stats``, ``(outputs, stats)``.
     """
-    batch, problem, out_len = _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blocks)
+    batch, problem, out_len = _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blocks, cache)
     d_v = problem.weights[2].shape[1]
     out = np.zeros((len(problem.lengths), problem.t_max, d_v), problem.dtype)  # [B, T_max, D_v]
     steps = row_steps = 0

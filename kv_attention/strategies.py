@@ -4,6 +4,7 @@ Experiments group the names as the lab does: the cache experiment decodes one
 sequence ``x: [T, D_model]``; the batch experiment decodes ``x: [B, T, D_model]``.
 """
 
+from ._validation import check_choice
 from .decode import (
     batched_cached_attention,
     cached_attention,
@@ -27,12 +28,6 @@ EXPERIMENTS = {
 
 
 def get_strategy(name):
-    """Return the decode function registered as ``name``.
-
-    Raises:
-        ValueError: ``name`` is not a registered strategy (the message lists them).
-    """
-    try:
-        return STRATEGIES[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}") from None
+    """Return the decode function registered as ``name``; ValueError (listing the names) for another."""
+    check_choice("strategy", name, STRATEGIES)
+    return STRATEGIES[name]

@@ -13,14 +13,26 @@ SINGLE = ("no_cache", "concat", "preallocated")  # strategies of x: [T, D_model]
 BATCHED = ("sequential", "batched")  # strategies of x: [B, T, D_model]
 
 
-def naive_causal_attention(x, w_q, w_k, w_v):
+def attends(t, s, window=None, n_sink=0):
+    """Whether position t attends to position s, as the issue defines it.
+
+    s <= t, and either t - s < window (the window counts the current key: W = 1 is
+    itself alone) or s < n_sink (a sink); without a window every s <= t.
+    """
+    if s > t:
+        return False
+    return window is None or t - s < window or s < n_sink
+
+
+def naive_causal_attention(x, w_q, w_k, w_v, window=None, n_sink=0):
     """Position by position, in float64 with Python's math.exp: shares no code with kv_attention.
 
     x: [T, D_model] or [B, T, D_model] -> [T, D_v] or [B, T, D_v] (float64).
+    With ``window``/``n_sink``, position t attends to the keys :func:`attends` allows.
     """
     x = np.asarray(x, dtype=np.float64)
     if x.ndim == 3:
-        return np.stack([naive_causal_attention(seq, w_q, w_k, w_v) for seq in x]).reshape(
+        return np.stack([naive_causal_attention(seq, w_q, w_k, w_v, window, n_sink) for seq in x]).reshape(
             x.shape[:2] + (np.shape(w_v)[1],)
         )
     w_q, w_k, w_v = (np.asarray(w, dtype=np.float64) for w in (w_q, w_k, w_v))
@@ -28,12 +40,13 @@ def naive_causal_attention(x, w_q, w_k, w_v):
     out = np.zeros((t_len, w_v.shape[1]))
     for t in range(t_len):
         q = x[t] @ w_q
-        scores = [float(np.dot(q, x[j] @ w_k)) / math.sqrt(d_k) for j in range(t + 1)]
+        keys = [j for j in range(t + 1) if attends(t, j, window, n_sink)]
+        scores = [float(np.dot(q, x[j] @ w_k)) / math.sqrt(d_k) for j in keys]
         top = max(scores)
         weights = [math.exp(s - top) for s in scores]
         total = sum(weights)
-        for j in range(t + 1):
-            out[t] += (weights[j] / total) * (x[j] @ w_v)
+        for weight, j in zip(weights, keys):
+            out[t] += (weight / total) * (x[j] @ w_v)
     return out
 
 
@@ -112,3 +125,14 @@ def sequences(rng, lengths, d_model=4):
 
 def weights(rng, d_model=4, d_k=3, d_v=5):
     return [rng.standard_normal((d_model, d)) / np.sqrt(d_model) for d in (d_k, d_k, d_v)]
+
+
+# Serving: each request alone, by the naive reference.
+
+def serve_reference(token_ids, prompt_len, embedding, w_q, w_k, w_v):
+    """The outputs a request must get: ``naive_causal_attention(embedding[token_ids])`` from the last prompt position on.
+
+    ``[len(token_ids) - prompt_len + 1, D_v]`` float64: the last prompt position and every decoded one.
+    """
+    x = np.asarray(embedding, dtype=np.float64)[np.asarray(token_ids, dtype=np.int64)]  # [L, D_model]
+    return naive_causal_attention(x, w_q, w_k, w_v)[prompt_len - 1 :]

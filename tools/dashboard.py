@@ -5,16 +5,29 @@ blueimp-md5 and bootstrap from public CDNs, so on a machine without internet
 the page shows only an error banner. :func:`vendor` installs the same
 libraries as npm packages into ``.asv/npm`` (never into the repository),
 copies the files the page needs into ``<html_dir>/vendor/`` and rewrites the
-page's ``<script>``/``<link>`` tags to them. ``tools/dev.py publish`` runs it
-after ``asv publish``, which rewrites index.html each time.
+page's ``<script>``/``<link>`` tags to them.
+
+asv opens a benchmark's graph on the first values of its parameters (all of
+the first parameter's values, then as many of the next as keep it within 8
+lines) on a linear axis: for ``time_decode(T, strategy)`` that is every T of
+``no_cache`` alone, whose 140 ms line flattens the others.
+:func:`add_default_views` gives each graph a view that shows its comparison
+instead: every value of the parameter it compares (``strategy``, ``path``),
+the largest T, every value of the rest, on a log axis; and every graph a
+labelled (date) x axis, as asv draws the commit axis without labels. A small
+script in the page applies it when a graph is opened without a view of its own.
+
+:func:`tools.commands.publish.finish` runs both after every ``asv publish``,
+which rewrites index.html each time.
 """
 
+import json
 import re
 import shutil
-import subprocess
+import urllib.parse
 from pathlib import Path
 
-from . import common
+from . import common, processes
 
 # CDN address in asv 0.6.6's index.html -> (npm package@version, file in the package).
 # stupid-table-plugin is on npm from 1.1.3 only (the CDN serves 1.0.1, same $.fn.stupidtable).
@@ -55,7 +68,7 @@ def npm_install(prefix=None):
         raise VendorError("npm not found: the dashboard keeps asv's CDN links and needs internet")
     prefix.mkdir(parents=True, exist_ok=True)
     specs = sorted({spec for spec, _ in CDN_FILES.values()})
-    result = subprocess.run(
+    result = processes.run(
         [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", "--no-save", "--package-lock=false", *specs],
         capture_output=True, text=True,
     )
@@ -109,3 +122,65 @@ def vendor(html_dir, node_modules=None):
     index.write_text(new_html, encoding="utf-8")
     return len(TAG.findall(html))
 
+
+
+COMPARED = ("strategy", "path")  # parameters whose values a graph compares: all of them are shown
+LONGEST = "T"  # shown at its largest value only
+VIEWS_SCRIPT = "kv-attention-views.js"
+VIEWS_JS = """// Written by tools/dashboard.py: the view each graph opens on when its address names none.
+(function () {
+  var views = %s;
+  function apply(event) {
+    var hash = window.location.hash;
+    if (hash.indexOf("?") !== -1) { return; }
+    var name = decodeURIComponent(hash.slice(1));
+    if (!Object.prototype.hasOwnProperty.call(views, name)) { return; }
+    if (event) { event.stopImmediatePropagation(); }  // asv's own handler sees the new address only
+    window.location.replace(hash + "?" + views[name]);
+  }
+  window.addEventListener("hashchange", apply);
+  apply(null);
+})();
+"""
+
+
+def _number(text):
+    try:
+        return float(text)
+    except ValueError:
+        return float("-inf")
+
+
+def default_view(benchmark):
+    """The address query a graph of ``benchmark`` (an entry of asv's index.json) opens with.
+
+    Every graph gets the date x axis (asv's only labelled one). A graph with a
+    compared parameter also shows all of its values, the largest T and every
+    value of the other parameters, on a log y axis.
+    """
+    query = [("x-axis-scale", "date")]
+    names, params = benchmark.get("param_names") or [], benchmark.get("params") or []
+    if any(name in COMPARED for name in names):
+        query.append(("y-axis-scale", "log"))
+        for name, values in zip(names, params):
+            chosen = [max(values, key=_number)] if name == LONGEST and values else values
+            query += [(f"p-{name}", value) for value in chosen]
+    return "&".join(f"{urllib.parse.quote(k, safe='')}={urllib.parse.quote(v, safe='')}" for k, v in query)
+
+
+def add_default_views(html_dir):
+    """Write :data:`VIEWS_SCRIPT` for the benchmarks of ``html_dir/index.json`` and load it from index.html.
+
+    Returns the number of benchmarks given a view. Idempotent.
+    """
+    html_dir = Path(html_dir)
+    benchmarks = json.loads((html_dir / "index.json").read_text(encoding="utf-8")).get("benchmarks", {})
+    views = {name: default_view(b) for name, b in sorted(benchmarks.items()) if isinstance(b, dict)}
+    data = json.dumps(views, indent=1, sort_keys=True).replace("<", "\\u003c")  # no "</script>" can end it
+    (html_dir / VIEWS_SCRIPT).write_text(VIEWS_JS % data, encoding="utf-8")
+    index = html_dir / "index.html"
+    html = index.read_text(encoding="utf-8")
+    tag = f'<script src="{VIEWS_SCRIPT}"></script>'
+    if tag not in html:
+        index.write_text(html.replace("</title>", "</title>\n    " + tag, 1), encoding="utf-8")
+    return len(views)

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """The project's commands, for a fresh machine with Python >= 3.10, git and pip.
 
-    python3 tools/dev.py bench [--all | --commits N]
+    python3 tools/dev.py bench [--all | --commits N] [--machine NAME]
                                                   the main job: benchmark a bounded sample of the commits of
                                                   main that can change a result, publish the dashboard
     python3 tools/dev.py test [ARGS]              python -m pytest tests (ARGS go to pytest)
     python3 tools/dev.py gate BASE HEAD [--factor F] [--count-factor F] [--bench REGEX]
                                                   benchmark two commits where needed, compare the counts
                                                   (work) and the timings (time), exit 0/1/2
+    python3 tools/dev.py bisect GOOD BAD --bench REGEX   the first commit where one point got worse (gate's rule)
     python3 tools/dev.py report {tables,compare,csv,plots} ...   the lab's tables, samples and plots
     python3 tools/dev.py publish                  the dashboard from the stored results
     python3 tools/dev.py noise {aa,slowdown,work,broken,history} ...   drills of the gate and the main job
@@ -31,7 +32,7 @@ if not __package__:  # run as a file: run as the module tools.dev, from the repo
     os.chdir(Path(__file__).resolve().parents[1])
     os.execv(sys.executable, [sys.executable, "-m", "tools.dev", *sys.argv[1:]])
 
-from . import common  # noqa: E402
+from . import common, lock, processes  # noqa: E402
 from .commands import COMMANDS  # noqa: E402
 
 VENV = common.ROOT / ".venv"
@@ -72,6 +73,14 @@ def parse_args(argv):
     return args
 
 
+def run_command(args):
+    """``args.module.run(args)``, holding the workspace lock if the command declares ``LOCKS_WORKSPACE``."""
+    if not getattr(args.module, "LOCKS_WORKSPACE", False):
+        return args.module.run(args) or 0
+    with lock.workspace(f"tools/dev.py {args.command}"):
+        return args.module.run(args) or 0
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
@@ -80,10 +89,15 @@ def main(argv=None):
             ensure_venv()
             os.environ[common.INSIDE_VENV] = "1"
             os.execv(str(venv_python()), [str(venv_python()), "-m", "tools.dev", *argv])
-        return args.module.run(args) or 0
+        with processes.handle_signals():
+            return run_command(args)
     except common.UserError as error:
         print(f"tools/dev.py {args.command}: error: {error}", file=sys.stderr)
         return getattr(args.module, "ERROR_EXIT", 1)  # gate: 1 means a regression, never an error
+    except processes.Stopped as stopped:
+        print(f"tools/dev.py {args.command}: stopped by {stopped}, with every process it started "
+              f"(exit {stopped.exit_code})", file=sys.stderr)
+        return stopped.exit_code
     except KeyboardInterrupt:
         return 130
 

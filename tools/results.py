@@ -30,11 +30,15 @@ import json
 import math
 import os
 import re
+import reprlib
+import stat
 import subprocess
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from . import common
+from . import common, paths
 from .common import UserError
 
 # --- asv's Results, for the main job and the gate -------------------------------------------------
@@ -43,7 +47,8 @@ from .common import UserError
 def asv_setup():
     """``(conf, benchmarks or None, machine, env_names)`` of this project's asv on this machine.
 
-    ``benchmarks`` is None before asv has discovered the suite once (no benchmarks.json).
+    ``benchmarks`` is None before asv has discovered the suite once (no benchmarks.json);
+    ``machine`` is the name :func:`common.use_machine` chose (hostname plus hardware fingerprint).
     """
     from asv.benchmarks import Benchmarks
     from asv.config import Config
@@ -57,6 +62,7 @@ def asv_setup():
     except AsvUserError:
         benchmarks = None
     env_names = {env.name for env in get_environments(conf, None, verbose=False)}
+    common.use_machine()
     return conf, benchmarks, Machine.get_unique_machine_name(), env_names
 
 
@@ -69,14 +75,45 @@ def iter_results(conf, machine, commit, env_names):
             yield result
 
 
+def unsampled(result):
+    """The ``time_`` benchmarks of ``result`` with a measured point stored without samples (a --quick run's,
+    or an asv run's without --record-samples): incomplete, since the gate's test needs the samples."""
+    names = []
+    for key in result.get_all_result_keys():
+        if not key.rsplit(".", 1)[-1].startswith("time_"):
+            continue
+        params = result.get_result_params(key)
+        values = result.get_result_value(key, params)
+        samples = result.get_result_samples(key, params) or [None] * len(values)
+        if any(is_number(v) and not math.isnan(v) and s is None for v, s in zip(values, samples)):
+            names.append(key)
+    return names
+
+
 def has_results(commit, conf, benchmarks, machine, env_names):
-    """True when every benchmark of the suite has a stored result for ``commit`` in every environment."""
+    """True when every benchmark of the suite has a stored result for ``commit`` in every environment,
+    every timing with its samples (:func:`unsampled`)."""
     if benchmarks is None:
         return False
     stored = {}
     for result in iter_results(conf, machine, commit, env_names):
-        stored[result.env_name] = set(result.get_all_result_keys())
+        stored[result.env_name] = set(result.get_all_result_keys()) - set(unsampled(result))
     return set(stored) == env_names and all(set(benchmarks) <= keys for keys in stored.values())
+
+
+def drop_unsampled(conf, machine, env_names, commits):
+    """Forget the stored timings of ``commits`` that lack samples, so that ``asv run --skip-existing``
+    measures them again; returns the number of result files that had any."""
+    dropped = 0
+    for commit in commits:
+        for result in iter_results(conf, machine, commit, env_names):
+            names = unsampled(result)
+            for key in names:
+                result.remove_result(key)
+            if names:
+                result.save(conf.results_dir)
+                dropped += 1
+    return dropped
 
 
 def count_outcomes(commit, conf, benchmarks, machine, env_names):
@@ -146,6 +183,48 @@ def unrolled(rows):
     return points
 
 
+RETIRE_HINT = ("note: a vanished benchmark removed on purpose passes once it is declared, with the reason, "
+               "in RETIRED in benchmarks/common.py")
+
+
+def retired():
+    """``{name: reason}`` of benchmarks deliberately removed: ``RETIRED`` in the suite's benchmarks/common.py."""
+    from benchmarks import common as suite
+
+    return dict(getattr(suite, "RETIRED", {}))
+
+
+def vanished(base, head, retired_names=None):
+    """Sorted labels of the points that had a value at ``base`` and are n/a at ``head``.
+
+    ``base`` and ``head`` are :func:`unrolled` points. n/a is NaN (asv's skip)
+    or no stored point at all; a failure (None) at either commit is a failure,
+    not a vanished point, and n/a at both stays n/a. A point whose benchmark
+    name, or whose ``name(params)`` label, is a key of ``retired_names``
+    (default :func:`retired`) was removed on purpose and is not reported.
+    """
+    if not head:  # no results at all: the commit failed to build, reported as such, not point by point
+        return []
+    retired_names = retired() if retired_names is None else retired_names
+    labels = []
+    for key, (value, _, _) in base.items():
+        label = key[0]
+        if value is None or math.isnan(value) or label in retired_names or label.split("(")[0] in retired_names:
+            continue
+        head_value = head.get(key, (math.nan,))[0]
+        if head_value is not None and math.isnan(head_value):
+            labels.append(label)
+    return sorted(set(labels))
+
+
+def vanished_between(base, head):
+    """:func:`vanished` between the stored results of commits ``base`` and ``head`` on this machine."""
+    conf, _, machine, env_names = asv_setup()
+    base_points, head_points = (unrolled(compare_rows(conf, iter_results(conf, machine, commit, env_names)))
+                                for commit in (base, head))
+    return vanished(base_points, head_points)
+
+
 def head_is_worse(base, head, base_stats, head_stats, factor):
     """asv compare's verdict: ``head`` worse than ``base`` by more than ``factor`` and significantly so.
 
@@ -180,6 +259,58 @@ def drop_partial(conf, machine, env_names, commits, pattern):
                 result.save(conf.results_dir)
                 dropped = True
     return dropped
+
+
+def quarantine_unreadable():
+    """Move aside every result file of this machine that asv cannot read; return the paths moved.
+
+    asv writes a result file in place, so a run killed while it writes leaves a
+    truncated file; asv then skips it when reading and cannot save over it, so
+    its commit would never be measured again. Such a file (and any non-regular
+    file where asv would read one: a FIFO would block it forever) is moved to
+    ``.asv/corrupt/`` under the same relative path, with one line naming it;
+    the commit then has no results and is measured again. Nothing else is touched.
+    """
+    from asv.config import Config
+    from asv.machine import Machine
+    from asv.results import Results, iter_results_paths
+
+    results_dir = os.path.abspath(Config.load(str(common.ROOT / "asv.conf.json")).results_dir)
+    folder = os.path.join(results_dir, Machine.get_unique_machine_name())
+    moved = []
+    for path in (os.path.join(results_dir, "benchmarks.json"), os.path.join(folder, "machine.json")):
+        if not_regular(path):  # asv rewrites both; a FIFO in their place would block it
+            moved.append(_move_aside(path, results_dir, f"{not_regular(path)}, not a regular file"))
+    for root, filename, _ in iter_results_paths(folder):
+        path = os.path.join(root, filename)
+        reason = not_regular(path)
+        reason = reason and f"{reason}, not a regular file"
+        if not reason:
+            try:
+                Results.load(path)
+            except Exception as exc:  # asv raises UserError, and others on odd content
+                reason = str(exc).replace(path, "it").replace(filename, "it")[:200] or type(exc).__name__
+        if reason:
+            moved.append(_move_aside(path, results_dir, reason))
+    return moved
+
+
+def _move_aside(path, results_dir, reason):
+    """Rename ``path`` into ``.asv/corrupt/`` (never over an earlier one) and say so; the new path."""
+    target = common.ROOT / ".asv" / "corrupt" / os.path.relpath(path, results_dir)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    for i in itertools.count(1):
+        if not os.path.lexists(target):
+            break
+        target = target.with_name(f"{Path(path).name}.{i}")
+    try:
+        os.rename(path, target)
+    except OSError as exc:
+        raise UserError(f"{path} cannot be read by asv ({reason}) nor moved aside ({exc.strerror}): "
+                        "delete it, and its commit is measured again") from None
+    print(f"moved unreadable result file {os.path.relpath(path, common.ROOT)} to "
+          f"{os.path.relpath(target, common.ROOT)} ({reason}): its commit is measured again", flush=True)
+    return target
 
 
 def result_files(conf, machine, commit):
@@ -223,6 +354,7 @@ class Run:
     machine_params: dict  # asv's machine info plus the environment's requirements
     env_vars: dict
     points: dict  # (benchmark, tuple(sorted(params.items()))) -> Point
+    measured: int = None  # when the last benchmark of the run started, ms since the epoch (None if unknown)
 
     def value(self, benchmark, **params):
         """The stored value of ``benchmark`` at ``params``; SKIPPED if the run lacks it."""
@@ -233,6 +365,32 @@ class Run:
 def is_number(x):
     """A real number (not a bool): what a table cell can compute with."""
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def is_finite(x):
+    """A real number that converts to a finite float (an int of 10**400 does not)."""
+    try:
+        return is_number(x) and math.isfinite(x)
+    except OverflowError:
+        return False
+
+
+def short(value):
+    """``value``'s repr, at most about 60 characters (for one-line messages)."""
+    return _REPR.repr(value)
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = 60
+
+
+def not_regular(path):
+    """None if ``path`` is (a symlink to) a regular file, else what it is (``a FIFO``): never open such a file."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None  # missing or unreadable: opening it fails with its own message
+    return None if stat.S_ISREG(mode) else paths.kind(mode)
 
 
 def _git(repo_dir, *args):
@@ -251,7 +409,7 @@ def _parse_param(text):
         value = ast.literal_eval(wrapped.group(1) if wrapped else text)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         return text
-    return value if isinstance(value, (int, float, str)) else text
+    return value if is_finite(value) or isinstance(value, str) else text
 
 
 def param_sort_key(value):
@@ -275,6 +433,7 @@ class ResultsDir:
     def __init__(self, results_dir, repo_dir=".", known_param_names=None):
         self.path = results_dir
         self.repo_dir = repo_dir
+        self._skipped = set()  # (machine, name) of files already reported as not regular
         if not os.path.isdir(results_dir):
             raise UserError(
                 f"no asv results directory at {results_dir}: run the main job first "
@@ -290,10 +449,15 @@ class ResultsDir:
 
     def _load_param_names(self):
         """benchmark name -> asv ``param_names``, from asv's ``benchmarks.json`` ({} if unusable)."""
+        path = os.path.join(self.path, "benchmarks.json")
+        what = not_regular(path)
+        if what:
+            print(f"note: skipped {path}: {what}, not a regular file", file=sys.stderr)
+            return {}
         try:
-            with open(os.path.join(self.path, "benchmarks.json")) as f:
+            with open(path) as f:
                 benchmarks = json.load(f)
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return {}
         if not isinstance(benchmarks, dict):
             return {}
@@ -310,9 +474,9 @@ class ResultsDir:
                     f"(machines with results: {', '.join(self.machines)})"
                 )
             return machine
-        local = _local_asv_machine()
-        if local in self.machines:
-            return local
+        for local in (_local_asv_machine(), _recorded_asv_machine()):
+            if local in self.machines:
+                return local
         if len(self.machines) == 1:
             return self.machines[0]
         raise UserError(
@@ -320,13 +484,23 @@ class ResultsDir:
         )
 
     def files(self, machine, env=None):
-        """Result file names of ``machine`` (``<hash8>-<env>.json``; ``env`` a part of the env name), sorted."""
+        """Result file names of ``machine`` (``<hash8>-<env>.json``; ``env`` a part of the env name), sorted.
+
+        A name that is not a regular file (a FIFO, a device, a directory) is skipped, with a note on stderr.
+        """
         folder = os.path.join(self.path, machine)
-        return sorted(
-            n for n in os.listdir(folder)
-            if (m := RESULT_FILE.match(n)) and (env is None or env in m.group(2))
-            and os.path.isfile(os.path.join(folder, n))
-        )
+        names = []
+        for n in sorted(os.listdir(folder)):
+            if not ((m := RESULT_FILE.match(n)) and (env is None or env in m.group(2))):
+                continue
+            what = not_regular(os.path.join(folder, n)) or (None if os.path.exists(os.path.join(folder, n))
+                                                           else "a dangling symlink")
+            if what is None:
+                names.append(n)
+            elif (machine, n) not in self._skipped:
+                self._skipped.add((machine, n))
+                print(f"note: skipped {os.path.join(folder, n)}: {what}, not a regular file", file=sys.stderr)
+        return names
 
     def resolve(self, rev, machine):
         """``(hash8, commit)``: the prefix that names ``rev``'s result files on ``machine``, and
@@ -392,11 +566,21 @@ class ResultsDir:
 
 
 def _local_asv_machine():
-    """The machine name ``asv machine`` recorded for this host (``~/.asv-machine.json``), or None."""
+    """This host's asv machine name, :func:`tools.machine.default_name`."""
+    from .machine import default_name
+
+    return default_name()
+
+
+def _recorded_asv_machine():
+    """The one machine name ``asv machine`` recorded for this host (``~/.asv-machine.json``), or None."""
+    path = os.path.expanduser("~/.asv-machine.json")
+    if not_regular(path):
+        return None
     try:
-        with open(os.path.expanduser("~/.asv-machine.json")) as f:
+        with open(path) as f:
             data = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     names = [k for k in data if k != "version"] if isinstance(data, dict) else []
     return names[0] if len(names) == 1 else None
@@ -424,7 +608,10 @@ def load_run(path, param_names=()):
         UserError: the file is not a readable, well-formed asv result file.
     """
     Results, AsvUserError = import_asv_results()
-    short = os.path.join(*path.split(os.sep)[-2:])
+    label = os.path.join(*path.split(os.sep)[-2:])
+    what = not_regular(path)
+    if what:
+        raise UserError(f"cannot read asv result file {label}: it is {what}, not a regular file")
     try:
         results = Results.load(path)
         run = Run(
@@ -432,31 +619,55 @@ def load_run(path, param_names=()):
             machine=_text(results.params.get("machine", os.path.basename(os.path.dirname(path))), "machine"),
             env_name=_text(results.env_name, "env_name"),
             date=_date(results.date),
-            machine_params={str(k): str(v) for k, v in dict(results.params).items()},
+            machine_params=_machine_params(results.params),
             env_vars={str(k): str(v) for k, v in dict(results.env_vars or {}).items()},
             points={},
+            measured=_measured(results),
         )
         for name in results.get_all_result_keys():
             names = _names_for(name, results.get_result_params(name), param_names)
             for point in _points(results, name, names):
                 run.points[(name, tuple(sorted(point.params.items())))] = point
-    except (AsvUserError, OSError, ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
-        reason = str(exc).replace(path, short) or type(exc).__name__
-        raise UserError(f"cannot read asv result file {short}: {reason}") from None
+    except RecursionError:
+        raise UserError(f"cannot read asv result file {label}: nested too deeply") from None
+    except (AsvUserError, OSError, ValueError, TypeError, AttributeError, KeyError, IndexError,
+            OverflowError, MemoryError) as exc:
+        reason = str(exc).replace(path, label) or type(exc).__name__
+        raise UserError(f"cannot read asv result file {label}: {reason[:300]}") from None
     return run
+
+
+def _measured(results):
+    """When the run's last benchmark started (asv's ``started_at``, ms since the epoch), or None."""
+    started = [v for v in dict(results.started_at or {}).values() if is_number(v) and 0 < v < 253402300800000]
+    return max(started) if started else None
 
 
 def _text(value, what):
     if not isinstance(value, str) or not value:
-        raise ValueError(f"{what} is {value!r}, not a string")
+        raise ValueError(f"{what} is {short(value)}, not a string")
     return value
 
 
 def _date(value):
     """asv's commit date: ms since the epoch, between 1970 and 9999."""
     if not is_number(value) or not 0 <= value < 253402300800000:
-        raise ValueError(f"date is {value!r}, not ms since the epoch")
+        raise ValueError(f"date is {short(value)}, not ms since the epoch")
     return value
+
+
+COUNTS = ("ram", "num_cpu")  # machine fields that are counts: ASCII digits (or empty, unknown)
+
+
+def _machine_params(params):
+    """asv's machine info as strings; ValueError if a count (ram bytes, CPUs) is not a plain number."""
+    if not isinstance(params, dict):
+        raise ValueError(f"params is {short(params)}, not an object")
+    out = {str(k): str(v) for k, v in params.items()}
+    for key in COUNTS:
+        if not re.fullmatch(r"[0-9]{0,20}", out.get(key, "")):
+            raise ValueError(f"machine field {key} is {short(params[key])}, not a number")
+    return out
 
 
 def _names_for(name, params, param_names):
@@ -476,15 +687,15 @@ def _value(value, name, timed):
         return FAILED
     if isinstance(value, float) and math.isnan(value):
         return SKIPPED
-    if not is_number(value) or math.isinf(value) or (timed and value <= 0):
-        raise ValueError(f"{name}: {value!r} is not a valid {'time' if timed else 'result'}")
+    if not is_finite(value) or (timed and value <= 0):
+        raise ValueError(f"{name}: {short(value)} is not a valid {'time' if timed else 'result'}")
     return value
 
 
 def _samples(samples, name):
     if samples is None:
         return None
-    if not isinstance(samples, list) or not all(is_number(s) and math.isfinite(s) and s > 0 for s in samples):
+    if not isinstance(samples, list) or not all(is_finite(s) and s > 0 for s in samples):
         raise ValueError(f"{name}: samples must be a list of positive seconds")
     return samples
 
@@ -499,8 +710,8 @@ def _points(results, name, names):
     # asv keeps one entry per combination, in itertools.product order ([()] if unparameterized).
     for i, combo in enumerate(itertools.product(*params)):
         stat = (stats[i] if stats and i < len(stats) else None) or {}
-        if not isinstance(stat, dict) or not all(is_number(v) for v in stat.values()):
-            raise ValueError(f"{name}: malformed statistics {stat!r}")
+        if not isinstance(stat, dict) or not all(is_finite(v) for v in stat.values()):
+            raise ValueError(f"{name}: malformed statistics {short(stat)}")
         yield Point(
             benchmark=name,
             params={n: _parse_param(str(v)) for n, v in zip(names, combo)},

@@ -341,3 +341,257 @@ def test_gather_and_lengths_take_only_ordered_id_lists():
 def test_zero_width_keys_or_values_are_refused_up_front(k_dim, v_dim):
     with pytest.raises(ValueError, match="k_dim|v_dim"):
         kv.PagedKVCache(4, 4, k_dim, v_dim)
+
+
+# --- forks: shared blocks, refcounts and copy-on-write ----------------------------------------------
+
+
+def written(rng, cache, record, seq_ids, t_new):
+    """Write t_new random positions to seq_ids in ``cache`` and in the independent ``record``."""
+    k, v = random_kv(rng, len(seq_ids), t_new)
+    cache.update(seq_ids, k, v)
+    record.write(seq_ids, k, v)
+
+
+def assert_gathers_the_record(cache, record):
+    ids = list(cache.seq_ids)
+    k_seq, v_seq, lengths = cache.gather(ids)
+    for i, s in enumerate(ids):
+        expected_k = np.array(record.k.get(s, [])).reshape(-1, D_K)
+        assert lengths[i] == len(expected_k)
+        np.testing.assert_array_equal(k_seq[i, : lengths[i]], expected_k)
+        np.testing.assert_array_equal(v_seq[i, : lengths[i]], np.array(record.v.get(s, [])).reshape(-1, D_V))
+
+
+def fork_record(record, parent, child):
+    record.k[child], record.v[child] = list(record.k[parent]), list(record.v[parent])
+
+
+def test_a_fork_at_a_block_boundary_shares_every_block_and_copies_none():
+    rng = np.random.default_rng(30)
+    cache, record = kv.PagedKVCache(10, 4, D_K, D_V), Contiguous()
+    cache.add_sequence("p")
+    written(rng, cache, record, ["p"], 8)  # two full blocks
+    cache.fork("p", "c")
+    fork_record(record, "p", "c")
+    shared = cache.block_table("p")
+    assert cache.block_table("c") == shared and [cache.ref_count(b) for b in shared] == [2, 2]
+    assert cache.blocks_in_use == 2 and cache.slots_used == 8 and cache.internal_fragmentation == 0
+    written(rng, cache, record, ["c"], 1)  # a new block for the child; nothing to copy
+    written(rng, cache, record, ["p"], 1)
+    assert cache.block_table("c")[:2] == cache.block_table("p")[:2] == shared
+    assert cache.block_table("c")[2] != cache.block_table("p")[2] and cache.blocks_in_use == 4
+    assert_gathers_the_record(cache, record)
+
+
+def test_a_fork_mid_block_copies_the_shared_last_block_on_the_first_write_only():
+    rng = np.random.default_rng(31)
+    cache, record = kv.PagedKVCache(10, 4, D_K, D_V), Contiguous()
+    cache.add_sequence("p")
+    written(rng, cache, record, ["p"], 6)  # block 0 full, block 1 holds 2 of 4
+    cache.fork("p", "c")
+    fork_record(record, "p", "c")
+    full, partial = cache.block_table("p")
+    assert cache.blocks_in_use == 2 and cache.ref_count(partial) == 2
+    before = cache.k_cache[partial].copy()
+    written(rng, cache, record, ["c"], 1)  # the child writes into the shared partial block: it gets a copy
+    (_, copy) = cache.block_table("c")
+    assert copy != partial and cache.block_table("p") == (full, partial)
+    assert cache.ref_count(partial) == 1 and cache.ref_count(copy) == 1 and cache.ref_count(full) == 2
+    np.testing.assert_array_equal(cache.k_cache[partial], before)  # the parent's block is untouched
+    np.testing.assert_array_equal(cache.k_cache[copy, :2], before[:2])  # the copy holds the shared tokens
+    written(rng, cache, record, ["p"], 1)  # no longer shared: the parent writes in place
+    assert cache.block_table("p") == (full, partial) and cache.blocks_in_use == 3
+    assert_gathers_the_record(cache, record)
+
+
+def test_both_writing_at_once_after_a_mid_block_fork_copies_for_both_or_neither():
+    rng = np.random.default_rng(32)
+    cache, record = kv.PagedKVCache(4, 4, D_K, D_V), Contiguous()
+    cache.add_sequence("p")
+    written(rng, cache, record, ["p"], 2)
+    cache.fork("p", "c")
+    fork_record(record, "p", "c")
+    cache.add_sequence("x")
+    written(rng, cache, record, ["x"], 12)  # 3 blocks: none left free
+    before = snapshot(cache)
+    # p needs a copy of the shared block; c then holds it alone and writes in place: 1 block.
+    with pytest.raises(kv.OutOfBlocksError, match=r"2 sequence\(s\) need 1 new block\(s\)"):
+        cache.update(["p", "c"], *random_kv(rng, 2, 1))
+    assert_same_snapshot(before, snapshot(cache))
+    cache.free("x")
+    record.free("x")
+    shared = cache.block_table("p")[0]
+    written(rng, cache, record, ["p", "c"], 1)
+    assert cache.blocks_in_use == 2 and cache.block_table("c") == (shared,) and cache.block_table("p") != (shared,)
+    assert cache.ref_count(shared) == 1
+    assert_gathers_the_record(cache, record)
+
+
+def test_freeing_the_parent_first_leaves_the_child_whole_and_frees_each_block_once():
+    rng = np.random.default_rng(33)
+    cache, record = kv.PagedKVCache(6, 3, D_K, D_V), Contiguous()
+    cache.add_sequence("p")
+    written(rng, cache, record, ["p"], 7)  # blocks: full, full, 1 of 3
+    cache.fork("p", "c")
+    fork_record(record, "p", "c")
+    blocks = cache.block_table("p")
+    cache.free("p")
+    record.free("p")
+    assert cache.blocks_in_use == 3 and cache.num_free_blocks == 3
+    assert [cache.ref_count(b) for b in blocks] == [1, 1, 1]
+    written(rng, cache, record, ["c"], 2)  # the last block is the child's alone now: written in place
+    assert cache.block_table("c") == blocks
+    assert_gathers_the_record(cache, record)
+    cache.free("c")
+    assert cache.num_free_blocks == 6 and sorted(cache.allocator.free_blocks()) == list(range(6))
+    assert all(cache.ref_count(b) == 0 for b in range(6))
+
+
+def test_a_fork_shares_written_blocks_only_not_blocks_reserved_ahead():
+    rng = np.random.default_rng(34)
+    cache, record = kv.PagedKVCache(8, 2, D_K, D_V), Contiguous()
+    cache.add_sequence("p")
+    assert cache.allocate_slots("p", 5) == 3  # 3 blocks reserved for 5 tokens
+    assert len(cache.block_table("p")) == 3 and cache.internal_fragmentation == 6
+    written(rng, cache, record, ["p"], 3)  # writes into the reserved blocks, taking none
+    assert cache.blocks_in_use == 3
+    cache.fork("p", "c")
+    fork_record(record, "p", "c")
+    assert cache.block_table("c") == cache.block_table("p")[:2]
+    assert cache.ref_count(cache.block_table("p")[2]) == 1
+    written(rng, cache, record, ["p", "c"], 2)
+    assert_gathers_the_record(cache, record)
+
+
+def test_fork_errors_change_nothing():
+    cache = kv.PagedKVCache(4, 2, D_K, D_V)
+    cache.add_sequence("p")
+    cache.update(["p"], np.ones((1, 3, D_K)), np.ones((1, 3, D_V)))
+    cache.add_sequence("q")
+    before = snapshot(cache)
+    with pytest.raises(ValueError, match="sequence 'zz' is not in the cache"):
+        cache.fork("zz", "c")
+    with pytest.raises(ValueError, match="sequence 'q' is already in the cache"):
+        cache.fork("p", "q")
+    with pytest.raises(TypeError, match="must be hashable"):
+        cache.fork("p", ["c"])
+    assert_same_snapshot(before, snapshot(cache))
+    assert [cache.ref_count(b) for b in cache.block_table("p")] == [1, 1]
+
+
+def test_allocate_slots_is_all_or_nothing():
+    cache = kv.PagedKVCache(3, 2, D_K, D_V)
+    cache.add_sequence("a")
+    with pytest.raises(kv.OutOfBlocksError, match=r"need 4 new block\(s\) of block_size=2, 3 of num_blocks=3 free"):
+        cache.allocate_slots("a", 7)
+    assert cache.block_table("a") == () and cache.num_free_blocks == 3
+    assert cache.allocate_slots("a", 0) == 0 and cache.allocate_slots("a", 6) == 3 and cache.peak_blocks == 3
+    with pytest.raises(ValueError, match="num_tokens must be >= 0"):
+        cache.allocate_slots("a", -1)
+
+
+# --- prefix caching in the paged cache ------------------------------------------------------------
+
+
+def test_a_sequence_starts_from_the_longest_cached_prefix_of_full_blocks():
+    rng = np.random.default_rng(35)
+    cache = kv.PagedKVCache(10, 2, D_K, D_V, enable_prefix_caching=True)
+    tokens = [5, 6, 7, 8, 9]
+    cache.add_sequence("a")
+    k, v = random_kv(rng, 1, 5)
+    cache.update(["a"], k, v, token_ids=[tokens])  # blocks [5, 6], [7, 8] full and cached; [9] partial
+    assert cache.allocator.num_cached_blocks == 2
+    a_blocks = cache.block_table("a")
+    assert cache.find_cached_blocks(tokens) == a_blocks[:2]
+    assert cache.find_cached_blocks([5, 6, 7, 0]) == a_blocks[:1]  # the second block differs
+    assert cache.find_cached_blocks([7, 8, 5, 6]) == ()  # a block is named by its whole prefix
+    assert cache.add_sequence("b", [5, 6, 7, 8, 9]) == 4  # the partial block is never shared
+    assert cache.block_table("b") == a_blocks[:2] and cache.ref_count(a_blocks[0]) == 2
+    assert cache.blocks_in_use == 3
+    k_b, v_b = random_kv(rng, 1, 1)
+    cache.update(["b"], k_b, v_b, token_ids=[[9]])
+    k_seq, _, lengths = cache.gather(["b"])
+    np.testing.assert_array_equal(k_seq[0, :4], k[0, :4])  # a's keys, never recomputed
+    np.testing.assert_array_equal(k_seq[0, 4], k_b[0, 0])
+    assert lengths.tolist() == [5]
+
+
+def test_cached_blocks_outlive_their_sequences_until_evicted():
+    rng = np.random.default_rng(36)
+    cache = kv.PagedKVCache(3, 2, D_K, D_V, enable_prefix_caching=True)
+    cache.add_sequence("a")
+    cache.update(["a"], *random_kv(rng, 1, 4), token_ids=[[1, 2, 3, 4]])
+    blocks = cache.block_table("a")
+    cache.free("a")
+    assert cache.blocks_in_use == 0 and cache.num_free_blocks == 3
+    assert cache.find_cached_blocks([1, 2, 3, 4, 0]) == blocks  # still cached at refcount 0
+    cache.add_sequence("b")
+    cache.update(["b"], *random_kv(rng, 1, 4), token_ids=[[7, 7, 7, 7]])  # needs 2: the plain block, then an eviction
+    assert cache.find_cached_blocks([1, 2, 3, 4]) == blocks[:1]  # a's last block went first
+    assert cache.add_sequence("c", [1, 2, 3, 4]) == 2
+
+
+def test_without_token_ids_or_without_prefix_caching_nothing_is_cached():
+    rng = np.random.default_rng(37)
+    plain = kv.PagedKVCache(4, 2, D_K, D_V)
+    plain.add_sequence("a")
+    plain.update(["a"], *random_kv(rng, 1, 4), token_ids=[[1, 2, 3, 4]])
+    assert plain.find_cached_blocks([1, 2, 3, 4]) == () and plain.add_sequence("b", [1, 2, 3, 4]) == 0
+    caching = kv.PagedKVCache(6, 2, D_K, D_V, enable_prefix_caching=True)
+    caching.add_sequence("a")
+    caching.update(["a"], *random_kv(rng, 1, 2), token_ids=[[1, 2]])
+    caching.update(["a"], *random_kv(rng, 1, 2))  # no ids: this block and every later one are not cached
+    caching.update(["a"], *random_kv(rng, 1, 2), token_ids=[[5, 6]])
+    assert caching.allocator.num_cached_blocks == 1
+
+
+def test_bad_token_ids_are_refused_and_change_nothing():
+    cache = kv.PagedKVCache(4, 2, D_K, D_V, enable_prefix_caching=True)
+    cache.add_sequence("a")
+    before = snapshot(cache)
+    k, v = np.ones((1, 2, D_K)), np.ones((1, 2, D_V))
+    with pytest.raises(ValueError, match=r"token_ids must be \[N, T_new\] = \[1, 2\]"):
+        cache.update(["a"], k, v, token_ids=[[1, 2, 3]])
+    with pytest.raises(TypeError, match="token_ids must be integers, got dtype float64"):
+        cache.update(["a"], k, v, token_ids=[[1.0, 2.0]])
+    with pytest.raises(TypeError, match="token_ids must be integers"):
+        cache.add_sequence("b", ["x"])
+    assert_same_snapshot(before, snapshot(cache))
+
+
+# --- the pool's memory -----------------------------------------------------------------------------
+
+
+def test_ten_million_blocks_cost_integers_not_python_objects():
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        cache = kv.PagedKVCache(10**7, 1, 1, 1)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    pool = cache.k_cache.nbytes + cache.v_cache.nbytes  # 160 MB
+    # The free list (int32) and the refcounts (int32): 80 MB; a list of Python ints took 344 MiB more.
+    assert peak - pool <= 10**7 * 8 + 2**20
+    assert cache.num_free_blocks == 10**7
+    cache.add_sequence(0)
+    cache.update([0], np.ones((1, 2, 1)), np.ones((1, 2, 1)))
+    assert cache.block_table(0) == (10**7 - 1, 10**7 - 2)
+
+
+def test_a_pool_larger_than_memory_is_refused_with_the_bytes_it_needs():
+    needed = 10**12 * 4 * (64 + 64) * 8 + 10**12 * (8 + 4)
+    with pytest.raises(ValueError, match=rf"num_blocks=1000000000000 .* needs {needed} bytes"):
+        kv.PagedKVCache(10**12, 4, 64, 64)
+
+
+def test_a_failed_allocation_is_a_value_error_with_the_bytes_it_needs(monkeypatch):
+    def no_memory(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr("kv_attention._validation.physical_memory", lambda: None)
+    monkeypatch.setattr("kv_attention.paged.np.zeros", no_memory)
+    with pytest.raises(ValueError, match=r"needs 8800 bytes .*the allocation failed"):
+        kv.PagedKVCache(100, 2, 3, 2, dtype=np.float64)  # 100 × 2 × 5 × 8, + 100 × (4 + 4) of bookkeeping

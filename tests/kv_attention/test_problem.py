@@ -43,3 +43,19 @@ def test_problem_factory_checks_its_arguments():
         kv.make_problem(4, batch_size=2.5)
     with pytest.raises(TypeError, match="float32 or float64"):
         kv.make_problem(4, dtype=np.int32)
+
+
+def test_the_embedding_is_drawn_after_the_weights_so_nothing_else_changes():
+    shape = {"d_model": 4, "d_k": 4, "d_v": 4}
+    plain, with_vocab = kv.make_problem(5, 2, **shape), kv.make_problem(5, 2, **shape, vocab_size=7)
+    for a, b in zip(plain.args(), with_vocab.args()):
+        np.testing.assert_array_equal(a, b)
+    assert plain.embedding is None
+    rng = np.random.default_rng(42)
+    rng.standard_normal((2, 5, 4))
+    for d in (4, 4, 4):
+        rng.standard_normal((4, d))
+    np.testing.assert_array_equal(with_vocab.embedding, rng.standard_normal((7, 4)))
+    assert kv.make_problem(3, vocab_size=2, dtype=np.float32).embedding.dtype == np.float32
+    with pytest.raises(ValueError, match="vocab_size must be >= 1"):
+        kv.make_problem(3, vocab_size=0)

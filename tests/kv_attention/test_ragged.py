@@ -409,3 +409,66 @@ def test_the_padded_form_gives_the_list_form_with_zeros_past_each_length(problem
     for b, got in enumerate(listed):
         np.testing.assert_array_equal(padded[b, : lengths[b]], got)
         assert not padded[b, lengths[b] :].any()
+
+
+# --- a caller's paged cache ---------------------------------------------------------------------------
+
+
+def test_paged_decode_in_a_callers_cache_is_exact_and_leaves_it_to_inspect():
+    rng = np.random.default_rng(40)
+    lengths = [5, 3, 2]
+    seqs, (w_q, w_k, w_v) = sequences(rng, lengths), weights(rng)
+    cache = kv.PagedKVCache(8, 2, 3, 5)
+    cache.add_sequence("other")  # another user of the pool, kept through the decode
+    cache.update(["other"], np.ones((1, 3, 3)), np.ones((1, 3, 5)))
+    out, stats = kv.ragged_decode(seqs, w_q, w_k, w_v, strategy="paged", cache=cache, return_stats=True)
+    for got, expected in zip(out, solo_outputs(seqs, w_q, w_k, w_v)):
+        np.testing.assert_allclose(got, expected, **TOL)
+    assert cache.seq_ids == ("other",) and cache.blocks_in_use == 2  # every decoded sequence freed its blocks
+    assert cache.peak_blocks == 2 + max(blocks_per_step(lengths, None, 2)) == stats.peak_blocks
+    assert stats.peak_reserved_slots == cache.peak_blocks * 2
+    k_seq, _, _ = cache.gather(["other"])
+    assert (k_seq[0, :3] == 1).all()
+
+
+def test_a_callers_cache_too_small_runs_out_of_blocks_at_its_step():
+    rng = np.random.default_rng(41)
+    seqs, ws = sequences(rng, [4, 4]), weights(rng)
+    cache = kv.PagedKVCache(3, 2, 3, 5)
+    with pytest.raises(kv.OutOfBlocksError, match="of num_blocks=3 free"):
+        kv.ragged_decode(seqs, *ws, strategy="paged", cache=cache)
+
+
+@pytest.mark.parametrize(
+    "make, options, error, message",
+    [
+        (lambda: kv.PagedKVCache(8, 2, 4, 5), {}, ValueError, r"need D_k=3, D_v=5"),
+        (lambda: kv.PagedKVCache(8, 2, 3, 6), {}, ValueError, r"v_cache \(8, 2, 6\) need D_k=3, D_v=5"),
+        (lambda: kv.PagedKVCache(8, 2, 3, 5, dtype=np.float32), {}, TypeError, "cache holds float32 but the computation"),
+        (lambda: kv.PagedKVCache(8, 2, 3, 5), {"block_size": 4}, ValueError, "block_size=4 does not fit the cache's block_size=2"),
+        (lambda: kv.PagedKVCache(8, 2, 3, 5), {"num_blocks": 8}, ValueError, "num_blocks=8 was given with a cache"),
+        (lambda: kv.PagedKVCache(8, 2, 3, 5), {"strategy": "compacted"}, ValueError, "cache= is for strategy='paged'"),
+        (lambda: kv.StaticCache((), 4, 3, 5), {}, TypeError, "cache must be a PagedKVCache, got StaticCache"),
+    ],
+)
+def test_a_callers_cache_that_does_not_fit_is_refused_before_any_step(make, options, error, message):
+    rng = np.random.default_rng(42)
+    seqs, ws = sequences(rng, [3, 2]), weights(rng)
+    cache = make()
+    kwargs = {"strategy": "paged", "cache": cache, **options}
+    with pytest.raises(error, match=message):
+        kv.ragged_decode(seqs, *ws, **kwargs)
+    with pytest.raises(error, match=message):
+        kv.ragged_decode_steps(seqs, *ws, **kwargs)
+    if isinstance(cache, kv.PagedKVCache):
+        assert cache.seq_ids == () and cache.num_free_blocks == 8
+
+
+def test_a_callers_cache_holding_the_decodes_sequence_ids_is_refused():
+    rng = np.random.default_rng(43)
+    seqs, ws = sequences(rng, [3, 2]), weights(rng)
+    cache = kv.PagedKVCache(8, 2, 3, 5)
+    cache.add_sequence(1)
+    with pytest.raises(ValueError, match=r"cache already holds sequence\(s\) \[1\]; the decode's sequences are 0..1"):
+        kv.ragged_decode(seqs, *ws, strategy="paged", cache=cache)
+    assert cache.seq_ids == (1,)

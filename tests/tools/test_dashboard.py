@@ -1,6 +1,11 @@
 """tools/dashboard.py: asv's page rewritten to local copies of its CDN files (no npm, no network)."""
 
+import base64
+import hashlib
+import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import asv
@@ -64,3 +69,96 @@ def test_an_unknown_address_is_refused_and_the_page_left_unchanged(tool, fake_no
 def test_missing_index_is_a_clear_error(tool, tmp_path):
     with pytest.raises(tool.VendorError, match="run asv publish first"):
         tool.vendor(tmp_path, tmp_path)
+
+
+# --- repository text shown as text (tools/dashboard_text.py, issue 12) ----------------------------------
+
+ASV_WWW = ASV_INDEX.parent
+XSS = '<img/src="x"/onerror="alert(document.domain)">'
+
+
+@pytest.fixture
+def published(tmp_path):
+    """A copy of the pages ``asv publish`` writes (asv's www directory)."""
+    html_dir = tmp_path / "html"
+    shutil.copytree(ASV_WWW, html_dir)
+    return html_dir
+
+
+# Each place asv 0.6.6 pasted repository text into HTML, as it reads there.
+UNSAFE = {
+    "graphdisplay.js": ["+ parts[j] +", "'\">' + name + '</li>'", "font-size:smaller;'>\" + tag + \"",
+                        "details.push(key + ': ' + val)"],
+    "summarygrid.js": ["href=\"#' + bm.name", "'<h1>' + group + '</h1>'", "'<div class=\"benchmark-text\">' + "],
+    "summarylist.js": ["details.push(key + ': ' + val)"],
+    "asv_ui.js": ["'<div class=\"panel-heading\">' + heading"],
+}
+
+
+def test_every_place_that_pasted_text_as_html_is_rewritten(published):
+    from tools import dashboard_text
+
+    originals = {name: (ASV_WWW / name).read_text() for name in UNSAFE}
+    assert all(any(snippet in originals[name] for snippet in snippets) for name, snippets in UNSAFE.items())
+    assert dashboard_text.neutralise(published) == 15
+    for name, snippets in UNSAFE.items():
+        text = (published / name).read_text()
+        assert [s for s in snippets if s in text] == [], name
+        assert text.count("html: true") == originals[name].count("html: true") - {
+            "graphdisplay.js": 2, "summarygrid.js": 2}.get(name, 0)
+    tags = (published / "graphdisplay.js").read_text()
+    assert "kv_escape_html(tag)" in tags and tags.startswith("'use strict';\nfunction kv_escape_html(")
+
+
+def test_the_escape_is_complete_when_run(published):
+    """Run the inserted escape function in node, where there is one."""
+    from tools import dashboard_text
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("no node to run JavaScript")
+    script = dashboard_text.ESCAPE + f"process.stdout.write(kv_escape_html({json.dumps(XSS + '&' + chr(39))}));"
+    out = subprocess.run([node, "-e", script], capture_output=True, text=True, check=True).stdout
+    assert out == "&lt;img/src=&quot;x&quot;/onerror=&quot;alert(document.domain)&quot;&gt;&amp;&#39;"
+
+
+def test_the_page_gets_a_policy_allowing_only_asvs_inline_handler(published):
+    from tools import dashboard_text
+
+    dashboard_text.neutralise(published)
+    html = (published / "index.html").read_text()
+    head = html[:html.index("<script")]
+    policy = re.search(r'<meta http-equiv="Content-Security-Policy" content="([^"]+)">', head).group(1)
+    inline = re.search(r'<script type="text/javascript">(.*?)</script>', html, re.S).group(1)
+    digests = {"'sha256-" + base64.b64encode(hashlib.sha256(t.encode()).digest()).decode() + "'"
+               for t in (inline, "js_load_failure()")}
+    script_src = next(d for d in policy.split("; ") if d.startswith("script-src "))
+    assert set(script_src.split()) == {"script-src", "'self'", "'unsafe-hashes'", *digests,
+                                       *{re.match(r"https://[^/]+", u).group(0) for u in dashboard.CDN_FILES}}
+    assert "'unsafe-inline'" not in script_src and "object-src 'none'" in policy
+
+
+def test_neutralise_is_idempotent_and_refuses_another_asv(published):
+    from tools import dashboard_text
+
+    dashboard_text.neutralise(published)
+    once = {p.name: p.read_bytes() for p in published.iterdir() if p.is_file()}
+    dashboard_text.neutralise(published)
+    assert {p.name: p.read_bytes() for p in published.iterdir() if p.is_file()} == once
+    fresh = published.parent / "fresh"
+    shutil.copytree(ASV_WWW, fresh)
+    (fresh / "summarygrid.js").write_text((fresh / "summarygrid.js").read_text().replace("'<h1>'", "'<h2>'"))
+    before = {p.name: p.read_bytes() for p in fresh.iterdir() if p.is_file()}
+    with pytest.raises(dashboard_text.UnsafeDashboard, match="summarygrid.js holds 0 copies"):
+        dashboard_text.neutralise(fresh)
+    assert {p.name: p.read_bytes() for p in fresh.iterdir() if p.is_file()} == before  # nothing half-rewritten
+
+
+def test_publish_removes_a_page_it_cannot_make_safe(tmp_path):
+    from tools import common
+    from tools.commands import publish
+
+    (tmp_path / "index.html").write_text("<html><head><script></script></head></html>")
+    with pytest.raises(common.UserError, match="not published"):
+        publish.make_safe(tmp_path)
+    assert not (tmp_path / "index.html").exists()

@@ -1,7 +1,10 @@
 """The regression gate (tools/commands/gate.py): exit codes and output on small asv result sets written here."""
 
 import json
+import math
+import os
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -56,6 +59,7 @@ def project(repo, monkeypatch, tmp_path):
     (results_dir / "benchmarks.json").write_text(json.dumps({**BENCHMARKS, "version": 2}))
 
     def write(commit, times=None, track=1000.0, version="v1", counts=None):
+        """``track`` None: the track benchmark has no result at all (removed from the suite)."""
         times, counts = times or {}, counts or {}
         result = Results({"machine": MACHINE}, {}, commit, 0, "3.11", sorted(env_names)[0], {})
         points, samples = [], []
@@ -66,13 +70,15 @@ def project(repo, monkeypatch, tmp_path):
         numbers = [None if s is None else 1 for s in samples]
         result.add_result({**BENCHMARKS[TIME], "version": version},
                           BenchmarkResult(points, samples, numbers, 0, "", None), record_samples=True)
-        result.add_result(BENCHMARKS[TRACK], BenchmarkResult([track], [None], [None], 0, "", None))
+        if track is not None:
+            result.add_result(BENCHMARKS[TRACK], BenchmarkResult([track], [None], [None], 0, "", None))
         factors = [counts.get(s, 1.0) for s in COUNT_PARAMS[1]]
         instructions = [None if f is None else INSTRUCTIONS * f for f in factors]
         result.add_result(BENCHMARKS[COUNT], BenchmarkResult(instructions, [None] * 2, [None] * 2, 0, "", None))
         result.save(str(results_dir))
 
     repo.base, repo.head, repo.calls, repo.write = base, head, calls, write
+    repo.results_dir = results_dir
     return repo
 
 
@@ -311,3 +317,101 @@ def test_a_failed_count_point_exits_2(project, capsys):
 def test_the_count_factor_is_a_named_constant_tighter_than_the_timing_factor():
     assert 1 < gate_command.COUNT_FACTOR <= 1.01 < gate_command.DEFAULT_FACTOR
     assert gate_command.COUNT_BENCHMARKS == ("track_instructions", "track_estimated_cycles")
+
+
+# --- vanished points and unreadable result files (issue 12) ------------------------------------------
+
+
+PREALLOCATED = {(t, "'preallocated'"): "nan" for t in PARAMS[0]}  # the strategy raises NotImplementedError
+
+
+def test_a_strategy_that_vanishes_at_head_fails_the_gate(project, capsys):
+    project.write(project.base)
+    project.write(project.head, PREALLOCATED)
+    code, out = gate(project, capsys)
+    assert code == 2 and "gate: exit 2 (2 failed benchmark point(s)" in out
+    failed = sorted(line for line in out.splitlines() if line.startswith("FAILED"))
+    assert failed == [f"FAILED at head {project.head[:8]}  bench_x.Decode.time_decode({t}, 'preallocated')  "
+                      "(vanished: a value at BASE, n/a at HEAD)" for t in ("16", "256")]
+    assert "RETIRED in benchmarks/common.py" in out
+
+
+def test_a_benchmark_removed_from_the_suite_fails_unless_retired(project, capsys, monkeypatch):
+    import benchmarks.common
+
+    project.write(project.base)
+    project.write(project.head, track=None)
+    code, out = gate(project, capsys)
+    assert code == 2 and f"FAILED at head {project.head[:8]}  bench_x.track_bytes  (vanished" in out
+    monkeypatch.setattr(benchmarks.common, "RETIRED", {TRACK: "replaced by track_bytes_v2"}, raising=False)
+    code, out = gate(project, capsys)
+    assert code == 0 and "vanished" not in out
+
+
+def test_a_retired_point_and_n_a_at_both_pass(project, capsys, monkeypatch):
+    import benchmarks.common
+
+    project.write(project.base, {("16", "'concat'"): "nan"})
+    project.write(project.head, {("16", "'concat'"): "nan", ("256", "'concat'"): "nan"})
+    assert gate(project, capsys)[0] == 2
+    monkeypatch.setattr(benchmarks.common, "RETIRED",
+                        {"bench_x.Decode.time_decode(256, 'concat')": "concat at T=256 dropped"}, raising=False)
+    assert gate(project, capsys)[0] == 0
+
+
+def test_a_point_that_appears_at_head_or_fails_there_is_not_vanished():
+    base = {("b.time_x(1)", "env"): (math.nan, None, "v1"), ("b.time_x(2)", "env"): (1.0, None, "v1")}
+    head = {("b.time_x(1)", "env"): (1.0, None, "v1"), ("b.time_x(2)", "env"): (None, None, "v1")}
+    assert results.vanished(base, head, {}) == []  # (1) appeared, (2) failed: a failure, not a vanished point
+    assert results.vanished(head, base, {}) == ["b.time_x(1)"]  # the other way round (1) vanished
+    assert results.vanished(base, {}, {}) == []  # no results at all: reported as a commit without results
+
+
+def test_a_truncated_result_file_is_moved_aside_and_its_commit_measured_again(project, capsys):
+    """asv's writes are not atomic: a killed run leaves a truncated file, which asv then can neither read
+    nor save over. The gate moves it to .asv/corrupt/ and measures its commit again."""
+    project.write(project.base)
+    project.write(project.head)
+    head_file = next((project.results_dir / MACHINE).glob(f"{project.head[:8]}-*.json"))
+    base_file = next((project.results_dir / MACHINE).glob(f"{project.base[:8]}-*.json"))
+    base_bytes = base_file.read_bytes()
+    truncated = head_file.read_bytes()[:200]
+    head_file.write_bytes(truncated)
+    code, out = gate(project, capsys)
+    moved = project.root / ".asv" / "corrupt" / MACHINE / head_file.name
+    assert f"moved unreadable result file .asv/results/{MACHINE}/{head_file.name} to .asv/corrupt/{MACHINE}/" in out
+    assert moved.read_bytes() == truncated and not head_file.exists() and base_file.read_bytes() == base_bytes
+    assert project.calls == [([project.base, project.head], ())]  # asv run --skip-existing measures HEAD again
+    assert code == 2 and f"head {project.head[:8]} has no results" in out  # the fake asv run measured nothing
+    project.write(project.head)  # what a real asv run would have stored
+    head_file.write_text("")  # killed right after opening it
+    code, out = gate(project, capsys)
+    assert (moved.parent / f"{head_file.name}.1").read_text() == "" and "moved unreadable" in out
+    project.write(project.head)
+    assert gate(project, capsys)[0] == 0 and sorted(p.name for p in moved.parent.iterdir()) == [
+        moved.name, f"{moved.name}.1"]
+
+
+def test_a_fifo_among_the_results_is_moved_aside_not_read(project, capsys):
+    project.write(project.base)
+    project.write(project.head)
+    fifo = project.results_dir / MACHINE / f"{'f' * 8}-{next(iter(results.asv_setup()[3]))}.json"
+    os.mkfifo(fifo)
+    code, out = gate(project, capsys)  # before: asv blocked forever opening it
+    assert code == 0 and "a FIFO, not a regular file" in out and not os.path.lexists(fifo)
+    assert stat.S_ISFIFO(os.lstat(project.root / ".asv" / "corrupt" / MACHINE / fifo.name).st_mode)
+
+
+def test_the_main_job_fails_a_point_that_vanished_at_mains_tip(project, capsys):
+    from tools.commands import bench
+
+    project.write(project.base)  # main~1
+    project.write(project.head, PREALLOCATED)  # main
+    assert bench.verdict(project.head, []) == 2
+    out = capsys.readouterr().out
+    assert out.count(f"VANISHED at main {project.head[:8]}  bench_x.Decode.time_decode(") == 2
+    assert "bench: exit 2 (0 benchmark(s) failed their correctness check, 2 point(s) vanished at main)" in out
+    project.write(project.head)
+    assert bench.verdict(project.head, []) == 0
+    assert bench.verdict(project.head, ["bench_x.track_bytes"]) == 2
+    assert f"FAILED at main {project.head[:8]}  bench_x.track_bytes" in capsys.readouterr().out

@@ -193,6 +193,7 @@ def test_tables_show_the_lab_figures_computed_from_the_medians(repo, capsys):
         ms = [cache[(t, s)] * 1e3 for s in ("no_cache", "concat", "preallocated")]
         assert [float(c) for c in row[1:4]] == pytest.approx(ms, abs=5e-4)
         assert float(row[4].rstrip("x")) == pytest.approx((t / 8) / 1.25, abs=5e-3)
+        assert row[5] == f"{1.5 / 1.25:.2f}x"  # concat / preallocated
     for row, t in zip(table_rows(out, BATCH_TITLE), LENGTHS):
         seq, bat = batch[(t, "sequential")], batch[(t, "batched")]
         assert float(row[1]) == pytest.approx(seq * 1e3, abs=5e-4)
@@ -261,8 +262,8 @@ def test_failed_and_skipped_points_are_marked_and_the_rest_renders(repo, capsys)
     code, out, _ = report(path, "tables", capsys=capsys)
     assert code == 0
     cache = {int(r[0]): r for r in table_rows(out, CACHE_TITLE)}
-    assert cache[64][3] == "failed" and cache[64][4] == "failed"  # the ratio carries the mark
-    assert cache[32][2] == "n/a" and cache[32][4].endswith("x")  # concat skipped: ratio unaffected
+    assert cache[64][3] == "failed" and cache[64][4:] == ["failed"] * 2  # the ratios carry the mark
+    assert cache[32][2] == "n/a" and cache[32][4].endswith("x") and cache[32][5] == "n/a"  # concat skipped
     batch = {int(r[0]): r for r in table_rows(out, BATCH_TITLE)}
     assert batch[128][1] != "failed" and batch[128][2:] == ["failed"] * 5
     sweep = {int(r[0]): r for r in table_rows(out, SWEEP_TITLE)}
@@ -381,7 +382,7 @@ def test_plots_are_written_and_open_as_images(repo, capsys, tmp_path):
     code, out, _ = report(path, "plots", "--out", str(tmp_path / "figs"), capsys=capsys)
     assert code == 0
     names = sorted(p.name for p in (tmp_path / "figs").iterdir())
-    assert names == ["positions_vs_B.png", "ratios_vs_T.png", "time_vs_T.png"]
+    assert names == ["heads_vs_T.png", "positions_vs_B.png", "ragged.png", "ratios_vs_T.png", "time_vs_T.png"]
     for name in names:
         pixels = image.imread(tmp_path / "figs" / name)
         assert pixels.ndim == 3 and pixels.shape[0] > 200 and pixels.shape[1] > 300
@@ -543,9 +544,9 @@ def test_csv_env_filter_env_column_and_no_partial_file(repo, capsys, tmp_path):
     code, _, err = report(path, "csv", "--out", str(out_file), capsys=capsys)
     assert code == 1 and "cannot read asv result file" in err
     assert len(read_csv(out_file)) == 29 * 3  # the earlier file is left whole
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".report-")] == []
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp-")] == []
     code, _, err = report(path, "csv", "--out", str(broken), capsys=capsys)
-    assert code == 1 and "inside the results directory" in err and broken.read_text() == "{"
+    assert code == 1 and f"is inside {path / '.asv/results'}" in err and broken.read_text() == "{"
 
 
 def test_plots_of_a_run_where_every_gate_failed(repo, capsys, tmp_path):
@@ -557,9 +558,9 @@ def test_plots_of_a_run_where_every_gate_failed(repo, capsys, tmp_path):
         (SWEEP, [1, 2, 4, 8])) for key in keys}
     write_run(path / ".asv/results", hashes[2], override=override)
     code, out, _ = report(path, "plots", "--out", str(tmp_path / "figs"), capsys=capsys)
-    assert code == 0 and len(list((tmp_path / "figs").iterdir())) == 3
+    assert code == 0 and len(list((tmp_path / "figs").iterdir())) == 5
     code, out, _ = report(path, "tables", capsys=capsys)
-    assert code == 0 and table_rows(out, CACHE_TITLE)[0][1:] == ["failed"] * 4
+    assert code == 0 and table_rows(out, CACHE_TITLE)[0][1:] == ["failed"] * 5
 
 
 def test_csv_rows_of_the_heads_and_ragged_experiments(repo, capsys, tmp_path):
@@ -577,3 +578,188 @@ def test_csv_rows_of_the_heads_and_ragged_experiments(repo, capsys, tmp_path):
     ragged = [r for r in rows if r["experiment"] == "ragged"]
     assert {(r["strategy"], r["T"], r["params"]) for r in ragged} == {
         (s, "", f"lengths={d}") for s in ("padded", "compacted", "paged") for d in DISTRIBUTIONS}
+
+
+# --- the lab's four questions: concat / preallocated, heads and ragged plots, the lab's own figures ----
+
+# The lab's README, as published: its ratio and rate columns, to check the copied times against.
+LAB_NO_CACHE_RATIO = [1.51, 2.01, 3.02, 6.61, 16.18]
+LAB_SPEEDUP = [1.687, 1.653, 1.611, 1.499, 1.346]
+LAB_POSITIONS = [178_072, 171_096, 161_871, 142_755, 112_788]
+
+
+def test_the_lab_times_copied_agree_with_the_lab_s_own_ratios_and_rates():
+    from tools.report import lab
+
+    assert list(lab.CACHE_MS) == list(lab.BATCH_MS) == LENGTHS
+    assert lab.ratio(lab.CACHE_MS, "no_cache", "preallocated")[1] == pytest.approx(LAB_NO_CACHE_RATIO, abs=0.006)
+    assert lab.ratio(lab.BATCH_MS, "sequential", "batched")[1] == pytest.approx(LAB_SPEEDUP, abs=0.006)
+    rates = [2 * t / (lab.BATCH_MS[t]["batched"] / 1e3) for t in LENGTHS]
+    assert rates == pytest.approx(LAB_POSITIONS, rel=0.003)  # times were published to 3 decimals
+    assert 1 - lab.CACHE_MS[256]["preallocated"] / lab.CACHE_MS[256]["concat"] == pytest.approx(0.186, abs=5e-4)
+
+
+def test_tables_and_compare_can_show_one_experiment(repo, capsys):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[1])
+    write_run(path / ".asv/results", hashes[2], extra=True)
+    code, out, _ = report(path, "tables", "--experiment", "cache", "--experiment", "ragged", capsys=capsys)
+    assert code == 0 and re.findall(r"^### (.+)$", out, re.M) == [CACHE_TITLE, RAGGED_TITLE]
+    code, out, _ = report(path, "compare", "HEAD~1", "HEAD", "--experiment", "cache", capsys=capsys)
+    assert code == 0 and re.findall(r"^### (.+)$", out, re.M) == [CACHE_TITLE]
+    rows = {(int(r[0]), r[1]): r[2:] for r in table_rows(out, CACHE_TITLE)}
+    assert rows[(256, "concat / preallocated")] == ["1.20x", "1.20x", "1.000x"]
+    with pytest.raises(SystemExit) as exit_code:
+        report(path, "tables", "--experiment", "bogus", capsys=capsys)
+    assert exit_code.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def test_tables_say_when_the_run_was_measured(repo, capsys):
+    path, hashes = repo
+    run = write_run(path / ".asv/results", hashes[2])
+    data = json.loads(run.read_text())
+    data["results"][CACHE][COLUMNS.index("started_at")] = 1_700_000_000_000  # 2023-11-14 22:13 UTC
+    run.write_text(json.dumps(data))
+    code, out, _ = report(path, "tables", capsys=capsys)
+    assert code == 0 and "measured 2023-11-14 22:13 UTC" in out.splitlines()[2]
+
+
+def load(path, commit):
+    from tools.results import ResultsDir
+    from tools.report.tables import KNOWN_PARAM_NAMES
+
+    return ResultsDir(str(path / ".asv/results"), str(path), KNOWN_PARAM_NAMES).load("box", commit[:8])
+
+
+def lines_of(fig):
+    """Label -> y values of every line drawn, error-bar lines by their container's label."""
+    drawn = {line.get_label(): list(line.get_ydata()) for ax in fig.axes for line in ax.get_lines()}
+    drawn.update({c.get_label(): list(c.lines[0].get_ydata()) for ax in fig.axes for c in ax.containers
+                  if hasattr(c, "lines")})
+    return drawn
+
+
+def test_ratio_plots_show_concat_over_preallocated_and_the_lab_s_own_figures_marked(repo, tmp_path):
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from tools.report import lab, plots
+
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2])
+    run = load(path, hashes[2])
+    fig = plots._ratios_vs_t(plt, run, "t", lab=True)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == ["no_cache / preallocated", "concat / preallocated", "batched speedup: sequential / batched"]
+    concat_ax = fig.axes[1]
+    measured, published = (list(line.get_ydata()) for line in concat_ax.get_lines())
+    assert measured == pytest.approx([1.5 / 1.25] * 5)
+    assert published == pytest.approx([lab.CACHE_MS[t]["concat"] / lab.CACHE_MS[t]["preallocated"] for t in LENGTHS])
+    assert concat_ax.get_lines()[1].get_label() == lab.LABEL and "published" in lab.LABEL
+    plt.close(fig)
+    fig = plots._time_vs_t(plt, run, "t", lab=True)
+    drawn = lines_of(fig)
+    assert drawn[f"preallocated, {lab.LABEL}"] == pytest.approx([lab.CACHE_MS[t]["preallocated"] for t in LENGTHS])
+    assert drawn[f"batched, {lab.LABEL}"] == pytest.approx([lab.BATCH_MS[t]["batched"] for t in LENGTHS])
+    plt.close(fig)
+    fig = plots._time_vs_t(plt, run, "t", lab=False)
+    assert not any(lab.LABEL in label for label in lines_of(fig))
+    plt.close(fig)
+    fig = plots._positions_vs_b(plt, run, "t", lab=True)
+    assert plots.NO_LAB_FIGURES in [t.get_text() for t in fig.texts]
+    plt.close(fig)
+
+
+def test_heads_and_ragged_plots_draw_the_tables_figures(repo):
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from tools.report import plots
+
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2], extra=True)
+    run = load(path, hashes[2])
+    fig = plots._heads_vs_t(plt, run, "t", lab=False)
+    drawn = lines_of(fig)
+    assert drawn["gqa (2 K/V heads), grouped"] == pytest.approx([t * 0.1 / 2 for t in HEADS_T])
+    assert drawn["mqa (1 K/V heads), repeat_kv"] == pytest.approx([t * 0.1 for t in HEADS_T])
+    assert drawn["gqa"] == pytest.approx([1 / 2] * 3) and drawn["mha"] == pytest.approx([1 / 8] * 3)  # 1 / n_kv
+    plt.close(fig)
+    fig = plots._ragged(plt, run, "t", lab=False)
+    times, slots = ([bar.get_height() for bar in ax.patches] for ax in fig.axes)
+    assert times == pytest.approx([16.0] * 3 + [2.0, 4.0, 6.0] + [3.0, 6.0, 9.0])  # padded, compacted, paged
+    assert slots == [2048] * 6 + [16 * 16 * (1 + i) for i in range(3)]
+    plt.close(fig)
+
+
+# --- hand-edited and odd files: one line, never a traceback, never a hang (issue 12) -------------------
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["results"][CACHE][0].__setitem__(0, 10**400), "is not a valid time"),  # OverflowError before
+    (lambda d: d["results"][CACHE][COLUMNS.index("stats_q_25")].__setitem__(0, 10**400), "malformed statistics"),
+    (lambda d: d["results"][SWEEP][COLUMNS.index("samples")].__setitem__(0, [10**400]), "samples"),
+    (lambda d: d.__setitem__("date", 10**400), "not ms since the epoch"),
+    (lambda d: d["params"].__setitem__("ram", "²"), "machine field ram is '²', not a number"),  # ValueError before
+    (lambda d: d["params"].__setitem__("num_cpu", "two"), "machine field num_cpu"),
+])
+def test_out_of_range_numbers_and_odd_machine_fields_are_one_line_errors(repo, edit, message):
+    path, hashes = repo
+    run = write_run(path / ".asv/results", hashes[2])
+    data = json.loads(run.read_text())
+    edit(data)
+    run.write_text(json.dumps(data))
+    for command in (["tables"], ["csv", "--out", str(path / "out.csv")]):
+        proc = subprocess.run([sys.executable, "-m", "tools.dev", "report", *command, "--config",
+                               str(path / "asv.conf.json")], cwd=ROOT, env={**os.environ, common.INSIDE_VENV: "1"},
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr
+        assert len(proc.stderr) < 600  # a huge number is shortened, not printed whole
+
+
+def test_deeply_nested_json_is_a_one_line_error(repo, capsys):
+    path, hashes = repo
+    run = write_run(path / ".asv/results", hashes[2])
+    run.write_text("[" * 100_000 + "]" * 100_000)  # RecursionError in the JSON decoder before
+    code, out, err = report(path, "tables", capsys=capsys)
+    assert code == 1 and "nested too deeply" in err and len(err.strip().splitlines()) == 1
+    (path / ".asv/results/benchmarks.json").write_text("[" * 100_000 + "]" * 100_000)
+    write_run(path / ".asv/results", hashes[1])
+    (path / ".asv/results/benchmarks.json").write_text("[" * 100_000 + "]" * 100_000)
+    code, out, _ = report(path, "tables", "--commit", hashes[1], capsys=capsys)
+    assert code == 0 and "Cache experiment" in out  # the suite's own parameter names are used
+
+
+def test_a_parameter_too_large_for_a_float_is_a_one_line_error(repo, capsys):
+    path, hashes = repo
+    run = write_run(path / ".asv/results", hashes[2])
+    data = json.loads(run.read_text())
+    data["results"][SWEEP][1] = [["1", "2", "4", str(10**400)]]
+    run.write_text(json.dumps(data))
+    code, out, err = report(path, "tables", capsys=capsys)
+    assert code == 1 and "hold B = '10000" in err and "not a number in range" in err
+
+
+def test_fifos_in_the_results_directory_are_skipped_with_a_message(repo):
+    """A FIFO named benchmarks.json hung ``report tables`` forever; a FIFO result file is skipped too."""
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2])
+    (path / ".asv/results/benchmarks.json").unlink()
+    os.mkfifo(path / ".asv/results/benchmarks.json")
+    os.mkfifo(path / ".asv/results/box" / f"{hashes[1][:8]}-{ENV}.json")
+    for command in (["tables"], ["csv", "--out", str(path / "out.csv")], ["tables", "--commit", hashes[1]]):
+        proc = subprocess.run([sys.executable, "-m", "tools.dev", "report", *command, "--config",
+                               str(path / "asv.conf.json")], cwd=ROOT, env={**os.environ, common.INSIDE_VENV: "1"},
+                              capture_output=True, text=True, timeout=60)
+        assert "note: skipped" in proc.stderr and "benchmarks.json: a FIFO, not a regular file" in proc.stderr
+        assert f"{hashes[1][:8]}-{ENV}.json: a FIFO" in proc.stderr and "Traceback" not in proc.stderr
+        if command[-1] == hashes[1]:  # the commit whose only result file is the FIFO
+            assert proc.returncode == 1 and "has no results" in proc.stderr
+        else:
+            assert proc.returncode == 0, proc.stderr
+    assert float(read_csv(path / "out.csv")[0]["seconds"]) > 0
+
+
+def test_a_fifo_config_is_a_one_line_error(repo, capsys):
+    path, _ = repo
+    os.mkfifo(path / "fifo.json")
+    code = dev.main(["report", "tables", "--config", str(path / "fifo.json")])
+    err = capsys.readouterr().err
+    assert code == 1 and "a FIFO, not a regular file" in err and len(err.strip().splitlines()) == 1

@@ -6,6 +6,6 @@ before ``.venv`` exists. ``run`` returns the exit code; a
 :class:`tools.common.UserError` it raises is printed as one line.
 """
 
-from . import bench, browser_check, gate, noise, publish, report, test
+from . import bench, bisect, browser_check, gate, noise, publish, report, test
 
-COMMANDS = [bench, gate, test, report, publish, noise, browser_check]
+COMMANDS = [bench, gate, bisect, test, report, publish, noise, browser_check]

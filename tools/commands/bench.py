@@ -7,9 +7,13 @@ stable sample (:func:`sample_commits`): main, main~1 and the newest ones
 always, older ones spread over the whole history, never one the package cannot
 be built from; ``--all`` takes every commit and ``--commits N`` sets the bound.
 Commits that already have results for every benchmark are skipped, so a
-re-run costs only what is new. One line per commit says which of how many it
-is measuring and roughly how long is left. The job exits 1 when a benchmark
-failed its correctness check at main's tip.
+re-run costs only what is new; a stored timing without samples (a plain
+``asv run --quick``'s) counts as missing and is measured again. One line per
+commit says which of how many it is measuring and roughly how long is left.
+Results are stored under this machine's name, hostname plus a hardware
+fingerprint (:mod:`tools.machine`), or ``--machine NAME``. The job exits 2
+when a benchmark failed its correctness check at main's tip, or a point
+measured at main~1 is n/a there (it vanished); 1 on an error.
 """
 
 import argparse
@@ -19,7 +23,9 @@ import time
 
 from .. import common, results
 from .gate import channel_summary
-from .publish import publish
+from .publish import VIEW_COMMAND, publish
+
+LOCKS_WORKSPACE = True  # one job at a time in .asv/ (tools/lock.py)
 
 RESULT_PATHS = ["kv_attention", "setup.cfg", "pyproject.toml", "asv.conf.json"]
 BUILD_FILES = ["setup.cfg", "pyproject.toml", "kv_attention/__init__.py"]  # all present => buildable
@@ -53,6 +59,9 @@ def setup_arguments(subparsers):
     which.add_argument("--commits", type=commit_count, default=DEFAULT_COMMITS, metavar="N",
                        help=f"benchmark at most N commits: main, main~1, the newest that can change a result and "
                             f"older ones spread over the history (default {DEFAULT_COMMITS})")
+    parser.add_argument("--machine", metavar="NAME",
+                        help="asv machine name to store the results under (default: hostname plus a short "
+                             "fingerprint of the CPU and /etc/machine-id)")
     return parser
 
 
@@ -155,9 +164,12 @@ def format_minutes(seconds):
 
 def run(args):
     commits = select_commits(args.all, None if args.all else args.commits)
-    common.record_machine()
+    common.record_machine(args.machine)
+    results.quarantine_unreadable()
     conf, benchmarks, machine, env_names = results.asv_setup()
     todo = [c for c in commits if not results.has_results(c, conf, benchmarks, machine, env_names)]
+    if results.drop_unsampled(conf, machine, env_names, todo):
+        print("stored timings without samples (asv run --quick, or without --record-samples) are measured again")
     print(f"{len(commits)} commit(s) of {common.BRANCH} selected (of those that can change a result: "
           f"{'all' if args.all else f'at most {args.commits}'}); {len(commits) - len(todo)} already have results "
           f"on this machine, benchmarking {len(todo)}", flush=True)
@@ -166,10 +178,28 @@ def run(args):
         common.asv_run(todo, progress=Progress(todo))
         print(f"[bench] {len(todo)} commit(s) measured in {format_minutes(time.monotonic() - started)}", flush=True)
     publish()
-    head_failed = print_outcomes(commits, common.git("rev-parse", common.BRANCH))
-    print(f"\ndashboard written to {common.ROOT / '.asv' / 'html'}; view it on 127.0.0.1 with:\n"
-          "  .venv/bin/python -m http.server --bind 127.0.0.1 --directory .asv/html 8080")
-    if head_failed:
-        raise common.UserError(f"{len(head_failed)} benchmark(s) failed their correctness check at "
-                               f"{common.BRANCH}: {', '.join(head_failed)}")
+    tip = common.git("rev-parse", common.BRANCH)
+    head_failed = print_outcomes(commits, tip)
+    print(f"\ndashboard written to {common.ROOT / '.asv' / 'html'}; view it with:\n  {VIEW_COMMAND}")
+    return verdict(tip, head_failed)
+
+
+def verdict(tip, head_failed):
+    """Exit 2 naming each benchmark that failed at main's tip and each point that vanished there, else 0.
+
+    A point vanished when it had a value at main~1 and is n/a at main
+    (:func:`tools.results.vanished`; a benchmark retired in benchmarks/common.py is not).
+    """
+    parent = common.git("rev-list", "--first-parent", "--skip=1", "--max-count=1", tip)
+    vanished = results.vanished_between(parent, tip) if parent else []
+    for name in head_failed:
+        print(f"FAILED at {common.BRANCH} {tip[:8]}  {name}")
+    for label in vanished:
+        print(f"VANISHED at {common.BRANCH} {tip[:8]}  {label}  (a value at {common.BRANCH}~1 {parent[:8]}, n/a now)")
+    if vanished:
+        print(results.RETIRE_HINT)
+    if head_failed or vanished:
+        print(f"bench: exit 2 ({len(head_failed)} benchmark(s) failed their correctness check, {len(vanished)} "
+              f"point(s) vanished at {common.BRANCH})")
+        return 2
     return 0

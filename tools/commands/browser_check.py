@@ -10,13 +10,22 @@ under /tmp; the asv environments of .asv/env are reused) it
    benchmark has a flat history;
 2. introduces a regression: main's ``bench_cache.CacheStrategy.time_decode``
    values are made 3x slower;
-3. publishes the dashboard and points it at local copies of its JavaScript
-   (tools/dashboard.py, npm packages under .asv/npm);
-4. serves it on 127.0.0.1 and opens it in Debian's chromium through
+3. tags main~1, in a clone of this repository made for the check, with a
+   script-injection payload (:data:`XSS_TAG`);
+4. publishes the dashboard with a plain ``asv publish``, which the asv
+   plugin (loaded from this checkout's tools/) follows with local copies of
+   its JavaScript (tools/dashboard.py, npm packages under .asv/npm), the
+   default graph views, and repository text shown as text
+   (tools/dashboard_text.py);
+5. serves it on 127.0.0.1 and opens it in Debian's chromium through
    Playwright, with every request that does not go to 127.0.0.1 aborted;
-5. asserts: no error page, every benchmark of the suite in the benchmark
-   list, a drawn graph on every benchmark's page, and the introduced
-   regression on the regressions page. Screenshots go to .asv/browser-check/.
+6. asserts: no error page, every benchmark of the suite in the benchmark
+   list, a drawn graph on every benchmark's page, the regressed benchmark's
+   graph opened on its default view (every strategy, log axis), the
+   introduced regression on the regressions page, the tag's text shown over
+   the graph as text, no dialog opened and no Content-Security-Policy
+   violation (nothing needed the second wall). Screenshots go to
+   .asv/browser-check/.
 
 Exit 0 on success, 1 on a failed check; 0 with a line starting "SKIPPED"
 when no Chromium or Playwright or npm is available.
@@ -33,9 +42,12 @@ import tempfile
 import threading
 from pathlib import Path
 
-from .. import common, dashboard
+from .. import common, dashboard, processes
+
+LOCKS_WORKSPACE = True  # it installs commits into .asv/env: one job at a time (tools/lock.py)
 
 REGRESSED = "bench_cache.CacheStrategy.time_decode"
+XSS_TAG = '<img/src="x"/onerror="alert(document.domain)">'  # issue 12: asv 0.6.6 pasted tag names as HTML
 SLOWER = 3.0
 FLAT_HISTORY = 4  # older commits given main~1's results
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
@@ -62,18 +74,26 @@ def find_browser():
 def asv(config, *args, quiet=False):
     """``asv --config CONFIG ARGS`` with this checkout's Python; its exit code."""
     output = subprocess.DEVNULL if quiet else None
-    return subprocess.run([*common.ASV, "--config", str(config), *args], cwd=common.ROOT,
-                          stdout=output).returncode
+    return processes.run([*common.ASV, "--config", str(config), *args], cwd=common.ROOT,
+                         stdout=output).returncode
 
 
 def make_workspace(work):
-    """A config whose results and html live in ``work`` and whose envs are this checkout's; its path."""
+    """A config whose results and html live in ``work`` and whose envs are this checkout's; its path.
+
+    The repository is a clone of this one (sharing its objects) whose main~1 carries :data:`XSS_TAG`.
+    """
     root = common.ROOT
+    repo = work / "repo"
+    subprocess.run(["git", "clone", "--quiet", "--shared", "--branch", common.BRANCH, str(root), str(repo)],
+                   check=True)
+    subprocess.run(["git", "-C", str(repo), "tag", XSS_TAG, f"{common.BRANCH}~1"], check=True)
     conf = json.loads((root / "asv.conf.json").read_text())
-    conf.update(repo=str(root), env_dir=str(root / ".asv" / "env"), benchmark_dir=str(root / "benchmarks"),
+    conf.update(repo=str(repo), env_dir=str(root / ".asv" / "env"), benchmark_dir=str(root / "benchmarks"),
                 results_dir=str(work / "results"), html_dir=str(work / "html"))
     path = work / "asv.conf.json"
     path.write_text(json.dumps(conf, indent=2))
+    (work / "tools").symlink_to(root / "tools", target_is_directory=True)  # asv imports ".tools.asv_plugin" here
     return path
 
 
@@ -138,6 +158,10 @@ def check_page(chromium, sync_playwright, url, benchmarks):
                 return route.abort()
 
             page.route("**/*", offline)
+            dialogs, violations = [], []
+            page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+            page.on("console", lambda message: violations.append(message.text)
+                    if "Content Security Policy" in message.text else None)
             page.goto(url + "index.html")
             page.wait_for_selector("#summarygrid-display .benchmark-container", timeout=30_000)
             if "error.html" in page.url:
@@ -157,7 +181,13 @@ def check_page(chromium, sync_playwright, url, benchmarks):
                 page.evaluate("() => { window.location.hash = ''; }")
             page.goto(f"{url}index.html#{REGRESSED}")
             page.wait_for_selector("#main-graph canvas.flot-base", timeout=30_000)
+            page.wait_for_function("() => window.location.hash.includes('?')", timeout=10_000)
             page.screenshot(path=str(screenshots / "graph.png"))
+            view = page.evaluate("() => decodeURIComponent(window.location.hash)")
+            if "y-axis-scale=log" not in view or view.count("p-strategy=") != 3 or not page.eval_on_selector(
+                    "#log-scale", "node => node.classList.contains('active')"):
+                raise CheckFailed(f"{REGRESSED} did not open on its default view (every strategy, log axis): {view}")
+            check_tag_is_text(page, dialogs, violations)
             page.goto(f"{url}index.html#regressions")
             page.wait_for_selector("#regressions-body table", timeout=30_000)
             table = page.inner_text("#regressions-body")
@@ -169,7 +199,21 @@ def check_page(chromium, sync_playwright, url, benchmarks):
     if blocked:
         raise CheckFailed(f"the page asked for addresses off this machine: {', '.join(sorted(set(blocked)))}")
     return (f"{len(benchmarks)} benchmarks listed and graphed, {REGRESSED} on the regressions page, "
-            f"no request left 127.0.0.1; screenshots in {screenshots}")
+            f"the tag {XSS_TAG} shown as text with no dialog, no request left 127.0.0.1; screenshots in {screenshots}")
+
+
+def check_tag_is_text(page, dialogs, violations):
+    """CheckFailed unless the graph shows :data:`XSS_TAG` as text, made no element of it and opened no dialog."""
+    page.wait_for_timeout(500)  # an onerror handler runs once the image fails to load
+    shown = page.inner_text("#main-graph")
+    images = page.locator("#main-graph img").count()
+    if dialogs:
+        raise CheckFailed(f"the tag {XSS_TAG} ran script: a dialog opened ({dialogs})")
+    if XSS_TAG not in shown or images:
+        raise CheckFailed(f"the tag {XSS_TAG} is not shown as text over the graph ({images} img elements; "
+                          f"the graph's text: {shown[:200]!r})")
+    if violations:
+        raise CheckFailed(f"the Content-Security-Policy blocked something: {violations[:3]}")
 
 
 def setup_arguments(subparsers):
@@ -191,14 +235,18 @@ def run(args):
         make_results(config, work)
         if asv(config, "publish") != 0:
             raise CheckFailed("asv publish failed")
-        count = dashboard.vendor(work / "html")
+        html = (work / "html" / "index.html").read_text()
+        if dashboard.TAG.search(html) or dashboard.VIEWS_SCRIPT not in html or "Content-Security-Policy" not in html:
+            raise CheckFailed("a plain asv publish left CDN links, no default views or no Content-Security-Policy: "
+                              "the asv plugin did not run")
+        count = sum(1 for path in (work / "html" / "vendor").rglob("*") if path.is_file())
         benchmarks = sorted(k for k in json.loads((work / "results" / "benchmarks.json").read_text()) if k != "version")
         server = serve(work / "html")
         url = f"http://127.0.0.1:{server.server_address[1]}/"
         print(f"dashboard with {count} local JavaScript/CSS files served at {url}", flush=True)
         print("browser check passed: " + check_page(*found, url, benchmarks))
         return 0
-    except (CheckFailed, dashboard.VendorError) as error:
+    except CheckFailed as error:
         print(f"browser check FAILED: {error}", file=sys.stderr)
         return 1
     finally:

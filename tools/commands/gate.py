@@ -39,6 +39,8 @@ LENGTH_PARAMS = ("T",)  # a count point stands for its strategy's work at every 
 WORK_CHANGED = "work changed"
 TIME_ONLY = "time changed, work did not"
 NOT_COUNTED = "time changed, work not counted"
+VANISHED = "(vanished: a value at BASE, n/a at HEAD)"
+LOCKS_WORKSPACE = True  # one job at a time in .asv/ (tools/lock.py)
 
 
 def factor(text):
@@ -129,12 +131,15 @@ def judge(base_rows, head_rows, factor, count_factor=COUNT_FACTOR, param_names=N
     with :func:`factor_for`'s factor; ``channel`` as :func:`channel`, a count point having
     moved when its ratio is beyond ``count_factor`` either way. failures:
     ``[(name, commit role)]`` where a stored value is None (a failed benchmark or
-    correctness check). Points whose benchmark code changed between the two (asv
-    marks them x) are not compared. ``param_names``: benchmark -> asv's param_names.
+    correctness check), and where a point with a value at BASE is n/a at HEAD
+    (:func:`results.vanished`, unless retired in benchmarks/common.py). Points whose
+    benchmark code changed between the two (asv marks them x) are not compared.
+    ``param_names``: benchmark -> asv's param_names.
     """
     base, head = results.unrolled(base_rows), results.unrolled(head_rows)
     params = {**point_params(base_rows, param_names or {}), **point_params(head_rows, param_names or {})}
-    worse, failures, counts = [], [], []
+    worse, counts = [], []
+    failures = [(f"{label}  {VANISHED}", "head") for label in results.vanished(base, head)]
     for name in sorted(set(base) | set(head)):
         label = name[0]
         (value_1, ss_1, version_1), (value_2, ss_2, version_2) = (
@@ -180,6 +185,7 @@ def run(args):
         print(f"note: BASE and HEAD are the same commit {commits['head'][:8]}: the comparison is of its "
               "results with themselves")
     common.record_machine()
+    results.quarantine_unreadable()
     common.asv_run(list(dict.fromkeys(commits.values())), *(["--bench", args.bench] if args.bench else []))
     conf, benchmarks, machine, env_names = results.asv_setup()
     rows = {role: results.compare_rows(conf, results.iter_results(conf, machine, commit, env_names), args.bench)
@@ -202,6 +208,8 @@ def run(args):
         print(f"REGRESSION {ratio_text(ratio)}  {label}  ({moved})")
     for label, role in failures:
         print(f"FAILED at {role} {commits[role][:8]}  {label}")
+    if any(label.endswith(VANISHED) for label, _ in failures):
+        print(results.RETIRE_HINT)
     if missing or failures:
         print(f"gate: exit 2 ({len(failures)} failed benchmark point(s), {len(missing)} commit(s) without results, "
               f"{len(regressions)} regression(s): {channel_counts(regressions)})")

@@ -37,8 +37,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from .. import common, results
+from .. import common, processes, results
 from .gate import COUNT_BENCHMARKS, COUNT_FACTOR, DEFAULT_FACTOR, bench_regex, factor, param_names_of, point_params
+
+LOCKS_WORKSPACE = True  # one measuring job at a time here (tools/lock.py); each clone has its own .asv/
 
 SLOWDOWN = '''
 
@@ -111,8 +113,8 @@ class Clone:
         command = [sys.executable, "-m", "tools.dev", "gate", self.base, head, "--factor", str(factor),
                    "--count-factor", str(count_factor)] + (["--bench", bench] if bench else [])
         print(f"$ {' '.join(command)}", flush=True)
-        result = subprocess.run(command, cwd=self.path, env={**os.environ, common.INSIDE_VENV: "1"},
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        result = processes.run(command, cwd=self.path, env={**os.environ, common.INSIDE_VENV: "1"},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         print(result.stdout, flush=True)
         return result.returncode, result.stdout
 
@@ -297,8 +299,7 @@ def history(clone, args):
                 clone.git("commit", "--quiet", "-am", "one more library commit")
             print(f"$ python3 tools/dev.py bench   # in {clone.path}, HOME={home}: {run}", flush=True)
             started = time.monotonic()
-            code = subprocess.run(["python3", "tools/dev.py", "bench"],
-                                  cwd=clone.path, env=env).returncode
+            code = processes.run(["python3", "tools/dev.py", "bench"], cwd=clone.path, env=env).returncode
             times.append((run, code, time.monotonic() - started))
     finally:
         shutil.rmtree(home, ignore_errors=True)

@@ -1,11 +1,24 @@
 """``publish``: write the HTML dashboard from the results already stored, offline-ready; benchmarks nothing.
 
-``asv publish`` writes ``.asv/html``; then, where npm is present, the page's
+``asv publish`` writes ``.asv/html``; then :func:`finish` makes it the
+dashboard this repository publishes: where npm is present, the page's
 JavaScript and CSS are installed as npm packages under ``.asv/npm`` and copied
-next to it (:mod:`tools.dashboard`), so that it renders without internet.
+next to it (:mod:`tools.dashboard`), so that it renders without internet; each
+graph opens on a view that shows its comparison; and every place where asv's
+pages would insert a tag, branch, benchmark or machine name as HTML is rewritten
+to insert text (:mod:`tools.dashboard_text`). The asv plugin
+(:mod:`tools.asv_plugin`) calls :func:`finish` after every ``asv publish``, so
+a plain ``asv publish``, this command and the main job write the same
+dashboard: whatever a published dashboard needs goes into :func:`finish`.
 """
 
-from .. import common, dashboard
+from pathlib import Path
+
+from .. import common, dashboard, dashboard_text
+
+LOCKS_WORKSPACE = True  # one job at a time in .asv/ (tools/lock.py)
+
+VIEW_COMMAND = ".venv/bin/python -m asv preview   # serves .asv/html on 127.0.0.1"
 
 
 def setup_arguments(subparsers):
@@ -13,18 +26,41 @@ def setup_arguments(subparsers):
                                  help="write the dashboard (.asv/html) from the stored results, offline-ready")
 
 
-def publish():
-    """``asv publish``, then local copies of the page's JavaScript where npm is present."""
-    common.run(*common.ASV, "publish")
+def finish(html_dir, say=print):
+    """What follows asv's own publish of ``html_dir``: local JavaScript, default graph views, text kept text.
+
+    ``say`` prints a line (the asv plugin passes asv's log). Raises UserError as
+    :func:`make_safe` does.
+    """
+    html_dir = Path(html_dir)
     try:
-        count = dashboard.vendor(common.ROOT / ".asv" / "html")
-        print(f"dashboard made offline-ready: its {count} external files are served from .asv/html/vendor")
+        count = dashboard.vendor(html_dir)
+        say(f"dashboard made offline-ready: its {count} external files are served from {html_dir / 'vendor'}")
     except dashboard.VendorError as error:
-        print(f"dashboard keeps asv's CDN links (needs internet to render): {error}")
+        say(f"dashboard keeps asv's CDN links (needs internet to render): {error}")
+    views = dashboard.add_default_views(html_dir)
+    say(f"dashboard graphs open on a view of their comparison: {views} benchmarks")
+    count = make_safe(html_dir)
+    say(f"dashboard shows tag, branch, benchmark and machine names as text ({count} places of asv's pages "
+        "rewritten, and a Content-Security-Policy)")
+
+
+def make_safe(html_dir):
+    """:func:`tools.dashboard_text.neutralise`; if it cannot, ``index.html`` is removed (never served unsafe)."""
+    try:
+        return dashboard_text.neutralise(html_dir)
+    except dashboard_text.UnsafeDashboard as error:
+        (Path(html_dir) / "index.html").unlink(missing_ok=True)
+        raise common.UserError(f"the dashboard was not published (index.html removed): it could not be made to "
+                               f"show repository text as text: {error}") from None
+
+
+def publish():
+    """``asv publish``, which the asv plugin follows with :func:`finish`."""
+    common.run(*common.ASV, "publish")
 
 
 def run(args):
     publish()
-    print(f"dashboard written to {common.ROOT / '.asv' / 'html'}; view it on 127.0.0.1 with:\n"
-          "  .venv/bin/python -m http.server --bind 127.0.0.1 --directory .asv/html 8080")
+    print(f"dashboard written to {common.ROOT / '.asv' / 'html'}; view it with:\n  {VIEW_COMMAND}")
     return 0

@@ -9,9 +9,10 @@ import os
 import sys
 
 from ..common import UserError
-from ..results import ResultsDir
+from ..results import ResultsDir, not_regular
 
 DEFAULT_CONFIG = "asv.conf.json"
+EXPERIMENTS = ("cache", "batch", "batch_size", "heads", "ragged")  # tools.report.tables.TABLES, without importing it
 
 
 def _load_config(path):
@@ -20,6 +21,9 @@ def _load_config(path):
         from asv.util import load_json
     except ImportError:
         raise UserError("asv is not installed here: run inside .venv (source .venv/bin/activate)") from None
+    what = not_regular(path)
+    if what:
+        raise UserError(f"cannot read asv config {path}: it is {what}, not a regular file")
     try:
         conf = load_json(path, js_comments=True)
     except Exception as exc:  # asv raises UserError (or others) for a missing or malformed file
@@ -56,7 +60,7 @@ def cmd_tables(args):
     results, machine = _open(args)
     run = _run(results, machine, args.commit, args.env)
     lines = [f"## kv-attention decode benchmarks at `{run.commit[:8]}` on `{run.machine}`", "", *describe(run)]
-    lines += ["\n" + render_table(table) for table in all_tables(run)]
+    lines += ["\n" + render_table(table) for table in all_tables(run, args.experiment)]
     print("\n".join(lines))
 
 
@@ -77,8 +81,9 @@ def cmd_compare(args):
     for label, run in zip(labels, (base, head)):
         lines += [f"{label}:", *describe(run), ""]
     lines.append("Last column: head / base. For a time (ms, µs) above 1 is slower; for a speedup, "
-                 "positions / s, scaling or no_cache / preallocated above 1 is larger.")
-    lines += ["\n" + render_compare(b, h, *labels) for b, h in zip(all_tables(base), all_tables(head))]
+                 "positions / s, scaling or a ratio such as no_cache / preallocated above 1 is larger.")
+    lines += ["\n" + render_compare(b, h, *labels)
+              for b, h in zip(all_tables(base, args.experiment), all_tables(head, args.experiment))]
     print("\n".join(lines))
 
 
@@ -88,6 +93,8 @@ def cmd_csv(args):
     results, machine = _open(args)
     counts = write_csv(results, args.out, machine, args.env)
     where = "stdout" if args.out == "-" else args.out
+    if counts.get("replaced"):
+        print(f"replaced the existing file {args.out}")
     print(f"wrote {counts['rows']} rows from {counts['points']} benchmark points "
           f"in {counts['runs']} result files to {where}", file=sys.stderr if args.out == "-" else sys.stdout)
     if counts["points_without_samples"]:
@@ -101,8 +108,8 @@ def cmd_plots(args):
 
     results, machine = _open(args)
     run = _run(results, machine, args.commit, args.env)
-    for path in write_plots(run, args.out):
-        print(f"wrote {path}")
+    for path, replaced in write_plots(run, args.out, lab=args.lab, protected=[results.path]):
+        print(f"{'replaced' if replaced else 'wrote'} {path}")
 
 
 def setup_arguments(subparsers):
@@ -115,11 +122,14 @@ def setup_arguments(subparsers):
     common.add_argument("--env", help="part of the asv environment name, if a commit has several")
     common.add_argument("--config", default=DEFAULT_CONFIG, help="asv config (default: %(default)s)")
     common.add_argument("--results-dir", help="asv results directory (default: the config's results_dir)")
+    experiments = argparse.ArgumentParser(add_help=False)
+    experiments.add_argument("--experiment", action="append", choices=EXPERIMENTS, metavar="NAME",
+                             help=f"only this experiment's table ({', '.join(EXPERIMENTS)}); repeatable")
     sub = parser.add_subparsers(dest="report_command", metavar="{tables,compare,csv,plots}", required=True)
-    t = sub.add_parser("tables", parents=[common], help="the lab's tables for one commit, as Markdown")
+    t = sub.add_parser("tables", parents=[common, experiments], help="the lab's tables for one commit, as Markdown")
     t.add_argument("--commit", help="git revision or hash prefix (default: the newest commit with results)")
     t.set_defaults(report=cmd_tables)
-    c = sub.add_parser("compare", parents=[common], help="two commits' tables side by side, with ratios")
+    c = sub.add_parser("compare", parents=[common, experiments], help="two commits' tables side by side, with ratios")
     c.add_argument("base", help="BASE: git revision or hash prefix")
     c.add_argument("head", help="HEAD: git revision or hash prefix")
     c.set_defaults(report=cmd_compare)
@@ -129,6 +139,8 @@ def setup_arguments(subparsers):
     g = sub.add_parser("plots", parents=[common], help="PNG figures for one commit (needs matplotlib)")
     g.add_argument("--out", required=True, help="directory for the PNG files")
     g.add_argument("--commit", help="git revision or hash prefix (default: the newest commit with results)")
+    g.add_argument("--lab", action="store_true",
+                   help="also draw the lab's own published figures (tools/report/lab.py), marked as the lab's")
     g.set_defaults(report=cmd_plots)
     return parser
 

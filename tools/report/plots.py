@@ -2,21 +2,35 @@
 
 - ``time_vs_T.png``: median decode time vs T per strategy, log-log, with the
   interquartile range as error bars, for the cache and the batch experiment;
-- ``ratios_vs_T.png``: no_cache / preallocated and the batched speedup vs T;
-- ``positions_vs_B.png``: positions/s vs B at T = 128, with linear scaling from B = 1.
+- ``ratios_vs_T.png``: no_cache / preallocated, concat / preallocated and the
+  batched speedup vs T, each from zero;
+- ``positions_vs_B.png``: positions/s vs B at T = 128, with linear scaling from B = 1;
+- ``heads_vs_T.png``: repeat_kv and grouped decode time vs T per attention
+  kind (log-log), and grouped / repeat_kv;
+- ``ragged.png``: padded, compacted and paged decode time per length
+  distribution, and the K/V slots each reserved.
 
-A failed or skipped point leaves a gap in its line; the commit and machine are in every title.
+With ``lab=True`` the cache and batch figures also draw the lab's own
+published figures (:mod:`tools.report.lab`) as dashed grey lines labelled as
+the lab's; the figures of experiments the lab did not publish say so. A failed
+or skipped point leaves a gap in its line; the commit and machine are in every title.
 """
 
 import math
 import os
 
+from benchmarks import heads_inputs, ragged_inputs
 from benchmarks.common import SWEEP_LENGTH
 
+from .. import paths
 from ..common import UserError
 from ..results import is_number
-from .tables import (BATCH_BENCHMARK, CACHE_BENCHMARK, CACHE_STRATEGIES, batch_size_table,
-                     batch_table, cache_table)
+from . import lab as lab_figures
+from .tables import (BATCH_BENCHMARK, CACHE_BENCHMARK, CACHE_RATIOS, CACHE_STRATEGIES, HEADS_BENCHMARK,
+                     RAGGED_BENCHMARK, batch_size_table, batch_table, cache_table, heads_table, ragged_table)
+
+LAB_STYLE = {"linestyle": "--", "marker": "s", "markersize": 4, "alpha": 0.8}
+NO_LAB_FIGURES = "the lab published no figures for this experiment"
 
 
 def _pyplot():
@@ -40,11 +54,11 @@ def _log2_axis(ax, ticks):
         ax.minorticks_off()
 
 
-def _series(run, benchmark, strategy, lengths):
+def _series(run, benchmark, lengths, **params):
     """Per T in ``lengths``: median ms, and its distance to the quartiles; NaN where no time was measured."""
     median, below, above = [], [], []
     for t in lengths:
-        point = run.points.get((benchmark, (("T", t), ("strategy", strategy))))
+        point = run.points.get((benchmark, tuple(sorted({"T": t, **params}.items()))))
         ok = point is not None and is_number(point.value)
         v = point.value if ok else math.nan
         median.append(v * 1e3)
@@ -70,41 +84,56 @@ def _finish(ax, keys, values, log_y=False):
     ax.grid(True, which="both", alpha=0.3)
 
 
-def _time_vs_t(plt, run, title):
+def _no_lab(fig):
+    fig.text(0.01, 0.01, NO_LAB_FIGURES, fontsize=8, color="grey")
+
+
+def _time_vs_t(plt, run, title, lab):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
-    panels = [(axes[0], cache_table(run), CACHE_BENCHMARK, CACHE_STRATEGIES, "cache: one sequence"),
-              (axes[1], batch_table(run), BATCH_BENCHMARK, ("sequential", "batched"), "batch: B = 2 sequences")]
-    for ax, table, benchmark, strategies, name in panels:
+    panels = [(axes[0], cache_table(run), CACHE_BENCHMARK, CACHE_STRATEGIES, "cache: one sequence",
+               lab_figures.cache_seconds),
+              (axes[1], batch_table(run), BATCH_BENCHMARK, ("sequential", "batched"), "batch: B = 2 sequences",
+               lab_figures.batch_seconds)]
+    for ax, table, benchmark, strategies, name, published in panels:
         lengths = [t for (t,), _ in table.rows if is_number(t)]
         every = []
         for strategy in strategies:
-            median, err = _series(run, benchmark, strategy, lengths)
-            ax.errorbar(lengths, median, yerr=err, marker="o", capsize=3, label=strategy)
+            median, err = _series(run, benchmark, lengths, strategy=strategy)
+            line = ax.errorbar(lengths, median, yerr=err, marker="o", capsize=3, label=strategy)
             every += median
+            if lab:
+                t, seconds = published(strategy)
+                ax.plot(t, [s * 1e3 for s in seconds], color=line[0].get_color(), **LAB_STYLE,
+                        label=f"{strategy}, {lab_figures.LABEL}")
         _finish(ax, lengths, every, log_y=True)
         ax.set(xlabel="T (tokens decoded)", title=name)
-        ax.legend()
+        ax.legend(fontsize=8)
     axes[0].set_ylabel("median decode time (ms)")
     fig.suptitle(f"Decode time vs T — {title}")
     return fig
 
 
-def _ratios_vs_t(plt, run, title):
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
-    for ax, table, figure, label in [
-        (axes[0], cache_table(run), "no_cache / preallocated", "no_cache / preallocated (×)"),
-        (axes[1], batch_table(run), "speedup", "batched speedup: sequential / batched (×)"),
-    ]:
+def _ratios_vs_t(plt, run, title, lab):
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    panels = [(axes[i], cache_table(run), f"{s} / preallocated", lab_figures.ratio(
+        lab_figures.CACHE_MS, s, "preallocated")) for i, s in enumerate(CACHE_RATIOS)]
+    panels.append((axes[2], batch_table(run), "speedup",
+                   lab_figures.ratio(lab_figures.BATCH_MS, "sequential", "batched")))
+    for ax, table, figure, published in panels:
         t, ratio = _numbers(table, figure)
-        ax.plot(t, ratio, marker="o")
+        ax.plot(t, ratio, marker="o", label="this machine")
+        if lab:
+            ax.plot(*published, color="grey", **LAB_STYLE, label=lab_figures.LABEL)
+            ax.legend(fontsize=8)
         _finish(ax, t, ratio)
         ax.set_ylim(bottom=0)  # ratios from zero: small wiggles look small
-        ax.set(xlabel="T (tokens decoded)", ylabel=label, title=label)
+        label = "batched speedup: sequential / batched" if figure == "speedup" else figure
+        ax.set(xlabel="T (tokens decoded)", ylabel=f"{label} (×)", title=label)
     fig.suptitle(f"Ratios vs T — {title}")
     return fig
 
 
-def _positions_vs_b(plt, run, title):
+def _positions_vs_b(plt, run, title, lab):
     table = batch_size_table(run)
     b, rate = _numbers(table, "positions / s")
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
@@ -118,35 +147,98 @@ def _positions_vs_b(plt, run, title):
     ax.yaxis.set_major_formatter("{x:,.0f}")
     ax.set(xlabel="B (sequences per batch)", ylabel="positions / s", title=f"Batched decode at T = {SWEEP_LENGTH}")
     ax.legend()
+    if lab:
+        _no_lab(fig)
     fig.suptitle(f"Positions/s vs B — {title}", fontsize=10)
     return fig
 
 
-FIGURES = {"time_vs_T.png": _time_vs_t, "ratios_vs_T.png": _ratios_vs_t, "positions_vs_B.png": _positions_vs_b}
+def _heads_vs_t(plt, run, title, lab):
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    table = heads_table(run)
+    kinds = list(dict.fromkeys(kind for (kind, _), _ in table.rows))
+    lengths = sorted({t for (_, t), _ in table.rows if is_number(t)})
+    every = []
+    for kind in kinds:
+        for path, style in (("repeat_kv", "--"), ("grouped", "-")):
+            median, err = _series(run, HEADS_BENCHMARK, lengths, kind=kind, path=path)
+            axes[0].errorbar(lengths, median, yerr=err, marker="o", capsize=3, linestyle=style,
+                             label=f"{kind} ({heads_inputs.KINDS.get(kind, '?')} K/V heads), {path}")
+            every += median
+        rows = [(t, cells["grouped / repeat_kv"]) for (k, t), cells in table.rows if k == kind]
+        axes[1].plot([t for t, _ in rows], [r if is_number(r) else math.nan for _, r in rows], marker="o", label=kind)
+    _finish(axes[0], lengths, every, log_y=True)
+    axes[0].set(xlabel="T (tokens decoded)", ylabel="median decode time (ms)",
+                title=f"B = {heads_inputs.HEADS_BATCH}, {heads_inputs.HEADS_N_HEADS} query heads")
+    axes[0].legend(fontsize=7)
+    ratios = [r for (_, _), cells in table.rows for r in [cells["grouped / repeat_kv"]] if is_number(r)]
+    _finish(axes[1], lengths, ratios or [math.nan])
+    axes[1].set_ylim(bottom=0)
+    axes[1].set(xlabel="T (tokens decoded)", ylabel="grouped / repeat_kv (×)", title="grouped / repeat_kv")
+    axes[1].legend()
+    if lab:
+        _no_lab(fig)
+    fig.suptitle(f"Heads: MHA, GQA, MQA decode vs T — {title}")
+    return fig
 
 
-def write_plots(run, out_dir):
-    """Draw the three figures of ``run`` into ``out_dir`` (created if missing); returns their paths.
+def _ragged(plt, run, title, lab):
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    table = ragged_table(run)
+    distributions = [key for (key,), _ in table.rows]
+    strategies = ragged_inputs.RAGGED_STRATEGIES
+    width = 0.8 / len(strategies)
+    for i, strategy in enumerate(strategies):
+        x = [j + (i - (len(strategies) - 1) / 2) * width for j in range(len(distributions))]
+        ms = [cells[f"{strategy} / ms"] for _, cells in table.rows]
+        axes[0].bar(x, [v * 1e3 if is_number(v) else math.nan for v in ms], width, label=strategy)
+        slots = [cells.get(f"slots, {strategy}", cells.get("slots, compacted")) for _, cells in table.rows]
+        axes[1].bar(x, [v if is_number(v) else math.nan for v in slots], width, label=strategy)
+    for ax, ylabel in ((axes[0], "median decode time (ms)"), (axes[1], "K/V token slots reserved at the peak")):
+        ax.set_xticks(range(len(distributions)), distributions)
+        ax.set(xlabel="lengths T_b of the 8 sequences", ylabel=ylabel)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.margins(y=0.2)  # room for the legend above the bars
+        ax.legend(loc="upper right", ncol=3, fontsize=8)
+        if not table.rows:
+            ax.text(0.5, 0.5, "no measured points", transform=ax.transAxes, ha="center")
+    axes[0].set_title("decode time")
+    axes[1].set_title(f"K/V slots reserved (paged: block_size {ragged_inputs.BLOCK_SIZE})")
+    if lab:
+        _no_lab(fig)
+    fig.suptitle(f"Ragged batch: padded vs compacted vs paged — {title}")
+    return fig
+
+
+FIGURES = {"time_vs_T.png": _time_vs_t, "ratios_vs_T.png": _ratios_vs_t, "positions_vs_B.png": _positions_vs_b,
+           "heads_vs_T.png": _heads_vs_t, "ragged.png": _ragged}
+
+
+def write_plots(run, out_dir, lab=False, protected=()):
+    """Draw the figures of ``run`` into ``out_dir`` (created if missing); returns ``[(path, replaced)]``.
+
+    ``lab`` adds the lab's own published figures where it has some, marked as the lab's.
+    ``out_dir`` and each PNG in it are checked as :mod:`tools.paths` says
+    (``protected``: directories such as the results directory no file may go
+    into); each PNG is written whole or not at all.
 
     Raises:
-        UserError: matplotlib is not installed, or ``out_dir`` cannot be written.
+        UserError: matplotlib is not installed, or ``out_dir`` or a PNG may not or cannot be written.
     """
     plt = _pyplot()
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"cannot create --out directory {out_dir}: {exc.strerror}") from None
+    folder = paths.check_dir(out_dir, protected)
+    targets = {name: paths.check_file(os.path.join(folder, name), protected, what=os.path.join(out_dir, name))
+               for name in FIGURES}  # every check before the first file is written
     title = f"commit {run.commit[:8]} on {run.machine}"
-    paths = []
+    written = []
     for name, draw in FIGURES.items():
-        fig = draw(plt, run, title)
-        path = os.path.join(out_dir, name)
+        fig = draw(plt, run, title, lab)
         fig.tight_layout()
+        target, replaced = targets[name]
         try:
-            fig.savefig(path, dpi=110)
-        except OSError as exc:
-            raise UserError(f"cannot write {path}: {exc.strerror}") from None
+            with paths.atomic_write(target, binary=True) as f:
+                fig.savefig(f, format="png", dpi=110)
         finally:
             plt.close(fig)
-        paths.append(path)
-    return paths
+        written.append((target, replaced))
+    return written

@@ -12,13 +12,11 @@ experiment.
 """
 
 import csv
-import os
 import sys
-import tempfile
 
 from benchmarks.common import BATCH, SWEEP_LENGTH
 
-from ..common import UserError
+from .. import paths
 from ..results import is_number
 from .tables import BATCH_BENCHMARK, CACHE_BENCHMARK, SWEEP_BENCHMARK
 
@@ -72,34 +70,19 @@ def write_csv(results, out, machine=None, env=None, progress=None):
     """Write the samples of every commit (of ``machine`` or every machine; ``env`` filters) to ``out``.
 
     Only ``time_`` benchmarks have samples (seconds). ``out`` "-" is stdout;
-    a file is written whole or not at all (a temporary file, then renamed).
-    Returns a dict of counts: rows, runs, points, points_without_samples.
+    a file must be one :func:`tools.paths.check_file` allows (never inside
+    ``.asv/`` or the results directory, never a tracked file, a device or a
+    FIFO) and is written whole or not at all. Returns a dict of counts: rows,
+    runs, points, points_without_samples, and ``replaced`` (a file was there).
 
     Raises:
-        UserError: ``out`` cannot be written or lies in the results directory.
+        UserError: ``out`` may not or cannot be written.
     """
     progress = sys.stderr if progress is None else progress
     files = [(m, n) for m in ([machine] if machine else results.machines) for n in results.files(m, env)]
     if out == "-":
         return _write_rows(results, files, sys.stdout, progress)
-    target = os.path.abspath(out)
-    if os.path.commonpath([target, os.path.abspath(results.path)]) == os.path.abspath(results.path):
-        raise UserError(f"--out {out} is inside the results directory {results.path}: choose another path")
-    try:
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".report-", suffix=".csv")
-    except OSError as exc:
-        raise UserError(f"cannot write {out}: {exc.strerror}") from None
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as open() would have made it, not mkstemp's 0600
-        with os.fdopen(fd, "w", newline="") as f:
-            counts = _write_rows(results, files, f, progress)
-        os.replace(tmp, target)
-    except OSError as exc:
-        raise UserError(f"cannot write {out}: {exc.strerror}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return counts
+    target, replaced = paths.check_file(out, protected=[results.path])
+    with paths.atomic_write(target) as f:
+        counts = _write_rows(results, files, f, progress)
+    return {**counts, "replaced": replaced}

@@ -1,7 +1,7 @@
 """The lab's three tables, derived from one run's medians, as Markdown.
 
 - cache: per T, the median decode time of no_cache, concat and preallocated,
-  and the ratio no_cache / preallocated;
+  and the ratios no_cache / preallocated and concat / preallocated;
 - batch: per T, sequential vs batched decode of B sequences (both timings cover
   the whole decode of all B), the speedup, positions/s = B x T / batched time,
   and the batched time and the time batching saves per decode step;
@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from benchmarks import bench_batch, bench_cache, bench_heads, bench_ragged, heads_inputs, ragged_inputs
 from benchmarks.common import BATCH, LENGTHS, STRATEGIES, SWEEP_BATCH_SIZES, SWEEP_LENGTH
 
-from ..results import FAILED, SKIPPED, is_number, param_sort_key
+from ..common import UserError
+from ..results import FAILED, SKIPPED, is_number, param_sort_key, short
 
 CACHE_BENCHMARK = "bench_cache.CacheStrategy.time_decode"
 BATCH_BENCHMARK = "bench_batch.BatchStrategy.time_decode"
@@ -36,6 +37,7 @@ RAGGED_BENCHMARK = "bench_ragged.RaggedDecode.time_decode"
 RAGGED_SLOTS = "bench_ragged.RaggedDecode.track_reserved_slots"
 RAGGED_ROWS = "bench_ragged.RaggedDecode.track_row_steps"
 CACHE_STRATEGIES = tuple(STRATEGIES["cache"])
+CACHE_RATIOS = ("no_cache", "concat")  # each over preallocated: what recomputing, and what concatenating, costs
 # Used where asv's benchmarks.json is missing or does not fit a result file.
 KNOWN_PARAM_NAMES = {CACHE_BENCHMARK: bench_cache.CacheStrategy.param_names,
                      BATCH_BENCHMARK: bench_batch.BatchStrategy.param_names,
@@ -71,20 +73,23 @@ def _keys(run, benchmark, name, default):
     """The values of parameter ``name`` the run measured, in the suite's order (``default``), else ``default``."""
     default = list(default)
     found = {dict(key[1]).get(name) for key in run.points if key[0] == benchmark} - {None}
+    odd = sorted(str(v) for v in found if not is_number(v)) if all(is_number(v) for v in default) else []
+    if odd:  # a table computes with these (positions / s = B x T / time): never with text
+        raise UserError(f"results of {benchmark} at {run.commit[:8]} hold {name} = {short(odd[0])}, "
+                        "not a number in range")
     order = {v: i for i, v in enumerate(default)}
     return sorted(found, key=lambda v: (order.get(v, len(order)), param_sort_key(v))) or default
 
 
 def cache_table(run):
-    """Cache experiment: one sequence ``[T, 64]``, median ms per strategy and no_cache / preallocated."""
+    """Cache experiment: one sequence ``[T, 64]``, median ms per strategy, no_cache and concat / preallocated."""
     rows = []
     for t in _keys(run, CACHE_BENCHMARK, "T", LENGTHS):
         cells = {f"{s} / ms": run.value(CACHE_BENCHMARK, T=t, strategy=s) for s in CACHE_STRATEGIES}
-        cells["no_cache / preallocated"] = _combine(
-            lambda a, b: a / b, cells["no_cache / ms"], cells["preallocated / ms"]
-        )
+        for s in CACHE_RATIOS:
+            cells[f"{s} / preallocated"] = _combine(lambda a, b: a / b, cells[f"{s} / ms"], cells["preallocated / ms"])
         rows.append(((t,), cells))
-    kinds = {f"{s} / ms": "ms" for s in CACHE_STRATEGIES} | {"no_cache / preallocated": "ratio"}
+    kinds = {f"{s} / ms": "ms" for s in CACHE_STRATEGIES} | {f"{s} / preallocated": "ratio" for s in CACHE_RATIOS}
     return Table("Cache experiment: full decode of one sequence", ("T",), kinds, rows)
 
 
@@ -187,8 +192,13 @@ def ragged_table(run):
                  rows, note)
 
 
-def all_tables(run):
-    return [cache_table(run), batch_table(run), batch_size_table(run), heads_table(run), ragged_table(run)]
+TABLES = {"cache": cache_table, "batch": batch_table, "batch_size": batch_size_table, "heads": heads_table,
+          "ragged": ragged_table}
+
+
+def all_tables(run, experiments=None):
+    """The tables of ``run``: every one, or those of ``experiments`` (keys of :data:`TABLES`), in that order."""
+    return [TABLES[name](run) for name in (experiments or TABLES)]
 
 
 FORMATS = {  # cell kind -> text of a number (seconds, ratio, rate, bytes or count)
@@ -246,10 +256,14 @@ def render_compare(base_table, head_table, base_label, head_label):
     return "\n".join([f"### {base_table.title}", "", _markdown(headers, rows, len(base_table.keys), True)])
 
 
+def _utc(ms):
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
 def describe(run):
     """Lines naming the commit, the machine and the environment a run was measured in."""
     p = run.machine_params
-    when = datetime.datetime.fromtimestamp(run.date / 1000, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = _utc(run.date)
     ram = f", {int(p['ram']) / 2**30:.1f} GiB RAM" if str(p.get("ram", "")).isdigit() else ""
     machine = ", ".join(str(p[k]) for k in ("cpu", "arch", "os") if p.get(k))
     cpus = f", {p['num_cpu']} CPUs" if p.get("num_cpu") else ""
@@ -259,8 +273,9 @@ def describe(run):
     samples = sorted({pt.stats.get("repeat") for pt in run.points.values()
                       if pt.benchmark.split(".")[-1].startswith("time_") and pt.stats.get("repeat")})
     counts = f"{samples[0]}" if len(samples) == 1 else f"{samples[0]}–{samples[-1]}" if samples else "?"
+    measured = (", measured " + _utc(run.measured)) if run.measured else ""
     return [
-        f"- commit `{run.commit[:8]}` (commit date {when})",
+        f"- commit `{run.commit[:8]}` (commit date {when}{measured})",
         f"- machine `{run.machine}`: {machine}{cpus}{ram}",
         f"- environment `{run.env_name}`: {packages}; thread variables {threads}",
         f"- each time is asv's median of {counts} samples per point",

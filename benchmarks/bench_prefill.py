@@ -1,0 +1,120 @@
+"""Chunked prefill and sliding windows: chunk size from decode-like to one-shot, and the window cache's memory."""
+
+import tracemalloc
+
+from .common import timed_inputs
+from .prefill_inputs import (
+    BYTES_LENGTHS,
+    CHUNK_SIZES,
+    PREFILL_LENGTH,
+    WINDOW_LENGTH,
+    WINDOWS,
+    held_cache_bytes,
+    verified_chunked,
+)
+
+
+class ChunkedPrefill:
+    """``chunked_attention`` of one sequence ``x: [512, 64]``, float64, full causal, by chunk size.
+
+    chunk_size 1 is decode (512 steps of one query), 512 a one-shot prefill (one
+    [512, 512] score matrix); between them the trade-off of per-chunk overhead
+    against the size of each chunk's scores.
+    """
+
+    params = [CHUNK_SIZES]
+    param_names = ["chunk_size"]
+    rounds = 2  # two interleaved processes per point, each checking the prefill again
+    repeat = (5, 15, 0.3)
+    warmup_time = 0.02
+    timeout = 120
+
+    def setup(self, chunk_size):
+        self.prefill = verified_chunked(PREFILL_LENGTH, chunk_size)
+        self.inputs = timed_inputs(PREFILL_LENGTH)
+
+    def time_prefill(self, chunk_size):
+        self.prefill(*self.inputs)
+
+    time_prefill.version = "1"
+
+    def track_peak_bytes(self, chunk_size):
+        """Peak bytes allocated during one prefill (tracemalloc): the cache, the output and one chunk's temporaries.
+
+        A chunk of C queries over S keys holds ``[C, S]`` scores and weights, so
+        the peak grows with the chunk size: the memory side of the trade-off.
+        """
+        tracemalloc.start()
+        try:
+            self.prefill(*self.inputs)
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    track_peak_bytes.unit = "bytes"
+    track_peak_bytes.version = "1"
+
+
+class WindowDecode:
+    """Token-by-token decode (chunk_size 1) of ``x: [1024, 64]``, float64, with a sliding window or none.
+
+    window: 64, 256, 256 with 4 attention sinks (a SlidingWindowCache of n_sink +
+    window slots), or none (full causal attention through a StaticCache of 1024).
+    """
+
+    params = [list(WINDOWS)]
+    param_names = ["window"]
+    rounds = 2
+    repeat = (3, 6, 0.3)
+    warmup_time = 0.02
+    timeout = 120
+
+    def setup(self, window):
+        self.decode = verified_chunked(WINDOW_LENGTH, 1, *WINDOWS[window])
+        self.inputs = timed_inputs(WINDOW_LENGTH)
+
+    def time_decode(self, window):
+        self.decode(*self.inputs)
+
+    time_decode.version = "1"
+
+
+class ChunkedCacheBytes:
+    """Logical K/V bytes of the StaticCache after the chunked prefill of ``x: [512, 64]``: the same at every chunk size.
+
+    512 × (64 + 64) × 8 bytes. Every point's prefill is run and checked once, in ``setup_cache``.
+    """
+
+    params = [CHUNK_SIZES]
+    param_names = ["chunk_size"]
+    timeout = 120
+
+    def setup_cache(self):
+        return {chunk_size: held_cache_bytes(PREFILL_LENGTH, chunk_size) for chunk_size in CHUNK_SIZES}
+
+    def track_kv_cache_bytes(self, nbytes, chunk_size):
+        return nbytes[chunk_size]
+
+    track_kv_cache_bytes.unit = "bytes"
+    track_kv_cache_bytes.version = "1"
+
+
+class WindowCacheBytes:
+    """Logical K/V bytes held after a token-by-token decode of T positions: the window cache stays flat.
+
+    (n_sink + window) × 1024 bytes for a window cache once T passes them, T × 1024 for the full cache.
+    Every point's decode is run and checked once, in ``setup_cache``.
+    """
+
+    params = [list(WINDOWS), BYTES_LENGTHS]
+    param_names = ["window", "T"]
+    timeout = 120
+
+    def setup_cache(self):
+        return {(name, t_len): held_cache_bytes(t_len, 1, *WINDOWS[name]) for name in WINDOWS for t_len in BYTES_LENGTHS}
+
+    def track_kv_cache_bytes(self, nbytes, window, T):
+        return nbytes[window, T]
+
+    track_kv_cache_bytes.unit = "bytes"
+    track_kv_cache_bytes.version = "1"

@@ -1,0 +1,108 @@
+"""The physical blocks of a paged pool: a free list and a refcount per block.
+
+Terms as in vLLM. A block is held by every block table that lists it; its
+refcount is the number of those tables. ``allocate`` takes blocks off the free
+list with refcount 1, ``share`` adds a holder (a fork, vLLM's
+``RefCounter.incr``), and ``free`` removes one. A block returns to the free list
+when its last holder lets go, exactly once. The allocator knows nothing of
+sequences: the map of sequence -> block table is the paged cache's
+(:class:`~kv_attention.paged.PagedKVCache`), as in vLLM, where the allocator
+(``vllm/core/block/naive_block.py``, ``vllm/v1/core/block_pool.py``) is a
+class of its own beside the block tables.
+
+The free list is a LIFO stack in a numpy integer array, O(num_blocks) bytes
+rather than Python objects. It starts from block ``num_blocks - 1``, and a freed
+block is the next one taken, as in vLLM's ``NaiveBlockAllocator``.
+
+Invariants, after every call: every refcount is >= 0; a block is free (on the
+free list, once) exactly when its refcount is 0; free + held = num_blocks.
+
+Errors: TypeError for a block id that is not an integer; ValueError for one out
+of range, listed twice in one call, or not held (a free of a free block, vLLM's
+"Double free!"; a share of a free block); :class:`OutOfBlocksError` for
+allocating more blocks than are free. A call that raises changes nothing.
+"""
+
+import numpy as np
+
+from ._validation import as_size, check_block_id, check_blocks_held
+
+
+class OutOfBlocksError(RuntimeError):
+    """The pool has fewer free blocks than an update needs; the cache was left unchanged."""
+
+
+def index_dtype(num_blocks):
+    """The smallest of int32 and int64 that numbers ``num_blocks`` blocks."""
+    return np.dtype(np.int32 if num_blocks <= np.iinfo(np.int32).max else np.int64)
+
+
+class BlockAllocator:
+    """Blocks ``0 .. num_blocks - 1``: a LIFO free list and a refcount each (``int32``)."""
+
+    def __init__(self, num_blocks):
+        num_blocks = as_size("num_blocks", num_blocks)
+        self._free = np.arange(num_blocks, dtype=index_dtype(num_blocks))  # a stack: _free[:_num_free], top taken first
+        self._num_free = num_blocks
+        self._ref_counts = np.zeros(num_blocks, dtype=np.int32)
+
+    @staticmethod
+    def nbytes_for(num_blocks):
+        """Bytes of bookkeeping for ``num_blocks`` blocks: the free list and the refcounts (int)."""
+        return num_blocks * (index_dtype(num_blocks).itemsize + 4)
+
+    @property
+    def num_blocks(self):
+        """Blocks in the pool (int)."""
+        return len(self._ref_counts)
+
+    @property
+    def num_free_blocks(self):
+        """Blocks that :meth:`allocate` can take (int)."""
+        return self._num_free
+
+    def ref_count(self, block):
+        """Block tables holding ``block`` (int); 0 for a free block."""
+        return int(self._ref_counts[check_block_id(block, self.num_blocks)])
+
+    def free_blocks(self):
+        """The free blocks, the next one taken first (tuple of ints)."""
+        return tuple(self._free[: self._num_free][::-1].tolist())
+
+    def allocate(self, n):
+        """Take ``n`` free blocks, each with refcount 1: a list, in the order taken."""
+        n = as_size("n", n)
+        if n > self.num_free_blocks:
+            raise OutOfBlocksError(f"out of blocks: {n} needed, {self.num_free_blocks} of {self.num_blocks} free")
+        blocks = self._take(n)
+        self._ref_counts[blocks] = 1
+        return blocks
+
+    def share(self, blocks):
+        """Add one holder to each of ``blocks`` (distinct, each held)."""
+        blocks = check_blocks_held(blocks, self._ref_counts, "share")
+        self._ref_counts[blocks] += 1
+
+    def free(self, blocks):
+        """Remove one holder from each of ``blocks`` (distinct, each held); return those it left with none.
+
+        Blocks reaching refcount 0 go back to the free list in reverse order, so
+        that ``blocks[0]`` is taken first: a sequence freed and re-made gets its
+        blocks back in the same order.
+        """
+        blocks = check_blocks_held(blocks, self._ref_counts, "free")
+        self._ref_counts[blocks] -= 1
+        released = [b for b in reversed(blocks) if self._ref_counts[b] == 0]
+        self._release(released)
+        return released[::-1]
+
+    def _take(self, n):
+        """Pop ``n`` blocks off the stack, the top first."""
+        top = self._num_free
+        self._num_free = top - n
+        return self._free[top - n : top][::-1].tolist()
+
+    def _release(self, blocks):
+        """Push ``blocks`` (refcount 0) onto the stack, the last one on top."""
+        self._free[self._num_free : self._num_free + len(blocks)] = blocks
+        self._num_free += len(blocks)

@@ -1,0 +1,328 @@
+"""Serving requests: continuous batching over a paged KV cache, with chunked prefill, preemption and prefix caching.
+
+A :class:`Request` carries token ids, teacher-forced (there is no sampling): the
+first ``prompt_len`` are its prompt, prefilled in one or more chunks, and the
+rest are decoded one per step. The model is the library's single head: the
+input of a token is ``x = embedding[token_id]`` (``embedding: [V, D_model]``),
+with ``w_q, w_k: [D_model, D_k]`` and ``w_v: [D_model, D_v]``. A request's outputs
+are the attention outputs at its last prompt position and at every decoded
+position, ``[len(token_ids) - prompt_len + 1, D_v]``, what a model samples from.
+They equal ``causal_attention(embedding[token_ids], w_q, w_k, w_v)[prompt_len - 1:]``
+however the request was chunked, batched, preempted or served from the cache.
+
+A request knows its prompt and, after each output, one token more (the one a
+model would have sampled from it). Each step has a budget of
+``max_num_batched_tokens`` tokens, spent in this order:
+
+1. Decode. Every running request past its prompt gets its next token, the
+   earliest admitted first. One whose last block is full takes a block. When
+   none is free, the most recently admitted running request is preempted (its
+   blocks freed, its K/V to be recomputed, as vLLM V1 always does) until one is
+   free, or until the request itself was the one preempted.
+2. Prefill. Running requests still prefilling get their next chunk, in order of admission.
+3. Admission. Waiting requests are taken first come, first served, a
+   preempted one first. Each is admitted when the blocks of all the tokens it
+   knows fit the free list; those blocks are taken at once, and it gets its
+   first chunk. The first that does not fit stops admission, as do
+   ``max_num_seqs`` running requests. (A request preempted in a step never fits
+   back in it: the block that preempted it is gone. So vLLM's rule of no
+   admission after a preemption holds here without being written.)
+
+The step then computes k and v of every scheduled token, and one query for each
+request whose known tokens are now all in the cache: its next output. (This is
+one layer, so the attention outputs of earlier prompt positions would feed
+nothing: they are not computed.) With ``enable_prefix_caching``, full blocks
+are cached by a chained hash of their tokens (:mod:`~kv_attention.prefix_caching`).
+An admitted request starts from the longest cached run of full blocks among its
+known tokens but the last, so a fully cached prompt still computes its last
+token. The tokens of that run are not computed.
+
+Sources: the scheduling policy of vLLM's chunked prefill (``vllm/core/scheduler.py``,
+``_schedule_chunked_prefill``: running decodes, then running prefills, then new
+prefills); preemption by recompute as in ``vllm/v1/core/sched/scheduler.py``
+(``self.running.pop()``, ``num_computed_tokens = 0``, the request back at the
+head of the queue); the prompt's blocks taken at admission as in V0's
+``BlockSpaceManager.allocate``; the cache hit limited to ``num_tokens - 1`` as in
+V1's ``get_computed_blocks``. Continuous batching: Orca (Yu et al. 2022).
+
+Errors, all before anything runs: TypeError for ``requests`` that are not a list
+or tuple of :class:`Request`, a request id that is not hashable, token ids that
+are not integers, a size that is not an integer, a flag that is not a bool, or an
+embedding or weight that is not a float32/float64 array. ValueError naming the
+request for a repeated request id, ``prompt_len`` outside [1, len(token_ids)],
+token ids outside [0, V), or a request whose full length needs more blocks than
+``num_blocks`` (it could never fit the pool). ValueError also for a budget or
+``max_num_seqs`` below 1, ``block_size`` below 1, shapes that do not fit (named in
+the message), NaN/inf, or inputs large enough to overflow the scores.
+"""
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._validation import check_finite_output, check_serve_inputs
+from .paged import OutOfBlocksError, PagedKVCache
+from .ragged import masked_attend
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request: ``token_ids``, its whole sequence, the first ``prompt_len`` of them its prompt.
+
+    ``request_id``: any hashable, distinct among the requests served together.
+    ``arrival_step``: the scheduler step at which it arrives (default 0).
+    """
+
+    request_id: Any
+    token_ids: Any
+    prompt_len: int
+    arrival_step: int = 0
+
+
+@dataclass(frozen=True)
+class ServeStats:
+    """What a serve did; counts, not timings.
+
+    Attributes:
+        steps: scheduler steps run; each computed at least one token (idle steps
+            before an arrival are skipped).
+        preemptions: preemptions, each of a running request (one may be preempted more than once).
+        recomputed_tokens: tokens computed again after a preemption: positions
+            below the most a request ever had in the cache.
+        prefix_hit_tokens: tokens taken from the prefix cache at admission, and so not computed.
+        peak_blocks: the most blocks in use at once, a shared block once.
+        prefill_tokens_per_step: prompt (and recomputed) tokens computed at each step, a tuple of ``steps`` ints.
+        decode_tokens_per_step: decoded tokens computed at each step, likewise.
+    """
+
+    steps: int
+    preemptions: int
+    recomputed_tokens: int
+    prefix_hit_tokens: int
+    peak_blocks: int
+    prefill_tokens_per_step: tuple
+    decode_tokens_per_step: tuple
+
+    @property
+    def prefill_tokens(self):
+        """Prefill tokens computed in all (int)."""
+        return sum(self.prefill_tokens_per_step)
+
+    @property
+    def decode_tokens(self):
+        """Decoded tokens computed in all (int)."""
+        return sum(self.decode_tokens_per_step)
+
+
+@dataclass(frozen=True)
+class ServeResult:
+    """What :func:`serve` returns.
+
+    Attributes:
+        outputs: request_id -> ``[len(token_ids) - prompt_len + 1, D_v]``, in the order of the requests.
+        stats: a :class:`ServeStats`.
+    """
+
+    outputs: dict
+    stats: ServeStats
+
+
+class _Sequence:
+    """A request in the scheduler: how much of it is in the cache, and its outputs so far."""
+
+    def __init__(self, request_id, token_ids, prompt_len, arrival_step, d_v, dtype):
+        self.request_id, self.token_ids, self.prompt_len = request_id, token_ids, prompt_len
+        self.arrival_step = arrival_step
+        self.outputs = np.zeros((len(token_ids) - prompt_len + 1, d_v), dtype)  # [outputs, D_v]
+        self.num_emitted = 0  # outputs computed
+        self.num_computed = 0  # tokens whose k and v are in the cache
+        self.high_water = 0  # the most tokens it ever had in the cache: below it, a token is recomputed
+        self.prefilling = self.running = False
+
+    @property
+    def num_tokens(self):
+        """Tokens known: the prompt, and one more after each output (while outputs remain)."""
+        return self.prompt_len + self.num_emitted
+
+
+class _Scheduler:
+    """The queues (arrivals, waiting, running), the paged cache, and the counts of one serve."""
+
+    def __init__(self, seqs, embedding, weights, dtype, block_size, num_blocks, budget, max_num_seqs, caching):
+        w_k, w_v = weights[1:]
+        self.embedding, self.weights, self.budget, self.max_num_seqs = embedding, weights, budget, max_num_seqs
+        d_k, d_v = w_k.shape[1], w_v.shape[1]
+        self.cache = PagedKVCache(num_blocks, block_size, d_k, d_v, dtype, enable_prefix_caching=caching)
+        self.arrivals = deque(sorted(seqs, key=lambda s: s.arrival_step))  # stable: FCFS among equal steps
+        self.waiting, self.running = deque(), []  # running: in order of admission
+        self.preemptions = self.recomputed_tokens = self.prefix_hit_tokens = 0
+        self.prefill_per_step, self.decode_per_step = [], []
+
+    def run(self):
+        clock = 0
+        while self.arrivals or self.waiting or self.running:
+            if not (self.waiting or self.running):
+                clock = max(clock, self.arrivals[0].arrival_step)  # jump over an idle stretch
+            while self.arrivals and self.arrivals[0].arrival_step <= clock:
+                self.waiting.append(self.arrivals.popleft())
+            decodes, prefills = self.schedule()
+            if not (decodes or prefills):  # cannot happen: the earliest admitted request always fits the pool
+                raise RuntimeError("the scheduler made no progress")
+            self.execute(decodes, prefills)
+            clock += 1
+
+    def schedule(self):
+        """This step's work: the decoding requests (a token each), and ``(request, chunk)`` for the prefilling."""
+        budget, decodes, prefills = self.budget, [], []
+        for seq in [s for s in self.running if not s.prefilling]:
+            if budget == 0:
+                break
+            if not seq.running:  # preempted to make room for an earlier one
+                continue
+            full = seq.num_computed % self.cache.block_size == 0  # its last block is full: it needs another
+            if full and not self.make_room(seq):  # it was the latest admitted: none after it is left
+                break
+            decodes.append(seq)
+            budget -= 1
+        for seq in [s for s in self.running if s.prefilling]:
+            if budget == 0:
+                break
+            prefills.append((seq, min(seq.num_tokens - seq.num_computed, budget)))
+            budget -= prefills[-1][1]
+        while budget and self.waiting and self.has_seat() and self.admit(self.waiting[0]):
+            seq = self.waiting.popleft()
+            prefills.append((seq, min(seq.num_tokens - seq.num_computed, budget)))
+            budget -= prefills[-1][1]
+        return decodes, prefills
+
+    def make_room(self, seq):
+        """Give ``seq`` a slot for one more token, preempting the latest admitted requests until there is one."""
+        while True:
+            try:
+                self.cache.allocate_slots(seq.request_id, 1)
+                return True
+            except OutOfBlocksError:
+                victim = self.running.pop()
+                self.preempt(victim)
+                if victim is seq:
+                    return False
+
+    def preempt(self, seq):
+        """Free ``seq``'s blocks and put it back at the head of the queue, to recompute what it knew."""
+        self.cache.free(seq.request_id)
+        seq.num_computed, seq.running = 0, False
+        self.waiting.appendleft(seq)
+        self.preemptions += 1
+
+    def has_seat(self):
+        return self.max_num_seqs is None or len(self.running) < self.max_num_seqs
+
+    def admit(self, seq):
+        """Admit ``seq`` if the blocks of its known tokens fit the free list: take them, and any cached prefix."""
+        known = seq.num_tokens
+        prefix = seq.token_ids[: known - 1]  # the last known token is computed, cached or not
+        hits = self.cache.find_cached_blocks(prefix)
+        idle = sum(self.cache.ref_count(b) == 0 for b in hits)  # cached but held by none: free until taken
+        if math.ceil(known / self.cache.block_size) - len(hits) + idle > self.cache.num_free_blocks:
+            return False
+        seq.num_computed = self.cache.add_sequence(seq.request_id, prefix if hits else None)
+        self.cache.allocate_slots(seq.request_id, known - seq.num_computed)
+        self.prefix_hit_tokens += seq.num_computed
+        seq.prefilling = seq.running = True
+        self.running.append(seq)
+        return True
+
+    def execute(self, decodes, prefills):
+        """Compute the scheduled tokens' k and v, then the outputs of the requests now up to date."""
+        if decodes:
+            self.write_kv(decodes, 1)
+        for seq, chunk in prefills:
+            self.write_kv([seq], chunk)
+        self.attend([s for s in decodes + [s for s, _ in prefills] if s.num_computed == s.num_tokens])
+        self.prefill_per_step.append(sum(chunk for _, chunk in prefills))
+        self.decode_per_step.append(len(decodes))
+
+    def write_kv(self, seqs, n):
+        """Project and store k, v of the next ``n`` tokens of each of ``seqs``."""
+        _, w_k, w_v = self.weights
+        starts = [s.num_computed for s in seqs]
+        tokens = np.stack([s.token_ids[a : a + n] for s, a in zip(seqs, starts)])  # [N, n]
+        x = self.embedding[tokens]  # [N, n, D_model]
+        caching = tokens if self.cache.enable_prefix_caching else None
+        self.cache.update([s.request_id for s in seqs], x @ w_k, x @ w_v, token_ids=caching)  # [N, n, D_k], [N, n, D_v]
+        for seq, start in zip(seqs, starts):
+            self.recomputed_tokens += max(0, min(start + n, seq.high_water) - start)
+            seq.num_computed = start + n
+            seq.high_water = max(seq.high_water, seq.num_computed)
+
+    def attend(self, seqs):
+        """The next output of each of ``seqs``: its last known token's query over its keys in the cache."""
+        if not seqs:
+            return
+        tokens = [s.token_ids[s.num_computed - 1] for s in seqs]
+        q = (self.embedding[tokens] @ self.weights[0])[:, None, :]  # [N, 1, D_k]
+        k, v, lengths = self.cache.gather([s.request_id for s in seqs])  # [N, S, D_k], [N, S, D_v], [N]
+        span = int(lengths.max())
+        valid = np.arange(span) < lengths[:, None]  # [N, S]
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = masked_attend(q, k[:, :span], v[:, :span], valid)[:, 0]  # [N, D_v]
+        check_finite_output(out)
+        for seq, row in zip(seqs, out):
+            seq.outputs[seq.num_emitted] = row
+            seq.num_emitted += 1
+            seq.prefilling = False
+            if seq.num_emitted == len(seq.outputs):
+                self.cache.free(seq.request_id)
+                self.running.remove(seq)
+                seq.running = False
+
+    def result(self, seqs):
+        stats = ServeStats(
+            steps=len(self.decode_per_step),
+            preemptions=self.preemptions,
+            recomputed_tokens=self.recomputed_tokens,
+            prefix_hit_tokens=self.prefix_hit_tokens,
+            peak_blocks=self.cache.peak_blocks,
+            prefill_tokens_per_step=tuple(self.prefill_per_step),
+            decode_tokens_per_step=tuple(self.decode_per_step),
+        )
+        return ServeResult({s.request_id: s.outputs for s in seqs}, stats)
+
+
+def serve(
+    requests,
+    embedding,
+    w_q,
+    w_k,
+    w_v,
+    *,
+    block_size=16,
+    num_blocks,
+    max_num_batched_tokens,
+    max_num_seqs=None,
+    enable_prefix_caching=False,
+):
+    """Serve ``requests`` to completion by the scheduler of the module docstring; returns a :class:`ServeResult`.
+
+    Args:
+        requests: a list of :class:`Request`, with distinct request ids.
+        embedding: ``[V, D_model]``; w_q, w_k: ``[D_model, D_k]``; w_v: ``[D_model, D_v]``.
+        block_size: tokens per block of the paged cache (default 16).
+        num_blocks: blocks in its pool; every request must fit it alone.
+        max_num_batched_tokens: the token budget of a step, >= 1.
+        max_num_seqs: the most running requests at once (default: no limit).
+        enable_prefix_caching: share cached full blocks between requests (default False).
+
+    Outputs are in ``np.result_type`` of embedding and weights.
+    """
+    specs, embedding, weights, dtype, (block_size, num_blocks, budget, max_num_seqs, caching) = check_serve_inputs(
+        requests, embedding, w_q, w_k, w_v, block_size, num_blocks, max_num_batched_tokens, max_num_seqs,
+        enable_prefix_caching,
+    )
+    seqs = [_Sequence(*spec, weights[2].shape[1], dtype) for spec in specs]
+    scheduler = _Scheduler(seqs, embedding, weights, dtype, block_size, num_blocks, budget, max_num_seqs, caching)
+    scheduler.run()
+    return scheduler.result(seqs)

@@ -1,0 +1,176 @@
+"""The sliding-window K/V cache: ``n_sink`` fixed positions beside a ring buffer of ``window`` positions.
+
+A model that attends with a window of W (the mask of
+:func:`~kv_attention.attention.band_mask`) never reads a key more than W - 1
+positions back, apart from its ``n_sink`` attention sinks (StreamingLLM, Xiao
+et al. 2023). So its cache needs ``n_sink + W`` slots whatever the length: the
+sinks keep slots ``0..n_sink-1`` for good, and position p >= n_sink lives in
+ring slot ``n_sink + (p - n_sink) % W``, overwriting position p - W. This is
+Hugging Face ``cache_utils``' sliding-window layer (``DynamicSlidingWindowLayer``
+keeps W - 1 positions, ``StaticSlidingWindowLayer`` W slots) and Mistral's
+rotating buffer, plus the sinks; the cache interface is that of ``cache.py``.
+
+The ring overwrites, so a chunk of new positions must be attended to before it
+replaces the keys its own first queries need (a chunk longer than W overwrites
+all of them): :meth:`SlidingWindowCache.update` returns the positions held
+*before* the chunk, followed by the whole chunk, and only then writes the chunk's
+last W positions into the ring, as Hugging Face's layer returns ``cat(kept,
+new)``. The caller masks them by position (:meth:`~SlidingWindowCache.key_positions`).
+One new position (a decode step) overwrites only the position W back, which it
+does not attend to: it is written first, and the step attends on the buffers'
+own views (attention does not depend on the order of the keys), with no copy.
+
+Errors: as ``cache.py``'s caches (``update``: TypeError, ValueError for shapes
+that do not fit); the constructor also needs an integer ``window >= 1`` and
+``n_sink >= 0``; ``crop`` refuses what the ring can no longer serve (see
+:meth:`~SlidingWindowCache.crop`). A call that raises leaves the cache unchanged.
+"""
+
+import numpy as np
+
+from ._validation import (
+    as_batch_shape,
+    as_float_dtype,
+    as_size,
+    check_crop,
+    check_new_positions,
+    check_window_crop,
+)
+
+
+class SlidingWindowCache:
+    """A K/V cache of ``n_sink`` sink slots and a ring of ``window`` slots, allocated once.
+
+    ``batch_shape`` is the leading axes, e.g. ``()``, ``(B,)`` or ``(B, H_kv)``;
+    the buffers are ``k_cache: [*batch_shape, n_sink + window, k_dim]`` and
+    ``v_cache: [*batch_shape, n_sink + window, v_dim]``, in slot order (not
+    position order), zero in every slot that holds no position. ``dtype``:
+    float32 or float64 (default float64). ``get_seq_length()`` counts every
+    position seen, ``nbytes`` only those held: at most ``n_sink + window``.
+    """
+
+    def __init__(self, batch_shape, window, k_dim, v_dim, n_sink=0, dtype=np.float64):
+        batch_shape = as_batch_shape(batch_shape)
+        window, n_sink = as_size("window", window, minimum=1), as_size("n_sink", n_sink)
+        k_dim, v_dim = as_size("k_dim", k_dim), as_size("v_dim", v_dim)
+        dtype = as_float_dtype(dtype)
+        self.window, self.n_sink = window, n_sink
+        self.k_cache = np.zeros(batch_shape + (n_sink + window, k_dim), dtype)
+        self.v_cache = np.zeros(batch_shape + (n_sink + window, v_dim), dtype)
+        self._length = 0  # positions seen
+        self._first = n_sink  # the oldest window position held; the ring holds _first.._length-1
+
+    def _ring(self, first, count):
+        """The slots of ring positions ``first..first+count-1`` (first >= n_sink, count <= W), in position order.
+
+        One slice, or two when they wrap past the end of the buffer.
+        """
+        begin = self.n_sink + (first - self.n_sink) % self.window
+        head = min(count, self.n_sink + self.window - begin)  # up to the end of the buffer
+        if head == count:
+            return (slice(begin, begin + count),)
+        return slice(begin, begin + head), slice(self.n_sink, self.n_sink + count - head)
+
+    def _held(self):
+        """The slots of every position held, in position order: the sinks seen, then the ring from its oldest."""
+        ring = self._ring(self._first, max(self._length - self._first, 0))
+        return ring if self.n_sink == 0 else (slice(0, min(self.n_sink, self._length)), *ring)
+
+    def held_positions(self):
+        """The positions held, ascending (int64 ``[S]``): the sinks seen, then the window positions still in the ring."""
+        sinks = np.arange(min(self.n_sink, self._length))
+        return np.concatenate([sinks, np.arange(self._first, self._length)])
+
+    def key_positions(self, t_new):
+        """The positions of the keys :meth:`update` returns for ``t_new`` new positions, in its order (int64 ``[S]``)."""
+        if t_new != 1:  # the held positions, ascending, then the new ones
+            sinks = np.arange(min(self.n_sink, self._length))
+            return np.concatenate([sinks, np.arange(min(self._first, self._length), self._length + t_new)])
+        newest = self._length  # a decode step: the buffers' filled slots, in slot order
+        slots = np.arange(min(newest + 1, self.n_sink + self.window))
+        newest_slot = self.n_sink + (newest - self.n_sink) % self.window
+        return np.where(slots < self.n_sink, slots, newest - (newest_slot - slots) % self.window)
+
+    def update(self, k, v):
+        """Add ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]``; return every key and value they may attend to.
+
+        The positions of what it returns are :meth:`key_positions` ``(T_new)``,
+        read before the update. For T_new != 1: new arrays ``[..., S + T_new, D]``,
+        the S positions held before the update in position order, then all the
+        new ones; only then are the new positions written (those below
+        ``n_sink`` into their sink slots, the last ``window`` of the others into
+        the ring), so a chunk longer than the window still sees every key its
+        first queries need. For one new position (a decode step) it is written
+        first, over the one position it never attends to (p - W), and the
+        buffers' filled slots are returned as views, in slot order: exactly the
+        keys it attends to, without a copy. Do not write to the views.
+        """
+        check_new_positions(k, v, self)
+        start, stop = self._length, self._length + k.shape[-2]
+        if stop - start == 1:
+            self._write(k, v, start, stop)
+            filled = min(stop, self.n_sink + self.window)
+            return self.k_cache[..., :filled, :], self.v_cache[..., :filled, :]
+        held = self._held()
+        k_seen = np.concatenate([*(self.k_cache[..., s, :] for s in held), k], axis=-2)  # [..., S + T_new, D_k]
+        v_seen = np.concatenate([*(self.v_cache[..., s, :] for s in held), v], axis=-2)  # [..., S + T_new, D_v]
+        self._write(k, v, start, stop)
+        return k_seen, v_seen
+
+    def _write(self, k, v, start, stop):
+        """Write new positions ``start..stop-1``: sinks into their own slots, the last ``window`` others into the ring."""
+        if start < self.n_sink:
+            n = min(stop, self.n_sink) - start
+            self.k_cache[..., start : start + n, :] = k[..., :n, :]
+            self.v_cache[..., start : start + n, :] = v[..., :n, :]
+        first = max(start, self.n_sink, stop - self.window)  # the oldest new position the ring keeps
+        if first < stop:
+            offset = first - start
+            for slots in self._ring(first, stop - first):
+                n = slots.stop - slots.start
+                self.k_cache[..., slots, :] = k[..., offset : offset + n, :]
+                self.v_cache[..., slots, :] = v[..., offset : offset + n, :]
+                offset += n
+        self._length, self._first = stop, max(self._first, stop - self.window)
+
+    def get_seq_length(self):
+        """Number of positions seen (int), held or not."""
+        return self._length
+
+    def crop(self, length):
+        """Keep only the first ``length`` positions, as if the later ones had never been added.
+
+        Only a crop after which the cache still holds every key position
+        ``length`` attends to: ``length <= n_sink`` (``crop(0)`` empties it), or
+        ``length - window + 1`` at or after the oldest position the ring holds.
+        With W slots for the W - 1 keys before a query, that is one position
+        back once the ring has wrapped (one rejected draft token); anything
+        further raises ValueError, as does a length outside [0, get_seq_length()].
+        """
+        length = check_crop(length, self._length)
+        check_window_crop(length, self._length, self._first, self.window, self.n_sink)
+        first = max(length, self._first)  # the dropped window positions: first.._length-1
+        for slots in self._ring(first, max(self._length - first, 0)):
+            self.k_cache[..., slots, :] = 0
+            self.v_cache[..., slots, :] = 0
+        self.k_cache[..., length : self.n_sink, :] = 0  # dropped sinks, if any
+        self.v_cache[..., length : self.n_sink, :] = 0
+        self._length = length
+        self._first = max(min(self._first, length), self.n_sink)  # with length <= n_sink the ring holds nothing
+
+    def _snapshot(self):
+        """A copy of the whole state, for ``rolled_back_on_error``: a crop cannot undo overwritten slots."""
+        return self.k_cache.copy(), self.v_cache.copy(), self._length, self._first
+
+    def _restore(self, snapshot):
+        """Put back a :meth:`_snapshot` of this cache, into the same buffers."""
+        k_cache, v_cache, self._length, self._first = snapshot
+        self.k_cache[...] = k_cache
+        self.v_cache[...] = v_cache
+
+    @property
+    def nbytes(self):
+        """Logical size of the keys and values held, in bytes (int): at most the buffers' ``n_sink + window`` positions."""
+        per_position = (self.k_cache.nbytes + self.v_cache.nbytes) // self.k_cache.shape[-2]
+        held = min(self.n_sink, self._length) + max(self._length - self._first, 0)
+        return per_position * held

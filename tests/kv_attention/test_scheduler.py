@@ -1,0 +1,308 @@
+"""serve: every request equals its own reference however it is scheduled, and the schedule is the documented one.
+
+Outputs are compared with the naive per-request reference (float64, rtol = atol =
+1e-10). Schedules, preemptions, recomputed tokens and prefix hits are traced by
+hand in the comments, from the rules of the scheduler's module docstring.
+"""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kv_attention as kv
+
+from ..references import serve_reference
+
+TOL = {"rtol": 1e-10, "atol": 1e-10}
+V, D_MODEL, D_K, D_V = 40, 4, 3, 5
+
+
+def model(seed=0, vocab=V):
+    """(embedding [V, 4], w_q [4, 3], w_k [4, 3], w_v [4, 5])."""
+    rng = np.random.default_rng(seed)
+    embedding = rng.standard_normal((vocab, D_MODEL))
+    return (embedding, *(rng.standard_normal((D_MODEL, d)) / 2.0 for d in (D_K, D_K, D_V)))
+
+
+def assert_exact(result, requests, weights):
+    assert list(result.outputs) == [r.request_id for r in requests]
+    for r in requests:
+        expected = serve_reference(r.token_ids, r.prompt_len, *weights)
+        got = result.outputs[r.request_id]
+        assert got.shape == (len(r.token_ids) - r.prompt_len + 1, D_V) and got.dtype == np.float64
+        np.testing.assert_allclose(got, expected, **TOL, err_msg=str(r.request_id))
+
+
+def tokens(rng, n):
+    return rng.integers(0, V, n).tolist()
+
+
+def test_the_schedule_decodes_first_then_prefills_running_then_admits_in_chunks():
+    # block_size 4, budget 4. A: prompt 6, 2 decoded, arrives at 0; B: prompt 5, 1 decoded, arrives at 1.
+    # step 0: A admitted, prefill 4.          step 1: A prefills its last 2 (output 0), B admitted with 2.
+    # step 2: A decodes 1 (output 1); B prefills 3 (output 0).   step 3: A and B decode (A's and B's last).
+    weights = model(1)
+    rng = np.random.default_rng(1)
+    requests = [kv.Request("A", tokens(rng, 8), 6), kv.Request("B", tokens(rng, 6), 5, arrival_step=1)]
+    result = kv.serve(requests, *weights, block_size=4, num_blocks=100, max_num_batched_tokens=4)
+    stats = result.stats
+    assert stats.prefill_tokens_per_step == (4, 4, 3, 0) and stats.decode_tokens_per_step == (0, 0, 1, 2)
+    assert (stats.steps, stats.preemptions, stats.recomputed_tokens, stats.prefix_hit_tokens) == (4, 0, 0, 0)
+    assert stats.peak_blocks == 2 + 2  # A's prompt and its growth: 2 blocks; B's: 2
+    assert_exact(result, requests, weights)
+
+
+def test_a_budget_smaller_than_a_prompt_chunks_its_prefill():
+    weights = model(2)
+    rng = np.random.default_rng(2)
+    requests = [kv.Request("long", tokens(rng, 30), 27), kv.Request("short", tokens(rng, 9), 4, arrival_step=2)]
+    result = kv.serve(requests, *weights, block_size=4, num_blocks=20, max_num_batched_tokens=5)
+    per_step = [p + d for p, d in zip(result.stats.prefill_tokens_per_step, result.stats.decode_tokens_per_step)]
+    assert max(per_step) == 5 and result.stats.prefill_tokens_per_step[:5] == (5, 5, 5, 5, 5)  # 27 = 5 × 5 + 2
+    assert result.stats.prefill_tokens == 27 + 4 and result.stats.decode_tokens == 3 + 5
+    assert_exact(result, requests, weights)
+
+
+def test_mixed_arrivals_and_gaps_each_request_exact():
+    weights = model(3)
+    rng = np.random.default_rng(3)
+    arrivals = [0, 0, 3, 3, 9, 40, 40, 41]  # an idle stretch before 40 is jumped over
+    requests = [
+        kv.Request(f"r{i}", tokens(rng, int(rng.integers(2, 20))), 1, arrival_step=a) for i, a in enumerate(arrivals)
+    ]
+    requests = [kv.Request(r.request_id, r.token_ids, int(rng.integers(1, len(r.token_ids) + 1)), r.arrival_step)
+                for r in requests]
+    result = kv.serve(requests, *weights, block_size=3, num_blocks=40, max_num_batched_tokens=7)
+    assert result.stats.steps < 41 + sum(len(r.token_ids) for r in requests[5:])
+    assert_exact(result, requests, weights)
+
+
+def test_preemption_takes_the_latest_admitted_and_recomputes_what_it_knew():
+    # block_size 2, 4 blocks; A and B: prompt 2 and 4 decoded tokens each (3 blocks each at full length).
+    # step 0: both admitted (1 block each), prefill 2 + 2.  step 1: both decode, a block each: pool full.
+    # step 2: both decode in their blocks.  step 3: A needs a block: B, admitted last, is preempted (2 blocks
+    # freed); A decodes.  step 4: A decodes its last token; B (5 known tokens, 3 blocks) does not fit yet.
+    # step 5: A is done; B is admitted and recomputes its 4 tokens with its fifth (output 3).  step 6: B's last.
+    weights = model(4)
+    rng = np.random.default_rng(4)
+    requests = [kv.Request("A", tokens(rng, 6), 2), kv.Request("B", tokens(rng, 6), 2)]
+    result = kv.serve(requests, *weights, block_size=2, num_blocks=4, max_num_batched_tokens=10)
+    stats = result.stats
+    assert stats.prefill_tokens_per_step == (4, 0, 0, 0, 0, 5, 0)
+    assert stats.decode_tokens_per_step == (0, 2, 2, 1, 1, 0, 1)
+    assert (stats.preemptions, stats.recomputed_tokens, stats.peak_blocks) == (1, 4, 4)
+    assert_exact(result, requests, weights)  # every output row, also those from before the preemption
+
+
+def test_a_pool_too_small_for_everyone_preempts_and_stays_exact():
+    weights = model(5)
+    rng = np.random.default_rng(5)
+    requests = [kv.Request(i, tokens(rng, 24), 8, arrival_step=i // 3) for i in range(6)]
+    result = kv.serve(requests, *weights, block_size=4, num_blocks=8, max_num_batched_tokens=16)
+    stats = result.stats
+    assert stats.preemptions > 0 and stats.recomputed_tokens > 0 and stats.peak_blocks <= 8
+    assert stats.prefill_tokens + stats.decode_tokens == 6 * 24 + stats.recomputed_tokens
+    assert_exact(result, requests, weights)
+
+
+def test_shared_prefixes_hit_the_cache_with_caching_and_give_the_same_outputs():
+    # block_size 4, a system prompt of 8 tokens (2 blocks). A: system + 3 own tokens, prompt 11, at step 0;
+    # B: system + 2, prompt 10, at step 1. With caching, B starts from A's 2 cached blocks: 8 hit tokens,
+    # and B computes only its positions 8 and 9 at step 1.
+    weights = model(6)
+    rng = np.random.default_rng(6)
+    system = tokens(rng, 8)
+    requests = [kv.Request("A", system + tokens(rng, 5), 11), kv.Request("B", system + tokens(rng, 4), 10, 1)]
+    plain = kv.serve(requests, *weights, block_size=4, num_blocks=20, max_num_batched_tokens=32)
+    cached = kv.serve(requests, *weights, block_size=4, num_blocks=20, max_num_batched_tokens=32,
+                      enable_prefix_caching=True)
+    assert plain.stats.prefix_hit_tokens == 0 and cached.stats.prefix_hit_tokens == 8
+    assert plain.stats.prefill_tokens_per_step[:2] == (11, 10) and cached.stats.prefill_tokens_per_step[:2] == (11, 2)
+    assert cached.stats.peak_blocks == plain.stats.peak_blocks - 2  # the system prompt's blocks held once
+    assert_exact(plain, requests, weights)
+    assert_exact(cached, requests, weights)
+    for r in requests:
+        np.testing.assert_allclose(cached.outputs[r.request_id], plain.outputs[r.request_id], **TOL)
+
+
+def test_blocks_are_named_by_their_whole_prefix_not_their_own_tokens():
+    # B's second block holds A's second block's tokens, after another first block: no hit.
+    weights = model(7)
+    rng = np.random.default_rng(7)
+    first_a, first_b, second = tokens(rng, 4), tokens(rng, 4), tokens(rng, 4)
+    requests = [kv.Request("A", first_a + second + [1], 9), kv.Request("B", first_b + second + [1], 9, 5)]
+    result = kv.serve(requests, *weights, block_size=4, num_blocks=20, max_num_batched_tokens=32,
+                      enable_prefix_caching=True)
+    assert result.stats.prefix_hit_tokens == 0
+    assert_exact(result, requests, weights)
+
+
+@pytest.mark.parametrize("prompt_len, hits", [(8, 4), (9, 8)])
+def test_a_fully_cached_prompt_still_computes_its_last_token(prompt_len, hits):
+    # The same tokens again, after the first request is done and freed (its blocks stay cached). The hit is
+    # limited to the full blocks of the prompt but its last token: with 8 = 2 blocks, the last block (4 tokens)
+    # is computed again; with 9, the 2 blocks are hit and only the ninth token is computed.
+    weights = model(8)
+    ids = np.random.default_rng(8).integers(0, V, prompt_len + 2).tolist()
+    requests = [kv.Request("first", ids, prompt_len), kv.Request("again", ids, prompt_len, arrival_step=20)]
+    result = kv.serve(requests, *weights, block_size=4, num_blocks=10, max_num_batched_tokens=64,
+                      enable_prefix_caching=True)
+    assert result.stats.prefix_hit_tokens == hits
+    assert result.stats.prefill_tokens == prompt_len + prompt_len - hits
+    assert_exact(result, requests, weights)
+    np.testing.assert_allclose(result.outputs["again"], result.outputs["first"], **TOL)
+
+
+def test_max_num_seqs_bounds_the_running_requests():
+    weights = model(9)
+    rng = np.random.default_rng(9)
+    requests = [kv.Request(i, tokens(rng, 7), 3) for i in range(4)]
+    result = kv.serve(requests, *weights, block_size=4, num_blocks=20, max_num_batched_tokens=100, max_num_seqs=1)
+    # One request at a time: its prompt in a step, then 4 decoded tokens, one per step.
+    assert result.stats.prefill_tokens_per_step == (3, 0, 0, 0, 0) * 4
+    assert result.stats.decode_tokens_per_step == (0, 1, 1, 1, 1) * 4
+    assert_exact(result, requests, weights)
+
+
+def test_float32_in_float32_out_and_inputs_unchanged():
+    embedding, *ws = model(10)
+    e32, w32 = embedding.astype(np.float32), [w.astype(np.float32) for w in ws]
+    for a in (e32, *w32):
+        a.flags.writeable = False
+    ids = np.random.default_rng(10).integers(0, V, 12)
+    ids.flags.writeable = False
+    request = kv.Request("a", ids, 5)
+    result = kv.serve([request], e32, *w32, block_size=4, num_blocks=3, max_num_batched_tokens=3)
+    out = result.outputs["a"]
+    assert out.dtype == np.float32 and out.shape == (8, D_V)
+    np.testing.assert_allclose(out, serve_reference(ids, 5, e32, *w32), rtol=1e-4, atol=1e-5)
+    mixed = kv.serve([request], embedding, *w32, block_size=4, num_blocks=3, max_num_batched_tokens=3)
+    assert mixed.outputs["a"].dtype == np.float64
+
+
+def test_no_requests_serve_nothing():
+    result = kv.serve([], *model(), num_blocks=0, max_num_batched_tokens=1)
+    assert result.outputs == {} and result.stats.steps == 0 and result.stats.prefill_tokens_per_step == ()
+
+
+def bad_requests():
+    good = [1, 2, 3, 4]
+    return [
+        ([kv.Request("a", good, 0)], ValueError, r"request 'a' \(requests\[0\]\): prompt_len must be >= 1, got 0"),
+        ([kv.Request("a", good, 5)], ValueError, r"request 'a' \(requests\[0\]\): prompt_len must be in \[1, len"),
+        ([kv.Request("a", good, 2), kv.Request("b", [1, V], 1)], ValueError,
+         rf"request 'b' \(requests\[1\]\): token_ids\[1\] = {V} is not a row of the embedding: "
+         rf"ids must be in \[0, V={V}\)"),
+        ([kv.Request("a", [-1, 2], 1)], ValueError, r"request 'a' .*token_ids\[0\] = -1"),
+        ([kv.Request("a", good, 2), kv.Request("a", good, 2)], ValueError,
+         r"request 'a' \(requests\[1\]\) repeats the request_id of requests\[0\]"),
+        ([kv.Request("big", list(range(33)), 2)], ValueError,
+         r"request 'big' \(requests\[0\]\) can never fit the pool: "
+         r"its 33 tokens need 3 blocks of block_size=16, and num_blocks=2"),
+        ([kv.Request("a", [1.0, 2.0], 1)], TypeError, r"request 'a' \(requests\[0\]\): token_ids must be integers"),
+        ([kv.Request("a", [[1, 2]], 1)], ValueError, r"request 'a' .*must be a 1-D sequence"),
+        ([kv.Request("a", good, 1.5)], TypeError, r"request 'a' .*prompt_len must be an integer"),
+        ([kv.Request("a", good, 1, -1)], ValueError, r"request 'a' .*arrival_step must be >= 0"),
+        ([kv.Request(["a"], good, 1)], TypeError, r"requests\[0\]: request_id must be hashable"),
+        ([("a", good, 1)], TypeError, r"requests\[0\] must be a Request, got tuple"),
+        (kv.Request("a", good, 1), TypeError, "requests must be a list of Request, got Request"),
+    ]
+
+
+@pytest.mark.parametrize("requests, error, message", bad_requests())
+def test_bad_requests_are_refused_before_anything_runs(requests, error, message, monkeypatch):
+    monkeypatch.setattr("kv_attention.scheduler._Scheduler", None)  # nothing may run
+    with pytest.raises(error, match=message):
+        kv.serve(requests, *model(), num_blocks=2, max_num_batched_tokens=8)
+
+
+@pytest.mark.parametrize(
+    "options, error, message",
+    [
+        ({"max_num_batched_tokens": 0}, ValueError, "max_num_batched_tokens must be >= 1, got 0"),
+        ({"max_num_batched_tokens": -3}, ValueError, "max_num_batched_tokens must be >= 1"),
+        ({"max_num_seqs": 0}, ValueError, "max_num_seqs must be >= 1"),
+        ({"block_size": 0}, ValueError, "block_size must be >= 1"),
+        ({"num_blocks": -1}, ValueError, "num_blocks must be >= 0"),
+        ({"num_blocks": 2.0}, TypeError, "num_blocks must be an integer"),
+        ({"enable_prefix_caching": "yes"}, TypeError, "enable_prefix_caching must be True or False"),
+    ],
+)
+def test_bad_options_are_refused(options, error, message):
+    kwargs = {"num_blocks": 4, "max_num_batched_tokens": 8, **options}
+    with pytest.raises(error, match=message):
+        kv.serve([kv.Request("a", [1, 2, 3], 2)], *model(), **kwargs)
+
+
+def test_bad_arrays_are_refused():
+    embedding, w_q, w_k, w_v = model()
+    request = [kv.Request("a", [1, 2, 3], 2)]
+    options = {"num_blocks": 4, "max_num_batched_tokens": 8}
+    with pytest.raises(ValueError, match=r"embedding must be \[V, D_model\], got shape \(40,\)"):
+        kv.serve(request, embedding[:, 0], w_q, w_k, w_v, **options)
+    with pytest.raises(ValueError, match=r"w_k has 3 rows but embedding has D_model=4"):
+        kv.serve(request, embedding, w_q, w_k[:3], w_v, **options)
+    bad = embedding.copy()
+    bad[7, 0] = np.nan
+    with pytest.raises(ValueError, match="embedding contains NaN or inf"):
+        kv.serve(request, bad, w_q, w_k, w_v, **options)
+    with pytest.raises(TypeError, match="embedding must be a float32 or float64 array"):
+        kv.serve(request, embedding.astype(np.int64), w_q, w_k, w_v, **options)
+    with pytest.raises(ValueError, match="too large for float32"):
+        kv.serve(request, *(a.astype(np.float32) * np.float32(1e15) for a in (embedding, w_q, w_k, w_v)), **options)
+
+
+# --- properties (hypothesis): random workloads against each request's own reference ---------------------
+
+
+@st.composite
+def workloads(draw):
+    """(requests, weights, options): 1-6 requests sharing parts of one prefix, random arrivals, pools and budgets."""
+    vocab = draw(st.integers(2, 6))  # few ids: prefixes repeat, blocks are shared
+    d_model, d_k, d_v = (draw(st.integers(1, 4)) for _ in range(3))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    weights = (rng.standard_normal((vocab, d_model)) * draw(st.floats(0.1, 3.0)),
+               *(rng.standard_normal((d_model, d)) / np.sqrt(d_model) for d in (d_k, d_k, d_v)))
+    shared = rng.integers(0, vocab, draw(st.integers(0, 10))).tolist()
+    requests = []
+    for i in range(draw(st.integers(1, 6))):
+        ids = shared[: draw(st.integers(0, len(shared)))] + rng.integers(0, vocab, draw(st.integers(0, 8))).tolist()
+        ids = ids or [0]
+        requests.append(kv.Request(i, ids, draw(st.integers(1, len(ids))), draw(st.integers(0, 6))))
+    block_size = draw(st.integers(1, 4))
+    least = max(math.ceil(len(r.token_ids) / block_size) for r in requests)  # each request must fit alone
+    ample = sum(math.ceil(len(r.token_ids) / block_size) for r in requests)
+    options = {
+        "block_size": block_size,
+        "num_blocks": draw(st.integers(least, max(least, ample))),
+        "max_num_batched_tokens": draw(st.integers(1, 12)),
+        "max_num_seqs": draw(st.none() | st.integers(1, 4)),
+        "enable_prefix_caching": draw(st.booleans()),
+    }
+    return requests, weights, options, ample
+
+
+@settings(max_examples=120, deadline=None)
+@given(workload=workloads())
+def test_every_request_equals_its_own_reference_and_the_counts_add_up(workload):
+    requests, weights, options, ample = workload
+    result = kv.serve(requests, *weights, **options)
+    for r in requests:
+        np.testing.assert_allclose(result.outputs[r.request_id], serve_reference(r.token_ids, r.prompt_len, *weights),
+                                   **TOL)
+    stats, total = result.stats, sum(len(r.token_ids) for r in requests)
+    per_step = [p + d for p, d in zip(stats.prefill_tokens_per_step, stats.decode_tokens_per_step)]
+    assert len(per_step) == stats.steps and all(1 <= n <= options["max_num_batched_tokens"] for n in per_step)
+    assert stats.peak_blocks <= options["num_blocks"]
+    assert stats.decode_tokens <= sum(len(r.token_ids) - r.prompt_len for r in requests)
+    computed = stats.prefill_tokens + stats.decode_tokens
+    if not options["enable_prefix_caching"]:
+        assert stats.prefix_hit_tokens == 0 and computed == total + stats.recomputed_tokens
+    assert computed >= total - stats.prefix_hit_tokens
+    if options["num_blocks"] >= ample:  # every request at full length fits at once: nobody is preempted
+        assert stats.preemptions == 0
+    if stats.preemptions == 0:
+        assert stats.recomputed_tokens == 0 and computed == total - stats.prefix_hit_tokens

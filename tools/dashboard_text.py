@@ -1,0 +1,170 @@
+"""The published dashboard shows text from the repository and the result files as text, never as markup.
+
+asv 0.6.6's pages build parts of themselves by pasting strings into HTML:
+tag names (``graphdisplay.js``, the labels over the graph), benchmark names,
+their code and parameter names (the benchmark tree, the summary grid, the
+tooltips, the panel headings) and the machine details (their tooltips). A git
+tag such as ``<img/src="x"/onerror="alert(document.domain)">`` then runs
+script in the browser of everyone who opens the dashboard. :func:`neutralise`
+rewrites each of those places in a published ``html_dir`` so that it inserts
+text (``.text()``, ``.attr()``, an HTML escape, tooltips without ``html``),
+and adds a Content-Security-Policy to ``index.html`` that allows no inline
+script but asv's own load-failure handler, as a second wall should a place be
+missed. The data (``index.json``, the graphs) is left as asv wrote it, so names
+and file paths still match.
+
+Each rewrite must find its original exactly once: a different asv (setup.cfg
+pins 0.6.6) raises :class:`UnsafeDashboard`, and the caller must not serve
+that dashboard. ``tools/dev.py publish`` runs this after every ``asv publish``.
+"""
+
+import base64
+import hashlib
+import re
+from pathlib import Path
+
+ESCAPE = ("function kv_escape_html(text) {  /* tools/dashboard_text.py: text, never markup */\n"
+          "    return String(text).replace(/[&<>\"']/g, function (c) {\n"
+          "        return {'&': '&amp;', '<': '&lt;', '>': '&gt;', '\"': '&quot;', \"'\": '&#39;'}[c];\n"
+          "    });\n"
+          "}\n")
+STRICT = "'use strict';\n"
+
+# file -> [(asv 0.6.6's code, the code that inserts text instead)]
+REWRITES = {
+    "graphdisplay.js": [
+        (STRICT, STRICT + ESCAPE),
+        # the benchmark tree: a group name of a benchmark's dotted name
+        ("""'<label class="nav-header"><b class="caret-right"/> ' + parts[j] +""",
+         """'<label class="nav-header"><b class="caret-right"/> ' + kv_escape_html(parts[j]) +"""),
+        # the benchmark tree: its link, and its code as a tooltip
+        ("""var top = $('<li><a href="#' + bm_name + '">' + name + '</li>');""",
+         """var top = $('<li/>').append($('<a/>').attr('href', '#' + bm_name).text(name));"""),
+        ("""                title: bm.code,
+                html: true,""",
+         """                title: bm.code,
+                html: false,"""),
+        # a point's tooltip: value, unit (the benchmark's) and commit
+        ("""                    title: contents,
+                    html: true,""",
+         """                    title: contents,
+                    html: false,"""),
+        # the machine tooltip: every field of machine.json
+        ("""                details.push(key + ': ' + val);""",
+         """                details.push(kv_escape_html(key) + ': ' + kv_escape_html(val));"""),
+        # the tag labels over the graph: git tag names
+        ("""font-size:smaller;'>" + tag + "</div>");""",
+         """font-size:smaller;'>" + kv_escape_html(tag) + "</div>");"""),
+    ],
+    "summarygrid.js": [
+        (STRICT, STRICT + ESCAPE),
+        ("""        var container = $(
+            '<a class="btn benchmark-container" href="#' + bm.name +
+            '"/>');
+        var plot_div = $(
+            '<div id="summarygrid-' + bm.name + '" class="benchmark-plot"/>');""",
+         """        var container = $('<a class="btn benchmark-container"/>').attr('href', '#' + bm.name);
+        var plot_div = $('<div class="benchmark-plot"/>').attr('id', 'summarygrid-' + bm.name);"""),
+        ("""        var name = $('<div class="benchmark-text">' + display_name + '</div>');
+        name.tooltip({
+            title: bm.name,
+            html: true,""",
+         """        var name = $('<div class="benchmark-text"/>').text(display_name);
+        name.tooltip({
+            title: bm.name,
+            html: false,"""),
+        ("""            title: bm.code,
+            html: true,""",
+         """            title: bm.code,
+            html: false,"""),
+        ("""group_container.append($('<h1>' + group + '</h1>'));""",
+         """group_container.append($('<h1/>').text(group));"""),
+    ],
+    "summarylist.js": [
+        (STRICT, STRICT + ESCAPE),
+        ("""                details.push(key + ': ' + val);""",
+         """                details.push(kv_escape_html(key) + ': ' + kv_escape_html(val));"""),
+    ],
+    "asv_ui.js": [
+        # a panel's heading: a parameter name of a benchmark or of the machine
+        ("""        var panel_header = $(
+            '<div class="panel-heading">' + heading + '</div>');""",
+         """        var panel_header = $('<div class="panel-heading"/>').text(heading);"""),
+    ],
+}
+# the one inline script and the one inline handler of asv 0.6.6's index.html
+INLINE_SCRIPT = re.compile(r"<script type=\"text/javascript\">(.*?)</script>", re.S)
+INLINE_HANDLER = "js_load_failure()"
+SCRIPT_SOURCES = re.compile(r'<(?:script|link)\b[^>]*?\b(?:src|href)="(https?://[^/"]+)/')
+
+
+class UnsafeDashboard(Exception):
+    """The published pages are not the asv 0.6.6 pages this module knows how to make safe."""
+
+
+def _sha256(text):
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+
+
+def policy(index_html):
+    """The Content-Security-Policy for ``index_html``: scripts from this server (and the CDNs it loads), no
+    other inline script than asv's load-failure handler, no plugins, images from this server only."""
+    hosts = " ".join(sorted(set(SCRIPT_SOURCES.findall(index_html))))
+    inline = [_sha256(m) for m in INLINE_SCRIPT.findall(index_html)] + [_sha256(INLINE_HANDLER)]
+    return "; ".join([
+        "default-src 'self'",
+        f"script-src 'self' {hosts} 'unsafe-hashes' {' '.join(inline)}".replace("  ", " "),
+        f"style-src 'self' 'unsafe-inline' {hosts}".strip(),
+        f"font-src 'self' {hosts}".strip(),
+        "img-src 'self' data:",
+        "object-src 'none'",
+        "base-uri 'none'",
+        "form-action 'none'",
+    ])
+
+
+def rewrite(name, text):
+    """``text`` of asv's ``name`` with every rewrite of :data:`REWRITES` applied; UnsafeDashboard if one is missing."""
+    for old, new in REWRITES.get(name, []):
+        if new in text and old not in text.replace(new, ""):
+            continue  # rewritten already
+        count = text.count(old)
+        if count != 1:
+            raise UnsafeDashboard(f"{name} holds {count} copies of a place this tool rewrites (expected 1: "
+                                  f"asv 0.6.6's): {old.strip()[:80]!r}")
+        text = text.replace(old, new)
+    return text
+
+
+def with_policy(index_html):
+    """``index_html`` with the :func:`policy` in a ``<meta>`` before its first script (where it applies from)."""
+    if "<script" not in index_html or index_html.index("<script") < index_html.find("<head>"):
+        raise UnsafeDashboard("index.html has no script in its <head>")
+    meta = f'<meta http-equiv="Content-Security-Policy" content="{policy(index_html)}">\n    '
+    return index_html.replace("<script", meta + "<script", 1)
+
+
+def neutralise(html_dir):
+    """Make the dashboard in ``html_dir`` (as ``asv publish`` wrote it) insert repository text as text.
+
+    Every file is rewritten in memory first; nothing is written unless every
+    rewrite applies; a page rewritten already is left as it is. Call it after
+    :func:`tools.dashboard.vendor`: the policy allows the script hosts
+    ``index.html`` loads when it is called (none once vendored). Returns the
+    number of places made safe.
+
+    Raises:
+        UnsafeDashboard: a page is not asv 0.6.6's (html_dir is then unchanged).
+    """
+    html_dir = Path(html_dir)
+    files = {name: html_dir / name for name in [*REWRITES, "index.html"]}
+    missing = [name for name, path in files.items() if not path.is_file()]
+    if missing:
+        raise UnsafeDashboard(f"{html_dir} lacks {', '.join(missing)}: run asv publish first")
+    new = {name: rewrite(name, path.read_text(encoding="utf-8")) for name, path in files.items() if name in REWRITES}
+    index = files["index.html"].read_text(encoding="utf-8")
+    if "Content-Security-Policy" not in index:
+        new["index.html"] = with_policy(index)
+    for name, text in new.items():
+        files[name].write_text(text, encoding="utf-8")
+    return len([change for name in REWRITES for change in REWRITES[name]])

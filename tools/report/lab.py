@@ -1,0 +1,48 @@
+"""The lab's own published figures, for the plots to draw beside this machine's (``report plots --lab``).
+
+Source: the lab this project grew from, "Phase 2 Lab: Causal Attention, KV Cache
+与 Batched Decode" (``attention-kv-caceh``), its README's results tables
+("结果": "KV Cache 策略" and "两个 Sequence：顺序执行与 Batched 执行"), copied
+here as published. Its machine: AMD Ryzen 7 9700X (8 cores / 16 threads),
+CPython 3.14.7, NumPy 2.5.2, OpenBLAS 0.3.34 pinned to one thread; float64, a
+single head, d_model = d_k = d_v = 64, seed 42; 3 warm-up runs, then the median
+of 30. The same problem as this suite's, on another machine and software, so
+compare shapes and ratios, not absolute times. The lab published nothing for
+the batch-size sweep, heads or ragged batches.
+"""
+
+SOURCE = ('the lab\'s README, "Phase 2 Lab: Causal Attention, KV Cache 与 Batched Decode": '
+          "AMD Ryzen 7 9700X, CPython 3.14.7, NumPy 2.5.2, OpenBLAS 0.3.34 one thread, median of 30")
+LABEL = "lab (Ryzen 7 9700X, published)"
+
+# T -> median ms of the whole decode of one sequence, per strategy (its "KV Cache 策略" table).
+CACHE_MS = {
+    16: {"no_cache": 0.271, "concat": 0.194, "preallocated": 0.180},
+    32: {"no_cache": 0.567, "concat": 0.307, "preallocated": 0.282},
+    64: {"no_cache": 1.740, "concat": 0.648, "preallocated": 0.577},
+    128: {"no_cache": 7.765, "concat": 1.366, "preallocated": 1.174},
+    256: {"no_cache": 40.592, "concat": 3.083, "preallocated": 2.509},
+}
+# T -> median ms of the whole decode of B = 2 sequences (its "顺序执行与 Batched 执行" table).
+BATCH_MS = {
+    16: {"sequential": 0.303, "batched": 0.180},
+    32: {"sequential": 0.618, "batched": 0.374},
+    64: {"sequential": 1.274, "batched": 0.791},
+    128: {"sequential": 2.688, "batched": 1.793},
+    256: {"sequential": 6.109, "batched": 4.540},
+}
+
+
+def cache_seconds(strategy):
+    """``(T list, seconds list)`` of the lab's cache experiment for ``strategy``."""
+    return list(CACHE_MS), [CACHE_MS[t][strategy] / 1e3 for t in CACHE_MS]
+
+
+def batch_seconds(strategy):
+    """``(T list, seconds list)`` of the lab's batch experiment for ``strategy``."""
+    return list(BATCH_MS), [BATCH_MS[t][strategy] / 1e3 for t in BATCH_MS]
+
+
+def ratio(table, numerator, denominator):
+    """``(T list, ratios)``: ``numerator / denominator`` per T of ``table`` (CACHE_MS or BATCH_MS)."""
+    return list(table), [table[t][numerator] / table[t][denominator] for t in table]
