@@ -250,7 +250,7 @@ def test_a_regression_says_how_to_measure_head_again(project, capsys):
 
 
 def test_a_2_percent_count_rise_is_work_changed_at_its_strategy_only(project, capsys):
-    """2 % more instructions for concat: flagged at the count factor 1.01, named as work, nothing else flagged."""
+    """2 % more instructions for concat: flagged at the count factor 1.005, named as work, nothing else flagged."""
     project.write(project.base)
     project.write(project.head, counts={"'concat'": 1.02})
     code, out = gate(project, capsys)
@@ -262,7 +262,7 @@ def test_a_2_percent_count_rise_is_work_changed_at_its_strategy_only(project, ca
 
 def test_a_count_within_the_count_factor_exits_0(project, capsys):
     project.write(project.base)
-    project.write(project.head, counts={"'concat'": 1.005, "'preallocated'": 0.995})
+    project.write(project.head, counts={"'concat'": 1.004, "'preallocated'": 0.99})
     code, out = gate(project, capsys)
     assert code == 0 and "REGRESSION" not in out
 
@@ -272,6 +272,8 @@ def test_the_count_factor_is_an_option(project, capsys):
     project.write(project.head, counts={"'concat'": 1.02})
     assert gate(project, capsys, "--count-factor", "1.05")[0] == 0
     assert gate(project, capsys, "--count-factor", "1.015")[0] == 1
+    project.write(project.head, counts={"'concat'": 1.007})
+    assert gate(project, capsys)[0] == 1 and gate(project, capsys, "--count-factor", "1.01")[0] == 0
 
 
 def test_a_slower_timing_whose_work_moved_is_work_changed(project, capsys):
@@ -315,7 +317,7 @@ def test_a_failed_count_point_exits_2(project, capsys):
 
 
 def test_the_count_factor_is_a_named_constant_tighter_than_the_timing_factor():
-    assert 1 < gate_command.COUNT_FACTOR <= 1.01 < gate_command.DEFAULT_FACTOR
+    assert 1 < gate_command.COUNT_FACTOR <= 1.01 < gate_command.DEFAULT_FACTOR  # the issue: 1.01 or tighter
     assert gate_command.COUNT_BENCHMARKS == ("track_instructions", "track_estimated_cycles")
 
 

@@ -32,9 +32,10 @@ DEFAULT_FACTOR = 1.10
 PEAKMEM_FACTOR = 1.25
 ERROR_EXIT = 2  # a usage or user error; 1 means a regression
 # Instruction counts and estimated cycles (callgrind, benchmarks/counts.py): their own channel and factor. The largest
-# A/A deviation of any count was 0.0x % (docs/benchmarking.md, "Measured noise"), far inside 1 %.
+# A/A deviation was 0.031 % for an instruction count and 0.071 % for an estimated cycle count (docs/benchmarking.md,
+# "Measured noise"): 1.005 leaves seven times that, and flags 1 % more work with room to spare.
 COUNT_BENCHMARKS = ("track_instructions", "track_estimated_cycles")
-COUNT_FACTOR = 1.01
+COUNT_FACTOR = 1.005
 LENGTH_PARAMS = ("T",)  # a count point stands for its strategy's work at every length
 WORK_CHANGED = "work changed"
 TIME_ONLY = "time changed, work did not"
