@@ -205,6 +205,8 @@ def count_points(clone, strategy, bench):
 
     The shape of each point's timed input comes from the suite's own ``prepare``.
     """
+    from threadpoolctl import threadpool_limits
+
     (rows,), names = clone.rows([clone.base], bench)
     instructions = {}
     for (label, _), params in point_params(rows, names).items():
@@ -215,7 +217,8 @@ def count_points(clone, strategy, bench):
             continue
         module, cls = label.split("(")[0].split(".")[:2]
         counted = getattr(importlib.import_module(f"benchmarks.{module}"), cls)()
-        _, inputs = counted.prepare(*(ast.literal_eval(v) for v in params.values()))
+        with threadpool_limits(1):  # the correctness check in prepare verifies the benchmarks' one-thread pin
+            _, inputs = counted.prepare(*(ast.literal_eval(v) for v in params.values()))
         instructions[tuple(inputs[0].shape[:-1])] = value
     return instructions
 
