@@ -15,8 +15,8 @@ class HeadsDecode:
 
     params = [list(KINDS), HEADS_LENGTHS, HEADS_PATHS]
     param_names = ["kind", "T", "path"]
-    rounds = 2  # two interleaved processes per point: repeat_kv's large per-step copies vary between processes
-    repeat = (2, 5, 0.5)  # 2 to 5 samples per round: a T = 1024 decode takes 0.1-0.7 s; HeadsCounts detects finely
+    rounds = 1  # one process per point: its correctness check (an oracle per head) costs more than a sample
+    repeat = (2, 4, 0.3)  # 2 to 4 samples: a T = 1024 decode takes 0.1-0.7 s; HeadsCounts detects finely
     timeout = 300
 
     def setup(self, kind, T, path):
