@@ -64,7 +64,7 @@ def library_history(repo, count):
 def test_the_sample_is_bounded_and_keeps_main_the_newest_and_the_first_commit(repo):
     history = library_history(repo, 60)  # 61 commits that can change a result
     sample = bench.select_commits(whole_history=False, bound=8)
-    assert len(sample) == 8 and len(set(sample)) == 8
+    assert bench.NEWEST + 2 < len(sample) <= 8 and len(set(sample)) == len(sample)
     assert sample[:bench.NEWEST] == history[:bench.NEWEST]  # main, main~1 and the next newest, in order
     assert history[-1] in sample  # the first buildable commit: the spread reaches the whole history
     assert sample == [c for c in history if c in sample]  # newest first, as the history
@@ -111,7 +111,7 @@ def test_the_command_line_sets_the_bound(options, bound):
     assert args.commits == bound and not args.all
 
 
-@pytest.mark.parametrize("options", [["--commits", "1"], ["--commits", "x"], ["--all", "--commits", "5"]])
+@pytest.mark.parametrize("options", [["--commits", "1"], ["--commits", "x"], ["--all", "--commits", "7"]])
 def test_a_bad_bound_is_refused(options, capsys):
     from tools import dev
 
