@@ -9,6 +9,8 @@ prefill onto a cache, sliding windows and attention sinks (``chunked``,
 ``window``) are exact against the banded :func:`causal_attention`. Serving
 (``scheduler``) batches requests of token ids continuously over the paged cache,
 with forks, prefix caching and preemption (``block_allocator``, ``prefix_caching``).
+Split-KV (flash-decoding) and cascade attention (``split``) merge partial attention
+states exactly by log-sum-exp.
 
 Inputs are float32 or float64 arrays, and a computation runs in their
 ``np.result_type``. Bad input raises TypeError or ValueError naming the argument
@@ -31,6 +33,7 @@ from .paged import OutOfBlocksError, PagedKVCache
 from .problem import Problem, make_problem
 from .ragged import RAGGED_STRATEGIES, RaggedDecodeStats, ragged_decode, ragged_decode_steps
 from .scheduler import Request, ServeResult, ServeStats, serve
+from .split import attention_state, cascade_attention, merge_attention_states, split_kv_attention
 from .strategies import EXPERIMENTS, STRATEGIES, get_strategy
 from .window import SlidingWindowCache
 
@@ -64,6 +67,11 @@ __all__ = [
     "ragged_decode_steps",
     "RaggedDecodeStats",
     "RAGGED_STRATEGIES",
+    # attention states merged by log-sum-exp: split-KV (flash-decoding) and cascade attention
+    "attention_state",
+    "merge_attention_states",
+    "split_kv_attention",
+    "cascade_attention",
     # chunked prefill, sliding windows and attention sinks
     "chunked_attention",
     "SlidingWindowCache",

@@ -685,3 +685,180 @@ def _check_request(name, request, vocab_size, block_size, num_blocks):
             f"block_size={block_size}, and num_blocks={num_blocks}"
         )
     return request.request_id, tokens, prompt_len, arrival_step
+
+
+# Attention states, split-KV and cascade attention (split.py)
+
+
+def as_num_splits(num_splits):
+    """``num_splits`` as an int >= 1; TypeError for a non-integer (bools included), ValueError below 1."""
+    return as_size("num_splits", num_splits, minimum=1)
+
+
+def as_lse(name, value):
+    """``value`` as a float32/float64 ndarray of log-sum-exps: each finite, or -inf for a state with no keys.
+
+    TypeError for another dtype or a masked array; ValueError for NaN or +inf.
+    """
+    if isinstance(value, np.ma.MaskedArray):
+        raise TypeError(f"{name} is a masked array; pass a plain ndarray")
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"{name} is not a rectangular array: {error}") from None
+    if array.dtype.kind == "f" and not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    if array.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{name} must be a float32 or float64 array, got dtype {array.dtype}")
+    if np.isnan(array).any() or np.isposinf(array).any():
+        raise ValueError(
+            f"{name} contains NaN or +inf: an lse is finite, or -inf for a state with no keys "
+            "(FlashAttention before its PR #978 wrote +inf there; pass -inf)"
+        )
+    return array
+
+
+def check_scores_fit(dtype, q, *keys):
+    """Raise ValueError if a score q·k, or any partial sum of it, could overflow ``dtype``.
+
+    Cauchy–Schwarz bounds every partial sum by |q|·|k|, the largest norms over the
+    last axis of ``q: [..., D_k]`` and of the ``keys`` arrays ``[..., D_k]``, as in
+    :func:`check_score_range`.
+    """
+    limit = float(np.finfo(dtype).max) / 4  # margin for rounding
+    with np.errstate(over="ignore", invalid="ignore"):
+        k_sq = max((_max_square_norm(k) for k in keys), default=0.0)
+        bound = math.sqrt(_max_square_norm(q)) * math.sqrt(k_sq)
+    if bound > limit:
+        raise ValueError(
+            f"q and k are too large for {np.dtype(dtype)}: q·k could overflow "
+            f"(|q|·|k| up to {bound:.3g}); rescale q or k"
+        )
+
+
+def check_attention_inputs(q, k, v):
+    """Validate ``q: [..., T_q, D_k]``, ``k: [..., S, D_k]``, ``v: [..., S, D_v]`` (the same leading axes).
+
+    Returns ``(q, k, v, dtype)``, each in ``dtype = np.result_type(q, k, v)``.
+    ValueError also for D_k = 0.
+    """
+    q, k, v = as_float_array("q", q), as_float_array("k", k), as_float_array("v", v)
+    shapes = f"q {q.shape}, k {k.shape}, v {v.shape}"
+    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim or not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
+        raise ValueError(
+            f"q, k and v must be [..., T_q, D_k], [..., S, D_k] and [..., S, D_v] "
+            f"with the same leading axes, got {shapes}"
+        )
+    if k.shape[-1] != q.shape[-1] or v.shape[-2] != k.shape[-2]:
+        raise ValueError(f"q and k must share D_k, and k and v the S axis: {shapes}")
+    if q.shape[-1] == 0:
+        raise ValueError(f"D_k must be at least 1: {shapes}")
+    dtype = np.result_type(q, k, v)
+    check_scores_fit(dtype, q, k)
+    return q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False), dtype
+
+
+def check_attention_states(states):
+    """Validate ``states``, a non-empty sequence of ``(out, lse)`` pairs of one shape.
+
+    ``out: [..., T_q, D_v]`` finite, ``lse: [..., T_q]`` finite or -inf. Returns
+    ``(outs, lses, dtype)``: two lists of arrays in ``dtype = np.result_type`` of them all.
+    """
+    if isinstance(states, (str, bytes, np.ndarray)) or not hasattr(states, "__iter__"):
+        raise TypeError(f"states must be a sequence of (out, lse) pairs, got {type(states).__name__}")
+    states = list(states)
+    if not states:
+        raise ValueError("states must hold at least one (out, lse) pair")
+    outs, lses = [], []
+    for i, state in enumerate(states):
+        if not isinstance(state, (tuple, list)) or len(state) != 2:
+            raise TypeError(f"states[{i}] must be an (out, lse) pair, got {type(state).__name__}")
+        out, lse = as_float_array(f"states[{i}] out", state[0]), as_lse(f"states[{i}] lse", state[1])
+        if out.ndim < 2 or lse.shape != out.shape[:-1]:
+            raise ValueError(
+                f"states[{i}] must be out [..., T_q, D_v] and lse [..., T_q], got out {out.shape}, lse {lse.shape}"
+            )
+        if outs and out.shape != outs[0].shape:
+            raise ValueError(
+                f"every state must have the shape of states[0]: out {outs[0].shape}, states[{i}] out {out.shape}"
+            )
+        outs.append(out)
+        lses.append(lse)
+    dtype = np.result_type(*outs, *lses)
+    return [o.astype(dtype, copy=False) for o in outs], [s.astype(dtype, copy=False) for s in lses], dtype
+
+
+def _padded(arrays, s_max, width):
+    """B arrays ``[S_i, width]`` as one ``[B, s_max, width]`` array, zero past each S_i."""
+    padded = np.zeros((len(arrays), s_max, width), np.result_type(*arrays) if arrays else np.float64)
+    for b, a in enumerate(arrays):
+        padded[b, : len(a)] = a
+    return padded
+
+
+def _as_suffixes(k_suffix, v_suffix, suffix_lengths, d_k, d_v):
+    """The suffixes padded, ``[B, S_max, D_k]`` and ``[B, S_max, D_v]``, and their lengths ``[B]`` (None: all S_max).
+
+    Lists of B arrays ``[S_i, D]`` are padded with zeros; arrays ``[B, S_max, D]``
+    come with ``suffix_lengths`` (default: every suffix S_max long).
+    """
+    if isinstance(k_suffix, (list, tuple)) and isinstance(v_suffix, (list, tuple)):
+        if suffix_lengths is not None:
+            raise ValueError("suffix_lengths is for padded suffixes [B, S_max, D]; lists of suffixes carry their own")
+        ks = [as_float_array(f"k_suffix[{i}]", k) for i, k in enumerate(k_suffix)]
+        vs = [as_float_array(f"v_suffix[{i}]", v) for i, v in enumerate(v_suffix)]
+        if len(ks) != len(vs):
+            raise ValueError(f"k_suffix has {len(ks)} suffixes but v_suffix has {len(vs)}")
+        for i, (k, v) in enumerate(zip(ks, vs)):
+            if k.ndim != 2 or v.ndim != 2 or len(k) != len(v) or k.shape[1] != d_k or v.shape[1] != d_v:
+                raise ValueError(
+                    f"k_suffix[{i}] and v_suffix[{i}] must be [S_i, D_k={d_k}] and [S_i, D_v={d_v}], "
+                    f"got {k.shape} and {v.shape}"
+                )
+        lengths = np.array([len(k) for k in ks], dtype=np.int64)
+        s_max = int(lengths.max(initial=0))
+        full = bool((lengths == s_max).all())
+        return _padded(ks, s_max, d_k), _padded(vs, s_max, d_v), None if full else lengths
+    if not isinstance(k_suffix, np.ndarray) or not isinstance(v_suffix, np.ndarray):
+        raise TypeError(
+            "k_suffix and v_suffix must both be lists of B arrays [S_i, D] or both arrays [B, S_max, D], "
+            f"got {type(k_suffix).__name__} and {type(v_suffix).__name__}"
+        )
+    k_suffix, v_suffix = as_float_array("k_suffix", k_suffix), as_float_array("v_suffix", v_suffix)
+    if (k_suffix.ndim != 3 or v_suffix.ndim != 3 or k_suffix.shape[:2] != v_suffix.shape[:2]
+            or k_suffix.shape[2] != d_k or v_suffix.shape[2] != d_v):
+        raise ValueError(
+            f"k_suffix and v_suffix must be [B, S_max, D_k={d_k}] and [B, S_max, D_v={d_v}] (or lists of "
+            f"B arrays [S_i, D]), got k_suffix {k_suffix.shape}, v_suffix {v_suffix.shape}"
+        )
+    if suffix_lengths is None:
+        return k_suffix, v_suffix, None
+    lengths = as_sizes_per_sequence("suffix_lengths", suffix_lengths, k_suffix.shape[0])
+    if lengths.size and lengths.max() > k_suffix.shape[1]:
+        raise ValueError(f"suffix_lengths must be at most S_max={k_suffix.shape[1]}, got {lengths.tolist()}")
+    return k_suffix, v_suffix, lengths
+
+
+def check_cascade_inputs(q, k_shared, v_shared, k_suffix, v_suffix, suffix_lengths):
+    """Validate cascade attention's inputs: ``q: [B, T_q, D_k]``, a shared prefix, B suffixes.
+
+    Returns ``(q, k_shared, v_shared, k_suffix, v_suffix, lengths, dtype)``: the
+    arrays in ``dtype = np.result_type`` of them all, the suffixes padded to
+    ``[B, S_max, D]``, ``lengths`` ``[B]`` int64 or None when every suffix is S_max long.
+    """
+    q = as_float_array("q", q)
+    k_shared, v_shared = as_float_array("k_shared", k_shared), as_float_array("v_shared", v_shared)
+    if q.ndim != 3 or q.shape[-1] == 0:
+        raise ValueError(f"q must be [B, T_q, D_k] with D_k >= 1, got shape {q.shape}")
+    if k_shared.ndim != 2 or v_shared.ndim != 2 or len(k_shared) != len(v_shared) or k_shared.shape[1] != q.shape[2]:
+        raise ValueError(
+            f"k_shared and v_shared must be [S_p, D_k={q.shape[2]}] and [S_p, D_v], "
+            f"got k_shared {k_shared.shape}, v_shared {v_shared.shape}"
+        )
+    k_suffix, v_suffix, lengths = _as_suffixes(k_suffix, v_suffix, suffix_lengths, q.shape[2], v_shared.shape[1])
+    if len(k_suffix) != len(q):
+        raise ValueError(f"q has B={len(q)} sequences but there are {len(k_suffix)} suffixes: q {q.shape}")
+    arrays = (q, k_shared, v_shared, k_suffix, v_suffix)
+    dtype = np.result_type(*arrays)
+    check_scores_fit(dtype, q, k_shared, k_suffix)
+    return (*(a.astype(dtype, copy=False) for a in arrays), lengths, dtype)

@@ -25,9 +25,12 @@ a K/V head: the order of the Llama reference code's ``repeat_kv`` (``expand`` th
 would be a different, wrong model.
 """
 
+import functools
+
 import numpy as np
 
 from ._validation import (
+    as_num_splits,
     check_choice,
     check_finite_output,
     check_head_cache_fits,
@@ -36,6 +39,7 @@ from ._validation import (
 )
 from .attention import _causal_attention, attend
 from .cache import StaticCache, check_is_cache, rolled_back_on_error
+from .split import _split_kv_attention
 
 PATHS = ("repeat_kv", "grouped")
 
@@ -62,23 +66,23 @@ def multi_head_attention(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads):
     return out
 
 
-def _attend_repeat_kv(q, k, v):
+def _attend_repeat_kv(q, k, v, attention=None):
     """One decode step by repeating each K/V head G times, as Llama's ``repeat_kv`` does.
 
     ``q: [..., H_kv, G, D_head]`` is the new position's queries by group, ``k, v:
     [..., H_kv, S, D_head]`` the cache's views. For G > 1 each step materialises
     ``[..., H_q, S, D_head]`` copies of K and V; for G = 1 (MHA) it uses the views,
-    as ``repeat_kv`` does for ``n_rep == 1``.
+    as ``repeat_kv`` does for ``n_rep == 1``. ``attention``: ``attend`` when None, or split-KV attention.
     """
     *lead, n_kv_heads, group, head_dim = q.shape
     if group > 1:
         k = np.repeat(k, group, axis=-3)  # [..., H_q, S, D_head], K/V head j -> query heads jG..jG+G-1
         v = np.repeat(v, group, axis=-3)  # [..., H_q, S, D_head]
     q = q.reshape((*lead, n_kv_heads * group, 1, head_dim))  # [..., H_q, 1, D_head]
-    return attend(q, k, v)  # [..., H_q, 1, D_head]
+    return (attention or attend)(q, k, v)  # [..., H_q, 1, D_head]
 
 
-def _attend_grouped(q, k, v):
+def _attend_grouped(q, k, v, attention=None):
     """One decode step on the cache's own views: the G query heads of a group are G query rows.
 
     Shapes as :func:`_attend_repeat_kv`. One ``[G, D_head] x [D_head, S]`` product
@@ -86,7 +90,7 @@ def _attend_grouped(q, k, v):
     one query position (``seqlenq_ngroups_swapped`` in ``flash_api.cpp``: q
     ``(b, 1, H_kv·G, d)`` viewed as ``(b, G, H_kv, d)``).
     """
-    return attend(q, k, v)  # scores [..., H_kv, G, S] -> [..., H_kv, G, D_head]
+    return (attention or attend)(q, k, v)  # scores [..., H_kv, G, S] -> [..., H_kv, G, D_head]
 
 
 _STEPS = {"repeat_kv": _attend_repeat_kv, "grouped": _attend_grouped}
@@ -113,7 +117,12 @@ def _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache):
     return out
 
 
-def multi_head_decode(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, path="grouped", cache=None):
+def _split_kv_step(path, num_splits):
+    """The step of ``path`` with each head's attention split over the cache: S into ``num_splits`` parts, merged."""
+    return functools.partial(_STEPS[path], attention=lambda q, k, v: _split_kv_attention(q, k, v, num_splits)[0])
+
+
+def multi_head_decode(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, path="grouped", cache=None, num_splits=None):
     """Decode token by token through a ``[B, H_kv, T_max, D_head]`` K/V cache.
 
     At step t only ``x[..., t, :]`` is projected: its H_kv keys and values go into
@@ -129,11 +138,18 @@ def multi_head_decode(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, path="group
     more positions, e.g. ``StaticCache((B, n_kv_heads), T_max, head_dim, head_dim)``;
     positions in it are attended to (a prefill). Default: a new StaticCache of
     exactly T positions.
+    ``num_splits`` (default None: not split): at every step each head attends over
+    the cache's t+1 positions as flash-decoding does, in ``num_splits`` contiguous
+    parts merged by log-sum-exp (:func:`~kv_attention.split.split_kv_attention`;
+    FlashAttention's ``flash_attn_with_kvcache(num_splits=...)``). Equal up to
+    rounding for every ``num_splits >= 1``, bit for bit at 1.
     Also raises ValueError for an unknown path or a cache that does not fit or is
-    too short, TypeError for a non-cache or one of another dtype; a failed call
-    leaves a given cache unchanged.
+    too short, TypeError for a non-cache or one of another dtype, and TypeError or
+    ValueError for a num_splits that is not an integer >= 1; a failed call leaves a
+    given cache unchanged.
     """
     check_choice("path", path, PATHS)
+    step = _STEPS[path] if num_splits is None else _split_kv_step(path, as_num_splits(num_splits))
     n_heads, n_kv_heads = check_head_counts(n_heads, n_kv_heads)
     x, w_q, w_k, w_v, w_o, head_dim, dtype = check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads)
     if cache is None:
@@ -141,4 +157,4 @@ def multi_head_decode(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, path="group
     else:
         check_is_cache(cache)
         check_head_cache_fits(cache, x, w_q, w_k, w_v, n_kv_heads, head_dim, dtype)
-    return _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, _STEPS[path], cache)
+    return _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache)

@@ -136,3 +136,45 @@ def serve_reference(token_ids, prompt_len, embedding, w_q, w_k, w_v):
     """
     x = np.asarray(embedding, dtype=np.float64)[np.asarray(token_ids, dtype=np.int64)]  # [L, D_model]
     return naive_causal_attention(x, w_q, w_k, w_v)[prompt_len - 1 :]
+
+
+# Attention states: each query row's softmax and log-sum-exp, in Python floats.
+
+def naive_attention_state(q, k, v):
+    """``(out, lse)`` of ``q: [..., T_q, D_k]`` over ``k: [..., S, D_k]``, ``v: [..., S, D_v]``, one row at a time.
+
+    Scores q·k / sqrt(D_k) as Python floats; lse = top + log(fsum(exp(s - top))) with
+    math.exp and math.log; out = the weighted sum of the value rows. A row with no key
+    (S = 0) gives zeros and -inf. float64 whatever the inputs.
+    """
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    lead, t_q, d_k = q.shape[:-2], q.shape[-2], q.shape[-1]
+    out = np.zeros(lead + (t_q, v.shape[-1]))
+    lse = np.full(lead + (t_q,), -math.inf)
+    for index in np.ndindex(*lead):
+        for t in range(t_q):
+            scores = [float(np.dot(q[index][t], key)) / math.sqrt(d_k) for key in k[index]]
+            if not scores:
+                continue
+            top = max(scores)
+            weights = [math.exp(s - top) for s in scores]
+            total = math.fsum(weights)
+            lse[index + (t,)] = top + math.log(total)
+            for weight, value in zip(weights, v[index]):
+                out[index + (t,)] += (weight / total) * value
+    return out, lse
+
+
+def naive_attention(q, k, v):
+    """The ``out`` of :func:`naive_attention_state`: ``[..., T_q, D_v]``."""
+    return naive_attention_state(q, k, v)[0]
+
+
+def attention_problem(lead, t_q, s_len, d_k=5, d_v=3, seed=0, scale=1.0, dtype=np.float64):
+    """``(q, k, v)`` drawn here: ``[*lead, T_q, D_k]``, ``[*lead, S, D_k]``, ``[*lead, S, D_v]``, q scaled by ``scale``."""
+    rng = np.random.default_rng(seed)
+    lead = tuple(lead)
+    q = rng.standard_normal(lead + (t_q, d_k)) * scale
+    k = rng.standard_normal(lead + (s_len, d_k))
+    v = rng.standard_normal(lead + (s_len, d_v))
+    return tuple(a.astype(dtype) for a in (q, k, v))

@@ -188,9 +188,14 @@ RETIRE_HINT = ("note: a vanished benchmark removed on purpose passes once it is 
 
 
 def retired():
-    """``{name: reason}`` of benchmarks deliberately removed: ``RETIRED`` in the suite's benchmarks/common.py."""
-    from benchmarks import common as suite
+    """``{name: reason}`` of benchmarks deliberately removed: ``RETIRED`` in the suite's benchmarks/common.py.
 
+    A suite without that module (a throwaway project's) has retired nothing.
+    """
+    try:
+        from benchmarks import common as suite
+    except ImportError:
+        return {}
     return dict(getattr(suite, "RETIRED", {}))
 
 
