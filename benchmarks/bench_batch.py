@@ -1,6 +1,7 @@
 """Batch experiment: B sequences decoded one after another vs together, and a batch-size sweep."""
 
 from .common import BATCH, LENGTHS, STRATEGIES, SWEEP_BATCH_SIZES, SWEEP_LENGTH, timed_inputs, verified_strategy
+from .counts import Counts
 
 
 class BatchStrategy:
@@ -8,8 +9,8 @@ class BatchStrategy:
 
     params = [LENGTHS, list(STRATEGIES["batch"])]
     param_names = ["T", "strategy"]
-    rounds = 4
-    repeat = (5, 20, 0.5)
+    rounds = 2  # as CacheStrategy: the counts (BatchCounts) carry the fine detection
+    repeat = (5, 10, 0.25)
     warmup_time = 0.05
     timeout = 120
 
@@ -33,8 +34,8 @@ class BatchSize:
 
     params = [SWEEP_BATCH_SIZES]
     param_names = ["B"]
-    rounds = 4
-    repeat = (5, 20, 0.5)
+    rounds = 2
+    repeat = (5, 10, 0.25)
     warmup_time = 0.05
     timeout = 120
 
@@ -46,3 +47,23 @@ class BatchSize:
         self.decode(*self.inputs)
 
     time_batched_decode.version = "891d42ca3c02f3595412aacc6e9a1a3996daf02aec134cf565af2c998689844b"
+
+
+class BatchCounts(Counts):
+    """Instructions and estimated cycles of the decode of B = 2 sequences ``x: [2, T, 64]``, per strategy."""
+
+    params = [[64], list(STRATEGIES["batch"])]
+    param_names = ["T", "strategy"]
+
+    def prepare(self, T, strategy):
+        return verified_strategy(strategy, T, BATCH), timed_inputs(T, BATCH)
+
+
+class BatchSizeCounts(Counts):
+    """Instructions and estimated cycles of the batched decode at T = 128 for B = 1 and 8, the ends of the sweep."""
+
+    params = [[SWEEP_BATCH_SIZES[0], SWEEP_BATCH_SIZES[-1]]]
+    param_names = ["B"]
+
+    def prepare(self, B):
+        return verified_strategy("batched", SWEEP_LENGTH, B), timed_inputs(SWEEP_LENGTH, B)

@@ -3,6 +3,7 @@
 import inspect
 
 from .common import D_K, D_V, LENGTHS, STRATEGIES, timed_inputs, verified_strategy
+from .counts import Counts
 
 
 class CacheStrategy:
@@ -10,8 +11,8 @@ class CacheStrategy:
 
     params = [LENGTHS, list(STRATEGIES["cache"])]
     param_names = ["T", "strategy"]
-    rounds = 4  # four interleaved processes per point: a slow process moves the median less
-    repeat = (5, 20, 0.5)  # 5 to 20 samples per round, within ~0.5 s: still up to 80 samples
+    rounds = 2  # two interleaved processes per point: the counts (CacheCounts) carry the fine detection
+    repeat = (5, 10, 0.25)  # 5 to 10 samples per round, within ~0.25 s: 10 to 20 samples hold the 1.10 factor
     warmup_time = 0.05
     timeout = 120
 
@@ -47,3 +48,13 @@ class CacheStrategy:
 
     track_kv_cache_bytes.unit = "bytes"
     track_kv_cache_bytes.version = "b59bea7c73594a61808a03b85d444da953a7d75d9367ab1541de0f62885b52f8"
+
+
+class CacheCounts(Counts):
+    """Instructions and estimated cycles of one full T-step decode of ``x: [T, 64]``, per strategy (callgrind)."""
+
+    params = [[16, 64], list(STRATEGIES["cache"])]
+    param_names = ["T", "strategy"]
+
+    def prepare(self, T, strategy):
+        return verified_strategy(strategy, T), timed_inputs(T)

@@ -2,6 +2,7 @@
 
 import tracemalloc
 
+from .counts import Counts
 from .heads_inputs import HEADS_LENGTHS, HEADS_PATHS, KINDS, heads_inputs, verified_cache_bytes, verified_heads_decode
 
 
@@ -14,8 +15,8 @@ class HeadsDecode:
 
     params = [list(KINDS), HEADS_LENGTHS, HEADS_PATHS]
     param_names = ["kind", "T", "path"]
-    rounds = 4  # four interleaved processes per point: repeat_kv's large per-step copies vary between processes
-    repeat = (3, 10, 1.0)  # at least 3 samples per round: a T = 1024 decode takes 0.1-0.7 s
+    rounds = 1  # one process per point: its correctness check (an oracle per head) costs more than a sample
+    repeat = (2, 4, 0.3)  # 2 to 4 samples: a T = 1024 decode takes 0.1-0.7 s; HeadsCounts detects finely
     timeout = 300
 
     def setup(self, kind, T, path):
@@ -62,3 +63,13 @@ class HeadsCacheBytes:
 
     track_kv_cache_bytes.unit = "bytes"
     track_kv_cache_bytes.version = "27f1abfbb2b66e26af51c7bdb71b8024fcfb2079bd120139db2880029d6085ac"
+
+
+class HeadsCounts(Counts):
+    """Instructions and estimated cycles of the gqa decode of ``x: [4, 64, 128]`` (8 query heads, 2 K/V), per path."""
+
+    params = [["gqa"], [64], HEADS_PATHS]
+    param_names = ["kind", "T", "path"]
+
+    def prepare(self, kind, T, path):
+        return verified_heads_decode(kind, T, path), heads_inputs(kind, T)

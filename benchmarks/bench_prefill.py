@@ -3,6 +3,7 @@
 import tracemalloc
 
 from .common import timed_inputs
+from .counts import Counts
 from .prefill_inputs import (
     BYTES_LENGTHS,
     CHUNK_SIZES,
@@ -118,3 +119,17 @@ class WindowCacheBytes:
 
     track_kv_cache_bytes.unit = "bytes"
     track_kv_cache_bytes.version = "1"
+
+
+class PrefillCounts(Counts):
+    """Instructions and estimated cycles of the chunked prefill of ``x: [512, 64]`` at chunk sizes 16 and 64.
+
+    The cheap middle of the sweep: chunk_size 1 (512 decode steps) and 512 (one
+    [512, 512] BLAS product) cost several times more under callgrind.
+    """
+
+    params = [[16, 64]]
+    param_names = ["chunk_size"]
+
+    def prepare(self, chunk_size):
+        return verified_chunked(PREFILL_LENGTH, chunk_size), timed_inputs(PREFILL_LENGTH)

@@ -1,5 +1,6 @@
 """Ragged experiment: 8 sequences of different lengths, padded vs compacted (dynamic exit) vs paged KV cache."""
 
+from .counts import Counts
 from .ragged_inputs import LENGTH_DISTRIBUTIONS, RAGGED_STRATEGIES, ragged_inputs, ragged_stats, verified_ragged_decode
 
 
@@ -8,7 +9,7 @@ class RaggedDecode:
 
     params = [RAGGED_STRATEGIES, list(LENGTH_DISTRIBUTIONS)]
     param_names = ["strategy", "lengths"]
-    repeat = (10, 40, 1.0)
+    repeat = (5, 15, 0.5)  # in asv's 2 rounds: 10 to 30 samples; RaggedCounts carries the fine detection
     timeout = 120
 
     def setup(self, strategy, lengths):
@@ -33,3 +34,13 @@ class RaggedDecode:
 
     track_row_steps.unit = "row-steps"
     track_row_steps.version = "5068cf4ee0f2d51db6946cbd8037cd176e62b52ab61f8ec1f383d22c100c44d1"
+
+
+class RaggedCounts(Counts):
+    """Instructions and estimated cycles of the decode of the 8 skewed sequences (cheapest to count), per strategy."""
+
+    params = [RAGGED_STRATEGIES, ["skewed"]]
+    param_names = ["strategy", "lengths"]
+
+    def prepare(self, strategy, lengths):
+        return verified_ragged_decode(strategy, lengths), ragged_inputs(lengths)

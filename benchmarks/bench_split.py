@@ -1,5 +1,6 @@
 """Split-KV experiment: what the log-sum-exp merge costs in a decode, and what cascade attention saves."""
 
+from .counts import Counts
 from .split_inputs import (
     CASCADE_STRATEGIES,
     NUM_SPLITS,
@@ -66,3 +67,17 @@ class CascadeAttention:
 
     track_key_bytes_read.unit = "bytes"
     track_key_bytes_read.version = "1"
+
+
+class CascadeCounts(Counts):
+    """Instructions and estimated cycles of one cascade-attention step of the 8 sequences, per strategy.
+
+    The split decode is not counted: each call extends a cache prefilled with 2032 positions,
+    so a counted call would have to make that cache again, and count it.
+    """
+
+    params = [CASCADE_STRATEGIES]
+    param_names = ["strategy"]
+
+    def prepare(self, strategy):
+        return verified_cascade(strategy)

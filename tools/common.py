@@ -75,10 +75,21 @@ def record_machine(name=None):
     print(f"machine {name!r}: {info['cpu']}, {info['num_cpu']} CPUs, {info['os']}", flush=True)
 
 
-def asv_run(commits, *options):
-    """``asv run`` over ``commits`` (a HASHFILE), skipping benchmarks already stored; asv's exit code."""
+def asv_run(commits, *options, progress=None):
+    """``asv run`` over ``commits`` (a HASHFILE), skipping benchmarks already stored; asv's exit code.
+
+    ``progress``, if given, is called with every line asv prints, after it is printed.
+    """
     hashfile = ROOT / ".asv" / "commits-to-run.txt"
     hashfile.parent.mkdir(exist_ok=True)
     hashfile.write_text("\n".join(commits) + "\n")
-    return run(*ASV, "run", f"HASHFILE:{hashfile}", "--skip-existing", "--record-samples",
-               "--machine", use_machine(), *options, check=False)
+    command = (*ASV, "run", f"HASHFILE:{hashfile}", "--skip-existing", "--record-samples",
+               "--machine", use_machine(), *options)
+    if progress is None:
+        return run(*command, check=False)
+
+    def show(line):
+        print(line, end="", flush=True)
+        progress(line)
+
+    return processes.run(command, cwd=ROOT, lines=show).returncode

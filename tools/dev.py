@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """The project's commands, for a fresh machine with Python >= 3.10, git and pip.
 
-    python3 tools/dev.py bench [--all] [--machine NAME]   the main job: benchmark the commits of main that can
-                                                  change a result, publish the dashboard
+    python3 tools/dev.py bench [--all | --commits N] [--machine NAME]
+                                                  the main job: benchmark a bounded sample of the commits of
+                                                  main that can change a result, publish the dashboard
     python3 tools/dev.py test [ARGS]              python -m pytest tests (ARGS go to pytest)
-    python3 tools/dev.py gate BASE HEAD [--factor F] [--bench REGEX]
-                                                  benchmark two commits where needed, compare, exit 0/1/2
+    python3 tools/dev.py gate BASE HEAD [--factor F] [--count-factor F] [--bench REGEX]
+                                                  benchmark two commits where needed, compare the counts
+                                                  (work) and the timings (time), exit 0/1/2
     python3 tools/dev.py bisect GOOD BAD --bench REGEX   the first commit where one point got worse (gate's rule)
     python3 tools/dev.py report {tables,compare,csv,plots} ...   the lab's tables, samples and plots
     python3 tools/dev.py publish                  the dashboard from the stored results
-    python3 tools/dev.py noise {aa,slowdown,broken} ...          drills of the gate on known changes
+    python3 tools/dev.py noise {aa,slowdown,work,broken,history} ...   drills of the gate and the main job
     python3 tools/dev.py browser-check            the dashboard in headless Chromium, offline
 
 Each command is a module of ``tools/commands/``. This file only parses the

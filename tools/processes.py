@@ -138,17 +138,26 @@ def stop(proc, signum):
     proc.wait()
 
 
-def run(command, *, cwd=None, env=None, capture_output=False, stdout=None, stderr=None, text=False):
+def run(command, *, cwd=None, env=None, capture_output=False, stdout=None, stderr=None, text=False, lines=None):
     """``subprocess.run`` in a session of its own; on :class:`Stopped` (or Ctrl-C) the child's tree is stopped.
 
-    Returns a ``subprocess.CompletedProcess``.
+    ``lines``, if given, is called with each line the command prints (stdout and
+    stderr together, as text) as it prints it. Returns a ``subprocess.CompletedProcess``.
     """
     if capture_output:
         stdout = stderr = subprocess.PIPE
+    if lines is not None:
+        stdout, stderr, text = subprocess.PIPE, subprocess.STDOUT, True
     proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=text,
                             start_new_session=True)
     try:
-        out, err = proc.communicate()
+        if lines is None:
+            out, err = proc.communicate()
+        else:
+            for line in proc.stdout:
+                lines(line)
+            out, err = None, None
+            proc.wait()
     except Stopped as stopped:
         stop(proc, stopped.signum)
         raise

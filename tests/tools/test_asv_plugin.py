@@ -15,7 +15,7 @@ from asv_runner.statistics import compute_stats
 
 from tools import asv_plugin, common, dashboard, machine, results
 from tools.commands import bisect
-from tools.commands.gate import DEFAULT_FACTOR, PEAKMEM_FACTOR, judge
+from tools.commands.gate import COUNT_FACTOR, DEFAULT_FACTOR, PEAKMEM_FACTOR, judge
 
 TIME = {"name": "bench_x.Decode.time_decode", "type": "time", "params": [["16", "256"]], "param_names": ["T"],
         "version": "1"}
@@ -136,8 +136,9 @@ KINDS = {  # a benchmark of each kind the suite has, and the factor the gate app
     "bench_environment.peakmem_reference": PEAKMEM_FACTOR,
     "bench_work.CacheWork.track_allocated_bytes(256, 'concat')": DEFAULT_FACTOR,
     "bench_cache.CacheStrategy.track_kv_cache_bytes(256, 'concat')": DEFAULT_FACTOR,
-    # issue 11's instruction counts: the gate will judge them by their own factor; until then DEFAULT_FACTOR
-    "bench_cache.CacheStrategy.track_instructions(256, 'concat')": DEFAULT_FACTOR,
+    # issue 11's instruction counts and estimated cycles: the gate's count factor
+    "bench_cache.CacheCounts.track_instructions(64, 'concat')": COUNT_FACTOR,
+    "bench_cache.CacheCounts.track_estimated_cycles(64, 'concat')": COUNT_FACTOR,
 }
 
 

@@ -50,3 +50,85 @@ def test_no_buildable_commit_is_a_clear_error(repo):
     repo.commit("readme", {"README.md": "x"})
     with pytest.raises(common.UserError, match="no commit of main has a buildable package"):
         bench.select_commits(whole_history=True)
+
+
+# --- the bounded sample of the default selection -----------------------------------------------
+
+
+def library_history(repo, count):
+    """A buildable package, then ``count`` library commits (a comment changed each): newest first."""
+    package = repo.commit("package", PACKAGE)
+    return [repo.commit(f"lib {i}", {"kv_attention/a.py": f"# {i}"}) for i in range(count)][::-1] + [package]
+
+
+def test_the_sample_is_bounded_and_keeps_main_the_newest_and_the_first_commit(repo):
+    history = library_history(repo, 60)  # 61 commits that can change a result
+    sample = bench.select_commits(whole_history=False, bound=8)
+    assert bench.NEWEST + 2 < len(sample) <= 8 and len(set(sample)) == len(sample)
+    assert sample[:bench.NEWEST] == history[:bench.NEWEST]  # main, main~1 and the next newest, in order
+    assert history[-1] in sample  # the first buildable commit: the spread reaches the whole history
+    assert sample == [c for c in history if c in sample]  # newest first, as the history
+
+
+def test_the_older_commits_are_spread_evenly_over_the_history(repo):
+    history = library_history(repo, 60)
+    older = history[bench.NEWEST:][::-1]  # oldest first
+    sample = bench.select_commits(whole_history=False, bound=8)
+    places = sorted(older.index(c) for c in sample[bench.NEWEST:])
+    assert places == [0, 16, 32, 48]  # 57 older commits, 4 places left: every 16th from the oldest
+
+
+def test_a_new_commit_adds_only_itself_to_the_sample(repo):
+    """A re-run after one new library commit measures just that commit: the rest of the sample stays."""
+    library_history(repo, 40)
+    for i in range(30):
+        before = set(bench.select_commits(whole_history=False, bound=8))
+        new = repo.commit(f"new {i}", {"kv_attention/b.py": f"# {i}"})
+        after = set(bench.select_commits(whole_history=False, bound=8))
+        assert after - before <= {new}, i
+
+
+def test_unbuildable_commits_are_never_sampled(repo):
+    repo.commit("readme only", {"README.md": "x"})
+    unbuildable = repo.commit("library before the package", {"kv_attention/a.py": "# early"})
+    library_history(repo, 20)
+    assert unbuildable not in bench.select_commits(whole_history=False, bound=20)
+    assert unbuildable not in bench.select_commits(whole_history=False, bound=3)
+
+
+def test_a_short_history_is_taken_whole_and_all_ignores_the_bound(repo):
+    history = library_history(repo, 5)
+    assert bench.select_commits(whole_history=False, bound=8) == history
+    assert bench.select_commits(whole_history=False, bound=2) == history[:2]
+    assert bench.select_commits(whole_history=True, bound=2) == history
+
+
+@pytest.mark.parametrize("options, bound", [([], bench.DEFAULT_COMMITS), (["--commits", "20"], 20)])
+def test_the_command_line_sets_the_bound(options, bound):
+    from tools import dev
+
+    args = dev.parse_args(["bench", *options])
+    assert args.commits == bound and not args.all
+
+
+@pytest.mark.parametrize("options", [["--commits", "1"], ["--commits", "x"], ["--all", "--commits", "7"]])
+def test_a_bad_bound_is_refused(options, capsys):
+    from tools import dev
+
+    with pytest.raises(SystemExit) as stop:
+        dev.parse_args(["bench", *options])
+    assert stop.value.code == 2 and "--commits" in capsys.readouterr().err
+
+
+def test_progress_says_which_commit_of_how_many_and_the_time_left(repo, capsys, monkeypatch):
+    commits = library_history(repo, 3)[:3]
+    clock = iter([0.0, 0.0, 100.0, 200.0])
+    monkeypatch.setattr(bench.time, "monotonic", lambda: next(clock))
+    progress = bench.Progress(commits)
+    for commit in commits:
+        progress(f"· For kv_attention commit {commit[:8]} <main>:\n")
+        progress("·· Running 12 total benchmarks (1 commits * 1 environments * 12 benchmarks)\n")
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == [f"[bench] commit {i} of 3" for i in (1, 2, 3)]
+    assert lines[0].endswith(f"about {bench.format_minutes(3 * bench.SECONDS_PER_COMMIT)} left")
+    assert lines[1].endswith("about 3 min left") and lines[2].endswith("about 100 s left")  # 100 s per commit

@@ -20,12 +20,17 @@ CONFIG = common.ROOT / "asv.conf.json"
 MACHINE = "testbox"
 TIME = "bench_x.Decode.time_decode"  # params T x strategy
 TRACK = "bench_x.track_bytes"  # no params
+COUNT = "bench_x.DecodeCounts.track_instructions"  # params T x strategy, one length
 PARAMS = [["16", "256"], ["'concat'", "'preallocated'"]]
+COUNT_PARAMS = [["64"], ["'concat'", "'preallocated'"]]
 BENCHMARKS = {
     TIME: {"name": TIME, "type": "time", "unit": "seconds", "params": PARAMS, "param_names": ["T", "strategy"],
            "version": "v1"},
     TRACK: {"name": TRACK, "type": "track", "unit": "bytes", "params": [], "param_names": [], "version": "v1"},
+    COUNT: {"name": COUNT, "type": "track", "unit": "instructions", "params": COUNT_PARAMS,
+            "param_names": ["T", "strategy"], "version": "1"},
 }
+INSTRUCTIONS = 10_000_000
 BASE_SAMPLES = [1e-3 * (1 + 0.002 * (i % 10)) for i in range(40)]  # 1.000 to 1.018 ms, spread < 2 %
 
 
@@ -33,9 +38,9 @@ BASE_SAMPLES = [1e-3 * (1 + 0.002 * (i % 10)) for i in range(40)]  # 1.000 to 1.
 def project(repo, monkeypatch, tmp_path):
     """A git repository with base and head commits, the project's asv.conf.json and no results yet.
 
-    ``project.write(commit, times, track)`` stores asv results: ``times`` maps
+    ``project.write(commit, times, track, counts=...)`` stores asv results: ``times`` maps
     (T, strategy) to a factor on BASE_SAMPLES, or None for a failed point, or
-    "nan" for a skipped one.
+    "nan" for a skipped one; ``counts`` maps a strategy to a factor on INSTRUCTIONS.
     """
     import asv.machine
 
@@ -53,9 +58,9 @@ def project(repo, monkeypatch, tmp_path):
     (results_dir / MACHINE / "machine.json").write_text(json.dumps({"machine": MACHINE, "version": 1}))
     (results_dir / "benchmarks.json").write_text(json.dumps({**BENCHMARKS, "version": 2}))
 
-    def write(commit, times=None, track=1000.0, version="v1"):
+    def write(commit, times=None, track=1000.0, version="v1", counts=None):
         """``track`` None: the track benchmark has no result at all (removed from the suite)."""
-        times = times or {}
+        times, counts = times or {}, counts or {}
         result = Results({"machine": MACHINE}, {}, commit, 0, "3.11", sorted(env_names)[0], {})
         points, samples = [], []
         for key in [(t, s) for t in PARAMS[0] for s in PARAMS[1]]:
@@ -67,6 +72,9 @@ def project(repo, monkeypatch, tmp_path):
                           BenchmarkResult(points, samples, numbers, 0, "", None), record_samples=True)
         if track is not None:
             result.add_result(BENCHMARKS[TRACK], BenchmarkResult([track], [None], [None], 0, "", None))
+        factors = [counts.get(s, 1.0) for s in COUNT_PARAMS[1]]
+        instructions = [None if f is None else INSTRUCTIONS * f for f in factors]
+        result.add_result(BENCHMARKS[COUNT], BenchmarkResult(instructions, [None] * 2, [None] * 2, 0, "", None))
         result.save(str(results_dir))
 
     repo.base, repo.head, repo.calls, repo.write = base, head, calls, write
@@ -96,7 +104,7 @@ def test_a_10_percent_slowdown_of_one_point_exits_1_and_is_named(project, capsys
     code, out = gate(project, capsys, "--factor", "1.05")
     assert code == 1
     regressions = [line for line in out.splitlines() if line.startswith("REGRESSION")]
-    assert regressions == ["REGRESSION 1.10x  bench_x.Decode.time_decode(256, 'concat')"]
+    assert regressions == ["REGRESSION 1.10x  bench_x.Decode.time_decode(256, 'concat')  (time changed, work did not)"]
 
 
 def test_a_slowdown_within_the_factor_exits_0(project, capsys):
@@ -116,7 +124,7 @@ def test_a_zero_noise_track_step_is_a_regression(project, capsys):
     project.write(project.base, track=1000.0)
     project.write(project.head, track=1500.0)
     code, out = gate(project, capsys)
-    assert code == 1 and "REGRESSION 1.50x  bench_x.track_bytes" in out
+    assert code == 1 and "REGRESSION 1.50x  bench_x.track_bytes  (work changed)" in out
 
 
 def test_a_failed_benchmark_exits_2_and_still_prints_the_rest(project, capsys):
@@ -125,7 +133,7 @@ def test_a_failed_benchmark_exits_2_and_still_prints_the_rest(project, capsys):
     code, out = gate(project, capsys)
     assert code == 2
     assert f"FAILED at head {project.head[:8]}  bench_x.Decode.time_decode(16, 'preallocated')" in out
-    assert "REGRESSION 1.50x  bench_x.Decode.time_decode(256, 'concat')" in out
+    assert "REGRESSION 1.50x  bench_x.Decode.time_decode(256, 'concat')  (time changed, work did not)" in out
     assert "time_decode(16, 'concat')" in out and "track_bytes" in out  # the comparison of the rest
 
 
@@ -176,7 +184,7 @@ def test_bench_may_select_parameter_combinations_as_asv_run_does(project, capsys
     code, out = gate(project, capsys, "--bench", r"time_decode\(16, 'concat'\)")
     assert code == 0 and "has no results" not in out and "FAILED" not in out
     code, out = gate(project, capsys, "--bench", r"time_decode\(256")
-    assert code == 1 and "REGRESSION 2.00x  bench_x.Decode.time_decode(256, 'concat')" in out
+    assert code == 1 and "REGRESSION 2.00x  bench_x.Decode.time_decode(256, 'concat')  (time" in out
 
 
 def test_a_partial_measurement_is_not_kept_for_the_main_job(project, capsys):
@@ -190,7 +198,7 @@ def test_a_partial_measurement_is_not_kept_for_the_main_job(project, capsys):
     conf, _, machine, env_names = results.asv_setup()
     keys = {c: [set(r.get_all_result_keys()) for r in results.iter_results(conf, machine, c, env_names)]
             for c in (project.base, project.head)}
-    assert keys[project.base] == [{TIME, TRACK}] and keys[project.head] == [{TRACK}]
+    assert keys[project.base] == [{TIME, TRACK, COUNT}] and keys[project.head] == [{TRACK, COUNT}]
 
 
 def test_same_base_and_head_is_said(project, capsys):
@@ -225,7 +233,7 @@ def test_peak_rss_counts_only_beyond_the_peakmem_factor(head_bytes, flagged):
     def rows(value):
         return [("bench_x.peakmem_decode", [], [value], [None], [None], "v1", MACHINE, "env")]
 
-    regressions, failures = gate_command.judge(rows(1000.0), rows(head_bytes), 1.10)
+    regressions, failures = gate_command.judge(rows(1000.0), rows(head_bytes), 1.10, 1.01)
     assert failures == [] and bool(regressions) == flagged
     track = [("bench_x.track_bytes", [], [1000.0], [None], [None], "v1", MACHINE, "env")]
     assert gate_command.judge(track, [(*track[0][:2], [1120.0], *track[0][3:])], 1.10)[0]  # track_ keeps the factor
@@ -236,6 +244,81 @@ def test_a_regression_says_how_to_measure_head_again(project, capsys):
     project.write(project.head, {("256", "'concat'"): 1.5})
     code, out = gate(project, capsys)
     assert code == 1 and f"{MACHINE}/{project.head[:8]}-*.json" in out and "--factor 1.25" in out
+
+
+# --- the two channels: counts (work) and timings ------------------------------------------------
+
+
+def test_a_2_percent_count_rise_is_work_changed_at_its_strategy_only(project, capsys):
+    """2 % more instructions for concat: flagged at the count factor 1.005, named as work, nothing else flagged."""
+    project.write(project.base)
+    project.write(project.head, counts={"'concat'": 1.02})
+    code, out = gate(project, capsys)
+    assert code == 1
+    flagged = [line for line in out.splitlines() if line.startswith("REGRESSION")]
+    assert flagged == [f"REGRESSION 1.0200x  {COUNT}(64, 'concat')  (work changed)"]
+    assert "1 work changed" in out and "measure HEAD again" not in out
+
+
+def test_a_count_within_the_count_factor_exits_0(project, capsys):
+    project.write(project.base)
+    project.write(project.head, counts={"'concat'": 1.004, "'preallocated'": 0.99})
+    code, out = gate(project, capsys)
+    assert code == 0 and "REGRESSION" not in out
+
+
+def test_the_count_factor_is_an_option(project, capsys):
+    project.write(project.base)
+    project.write(project.head, counts={"'concat'": 1.02})
+    assert gate(project, capsys, "--count-factor", "1.05")[0] == 0
+    assert gate(project, capsys, "--count-factor", "1.015")[0] == 1
+    project.write(project.head, counts={"'concat'": 1.007})
+    assert gate(project, capsys)[0] == 1 and gate(project, capsys, "--count-factor", "1.01")[0] == 0
+
+
+def test_a_slower_timing_whose_work_moved_is_work_changed(project, capsys):
+    """concat 30 % slower at T = 16 and 256 and its count 30 % up: the timings say work changed too."""
+    project.write(project.base)
+    project.write(project.head, {("16", "'concat'"): 1.3, ("256", "'concat'"): 1.3}, counts={"'concat'": 1.3})
+    code, out = gate(project, capsys)
+    flagged = sorted(line for line in out.splitlines() if line.startswith("REGRESSION"))
+    assert code == 1 and flagged == sorted([
+        f"REGRESSION 1.30x  {COUNT}(64, 'concat')  (work changed)",
+        "REGRESSION 1.30x  bench_x.Decode.time_decode(16, 'concat')  (work changed)",
+        "REGRESSION 1.30x  bench_x.Decode.time_decode(256, 'concat')  (work changed)",
+    ])
+
+
+def test_a_slower_timing_with_the_same_work_is_time_only(project, capsys):
+    """preallocated 30 % slower, its count unchanged (concat's count moved, which is not its work)."""
+    project.write(project.base)
+    project.write(project.head, {("256", "'preallocated'"): 1.3}, counts={"'concat'": 0.9})
+    code, out = gate(project, capsys)
+    assert code == 1
+    assert "REGRESSION 1.30x  bench_x.Decode.time_decode(256, 'preallocated')  (time changed, work did not)" in out
+    assert "1 time changed, work did not" in out and "measure HEAD again" in out
+
+
+def test_a_timing_no_count_covers_says_so():
+    names = {TIME: ["T", "strategy"], COUNT: ["T", "strategy"]}
+    timing = [(TIME, PARAMS, [1.0] * 4, [None] * 4, [None] * 4, "v1", MACHINE, "env")]
+    other_module = [("bench_y.YCounts.track_instructions", COUNT_PARAMS, [1.0, 1.0], [None] * 2, [None] * 2, "1",
+                     MACHINE, "env")]
+    slower = [(TIME, PARAMS, [1.0, 1.0, 1.0, 2.0], [None] * 4, [None] * 4, "v1", MACHINE, "env")]
+    regressions, _ = gate_command.judge(timing + other_module, slower + other_module, 1.10, 1.01, names)
+    assert regressions == [(f"{TIME}(256, 'preallocated')", 2.0, "time changed, work not counted")]
+
+
+def test_a_failed_count_point_exits_2(project, capsys):
+    project.write(project.base)
+    project.write(project.head, counts={"'concat'": None})
+    code, out = gate(project, capsys)
+    assert code == 2 and f"FAILED at head {project.head[:8]}  {COUNT}(64, 'concat')" in out
+
+
+def test_the_count_factor_is_a_named_constant_tighter_than_the_timing_factor():
+    assert 1 < gate_command.COUNT_FACTOR <= 1.01 < gate_command.DEFAULT_FACTOR  # the issue: 1.01 or tighter
+    assert gate_command.COUNT_BENCHMARKS == ("track_instructions", "track_estimated_cycles")
 
 
 # --- vanished points and unreadable result files (issue 12) ------------------------------------------

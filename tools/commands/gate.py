@@ -1,13 +1,24 @@
 """``gate BASE HEAD``: benchmark two commits where needed, print asv's comparison, exit 0, 1 or 2.
 
-Each point is judged by asv's own rule (:func:`tools.results.head_is_worse`):
-worse by more than ``--factor`` and significant. Exit codes: 0 nothing got
-worse; 1 something did, each point named with its ratio; 2 a point failed or
-a commit has no results (also when something got worse too), or the command
-line or a commit name was wrong.
+Two channels, each point judged by asv's own rule (:func:`tools.results.head_is_worse`):
+
+- work: the instruction counts and estimated cycles (:data:`COUNT_BENCHMARKS`,
+  ``benchmarks/counts.py``), worse by more than ``--count-factor``
+  (:data:`COUNT_FACTOR`); they have no samples, so the factor alone decides;
+- time: every other point, worse by more than ``--factor`` and significant.
+
+Each flagged point says which channel moved (:func:`channel`): "work changed"
+when the counts of its work moved (a count point itself, any ``track_`` count,
+or a timing whose strategy's count points moved beyond the count factor), "time
+changed, work did not" when they did not (likely the machine), "time changed,
+work not counted" where no count point covers it. Exit codes: 0 nothing got
+worse; 1 something did, each point named with its ratio and channel; 2 a point
+failed or a commit has no results (also when something got worse too), or the
+command line or a commit name was wrong.
 """
 
 import argparse
+import itertools
 import math
 import re
 
@@ -20,6 +31,15 @@ DEFAULT_FACTOR = 1.10
 # separate asv runs of identical code, so they count as a regression only beyond this factor.
 PEAKMEM_FACTOR = 1.25
 ERROR_EXIT = 2  # a usage or user error; 1 means a regression
+# Instruction counts and estimated cycles (callgrind, benchmarks/counts.py): their own channel and factor. The largest
+# A/A deviation was 0.031 % for an instruction count and 0.071 % for an estimated cycle count (docs/benchmarking.md,
+# "Measured noise"): 1.005 leaves seven times that, and flags 1 % more work with room to spare.
+COUNT_BENCHMARKS = ("track_instructions", "track_estimated_cycles")
+COUNT_FACTOR = 1.005
+LENGTH_PARAMS = ("T",)  # a count point stands for its strategy's work at every length
+WORK_CHANGED = "work changed"
+TIME_ONLY = "time changed, work did not"
+NOT_COUNTED = "time changed, work not counted"
 VANISHED = "(vanished: a value at BASE, n/a at HEAD)"
 LOCKS_WORKSPACE = True  # one job at a time in .asv/ (tools/lock.py)
 
@@ -52,23 +72,75 @@ def setup_arguments(subparsers):
     parser.add_argument("--factor", type=factor, default=DEFAULT_FACTOR,
                         help=f"flag a benchmark when HEAD is slower than BASE by more than this ratio and "
                              f"asv finds the difference significant (default {DEFAULT_FACTOR})")
+    parser.add_argument("--count-factor", type=factor, default=COUNT_FACTOR,
+                        help=f"flag an instruction count or estimated cycles when HEAD's is larger than BASE's by "
+                             f"more than this ratio (default {COUNT_FACTOR})")
     parser.add_argument("--bench", type=bench_regex, metavar="REGEX",
                         help="only benchmarks whose name matches REGEX (asv run --bench)")
     return parser
 
 
-def judge(base_rows, head_rows, factor):
+def method_of(label):
+    """``track_instructions`` of ``bench_cache.CacheCounts.track_instructions(64, 'concat')``."""
+    return label.split("(")[0].rsplit(".", 1)[-1]
+
+
+def factor_for(label, factor, count_factor):
+    """The factor a point is judged with: counts, peak RSS and the rest (timings) each their own."""
+    method = method_of(label)
+    if method in COUNT_BENCHMARKS:
+        return count_factor
+    if method.startswith("peakmem_"):
+        return max(factor, PEAKMEM_FACTOR)
+    return factor
+
+
+def point_params(rows, param_names):
+    """``{(label, env): {param name: value repr}}`` of every parameter combination, labelled as asv compare does."""
+    points = {}
+    for key, params, *_, env_name in rows:
+        names = param_names.get(key) or [f"param{i + 1}" for i in range(len(params))]
+        for combo in itertools.product(*params):
+            label = f"{key}({', '.join(combo)})" if combo else key
+            points[(label, env_name)] = dict(zip(names, combo))
+    return points
+
+
+def covers(count_label, count_params, label, params):
+    """True when a count point measures the work of point ``label``: same bench module, and the same value of
+    every parameter the count point has except its length (LENGTH_PARAMS)."""
+    if count_label.split(".")[0] != label.split(".")[0]:
+        return False
+    return all(params.get(name) == value for name, value in count_params.items() if name not in LENGTH_PARAMS)
+
+
+def channel(label, params, counts):
+    """Which channel moved for a flagged point; ``counts``: ``[(label, params, moved)]`` of the compared counts."""
+    if method_of(label).startswith("track_"):
+        return WORK_CHANGED
+    covering = [moved for count_label, count_params, moved in counts
+                if covers(count_label, count_params, label, params)]
+    if any(covering):
+        return WORK_CHANGED
+    return TIME_ONLY if covering else NOT_COUNTED
+
+
+def judge(base_rows, head_rows, factor, count_factor=COUNT_FACTOR, param_names=None):
     """asv compare's verdict per benchmark point: ``(regressions, failures)``.
 
-    regressions: ``[(name, ratio head/base)]`` where :func:`results.head_is_worse`
-    with ``factor`` (for ``peakmem_`` benchmarks, at least PEAKMEM_FACTOR).
-    failures: ``[(name, commit role)]`` where a stored value is None (a failed
-    benchmark or correctness check), and where a point with a value at BASE is
-    n/a at HEAD (:func:`results.vanished`, unless retired in benchmarks/common.py).
-    Points whose benchmark code changed between the two (asv marks them x) are not compared.
+    regressions: ``[(name, ratio head/base, channel)]`` where :func:`results.head_is_worse`
+    with :func:`factor_for`'s factor; ``channel`` as :func:`channel`, a count point having
+    moved when its ratio is beyond ``count_factor`` either way. failures:
+    ``[(name, commit role)]`` where a stored value is None (a failed benchmark or
+    correctness check), and where a point with a value at BASE is n/a at HEAD
+    (:func:`results.vanished`, unless retired in benchmarks/common.py). Points whose
+    benchmark code changed between the two (asv marks them x) are not compared.
+    ``param_names``: benchmark -> asv's param_names.
     """
     base, head = results.unrolled(base_rows), results.unrolled(head_rows)
-    regressions, failures = [], [(f"{label}  {VANISHED}", "head") for label in results.vanished(base, head)]
+    params = {**point_params(base_rows, param_names or {}), **point_params(head_rows, param_names or {})}
+    worse, counts = [], []
+    failures = [(f"{label}  {VANISHED}", "head") for label in results.vanished(base, head)]
     for name in sorted(set(base) | set(head)):
         label = name[0]
         (value_1, ss_1, version_1), (value_2, ss_2, version_2) = (
@@ -78,10 +150,32 @@ def judge(base_rows, head_rows, factor):
             continue
         if version_1 is not None and version_2 is not None and version_1 != version_2:
             continue
-        peakmem = label.split("(")[0].rsplit(".", 1)[-1].startswith("peakmem_")
-        if results.head_is_worse(value_1, value_2, ss_1, ss_2, max(factor, PEAKMEM_FACTOR) if peakmem else factor):
-            regressions.append((label, value_2 / value_1 if value_1 else math.inf))
+        ratio = value_2 / value_1 if value_1 else math.inf
+        if method_of(label) in COUNT_BENCHMARKS:
+            counts.append((label, params.get(name, {}), max(ratio, 1 / ratio if ratio else math.inf) > count_factor))
+        if results.head_is_worse(value_1, value_2, ss_1, ss_2, factor_for(label, factor, count_factor)):
+            worse.append((name, ratio))
+    regressions = [(name[0], ratio, channel(name[0], params.get(name, {}), counts)) for name, ratio in worse]
     return regressions, failures
+
+
+def channel_summary(base_rows, head_rows, benchmarks, factor=DEFAULT_FACTOR, count_factor=COUNT_FACTOR):
+    """The main job's two channels for one commit against an older one: 'work same, time 2 worse (max 1.12x)'.
+
+    work: the count points (:data:`COUNT_BENCHMARKS`) worse than ``count_factor``;
+    time: every other point the gate would flag.
+    """
+    regressions, _ = judge(base_rows, head_rows, factor, count_factor, param_names_of(benchmarks))
+    phrases = []
+    for name, is_count in (("work", True), ("time", False)):
+        ratios = [ratio for label, ratio, _ in regressions if (method_of(label) in COUNT_BENCHMARKS) == is_count]
+        phrases.append(f"{name} {len(ratios)} worse (max {ratio_text(max(ratios))})" if ratios else f"{name} same")
+    return ", ".join(phrases)
+
+
+def param_names_of(benchmarks):
+    """benchmark -> asv's ``param_names`` from asv's Benchmarks (``{}`` when there are none)."""
+    return {name: info.get("param_names", []) for name, info in (benchmarks or {}).items()}
 
 
 def run(args):
@@ -94,7 +188,7 @@ def run(args):
     common.record_machine()
     results.quarantine_unreadable()
     common.asv_run(list(dict.fromkeys(commits.values())), *(["--bench", args.bench] if args.bench else []))
-    conf, _, machine, env_names = results.asv_setup()
+    conf, benchmarks, machine, env_names = results.asv_setup()
     rows = {role: results.compare_rows(conf, results.iter_results(conf, machine, commit, env_names), args.bench)
             for role, commit in commits.items()}
     missing = [role for role in commits if not rows[role]]
@@ -102,29 +196,45 @@ def run(args):
         print(f"\n{role} {commits[role][:8]} has no results on {machine!r}: it did not build or install "
               "(see asv's output above), or --bench matched nothing")
     if not missing:
-        print(f"\nasv compare, factor {args.factor}:")
+        print(f"\nasv compare, factor {args.factor} (counts are judged below at {args.count_factor}):")
         Compare.print_table(conf, commits["base"], commits["head"], factor=args.factor, split=True,
                             resultset_1=iter(rows["base"]), resultset_2=iter(rows["head"]), machine=machine,
                             commit_names={c: name for c, name in zip(commits.values(), (args.base, args.head))})
-    regressions, failures = judge(rows["base"], rows["head"], args.factor)
+    regressions, failures = judge(rows["base"], rows["head"], args.factor, args.count_factor,
+                                  param_names_of(benchmarks))
     if args.bench and results.drop_partial(conf, machine, env_names, set(commits.values()), args.bench):
         print("note: results of benchmarks measured here for only some parameter combinations were not kept, "
               "so that the main job measures them whole")
-    for label, ratio in regressions:
-        print(f"REGRESSION {ratio:.2f}x  {label}")
+    for label, ratio, moved in regressions:
+        print(f"REGRESSION {ratio_text(ratio)}  {label}  ({moved})")
     for label, role in failures:
         print(f"FAILED at {role} {commits[role][:8]}  {label}")
     if any(label.endswith(VANISHED) for label, _ in failures):
         print(results.RETIRE_HINT)
     if missing or failures:
         print(f"gate: exit 2 ({len(failures)} failed benchmark point(s), {len(missing)} commit(s) without results, "
-              f"{len(regressions)} regression(s) beyond {args.factor}x)")
+              f"{len(regressions)} regression(s): {channel_counts(regressions)})")
         return 2
     if regressions:
-        print(f"gate: exit 1 ({len(regressions)} benchmark point(s) slower than {args.factor}x and significant)")
-        print(f"to check it is not noise, measure HEAD again: delete "
-              f"{results.result_files(conf, machine, commits['head'])} and re-run this gate "
-              "(on a machine shared with other jobs, use --factor 1.25)")
+        print(f"gate: exit 1 ({len(regressions)} point(s) worse: {channel_counts(regressions)}; counts beyond "
+              f"{args.count_factor}x, timings beyond {args.factor}x and significant)")
+        if any(moved != WORK_CHANGED for _, _, moved in regressions):
+            print(f"to check a timing is not noise, measure HEAD again: delete "
+                  f"{results.result_files(conf, machine, commits['head'])} and re-run this gate "
+                  "(on a machine shared with other jobs, use --factor 1.25)")
         return 1
-    print(f"gate: exit 0 (nothing worse than {args.factor}x)")
+    print(f"gate: exit 0 (no count worse than {args.count_factor}x, no timing worse than {args.factor}x)")
     return 0
+
+
+def ratio_text(ratio):
+    """1.32x, or 1.0123x for a ratio the two-decimal form would show as 1.01x or 1.00x."""
+    return f"{ratio:.2f}x" if abs(ratio - 1) >= 0.05 else f"{ratio:.4f}x"
+
+
+def channel_counts(regressions):
+    """'2 work changed, 1 time changed, work did not' of ``judge``'s regressions."""
+    tally = {}
+    for _, _, moved in regressions:
+        tally[moved] = tally.get(moved, 0) + 1
+    return ", ".join(f"{n} {moved}" for moved, n in tally.items())

@@ -1,0 +1,121 @@
+"""The counting machinery (benchmarks/counts.py): dumps, the cycle estimate, outcomes, and one real callgrind run."""
+
+import shutil
+
+import pytest
+
+from benchmarks import counts
+from benchmarks.common import timed_inputs, verified_strategy
+
+EVENTS = {"Ir": 1000, "Dr": 300, "Dw": 200, "I1mr": 7, "D1mr": 11, "D1mw": 13, "ILmr": 2, "DLmr": 3, "DLmw": 5}
+DUMP = """# callgrind format
+version: 1
+creator: callgrind-3.19.0
+desc: I1 cache: 32768 B, 64 B, 8-way associative
+desc: Trigger: Client Request: {label}
+
+positions: line
+events: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw
+summary: 1000 300 200 7 11 13 2 3 5
+
+
+ob=(1) /usr/lib/x86_64-linux-gnu/libc.so.6
+fn=(1) memcpy
+0 999 1 2 3 4 5 6 7 8
+"""
+
+
+def test_the_cycle_estimate_weighs_misses_as_kcachegrind():
+    # KCachegrind: CEst = Ir + 10 L1m + 100 LLm, L1m = I1mr + D1mr + D1mw, LLm = ILmr + DLmr + DLmw
+    assert counts.estimated_cycles(EVENTS) == 1000 + 10 * (7 + 11 + 13) + 100 * (2 + 3 + 5)
+
+
+def test_read_dumps_takes_the_summary_of_labelled_dumps_only(tmp_path):
+    (tmp_path / "callgrind.out.42.1").write_text(DUMP.format(label=counts.label(1, 3)))
+    (tmp_path / "callgrind.out.42").write_text(DUMP.replace("Client Request: {label}", "Program termination"))
+    (tmp_path / "status.jsonl").write_text("{}")
+    assert counts.read_dumps(tmp_path) == {counts.label(1, 3): EVENTS}
+
+
+def test_client_requests_do_nothing_outside_valgrind():
+    requests = counts.ClientRequests()
+    assert requests.request(requests.ZERO_STATS) == 0  # RDX = 0 falls through on a real CPU
+    requests.dump_stats_at("not under valgrind")
+
+
+def test_the_suite_counts_every_count_class_in_one_shared_setup_cache():
+    """asv runs one setup_cache per place of definition: every count class inherits the base's, so valgrind
+    starts once per commit, for every class of the suite."""
+    from benchmarks import bench_batch, bench_cache, bench_heads, bench_prefill, bench_ragged, bench_split
+
+    classes = counts.suite_classes()
+    assert classes == [bench_batch.BatchCounts, bench_batch.BatchSizeCounts, bench_cache.CacheCounts,
+                       bench_heads.HeadsCounts, bench_prefill.PrefillCounts, bench_ragged.RaggedCounts,
+                       bench_split.CascadeCounts]
+    assert all(c.setup_cache is counts.Counts.setup_cache for c in classes)
+    assert TinyCounts not in classes  # a count class outside the suite is not the suite's
+
+
+class TinyCounts(counts.Counts):
+    """Two lengths of the preallocated decode, a point the commit lacks and a point whose check fails."""
+
+    params = [[8, 16, "missing", "wrong"]]
+    param_names = ["T"]
+
+    def prepare(self, T):
+        if T == "missing":
+            raise NotImplementedError("kv_attention has no such strategy at this commit")
+        if T == "wrong":
+            raise AssertionError("preallocated at T=8: not equal to the oracle")
+        return verified_strategy("preallocated", T), timed_inputs(T)
+
+
+def outcome_of(counted, point):
+    bench = TinyCounts()
+    bench.setup(counted, point)
+    return bench.track_instructions(counted, point), bench.track_estimated_cycles(counted, point)
+
+
+def test_setup_skips_fails_or_reports_as_the_counting_process_found():
+    key = counts.class_key(TinyCounts)
+    counted = {"points": {(key, (8,)): {"events": EVENTS}, (key, ("missing",)): {"skipped": "no such strategy"},
+                          (key, ("wrong",)): {"failed": "AssertionError: not equal"}}}
+    assert outcome_of(counted, 8) == (1000, counts.estimated_cycles(EVENTS))
+    with pytest.raises(NotImplementedError, match="no such strategy"):
+        outcome_of(counted, "missing")
+    with pytest.raises(AssertionError, match="not equal"):
+        outcome_of(counted, "wrong")
+    with pytest.raises(AssertionError, match="was not counted"):
+        outcome_of(counted, 16)
+
+
+def test_without_valgrind_every_point_skips_saying_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(counts.shutil, "which", lambda name: None)
+    counted = TinyCounts().setup_cache()
+    assert counted == {"unavailable": f"valgrind is not installed: {counts.INSTALL_HINT}"}
+    assert counts.count_classes([TinyCounts]) == counted
+    with pytest.raises(NotImplementedError, match="apt-get install valgrind"):
+        outcome_of(counted, 8)
+
+
+@pytest.fixture(scope="module")
+def counted():
+    if shutil.which("valgrind") is None:
+        pytest.skip("valgrind is not installed (apt-get install valgrind)")
+    with pytest.MonkeyPatch.context() as patch:  # the check's one-thread pin, as asv.conf.json sets it
+        for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            patch.setenv(name, "1")
+        yield counts.count_classes([TinyCounts])
+
+
+def test_one_callgrind_process_counts_each_point_and_keeps_the_outcomes(counted):
+    points = {params: outcome for (_, params), outcome in counted["points"].items()}
+    assert points[("missing",)] == {"skipped": "kv_attention has no such strategy at this commit"}
+    assert points[("wrong",)] == {"failed": "AssertionError: preallocated at T=8: not equal to the oracle"}
+    small, large = points[(8,)]["events"], points[(16,)]["events"]
+    assert set(small) == set(EVENTS)
+    # The preallocated decode's work is nearly linear in T (per-step Python and numpy calls dominate at d = 64):
+    # twice the steps, about twice the instructions, and far from the millions a whole process's start-up costs.
+    assert 1.6 < large["Ir"] / small["Ir"] < 2.4
+    assert 100_000 < small["Ir"] < 5_000_000
+    assert small["Dr"] + small["Dw"] < small["Ir"] and 0 <= small["DLmr"] <= small["D1mr"] <= small["Dr"]
