@@ -17,9 +17,9 @@ Inputs are float32 or float64 arrays, and a computation runs in their
 and the shapes, and changes nothing; every check is in ``_validation``.
 """
 
-from .attention import causal_attention
+from .attention import attend, causal_attention, masked_attend
 from .cache import Cache, DynamicCache, StaticCache
-from .capacity import MODEL_SHAPES, ModelShape, kv_cache_bytes
+from .capacity import MODEL_SHAPES, NAMED_ITEMSIZES, ModelShape, kv_cache_bytes
 from .chunked import chunked_attention
 from .decode import (
     batched_cached_attention,
@@ -41,6 +41,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "causal_attention",
+    "attend",
+    "masked_attend",
     "decode_without_cache",
     "cached_attention",
     "cached_attention_preallocated",
@@ -60,6 +62,7 @@ __all__ = [
     "kv_cache_bytes",
     "ModelShape",
     "MODEL_SHAPES",
+    "NAMED_ITEMSIZES",
     # ragged batches and the paged KV cache
     "PagedKVCache",
     "OutOfBlocksError",

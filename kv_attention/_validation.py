@@ -21,6 +21,7 @@ import os
 import numpy as np
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_FLOAT32, _FLOAT64 = SUPPORTED_DTYPES
 _MAX_STEP = 2**62  # a ragged decode's start_steps[i] + lengths[i] must stay within int64
 
 
@@ -32,6 +33,16 @@ def as_float_array(name, value):
 
     TypeError for another dtype or a masked array; ValueError for NaN/inf or a ragged array.
     """
+    array = _as_array(name, value)
+    if not np.isfinite(array).all():
+        raise ValueError(f"{name} contains NaN or inf")
+    return array
+
+
+def _as_array(name, value):
+    """:func:`as_float_array` without the NaN/inf check (for inputs whose norms the overflow guard takes)."""
+    if type(value) is np.ndarray and (value.dtype is _FLOAT64 or value.dtype is _FLOAT32):  # nothing to convert
+        return value
     if isinstance(value, np.ma.MaskedArray):
         raise TypeError(f"{name} is a masked array; pass a plain ndarray (e.g. {name}.filled(0.0))")
     try:
@@ -44,13 +55,13 @@ def as_float_array(name, value):
         raise TypeError(
             f"{name} must be a float32 or float64 array, got dtype {array.dtype}"
         )
-    if not np.isfinite(array).all():
-        raise ValueError(f"{name} contains NaN or inf")
     return array
 
 
 def as_size(name, value, minimum=0):
     """Return ``value`` as an int >= ``minimum``; TypeError for non-integers (bools included)."""
+    if type(value) is int and value >= minimum:  # the common case (type(True) is bool)
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an integer, got {value!r}")
     if value < minimum:
@@ -71,24 +82,35 @@ def as_sizes_per_sequence(name, values, count):
 
 def as_float_dtype(dtype):
     """Return ``np.dtype(dtype)``; TypeError unless it is float32 or float64."""
+    if dtype is _FLOAT64 or dtype is _FLOAT32:  # already a dtype, e.g. from np.result_type
+        return dtype
     dtype = np.dtype(dtype)
     if dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"dtype must be float32 or float64, got {dtype}")
     return dtype
 
 
-def as_numeric_dtype(dtype):
-    """Return ``np.dtype(dtype)``; TypeError unless it is a float or integer dtype (None is not)."""
-    if dtype is None:  # np.dtype(None) would silently mean float64
-        raise TypeError("dtype must be a numeric numpy dtype such as np.float16, got None")
+def as_itemsize(dtype, named):
+    """Bytes per element of ``dtype``: a float or integer numpy dtype, or a name in ``named`` (name -> bytes).
+
+    A dtype whose name is in ``named`` (as ml_dtypes registers ``bfloat16``) counts
+    as that name. TypeError for anything else, None included (``np.dtype(None)``
+    would silently mean float64).
+    """
+    if isinstance(dtype, str) and dtype in named:
+        return named[dtype]
+    names = f"a name in NAMED_ITEMSIZES ({', '.join(map(repr, list(named)[:3]))}, ...)"
+    if dtype is None:
+        raise TypeError(f"dtype must be a numeric numpy dtype such as np.float16 or {names}, got None")
     try:
         dtype = np.dtype(dtype)
     except TypeError as error:
-        message = f"dtype must be a numeric numpy dtype such as np.float16, got {dtype!r}: {error}"
-        raise TypeError(message) from None
+        raise TypeError(f"dtype must be a numeric numpy dtype such as np.float16 or {names}, got {dtype!r}: {error}") from None
+    if dtype.name in named:
+        return named[dtype.name]
     if dtype.kind not in "fiu":
-        raise TypeError(f"dtype must be a float or integer dtype, got {dtype}")
-    return dtype
+        raise TypeError(f"dtype must be a float or integer dtype, got {dtype} (or {names})")
+    return dtype.itemsize
 
 
 def check_choice(what, value, known):
@@ -100,30 +122,26 @@ def check_choice(what, value, known):
 # x and the projection weights
 
 _X_LAYOUTS = {2: "[T, D_model]", 3: "[B, T, D_model]"}
+_WEIGHT_NAMES = ("w_q", "w_k", "w_v", "w_o")
 
 
-def _as_inputs(x, weights, x_ndims, matrix):
-    """``x`` and ``weights`` (name -> matrix) as float arrays; every weight but ``w_o`` has D_model rows."""
-    x = as_float_array("x", x)
-    weights = {name: as_float_array(name, w) for name, w in weights.items()}
+def _check_shapes(x, weights, x_ndims, matrix):
+    """Raise ValueError unless x has ``x_ndims`` axes and each weight is 2-D with D_model rows (w_o: any rows)."""
     if x.ndim not in x_ndims:
         layouts = " or ".join(_X_LAYOUTS[n] for n in x_ndims)
         raise ValueError(f"x must be {layouts}, got shape {x.shape}")
-    for name, w in weights.items():
+    for name, w in zip(_WEIGHT_NAMES, weights):
         if w.ndim != 2:
             raise ValueError(f"{name} must be {matrix}, got shape {w.shape}")
-        if name != "w_o" and w.shape[0] != x.shape[-1]:
-            raise ValueError(
-                f"{name} has {w.shape[0]} rows but x has D_model={x.shape[-1]}: "
-                f"x {x.shape}, {name} {w.shape}"
-            )
-    return (x, *weights.values())
+        if w.shape[0] != x.shape[-1] and name != "w_o":
+            raise ValueError(f"{name} has {w.shape[0]} rows but x has D_model={x.shape[-1]}: x {x.shape}, {name} {w.shape}")
 
 
 def _in_common_dtype(x, weights):
     """The weights cast to ``dtype = np.result_type`` of all inputs (copied only if it differs), and dtype.
 
     ``weights`` start with w_q, w_k, w_v: |q_h| <= |x|·|w_q|_F, so one overflow bound covers every head.
+    NaN/inf in x, w_q, w_k and w_v is found by the bound's norms (:func:`check_score_range`).
     """
     dtype = np.result_type(x, *weights)
     check_score_range(x, *weights[:3], dtype)
@@ -134,18 +152,30 @@ def check_projection_inputs(x, w_q, w_k, w_v, x_ndims):
     """Validate ``x`` (``x_ndims`` axes, e.g. ``(2,)`` or ``(2, 3)``) and single-head weights.
 
     Returns ``(x, w_q, w_k, w_v, dtype)``, the weights in ``dtype``. ValueError also
-    for D_k of w_q != D_k of w_k, or D_k == 0.
+    for D_k of w_q != D_k of w_k, or D_k == 0. Written for speed (it runs on every
+    decode call): one test of the types and dtypes, one of every shape, and the
+    conversions or messages only when a test fails.
     """
-    weights = {"w_q": w_q, "w_k": w_k, "w_v": w_v}
-    x, w_q, w_k, w_v = _as_inputs(x, weights, x_ndims, "[D_model, D]")
-    if w_q.shape[1] != w_k.shape[1]:
-        raise ValueError(
-            f"w_q and w_k must share D_k: w_q {w_q.shape}, w_k {w_k.shape}"
-        )
-    if w_q.shape[1] == 0:
-        raise ValueError(f"D_k must be at least 1: w_q {w_q.shape}")
-    (w_q, w_k, w_v), dtype = _in_common_dtype(x, (w_q, w_k, w_v))
+    dtype = getattr(x, "dtype", None)
+    if not (type(x) is type(w_q) is type(w_k) is type(w_v) is np.ndarray
+            and w_q.dtype is w_k.dtype is w_v.dtype is dtype and (dtype is _FLOAT64 or dtype is _FLOAT32)):
+        x, w_q, w_k, w_v, dtype = _in_common_dtype_converted(x, w_q, w_k, w_v)  # anything but 4 arrays of one dtype
+    x_shape, q_shape, k_shape, v_shape = x.shape, w_q.shape, w_k.shape, w_v.shape
+    if not (len(x_shape) in x_ndims and len(q_shape) == len(k_shape) == len(v_shape) == 2
+            and x_shape[-1] == q_shape[0] == k_shape[0] == v_shape[0] and q_shape[1] == k_shape[1] > 0):
+        _check_shapes(x, (w_q, w_k, w_v), x_ndims, "[D_model, D]")
+        if q_shape[1] != k_shape[1]:
+            raise ValueError(f"w_q and w_k must share D_k: w_q {q_shape}, w_k {k_shape}")
+        raise ValueError(f"D_k must be at least 1: w_q {q_shape}")
+    check_score_range(x, w_q, w_k, w_v, dtype)
     return x, w_q, w_k, w_v, dtype
+
+
+def _in_common_dtype_converted(x, w_q, w_k, w_v):
+    """``x`` and the weights as float arrays, the weights cast to ``dtype = np.result_type`` of all four, and dtype."""
+    x, w_q, w_k, w_v = _as_array("x", x), _as_array("w_q", w_q), _as_array("w_k", w_k), _as_array("w_v", w_v)
+    dtype = np.result_type(x, w_q, w_k, w_v)
+    return x, w_q.astype(dtype, copy=False), w_k.astype(dtype, copy=False), w_v.astype(dtype, copy=False), dtype
 
 
 def check_head_counts(n_heads, n_kv_heads):
@@ -188,8 +218,9 @@ def check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
 
     Returns ``(x, w_q, w_k, w_v, w_o, head_dim, dtype)``, the weights in ``dtype``.
     """
-    weights = {"w_q": w_q, "w_k": w_k, "w_v": w_v, "w_o": w_o}
-    x, *weights = _as_inputs(x, weights, (2, 3), "a matrix [rows, columns]")
+    x = _as_array("x", x)
+    weights = [_as_array(name, w) for name, w in zip(_WEIGHT_NAMES, (w_q, w_k, w_v))] + [as_float_array("w_o", w_o)]
+    _check_shapes(x, weights, (2, 3), "a matrix [rows, columns]")
     head_dim = _head_dim(*weights, n_heads, n_kv_heads)
     (w_q, w_k, w_v, w_o), dtype = _in_common_dtype(x, weights)
     return x, w_q, w_k, w_v, w_o, head_dim, dtype
@@ -207,35 +238,90 @@ def check_model_shape(n_layers, n_heads, n_kv_heads, head_dim):
 # Overflow: the one silent failure of finite inputs
 
 
-def _max_square_norm(a):
-    """Largest squared Euclidean norm over the last axis of ``a``, in float64 (inf if it overflows)."""
-    if a.size == 0:
-        return 0.0
-    a = a.astype(np.float64, copy=False)
-    return float(np.einsum("...d,...d->...", a, a).max())
+# Half the dtype's max: the computed q, k, v and q·k exceed their exact bounds by at most a relative
+# D·eps of rounding (D the widths summed over), far less than the factor 2 (D < 1.6e7 even in float32).
+_LOG10_LIMIT = {dtype: math.log10(float(np.finfo(dtype).max) / 2) for dtype in SUPPORTED_DTYPES}
+# The fast path's bound on squared norms, far inside either dtype's range: (float32 max / 64)².
+_FAST_LIMIT_SQUARED = (float(np.finfo(np.float32).max) / 64) ** 2
+_vdot = np.vdot  # one BLAS dot per array; unlike np.dot it raises no floating-point warning when a square overflows
 
 
 def check_score_range(x, w_q, w_k, w_v, dtype, stored_k=None):
-    """Raise ValueError if q, k, v or any partial sum of q·k could overflow ``dtype``.
+    """Raise ValueError if x, w_q, w_k or w_v hold NaN/inf, or q, k, v or any partial sum of q·k could overflow ``dtype``.
 
-    By Cauchy–Schwarz every partial sum of q·k is at most |q|·|k|, and
-    |q| <= |x_t|·|w_q|_F (likewise k, v). Checking this bound once up front
+    By Cauchy–Schwarz every partial sum of q_t·k_s is at most |q_t|·|k_s|, and
+    |q_t| <= |x_t|·|w_q|_F (likewise k, v). Checking this bound once up front
     rules out the one silent failure of finite inputs: a score that overflows
     to -inf would get softmax weight 0 instead of raising. ``stored_k``,
     ``[..., S, D_k]``, are keys already in a cache, which enter the bound too.
+
+    Fast path: one BLAS dot per array gives its squared norm (|x|_F for |x_t|,
+    a looser bound); it is NaN or inf if the array holds NaN/inf or squaring
+    overflows, and then, or when the loose bound is not far inside float32's
+    range, :func:`_check_score_range_exactly` decides without squaring anything large.
     """
-    limit = float(np.finfo(dtype).max) / 4  # margin for rounding
-    with np.errstate(over="ignore", invalid="ignore"):
-        x_sq = _max_square_norm(x)
-        q, k, v = (math.sqrt(x_sq * _max_square_norm(w.reshape(1, -1))) for w in (w_q, w_k, w_v))
-        if stored_k is not None:
-            k = max(k, math.sqrt(_max_square_norm(stored_k)))
-    # inf * 0 (a zero weight) gives NaN, which compares False: its true product is 0.
-    if q > limit or k > limit or v > limit or q * k > limit:
+    x2 = float(_vdot(x, x))
+    q2, k2, v2 = x2 * float(_vdot(w_q, w_q)), x2 * float(_vdot(w_k, w_k)), x2 * float(_vdot(w_v, w_v))
+    if stored_k is not None:
+        k2 += float(_vdot(stored_k, stored_k))
+    limit = _FAST_LIMIT_SQUARED
+    if not (q2 <= limit and k2 <= limit and v2 <= limit and q2 * k2 <= limit):  # NaN compares False
+        _check_score_range_exactly(x, w_q, w_k, w_v, dtype, stored_k)
+
+
+def _check_score_range_exactly(x, w_q, w_k, w_v, dtype, stored_k):
+    """:func:`check_score_range` with each norm scaled before squaring and the bounds combined in log10."""
+    for name, a in (("x", x), ("w_q", w_q), ("w_k", w_k), ("w_v", w_v), ("k_cache (its stored keys)", stored_k)):
+        if a is not None and not np.isfinite(a).all():
+            raise ValueError(f"{name} contains NaN or inf")
+    x_norm = _log10_max_norm(x)  # |x_t|, the largest over t
+    q, k, v = (x_norm + _log10_max_norm(w.reshape(1, -1)) for w in (w_q, w_k, w_v))  # |x_t|·|w|_F
+    k_bound, qk_bound = "|x_t|·|w_k|_F", "|q|·|k|"
+    if stored_k is not None:
+        k, k_bound = max(k, _log10_max_norm(stored_k)), "max(|x_t|·|w_k|_F, the cache's |k_s|)"
+        qk_bound = "|q|·|k|, the cache's keys included"
+    bounds = {"|q|": (q, "|x_t|·|w_q|_F"), "|k|": (k, k_bound), "|v|": (v, "|x_t|·|w_v|_F"), "|q·k|": (q + k, qk_bound)}
+    raise_if_too_large("x and the weights are", bounds, dtype, "rescale x or the weights")
+
+
+def raise_if_too_large(subject, bounds, dtype, remedy):
+    """Raise ValueError naming every bound (label -> (log10 value, formula)) above ``dtype``'s max / 2, with its figure.
+
+    ``subject`` starts the message, e.g. "x and the weights are"; ``remedy`` ends it.
+    """
+    limit = _LOG10_LIMIT[np.dtype(dtype)]
+    tripped = {label: f"{label} <= {formula} = {_power_of_ten(value)}" for label, (value, formula) in bounds.items() if value > limit}
+    if tripped:
         raise ValueError(
-            f"x and the weights are too large for {np.dtype(dtype)}: q·k could overflow "
-            f"(|q|·|k| up to {q * k:.3g}); rescale x or the weights"
+            f"{subject} too large for {np.dtype(dtype)}: {' and '.join(tripped)} could overflow "
+            f"({', '.join(tripped.values())}; the limit is {_power_of_ten(limit)}, half the dtype's max); {remedy}"
         )
+
+
+def _log10_max_norm(a):
+    """log10 of the largest Euclidean norm over the last axis of finite ``a`` (-inf if it is 0).
+
+    Scaled before squaring, by the largest |entry|: no step can overflow, whatever the magnitudes.
+    """
+    a = np.abs(a, dtype=np.float64)
+    scale = float(a.max(initial=0.0))
+    if scale == 0.0:
+        return -math.inf
+    with np.errstate(under="ignore"):  # tiny entries may flush to 0: the sum of squares loses nothing that counts
+        a /= scale  # entries in [0, 1]: a row's sum of squares is at most its length
+        squares = float(np.einsum("...d,...d->...", a, a).max())
+    return math.log10(scale) + 0.5 * math.log10(squares)
+
+
+def _power_of_ten(log10_value):
+    """``10 ** log10_value`` as text such as "2.5e+309", even beyond any float's range."""
+    if log10_value == -math.inf:
+        return "0"
+    exponent = math.floor(log10_value)
+    mantissa = f"{10 ** (log10_value - exponent):.3g}"
+    if mantissa == "10":
+        mantissa, exponent = "1", exponent + 1
+    return f"{mantissa}e{exponent:+d}"
 
 
 def check_finite_output(out):
@@ -254,6 +340,8 @@ def as_batch_shape(batch_shape):
     """``batch_shape`` as a tuple of ints >= 0; TypeError unless it is a tuple or list."""
     if not isinstance(batch_shape, (tuple, list)):
         raise TypeError(f"batch_shape must be a tuple of ints such as () or (B,), got {batch_shape!r}")
+    if not batch_shape:
+        return ()
     return tuple(as_size(f"batch_shape[{i}]", n) for i, n in enumerate(batch_shape))
 
 
@@ -687,7 +775,7 @@ def _check_request(name, request, vocab_size, block_size, num_blocks):
     return request.request_id, tokens, prompt_len, arrival_step
 
 
-# Attention states, split-KV and cascade attention (split.py)
+# One attention step on given q, k, v (attention.py); attention states, split-KV and cascade attention (split.py)
 
 
 def as_num_splits(num_splits):
@@ -721,26 +809,23 @@ def as_lse(name, value):
 def check_scores_fit(dtype, q, *keys):
     """Raise ValueError if a score q·k, or any partial sum of it, could overflow ``dtype``.
 
-    Cauchy–Schwarz bounds every partial sum by |q|·|k|, the largest norms over the
-    last axis of ``q: [..., D_k]`` and of the ``keys`` arrays ``[..., D_k]``, as in
-    :func:`check_score_range`.
+    Cauchy–Schwarz bounds every partial sum by |q_t|·|k_s|, the largest norms over
+    the last axis of ``q: [..., D_k]`` and of the ``keys`` arrays ``[..., D_k]``,
+    scaled before squaring and compared as in :func:`check_score_range`.
     """
-    limit = float(np.finfo(dtype).max) / 4  # margin for rounding
-    with np.errstate(over="ignore", invalid="ignore"):
-        k_sq = max((_max_square_norm(k) for k in keys), default=0.0)
-        bound = math.sqrt(_max_square_norm(q)) * math.sqrt(k_sq)
-    if bound > limit:
-        raise ValueError(
-            f"q and k are too large for {np.dtype(dtype)}: q·k could overflow "
-            f"(|q|·|k| up to {bound:.3g}); rescale q or k"
-        )
+    log_k = max((_log10_max_norm(k) for k in keys), default=-math.inf)
+    bounds = {"|q·k|": (_log10_max_norm(q) + log_k, "|q_t|·|k_s|")}
+    raise_if_too_large("q and k are", bounds, dtype, "rescale q or k")
 
 
-def check_attention_inputs(q, k, v):
+def check_attention_inputs(q, k, v, valid=None):
     """Validate ``q: [..., T_q, D_k]``, ``k: [..., S, D_k]``, ``v: [..., S, D_v]`` (the same leading axes).
 
     Returns ``(q, k, v, dtype)``, each in ``dtype = np.result_type(q, k, v)``.
-    ValueError also for D_k = 0.
+    ``valid``, when given, is a key-padding mask: a bool array ``[..., S]`` (k's
+    shape without D_k), and the overflow bounds take only the keys and values it
+    marks. ValueError also for D_k = 0, or a partial sum of q·k (|q_t|·|k_s|) or
+    of the output (|v_s|) that could overflow.
     """
     q, k, v = as_float_array("q", q), as_float_array("k", k), as_float_array("v", v)
     shapes = f"q {q.shape}, k {k.shape}, v {v.shape}"
@@ -753,9 +838,24 @@ def check_attention_inputs(q, k, v):
         raise ValueError(f"q and k must share D_k, and k and v the S axis: {shapes}")
     if q.shape[-1] == 0:
         raise ValueError(f"D_k must be at least 1: {shapes}")
+    keys, values = k, v
+    if valid is not None:
+        valid = as_key_mask(valid, k)
+        keys, values = k[valid], v[valid]  # [valid keys, D_k], [valid keys, D_v]
     dtype = np.result_type(q, k, v)
-    check_scores_fit(dtype, q, k)
+    check_scores_fit(dtype, q, keys)
+    raise_if_too_large("v is", {"|v|": (_log10_max_norm(values), "|v_s|")}, dtype, "rescale v")
     return q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False), dtype
+
+
+def as_key_mask(valid, k):
+    """``valid`` as a bool array ``[..., S]`` of ``k: [..., S, D_k]``'s shape without D_k; TypeError or ValueError."""
+    valid = np.asarray(valid)
+    if valid.dtype != np.bool_:
+        raise TypeError(f"valid must be a bool array, got dtype {valid.dtype}")
+    if valid.shape != k.shape[:-1]:
+        raise ValueError(f"valid must be [..., S] = {list(k.shape[:-1])} for k {k.shape}, got shape {valid.shape}")
+    return valid
 
 
 def check_attention_states(states):

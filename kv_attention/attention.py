@@ -1,4 +1,4 @@
-"""Single-head scaled dot-product attention: the full causal reference, its banded mask and one decode step.
+"""Single-head scaled dot-product attention: the causal reference, its banded mask and one step, masked or not.
 
 Axis letters used in names and shape comments:
     B  batch (independent sequences)     T  sequence length (positions)
@@ -8,9 +8,10 @@ Leading ``...`` axes are batch-like and never mixed.
 :func:`causal_attention` takes ``x: [T, D_model]`` or ``[B, T, D_model]``, ``w_q, w_k:
 [D_model, D_k]``, ``w_v: [D_model, D_v]``, float32 or float64, and returns ``[..., T, D_v]``
 in ``np.result_type`` of the inputs (float32 only when every input is float32).
+:func:`attend` and :func:`masked_attend` are one step on given ``q``, ``k``, ``v``.
 Bad input raises TypeError (an input that is not a float32/float64 array) or
-ValueError (shapes that do not fit, named in the message; NaN/inf; scores that
-overflow the dtype).
+ValueError (shapes that do not fit, named in the message; NaN/inf; scores or
+outputs that could overflow the dtype, the bound named with its figure).
 
 Method: softmax(q kᵀ / sqrt(D_k) + causal mask) v, from Vaswani et al. 2017,
 "Attention Is All You Need", section 3.2.1.
@@ -33,7 +34,7 @@ import math
 
 import numpy as np
 
-from ._validation import check_finite_output, check_projection_inputs, check_window
+from ._validation import check_attention_inputs, check_finite_output, check_projection_inputs, check_window
 
 
 def softmax(scores):
@@ -50,13 +51,55 @@ def softmax(scores):
 
 
 def attend(q, k, v):
-    """Attention of ``q: [..., T_q, D_k]`` over ``k: [..., S, D_k]``, ``v: [..., S, D_v]``, with no mask.
+    """One attention step with no mask: softmax(q kᵀ / sqrt(D_k)) v, ``[..., T_q, D_v]``.
 
-    A decode step passes only the keys written so far, so it needs no causal mask.
+    ``q: [..., T_q, D_k]`` attends to every key of ``k: [..., S, D_k]``, ``v: [..., S,
+    D_v]``: a decode step passes the keys written so far, which need no causal
+    mask. q, k and v share their leading axes; D_k >= 1; S = 0 gives zeros.
     """
+    q, k, v, dtype = check_attention_inputs(q, k, v)
+    if k.shape[-2] == 0:  # no key: zeros, the identity of attention states (split.attention_state)
+        return np.zeros(q.shape[:-1] + v.shape[-1:], dtype)  # [..., T_q, D_v]
+    return _attend(q, k, v)
+
+
+def masked_attend(q, k, v, valid):
+    """:func:`attend` over the keys that ``valid: [..., S]`` (bool, a key-padding mask) marks True.
+
+    Every query of a row sees the same keys, as in a ragged batch where row n
+    holds a sequence of ``valid[n].sum()`` positions. The mask is applied by
+    selection (``np.where``) before the softmax, so a masked key gets weight
+    exactly 0 whatever it holds, and a row with no valid key (S = 0 included)
+    gives zeros, never NaN; with every key valid this is :func:`attend`. The
+    overflow bounds take the valid keys only.
+    """
+    q, k, v, dtype = check_attention_inputs(q, k, v, valid)
+    if k.shape[-2] == 0:
+        return np.zeros(q.shape[:-1] + v.shape[-1:], dtype)  # [..., T_q, D_v]
+    return _masked_attend(q, k, v, np.asarray(valid))
+
+
+def _attend(q, k, v):
+    """Unchecked core of :func:`attend` (inputs already validated)."""
     scores = q @ k.swapaxes(-1, -2)  # [..., T_q, S]
     scores *= 1.0 / math.sqrt(q.shape[-1])
     return softmax(scores) @ v  # [..., T_q, D_v]
+
+
+def _masked_attend(q, k, v, valid):
+    """Unchecked core of :func:`masked_attend`; ``valid: [..., S]``, S >= 1."""
+    if valid.all():
+        return _attend(q, k, v)
+    with np.errstate(over="ignore", invalid="ignore"):
+        scores = q @ k.swapaxes(-1, -2)  # [..., T_q, S]
+        scores *= 1.0 / math.sqrt(q.shape[-1])
+    scores = np.where(valid[..., None, :], scores, -np.inf)  # the mask, by selection: no arithmetic on masked scores
+    row_max = scores.max(axis=-1, keepdims=True)  # [..., T_q, 1]; -inf for a row with nothing to attend to
+    row_max[~valid.any(axis=-1)] = 0.0
+    weights = np.exp(scores - row_max)  # masked keys: exp(-inf) = 0
+    total = weights.sum(axis=-1, keepdims=True)
+    weights /= np.where(total > 0, total, 1.0)
+    return weights @ v  # [..., T_q, D_v]
 
 
 def band_mask(q_positions, k_positions, window=None, n_sink=0):

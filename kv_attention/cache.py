@@ -43,7 +43,12 @@ class Cache(Protocol):
 
 
 def check_is_cache(cache):
-    """Raise TypeError unless ``cache`` is a :class:`Cache` instance (a class is not)."""
+    """Raise TypeError unless ``cache`` is a :class:`Cache` instance (a class is not).
+
+    The library's own caches pass at once; the Protocol's ``isinstance`` (a scan of its methods) is for any other.
+    """
+    if type(cache) in _OWN_CACHES:
+        return
     if isinstance(cache, type) or not isinstance(cache, Cache):
         raise TypeError(
             "cache must be a cache instance with update(), get_seq_length() and crop() "
@@ -93,12 +98,22 @@ class DynamicCache:
         self.k_cache = None
         self.v_cache = None
 
+    def __repr__(self):
+        if self.k_cache is None:
+            return "DynamicCache(seq_length=0)"
+        return (f"DynamicCache(k_cache={list(self.k_cache.shape)}, v_cache={list(self.v_cache.shape)}, "
+                f"dtype={self.k_cache.dtype}, seq_length={self.get_seq_length()})")
+
     def update(self, k, v):
         """Append ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]``; return ``(k_cache, v_cache)``.
 
         The returned arrays are the cache's own: do not write to them.
         """
         check_new_positions(k, v, self)
+        return self._append(k, v)
+
+    def _append(self, k, v):
+        """:meth:`update` of positions known to fit (a decode's own cache): no check."""
         if self.k_cache is None:
             self.k_cache, self.v_cache = k.copy(), v.copy()
         else:
@@ -139,12 +154,25 @@ class StaticCache:
 
     def __init__(self, batch_shape, max_seq_len, k_dim, v_dim, dtype=np.float64):
         batch_shape = as_batch_shape(batch_shape)
-        sizes = {"max_seq_len": max_seq_len, "k_dim": k_dim, "v_dim": v_dim}
-        max_seq_len, k_dim, v_dim = (as_size(name, n) for name, n in sizes.items())
-        dtype = as_float_dtype(dtype)
-        self.k_cache = np.zeros(batch_shape + (max_seq_len, k_dim), dtype)
-        self.v_cache = np.zeros(batch_shape + (max_seq_len, v_dim), dtype)
+        max_seq_len, k_dim, v_dim = as_size("max_seq_len", max_seq_len), as_size("k_dim", k_dim), as_size("v_dim", v_dim)
+        self._allocate(batch_shape, max_seq_len, k_dim, v_dim, as_float_dtype(dtype))
+
+    @classmethod
+    def _of(cls, batch_shape, max_seq_len, k_dim, v_dim, dtype):
+        """A cache of sizes and dtype already validated (a decode's own): no check."""
+        cache = cls.__new__(cls)
+        cache._allocate(batch_shape, max_seq_len, k_dim, v_dim, dtype)
+        return cache
+
+    def _allocate(self, batch_shape, max_seq_len, k_dim, v_dim, dtype):
+        self.k_cache = np.zeros(batch_shape + (max_seq_len, k_dim), dtype)  # [*batch_shape, T_max, D_k]
+        self.v_cache = np.zeros(batch_shape + (max_seq_len, v_dim), dtype)  # [*batch_shape, T_max, D_v]
         self._length = 0
+
+    def __repr__(self):
+        *batch_shape, max_seq_len, k_dim = self.k_cache.shape
+        return (f"StaticCache(batch_shape={tuple(batch_shape)}, max_seq_len={max_seq_len}, k_dim={k_dim}, "
+                f"v_dim={self.v_cache.shape[-1]}, dtype={self.k_cache.dtype}, seq_length={self._length})")
 
     @property
     def max_seq_len(self):
@@ -157,12 +185,16 @@ class StaticCache:
         Returns views ``[..., T, D_k]``, ``[..., T, D_v]`` of the buffers; do not write to them.
         """
         check_new_positions(k, v, self)
-        start, stop = self._length, self._length + k.shape[-2]
-        if stop > self.max_seq_len:  # the cache's own state, as paged's OutOfBlocksError
+        if self._length + k.shape[-2] > self.max_seq_len:  # the cache's own state, as paged's OutOfBlocksError
             raise ValueError(
-                f"cache is full: {start} of max_seq_len={self.max_seq_len} positions "
+                f"cache is full: {self._length} of max_seq_len={self.max_seq_len} positions "
                 f"used, cannot write {k.shape[-2]} more"
             )
+        return self._append(k, v)
+
+    def _append(self, k, v):
+        """:meth:`update` of positions known to fit, room included (a decode's own cache): no check."""
+        start, stop = self._length, self._length + k.shape[-2]
         self.k_cache[..., start:stop, :] = k
         self.v_cache[..., start:stop, :] = v
         self._length = stop
@@ -185,3 +217,5 @@ class StaticCache:
         per_position = (self.k_cache.nbytes + self.v_cache.nbytes) // max(self.max_seq_len, 1)
         return per_position * self._length
 
+
+_OWN_CACHES = (DynamicCache, StaticCache)

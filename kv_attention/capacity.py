@@ -11,7 +11,8 @@ Model Serving with PagedAttention"). Query heads do not appear: sharing
 K/V heads (GQA, MQA) is what shrinks the cache.
 
 A count below its minimum raises ValueError naming it and its value; a count that
-is not an integer, or a dtype that is not numeric, raises TypeError.
+is not an integer, or a dtype that is neither numeric nor one of
+:data:`NAMED_ITEMSIZES`, raises TypeError.
 """
 
 from dataclasses import dataclass
@@ -19,7 +20,20 @@ from types import MappingProxyType
 
 import numpy as np
 
-from ._validation import as_numeric_dtype, as_size, check_model_shape
+from ._validation import as_itemsize, as_size, check_model_shape
+
+
+# Cache element types of real servers that numpy has no dtype for, by name, with their bytes per
+# element. The float8 names are ml_dtypes' (the OCP 8-bit formats E4M3FN and E5M2 and their
+# variants; vLLM's kv_cache_dtype "fp8" stores E4M3, "fp8_e5m2" E5M2); importing ml_dtypes makes
+# them numpy dtypes, which are accepted too. Sub-byte formats (float4, int4) are not: they are
+# stored packed, and this count is in whole bytes per element.
+NAMED_ITEMSIZES = MappingProxyType({
+    "bfloat16": 2,
+    "float8": 1,  # any 8-bit float
+    **{f"float8_{variant}": 1 for variant in (
+        "e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz", "e4m3b11fnuz", "e4m3", "e3m4", "e8m0fnu")},
+})
 
 
 def kv_cache_bytes(*, batch, seq_len, n_layers, n_kv_heads, head_dim, dtype):
@@ -27,14 +41,16 @@ def kv_cache_bytes(*, batch, seq_len, n_layers, n_kv_heads, head_dim, dtype):
 
     ``batch`` and ``seq_len`` >= 0; ``n_layers``, ``n_kv_heads``, ``head_dim`` >= 1.
     ``dtype``: anything ``np.dtype`` accepts with a float or integer kind, e.g.
-    ``np.float16`` (2 bytes; also the size of bfloat16) or ``np.int8`` for an 8-bit
-    cache. A one-layer ``StaticCache((B, n_kv_heads), T, head_dim, head_dim, dtype)``
-    filled to T positions has this ``nbytes``.
+    ``np.float16`` (2 bytes) or ``np.int8``, or a name of :data:`NAMED_ITEMSIZES`:
+    ``"bfloat16"`` (2 bytes), ``"float8"`` or ``"float8_e4m3fn"`` (1 byte), as a
+    string or as the ml_dtypes dtype of that name. A one-layer
+    ``StaticCache((B, n_kv_heads), T, head_dim, head_dim, dtype)`` filled to T
+    positions has this ``nbytes``.
     """
     counts = {"batch": (batch, 0), "seq_len": (seq_len, 0), "n_layers": (n_layers, 1)}
     counts.update(n_kv_heads=(n_kv_heads, 1), head_dim=(head_dim, 1))
     sizes = [as_size(name, value, minimum) for name, (value, minimum) in counts.items()]
-    total = 2 * as_numeric_dtype(dtype).itemsize
+    total = 2 * as_itemsize(dtype, NAMED_ITEMSIZES)
     for size in sizes:
         total *= size
     return total

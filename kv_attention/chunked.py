@@ -46,7 +46,7 @@ from ._validation import (
     check_projection_inputs,
     check_window,
 )
-from .attention import attend, band_mask, softmax
+from .attention import _attend, band_mask, softmax
 from .cache import StaticCache, check_is_cache, rolled_back_on_error
 from .window import SlidingWindowCache
 
@@ -66,7 +66,7 @@ def _blocked(start, stop, k_positions, window, n_sink):
 def _attend_chunk(q, k, v, blocked):
     """``q: [..., C, D_k]`` over ``k: [..., S, D_k]``, ``v: [..., S, D_v]``, no weight where ``blocked: [C, S]``."""
     if blocked is None:
-        return attend(q, k, v)  # [..., C, D_v]
+        return _attend(q, k, v)  # [..., C, D_v]
     scores = q @ k.swapaxes(-1, -2)  # [..., C, S]
     scores *= 1.0 / math.sqrt(q.shape[-1])
     scores[..., blocked] = -np.inf  # a query always attends its own position, so no row is all -inf

@@ -4,9 +4,11 @@ At step t no strategy reads ``x[..., t+1:, :]``; the cached ones read only
 ``x[..., t, :]`` and their cache, and none projects all of ``x`` up front (that
 would be prefill, not decode).
 
-Inputs: ``x: [T, D_model]`` (``[B, T, D_model]`` for the batch strategies),
-``w_q, w_k: [D_model, D_k]``, ``w_v: [D_model, D_v]``, float32 or float64; the
-output ``[..., T, D_v]`` is in ``np.result_type`` of the inputs. At step t:
+Inputs: ``x: [T, D_model]`` or ``[B, T, D_model]`` (the B sequences decoded
+independently, as :func:`causal_attention` takes them; the two batch strategies
+take ``[B, T, D_model]`` only), ``w_q, w_k: [D_model, D_k]``, ``w_v: [D_model,
+D_v]``, float32 or float64; the output ``[..., T, D_v]`` is in ``np.result_type``
+of the inputs. At step t:
     x_t      [..., 1, D_model]      q_t      [..., 1, D_k]
     k_cache  [..., t+1, D_k]        scores   [..., 1, t+1]
     v_cache  [..., t+1, D_v]        out_t    [..., 1, D_v]
@@ -23,63 +25,80 @@ or is too short, or scores that overflow. A failed call leaves a given cache unc
 import numpy as np
 
 from ._validation import check_cache_fits, check_finite_output, check_projection_inputs
-from .attention import _causal_attention, attend
+from .attention import _attend, _causal_attention
 from .cache import DynamicCache, StaticCache, check_is_cache, rolled_back_on_error
 
 
-def _checked(cache, x, w_q, w_k, w_v):
-    """A caller's ``cache``, once it is known to be a Cache that fits validated ``x`` and weights."""
+def _decode(x, w_q, w_k, w_v, cache, update):
+    """The decode loop over validated ``x: [..., T, D_model]`` through ``cache``, writing with ``update``.
+
+    Bare, for a cache the decode made (``update`` its unchecked ``_append``): its
+    positions come from validated inputs, and the overflow guard proves every
+    score and output finite. A caller's cache goes through :func:`_decode_given`.
+    """
+    out = np.empty(x.shape[:-1] + (w_v.shape[1],), dtype=np.result_type(x, w_v))  # [..., T, D_v]
+    for t in range(x.shape[-2]):
+        x_t = x[..., t : t + 1, :]  # [..., 1, D_model]
+        k, v = update(x_t @ w_k, x_t @ w_v)  # [..., t+1, D_k], [..., t+1, D_v]
+        out[..., t : t + 1, :] = _attend(x_t @ w_q, k, v)  # [..., 1, D_v]
+    return out
+
+
+def _decode_given(x, w_q, w_k, w_v, cache):
+    """:func:`_decode` through a caller's ``cache``, once it is known to be a Cache that fits.
+
+    Written through its own ``update()``; the positions it already held (never
+    ours to check) may hold anything, so the output is checked, and on any error
+    the cache is cropped back to its length.
+    """
     check_is_cache(cache)
     check_cache_fits(cache, x, w_q, w_k, w_v, np.result_type(x, w_v))
-    return cache
-
-
-def _decode(x, w_q, w_k, w_v, cache):
-    """The decode loop over validated ``x: [..., T, D_model]`` through ``cache``."""
-    out = np.empty(x.shape[:-1] + (w_v.shape[1],), dtype=np.result_type(x, w_v))  # [..., T, D_v]
     with rolled_back_on_error(cache), np.errstate(over="ignore", invalid="ignore"):
-        for t in range(x.shape[-2]):
-            x_t = x[..., t : t + 1, :]  # [..., 1, D_model]
-            k, v = cache.update(x_t @ w_k, x_t @ w_v)  # [..., t+1, D_k], [..., t+1, D_v]
-            out[..., t : t + 1, :] = attend(x_t @ w_q, k, v)  # [..., 1, D_v]
+        out = _decode(x, w_q, w_k, w_v, cache, cache.update)
         check_finite_output(out)
     return out
 
 
-def _decode_preallocated(x, w_q, w_k, w_v, cache=None):
+def _decode_cached(x, w_q, w_k, w_v, cache):
+    """The concat path for validated ``x: [..., T, D_model]``: a new DynamicCache by default."""
+    if cache is not None:
+        return _decode_given(x, w_q, w_k, w_v, cache)
+    cache = DynamicCache()
+    return _decode(x, w_q, w_k, w_v, cache, cache._append)
+
+
+def _decode_preallocated(x, w_q, w_k, w_v, dtype, cache=None):
     """The preallocated path for validated ``x: [..., T, D_model]``: a StaticCache of T positions by default."""
-    if cache is None:
-        dtype = np.result_type(x, w_k)
-        cache = StaticCache(x.shape[:-2], x.shape[-2], w_k.shape[1], w_v.shape[1], dtype)
-    else:
-        cache = _checked(cache, x, w_q, w_k, w_v)
-    return _decode(x, w_q, w_k, w_v, cache)
+    if cache is not None:
+        return _decode_given(x, w_q, w_k, w_v, cache)
+    cache = StaticCache._of(x.shape[:-2], x.shape[-2], w_k.shape[1], w_v.shape[1], dtype)  # sizes from validated inputs
+    return _decode(x, w_q, w_k, w_v, cache, cache._append)
 
 
 def decode_without_cache(x, w_q, w_k, w_v):
-    """Decode with no cache: step t recomputes causal attention over ``x[:t+1]``, O(T³) in all.
+    """Decode with no cache: step t recomputes causal attention over ``x[..., :t+1, :]``, O(T³) in all.
 
     What a model without a KV cache does: it re-runs its whole context for every new token.
     """
-    x, w_q, w_k, w_v, dtype = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(2,))
-    out = np.empty((x.shape[0], w_v.shape[1]), dtype=dtype)  # [T, D_v]
+    x, w_q, w_k, w_v, dtype = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(2, 3))
+    out = np.empty(x.shape[:-1] + (w_v.shape[1],), dtype=dtype)  # [..., T, D_v]
     with np.errstate(over="ignore", invalid="ignore"):
-        for t in range(x.shape[0]):
-            out[t] = _causal_attention(x[: t + 1], w_q, w_k, w_v)[-1]  # prefix [t+1, D_v] -> last row
+        for t in range(x.shape[-2]):
+            out[..., t, :] = _causal_attention(x[..., : t + 1, :], w_q, w_k, w_v)[..., -1, :]  # prefix's last row
     check_finite_output(out)
     return out
 
 
 def cached_attention(x, w_q, w_k, w_v, cache=None):
     """Decode with a K/V cache grown by ``np.concatenate`` (default: a new :class:`DynamicCache`)."""
-    x, w_q, w_k, w_v, _ = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(2,))
-    return _decode(x, w_q, w_k, w_v, DynamicCache() if cache is None else _checked(cache, x, w_q, w_k, w_v))
+    x, w_q, w_k, w_v, _ = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(2, 3))
+    return _decode_cached(x, w_q, w_k, w_v, cache)
 
 
 def cached_attention_preallocated(x, w_q, w_k, w_v, cache=None):
     """Decode with K/V buffers allocated once and written in place (default: a StaticCache of T positions)."""
-    x, w_q, w_k, w_v, _ = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(2,))
-    return _decode_preallocated(x, w_q, w_k, w_v, cache)
+    x, w_q, w_k, w_v, dtype = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(2, 3))
+    return _decode_preallocated(x, w_q, w_k, w_v, dtype, cache)
 
 
 def sequential_cached_attention(x, w_q, w_k, w_v):
@@ -92,7 +111,7 @@ def sequential_cached_attention(x, w_q, w_k, w_v):
     x, w_q, w_k, w_v, dtype = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(3,))
     out = np.empty(x.shape[:-1] + (w_v.shape[1],), dtype=dtype)  # [B, T, D_v]
     for b in range(x.shape[0]):
-        out[b] = _decode_preallocated(x[b], w_q, w_k, w_v)  # [T, D_v], validated above
+        out[b] = _decode_preallocated(x[b], w_q, w_k, w_v, dtype)  # [T, D_v], validated above
     return out
 
 
@@ -102,6 +121,5 @@ def batched_cached_attention(x, w_q, w_k, w_v, cache=None):
     The cache is ``[B, T, D]`` (default: a new StaticCache of T positions); every
     matmul keeps B as a batch axis, so sequences never mix.
     """
-    x, w_q, w_k, w_v, _ = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(3,))
-    return _decode_preallocated(x, w_q, w_k, w_v, cache)
-
+    x, w_q, w_k, w_v, dtype = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(3,))
+    return _decode_preallocated(x, w_q, w_k, w_v, dtype, cache)

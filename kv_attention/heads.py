@@ -37,7 +37,7 @@ from ._validation import (
     check_head_counts,
     check_head_inputs,
 )
-from .attention import _causal_attention, attend
+from .attention import _attend, _causal_attention
 from .cache import StaticCache, check_is_cache, rolled_back_on_error
 from .split import _split_kv_attention
 
@@ -79,7 +79,7 @@ def _attend_repeat_kv(q, k, v, attention=None):
         k = np.repeat(k, group, axis=-3)  # [..., H_q, S, D_head], K/V head j -> query heads jG..jG+G-1
         v = np.repeat(v, group, axis=-3)  # [..., H_q, S, D_head]
     q = q.reshape((*lead, n_kv_heads * group, 1, head_dim))  # [..., H_q, 1, D_head]
-    return (attention or attend)(q, k, v)  # [..., H_q, 1, D_head]
+    return (attention or _attend)(q, k, v)  # [..., H_q, 1, D_head]
 
 
 def _attend_grouped(q, k, v, attention=None):
@@ -90,14 +90,17 @@ def _attend_grouped(q, k, v, attention=None):
     one query position (``seqlenq_ngroups_swapped`` in ``flash_api.cpp``: q
     ``(b, 1, H_kv·G, d)`` viewed as ``(b, G, H_kv, d)``).
     """
-    return (attention or attend)(q, k, v)  # scores [..., H_kv, G, S] -> [..., H_kv, G, D_head]
+    return (attention or _attend)(q, k, v)  # scores [..., H_kv, G, S] -> [..., H_kv, G, D_head]
 
 
 _STEPS = {"repeat_kv": _attend_repeat_kv, "grouped": _attend_grouped}
 
 
-def _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache):
-    """The decode loop over validated ``x: [..., T, D_model]`` through ``cache``."""
+def _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache, update):
+    """The decode loop over validated ``x: [..., T, D_model]`` through ``cache``, writing with ``update``.
+
+    ``update`` is a caller's ``cache.update``, or the unchecked ``cache._append`` of the decode's own cache.
+    """
     lead = x.shape[:-2]
     group = w_q.shape[1] // (n_kv_heads * head_dim)
     q_shape = lead + (n_kv_heads, group, head_dim)  # [..., H_kv, G, D_head]
@@ -109,7 +112,7 @@ def _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache):
             x_t = x[..., t, :]  # [..., D_model]
             k_t = (x_t @ w_k).reshape(kv_shape)  # [..., H_kv, 1, D_head]
             v_t = (x_t @ w_v).reshape(kv_shape)  # [..., H_kv, 1, D_head]
-            k, v = cache.update(k_t, v_t)  # views [..., H_kv, t+1, D_head]
+            k, v = update(k_t, v_t)  # views [..., H_kv, t+1, D_head]
             q_t = (x_t @ w_q).reshape(q_shape)  # [..., H_kv, G, D_head]
             heads = step(q_t, k, v)  # [..., H_kv, G, D_head] or [..., H_q, 1, D_head]
             out[..., t, :] = heads.reshape(heads_shape) @ w_o  # [..., D_out]
@@ -154,7 +157,7 @@ def multi_head_decode(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, path="group
     x, w_q, w_k, w_v, w_o, head_dim, dtype = check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads)
     if cache is None:
         cache = StaticCache(x.shape[:-2] + (n_kv_heads,), x.shape[-2], head_dim, head_dim, dtype)
-    else:
-        check_is_cache(cache)
-        check_head_cache_fits(cache, x, w_q, w_k, w_v, n_kv_heads, head_dim, dtype)
-    return _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache)
+        return _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache, cache._append)
+    check_is_cache(cache)
+    check_head_cache_fits(cache, x, w_q, w_k, w_v, n_kv_heads, head_dim, dtype)
+    return _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache, cache.update)

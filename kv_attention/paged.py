@@ -92,6 +92,11 @@ class PagedKVCache:
         self._partial_tokens = {}  # prefix caching: seq_id -> token ids in its last, partial block
         self._peak_blocks = 0
 
+    def __repr__(self):
+        return (f"PagedKVCache(num_blocks={self.num_blocks}, block_size={self.block_size}, "
+                f"k_dim={self.k_cache.shape[-1]}, v_dim={self.v_cache.shape[-1]}, dtype={self.k_cache.dtype}, "
+                f"blocks_in_use={self.blocks_in_use}, sequences={len(self._block_tables)})")
+
     @property
     def num_blocks(self):
         """Physical blocks in the pool (int)."""

@@ -32,6 +32,17 @@ class Problem:
         """``(x, w_q, w_k, w_v)``, the positional arguments of every strategy."""
         return self.x, self.w_q, self.w_k, self.w_v
 
+    def __repr__(self):
+        """The shapes and the dtype, never the arrays: ``Problem(x=[16, 64], ..., dtype=float64)``."""
+        arrays = {"x": self.x, "w_q": self.w_q, "w_k": self.w_k, "w_v": self.w_v}
+        if self.embedding is not None:
+            arrays["embedding"] = self.embedding
+        dtypes = {name: str(getattr(a, "dtype", type(a).__name__)) for name, a in arrays.items()}
+        if len(set(dtypes.values())) == 1:
+            shapes = ", ".join(f"{name}={list(np.shape(a))}" for name, a in arrays.items())
+            return f"Problem({shapes}, dtype={dtypes['x']})"
+        return f"Problem({', '.join(f'{name}={dtypes[name]}{list(np.shape(a))}' for name, a in arrays.items())})"
+
 
 def make_problem(seq_len, batch_size=None, *, d_model=64, d_k=64, d_v=64, seed=42, dtype=np.float64,
                  vocab_size=None):

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._validation import as_size, check_choice, check_finite_output, check_paged_cache_fits, check_ragged_inputs
-from .attention import attend
+from .attention import _masked_attend
 from .paged import PagedKVCache
 
 RAGGED_STRATEGIES = ("padded", "compacted", "paged")
@@ -76,33 +76,6 @@ class RaggedDecodeStats:
     peak_reserved_slots: int
     moved_slots: int
     peak_blocks: int | None
-
-
-def masked_attend(q, k, v, valid):
-    """Attention of one query per row over the keys that ``valid`` marks, by explicit where-masking.
-
-    Args:
-        q: ``[N, 1, D_k]``; k: ``[N, S, D_k]``; v: ``[N, S, D_v]``.
-        valid: ``[N, S]`` bool, True where row n may attend to key s.
-
-    Returns:
-        ``[N, 1, D_v]``. A row with no valid key gives zeros, never NaN. A masked
-        key gets weight exactly 0 whatever its score (even inf or NaN from huge
-        keys), so finite values there add exactly nothing. With every key valid
-        this is :func:`~kv_attention.attention.attend`.
-    """
-    if valid.all():
-        return attend(q, k, v)
-    with np.errstate(over="ignore", invalid="ignore"):
-        scores = q @ k.swapaxes(-1, -2)  # [N, 1, S]
-        scores *= 1.0 / math.sqrt(q.shape[-1])
-    scores = np.where(valid[:, None, :], scores, -np.inf)  # the mask, by selection: no arithmetic on masked scores
-    row_max = scores.max(axis=-1, keepdims=True)  # [N, 1, 1]; -inf for a row with nothing to attend to
-    row_max[~valid.any(axis=-1)] = 0.0
-    weights = np.exp(scores - row_max)  # masked keys: exp(-inf) = 0
-    total = weights.sum(axis=-1, keepdims=True)
-    weights /= np.where(total > 0, total, 1.0)
-    return weights @ v  # [N, 1, D_v]
 
 
 @dataclass(frozen=True)
@@ -160,7 +133,7 @@ class _PaddedBatch(_ContiguousCache):
         self.lengths[self.in_batch] += 1
         span = int(self.lengths[self.in_batch].max())
         valid = (np.arange(span) < self.lengths[:, None]) & self.in_batch[:, None]  # [B, S]
-        out = masked_attend(q, self.k_cache[:, :span], self.v_cache[:, :span], valid)  # [B, 1, D_v]
+        out = _masked_attend(q, self.k_cache[:, :span], self.v_cache[:, :span], valid)  # [B, 1, D_v]
         return live, positions, out[self.in_batch, 0], len(rows)
 
 
@@ -200,7 +173,7 @@ class _CompactedBatch(_ContiguousCache):
         self.lengths[:n] += 1
         span = int(positions.max()) + 1
         valid = np.arange(span) < self.lengths[:n, None]  # [N, S]
-        out = masked_attend(q, self.k_cache[:n, :span], self.v_cache[:n, :span], valid)  # [N, 1, D_v]
+        out = _masked_attend(q, self.k_cache[:n, :span], self.v_cache[:n, :span], valid)  # [N, 1, D_v]
         return seqs, positions, out[:, 0], n
 
 
@@ -232,7 +205,7 @@ class _PagedBatch:
         k_seq, v_seq, lengths = self.cache.gather(self.seqs)  # [N, S, D_k], [N, S, D_v], [N]
         span = int(lengths.max())
         valid = np.arange(span) < lengths[:, None]  # [N, S]
-        out = masked_attend(q, k_seq[:, :span], v_seq[:, :span], valid)  # [N, 1, D_v]
+        out = _masked_attend(q, k_seq[:, :span], v_seq[:, :span], valid)  # [N, 1, D_v]
         return seqs, positions, out[:, 0], len(seqs)
 
     @property

@@ -64,8 +64,8 @@ from typing import Any
 import numpy as np
 
 from ._validation import check_finite_output, check_serve_inputs
+from .attention import _masked_attend
 from .paged import OutOfBlocksError, PagedKVCache
-from .ragged import masked_attend
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,11 @@ class Request:
     token_ids: Any
     prompt_len: int
     arrival_step: int = 0
+
+    def __repr__(self):
+        """The request without its tokens: ``Request('a', 512 tokens, prompt_len=500, arrival_step=0)``."""
+        return (f"Request({self.request_id!r}, {len(self.token_ids)} tokens, prompt_len={self.prompt_len}, "
+                f"arrival_step={self.arrival_step})")
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,12 @@ class ServeStats:
         """Decoded tokens computed in all (int)."""
         return sum(self.decode_tokens_per_step)
 
+    def __repr__(self):
+        """The counts, with the per-step tuples as their totals."""
+        return (f"ServeStats(steps={self.steps}, preemptions={self.preemptions}, "
+                f"recomputed_tokens={self.recomputed_tokens}, prefix_hit_tokens={self.prefix_hit_tokens}, "
+                f"peak_blocks={self.peak_blocks}, prefill_tokens={self.prefill_tokens}, decode_tokens={self.decode_tokens})")
+
 
 @dataclass(frozen=True)
 class ServeResult:
@@ -128,6 +139,11 @@ class ServeResult:
 
     outputs: dict
     stats: ServeStats
+
+    def __repr__(self):
+        """The stats, and the outputs as request_id -> shape."""
+        shapes = ", ".join(f"{rid!r}: {list(out.shape)}" for rid, out in self.outputs.items())
+        return f"ServeResult(outputs={{{shapes}}}, stats={self.stats!r})"
 
 
 class _Sequence:
@@ -268,7 +284,7 @@ class _Scheduler:
         span = int(lengths.max())
         valid = np.arange(span) < lengths[:, None]  # [N, S]
         with np.errstate(over="ignore", invalid="ignore"):
-            out = masked_attend(q, k[:, :span], v[:, :span], valid)[:, 0]  # [N, D_v]
+            out = _masked_attend(q, k[:, :span], v[:, :span], valid)[:, 0]  # [N, D_v]
         check_finite_output(out)
         for seq, row in zip(seqs, out):
             seq.outputs[seq.num_emitted] = row

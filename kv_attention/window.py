@@ -60,6 +60,12 @@ class SlidingWindowCache:
         self._length = 0  # positions seen
         self._first = n_sink  # the oldest window position held; the ring holds _first.._length-1
 
+    def __repr__(self):
+        *batch_shape, _, k_dim = self.k_cache.shape
+        return (f"SlidingWindowCache(batch_shape={tuple(batch_shape)}, window={self.window}, k_dim={k_dim}, "
+                f"v_dim={self.v_cache.shape[-1]}, n_sink={self.n_sink}, dtype={self.k_cache.dtype}, "
+                f"seq_length={self._length})")
+
     def _ring(self, first, count):
         """The slots of ring positions ``first..first+count-1`` (first >= n_sink, count <= W), in position order.
 

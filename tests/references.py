@@ -50,6 +50,24 @@ def naive_causal_attention(x, w_q, w_k, w_v, window=None, n_sink=0):
     return out
 
 
+def naive_attend(q, k, v, valid=None):
+    """One query row at a time with Python's math.exp over its valid keys (all, by default); zeros if none.
+
+    q: [..., T_q, D_k], k: [..., S, D_k], v: [..., S, D_v], valid: [..., S] bool -> [..., T_q, D_v] (float64).
+    """
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    valid = np.ones(k.shape[:-1], dtype=bool) if valid is None else np.asarray(valid)
+    out = np.zeros(q.shape[:-1] + v.shape[-1:])
+    for lead in np.ndindex(q.shape[:-2]):
+        keys = [s for s in range(k.shape[-2]) if valid[lead][s]]
+        for t in range(q.shape[-2]):
+            scores = [float(np.dot(q[lead][t], k[lead][s])) / math.sqrt(q.shape[-1]) for s in keys]
+            weights = [math.exp(score - max(scores)) for score in scores]
+            for s, weight in zip(keys, weights):
+                out[lead][t] += weight / sum(weights) * v[lead][s]
+    return out
+
+
 def problem(t_len, batch=None, d_model=4, d_k=3, d_v=5, seed=0, dtype=np.float64):
     """Inputs drawn here (not by kv_attention.make_problem), with D_model, D_k, D_v all different."""
     rng = np.random.default_rng(seed)

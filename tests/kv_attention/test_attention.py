@@ -1,4 +1,4 @@
-"""causal_attention, the reference, against an independent loop-by-loop computation."""
+"""causal_attention (the reference), attend and masked_attend (one step), against independent loop-by-loop computations."""
 
 import numpy as np
 import pytest
@@ -6,7 +6,7 @@ import pytest
 import kv_attention as kv
 from kv_attention.attention import band_mask
 
-from ..references import naive_causal_attention, problem
+from ..references import naive_attend, naive_causal_attention, problem
 
 
 @pytest.mark.parametrize("t_len", [1, 2, 5, 11])
@@ -152,3 +152,102 @@ def test_banded_reference_float32():
 def test_bad_window_or_sinks_raise(kwargs, error, message):
     with pytest.raises(error, match=message):
         kv.causal_attention(*problem(4), **kwargs)
+
+
+# --- one step: attend and masked_attend ----------------------------------------------------------
+
+
+def step_inputs(lead=(3,), t_q=2, s=5, d_k=4, d_v=6, seed=1, dtype=np.float64):
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal(lead + shape).astype(dtype) for shape in ((t_q, d_k), (s, d_k), (s, d_v)))
+    return q, k, v
+
+
+@pytest.mark.parametrize("lead", [(), (3,), (2, 3)])  # [T_q, D], [B, T_q, D], [B, H, T_q, D]
+def test_attend_matches_naive(lead):
+    q, k, v = step_inputs(lead)
+    out = kv.attend(q, k, v)
+    assert out.shape == lead + (2, 6) and out.dtype == np.float64
+    np.testing.assert_allclose(out, naive_attend(q, k, v), rtol=1e-12, atol=1e-12)
+
+
+def test_attend_in_float32():
+    q, k, v = step_inputs(dtype=np.float32)
+    out = kv.attend(q, k, v)
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, naive_attend(q, k, v), rtol=1e-5, atol=1e-5)
+
+
+def test_attend_over_the_keys_so_far_is_a_decode_step_of_causal_attention():
+    x, w_q, w_k, w_v = problem(6)
+    t = 4  # position 4 attends to positions 0..4
+    out = kv.attend(x[t : t + 1] @ w_q, x[: t + 1] @ w_k, x[: t + 1] @ w_v)
+    np.testing.assert_allclose(out[0], naive_causal_attention(x, w_q, w_k, w_v)[t], rtol=1e-12)
+
+
+@pytest.mark.parametrize("lead", [(), (3,), (2, 3)])
+def test_masked_attend_matches_naive_over_the_valid_keys(lead):
+    q, k, v = step_inputs(lead)
+    valid = np.random.default_rng(2).random(lead + (5,)) < 0.6
+    valid[(0,) * len(lead)] = False  # one row with nothing to attend to: zeros
+    out = kv.masked_attend(q, k, v, valid)
+    assert out.shape == lead + (2, 6)
+    np.testing.assert_allclose(out, naive_attend(q, k, v, valid), rtol=1e-12, atol=1e-12)
+    assert (out[(0,) * len(lead)] == 0).all()
+
+
+def test_masked_attend_with_every_key_valid_is_attend():
+    q, k, v = step_inputs()
+    np.testing.assert_array_equal(kv.masked_attend(q, k, v, np.ones((3, 5), dtype=bool)), kv.attend(q, k, v))
+
+
+def test_masked_keys_may_be_huge_the_bound_takes_the_valid_keys_only():
+    q, k, v = step_inputs()
+    valid = np.array([[True, True, False, False, False]] * 3)
+    k[:, 2:], v[:, 2:] = 1e308, -1e308  # q·k would overflow, and |v| is past half of float64's range
+    with np.errstate(all="raise"):
+        out = kv.masked_attend(q, k, v, valid)
+    np.testing.assert_allclose(out, naive_attend(q, k[:, :2], v[:, :2]), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match=r"q and k are too large for float64: \|q·k\| could overflow"):
+        kv.masked_attend(q, k, v, np.ones((3, 5), dtype=bool))
+    with pytest.raises(ValueError, match=r"v is too large for float64: \|v\| could overflow"):
+        kv.masked_attend(q, k * (np.arange(5) < 2)[:, None], v, np.ones((3, 5), dtype=bool))  # only v is huge
+
+
+def test_no_key_position_gives_zeros():
+    q, k, v = step_inputs(s=0)
+    for out in (kv.attend(q, k, v), kv.masked_attend(q, k, v, np.ones((3, 0), dtype=bool))):
+        assert out.shape == (3, 2, 6) and out.dtype == np.float64 and not out.any()
+
+
+@pytest.mark.parametrize(
+    "change, error, message",
+    [
+        (lambda q, k, v: (q, k[:, :, :3], v), ValueError, r"q and k must share D_k, .*: q \(3, 2, 4\), k \(3, 5, 3\)"),
+        (lambda q, k, v: (q, k, v[:, :4]), ValueError, r"k and v the S axis: q \(3, 2, 4\), k \(3, 5, 4\), v \(3, 4, 6\)"),
+        (lambda q, k, v: (q[:2], k, v), ValueError, r"with the same leading axes, got q \(2, 2, 4\), k \(3, 5, 4\)"),
+        (lambda q, k, v: (q[0, 0], k, v), ValueError, r"must be \[\.\.\., T_q, D_k\]"),
+        (lambda q, k, v: (q[..., :0], k[..., :0], v), ValueError, r"D_k must be at least 1"),
+        (lambda q, k, v: (q.astype(np.int64), k, v), TypeError, r"q must be a float32 or float64 array"),
+        (lambda q, k, v: (q, np.where(k > 1, np.nan, k), v), ValueError, r"^k contains NaN or inf$"),
+        (lambda q, k, v: (q * 1e200, k * 1e200, v), ValueError,
+         r"^q and k are too large for float64: \|q·k\| could overflow \(\|q·k\| <= \|q_t\|·\|k_s\| = [\d.]+e\+400;"),
+        (lambda q, k, v: (q, k, np.full_like(v, 1e308)), ValueError, r"^v is too large for float64: \|v\| could overflow \(\|v\| <= \|v_s\| = "),
+    ],
+)
+def test_attend_refuses_bad_input(change, error, message):
+    with pytest.raises(error, match=message):
+        kv.attend(*change(*step_inputs()))
+
+
+@pytest.mark.parametrize(
+    "valid, error, message",
+    [
+        (np.ones((3, 5), dtype=np.int64), TypeError, r"valid must be a bool array, got dtype int64"),
+        (np.ones((3, 4), dtype=bool), ValueError, r"valid must be \[\.\.\., S\] = \[3, 5\] for k \(3, 5, 4\), got shape \(3, 4\)"),
+        (np.ones((3, 1, 5), dtype=bool), ValueError, r"valid must be \[\.\.\., S\]"),
+    ],
+)
+def test_masked_attend_refuses_a_bad_mask(valid, error, message):
+    with pytest.raises(error, match=message):
+        kv.masked_attend(*step_inputs(), valid)

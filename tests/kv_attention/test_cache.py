@@ -144,3 +144,16 @@ def test_static_cache_checks_its_sizes_and_dtype():
     cache = kv.StaticCache((2, 3), 7, 4, 5, dtype=np.float32)
     assert cache.k_cache.shape == (2, 3, 7, 4) and cache.v_cache.shape == (2, 3, 7, 5)
     assert cache.k_cache.dtype == np.float32 and cache.max_seq_len == 7
+
+
+def test_reprs_are_short_and_say_the_layout_and_the_length():
+    dynamic = kv.DynamicCache()
+    assert repr(dynamic) == "DynamicCache(seq_length=0)"
+    dynamic.update(positions(4, (2,)), positions(4, (2,), d=2))
+    assert repr(dynamic) == "DynamicCache(k_cache=[2, 4, 3], v_cache=[2, 4, 2], dtype=float64, seq_length=4)"
+    static = kv.StaticCache((2, 8), 4096, 128, 64, np.float32)
+    static.update(np.ones((2, 8, 3, 128), np.float32), np.ones((2, 8, 3, 64), np.float32))
+    assert repr(static) == (
+        "StaticCache(batch_shape=(2, 8), max_seq_len=4096, k_dim=128, v_dim=64, dtype=float32, seq_length=3)"
+    )
+    assert repr(kv.StaticCache((), 5, 3, 2)) == "StaticCache(batch_shape=(), max_seq_len=5, k_dim=3, v_dim=2, dtype=float64, seq_length=0)"

@@ -41,6 +41,33 @@ def test_an_empty_cache_holds_zero_bytes():
     assert kv.kv_cache_bytes(batch=0, seq_len=9, n_layers=4, n_kv_heads=2, head_dim=8, dtype=np.float16) == 0
 
 
+@pytest.mark.parametrize("dtype, itemsize", [("bfloat16", 2), ("float8", 1), ("float8_e4m3fn", 1), ("float8_e5m2", 1)])
+def test_named_dtypes_numpy_lacks(dtype, itemsize):
+    # Llama-3-8B at T = 4096: 2 x 32 layers x 8 KV heads x 128 x 4096 positions = 2**28 elements.
+    shape = kv.MODEL_SHAPES["Llama-3-8B"]
+    assert shape.kv_cache_bytes(seq_len=4096, dtype=dtype) == 2**28 * itemsize
+    assert kv.kv_cache_bytes(batch=3, seq_len=5, n_layers=1, n_kv_heads=1, head_dim=7, dtype=dtype) == 210 * itemsize
+
+
+def test_the_named_dtypes_are_ml_dtypes_own_names_and_sizes():
+    # ml_dtypes registers these types with numpy under exactly these names; its dtypes count as the names.
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    ours = {name: size for name, size in kv.NAMED_ITEMSIZES.items() if name != "float8"}
+    for name, size in ours.items():
+        dtype = np.dtype(getattr(ml_dtypes, name))
+        assert (dtype.name, dtype.itemsize) == (name, size)
+        assert kv.kv_cache_bytes(batch=1, seq_len=3, n_layers=1, n_kv_heads=1, head_dim=5, dtype=dtype) == 30 * size
+    eight_bit = {n for n in dir(ml_dtypes) if n.startswith("float8_") and np.dtype(getattr(ml_dtypes, n)).itemsize == 1}
+    assert eight_bit <= set(ours), eight_bit - set(ours)  # every 8-bit float ml_dtypes knows
+    with pytest.raises(TypeError, match="dtype must be a float or integer dtype, got float4_e2m1fn"):
+        kv.kv_cache_bytes(batch=1, seq_len=3, n_layers=1, n_kv_heads=1, head_dim=5, dtype=ml_dtypes.float4_e2m1fn)
+
+
+def test_the_named_dtype_table_is_read_only():
+    with pytest.raises(TypeError):
+        kv.NAMED_ITEMSIZES["fp4"] = 1
+
+
 def test_huge_caches_are_exact_integers():
     shape = kv.MODEL_SHAPES["Llama-2-70B"]
     assert shape.kv_cache_bytes(batch=10**6, seq_len=10**6) == 327680 * 10**12
@@ -56,7 +83,9 @@ def test_huge_caches_are_exact_integers():
         ("seq_len", -4096, ValueError, r"seq_len must be >= 0, got -4096"),
         ("head_dim", 128.0, TypeError, r"head_dim must be an integer, got 128.0"),
         ("dtype", None, TypeError, r"dtype must be a numeric numpy dtype"),
-        ("dtype", "bfloat16", TypeError, r"dtype must be a numeric numpy dtype .*'bfloat16'"),
+        ("dtype", "bfloat17", TypeError, r"dtype must be a numeric numpy dtype .*'bfloat17'"),
+        ("dtype", "float4_e2m1fn", TypeError, r"dtype must be .*float4_e2m1fn"),  # sub-byte: stored packed
+        ("dtype", "Float8", TypeError, r"dtype must be a numeric numpy dtype .*'Float8'"),
         ("dtype", object, TypeError, r"dtype must be a float or integer dtype, got object"),
         ("dtype", np.bool_, TypeError, r"dtype must be a float or integer dtype, got bool"),
     ],

@@ -35,11 +35,12 @@ def test_float32_matches_float64_reference(strategy, t_len):
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("name", BATCHED)
+@pytest.mark.parametrize("name", SINGLE + BATCHED)  # the single-sequence strategies take [B, T, D_model] too
 @pytest.mark.parametrize("batch", [1, 2, 5])
 def test_batch_axis_never_mixes_sequences(name, batch):
     args = problem(6, batch)
     out = run(name, *args)
+    assert out.shape == (batch, 6, 5)
     for b in range(batch):
         np.testing.assert_allclose(
             out[b], naive_causal_attention(args[0][b], *args[1:]), rtol=1e-10, atol=1e-10
@@ -74,6 +75,21 @@ def test_decode_continues_from_a_filled_cache(name, make_cache):
     )
 
 
+@pytest.mark.parametrize(
+    "name, make_cache",
+    [("concat", kv.DynamicCache), ("preallocated", lambda: kv.StaticCache((3,), 11, 3, 5))],
+)
+def test_a_batch_continues_from_a_filled_cache_of_its_leading_axes(name, make_cache):
+    x, w_q, w_k, w_v = problem(11, 3)
+    cache = make_cache()
+    first = run(name, x[:, :4], w_q, w_k, w_v, cache=cache)
+    second = run(name, x[:, 4:], w_q, w_k, w_v, cache=cache)
+    assert cache.get_seq_length() == 11 and cache.k_cache.shape[0] == 3
+    np.testing.assert_allclose(
+        np.concatenate([first, second], axis=1), naive_causal_attention(x, w_q, w_k, w_v), rtol=1e-10, atol=1e-10
+    )
+
+
 def test_batched_decode_fills_a_b_by_t_cache():
     x, w_q, w_k, w_v = problem(6, 3)
     cache = kv.StaticCache((3,), 6, 3, 5)
@@ -89,9 +105,9 @@ ARG_NAMES = ("x", "w_q", "w_k", "w_v")
 
 def test_x_with_wrong_number_of_axes(strategy):
     x, w_q, w_k, w_v = strategy_problem(strategy, 4)
-    wrong = x[0] if strategy in BATCHED else x[None]
-    with pytest.raises(ValueError, match=r"x must be \[.*got shape"):
-        run(strategy, wrong, w_q, w_k, w_v)
+    for wrong in (x[0], x[None]) if strategy in BATCHED else (x[0], x[None, None]):
+        with pytest.raises(ValueError, match=r"x must be \[.*got shape"):
+            run(strategy, wrong, w_q, w_k, w_v)
 
 
 @pytest.mark.parametrize("position", [1, 2, 3])

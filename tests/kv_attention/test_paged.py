@@ -595,3 +595,14 @@ def test_a_failed_allocation_is_a_value_error_with_the_bytes_it_needs(monkeypatc
     monkeypatch.setattr("kv_attention.paged.np.zeros", no_memory)
     with pytest.raises(ValueError, match=r"needs 8800 bytes .*the allocation failed"):
         kv.PagedKVCache(100, 2, 3, 2, dtype=np.float64)  # 100 × 2 × 5 × 8, + 100 × (4 + 4) of bookkeeping
+
+
+def test_repr_gives_the_pool_and_its_use_not_the_arrays():
+    cache = kv.PagedKVCache(num_blocks=1000, block_size=16, k_dim=128, v_dim=64, dtype=np.float32)
+    assert repr(cache) == (
+        "PagedKVCache(num_blocks=1000, block_size=16, k_dim=128, v_dim=64, dtype=float32, blocks_in_use=0, sequences=0)"
+    )
+    cache.add_sequence("a")
+    cache.add_sequence("b")
+    cache.update(["a"], np.ones((1, 33, 128), np.float32), np.ones((1, 33, 64), np.float32))  # ceil(33 / 16) = 3 blocks
+    assert repr(cache).endswith("blocks_in_use=3, sequences=2)")

@@ -59,3 +59,12 @@ def test_the_embedding_is_drawn_after_the_weights_so_nothing_else_changes():
     assert kv.make_problem(3, vocab_size=2, dtype=np.float32).embedding.dtype == np.float32
     with pytest.raises(ValueError, match="vocab_size must be >= 1"):
         kv.make_problem(3, vocab_size=0)
+
+
+def test_repr_gives_shapes_and_dtype_not_the_arrays():
+    assert repr(kv.make_problem(4096, 2)) == "Problem(x=[2, 4096, 64], w_q=[64, 64], w_k=[64, 64], w_v=[64, 64], dtype=float64)"
+    p = kv.make_problem(3, d_model=4, d_k=2, d_v=5, dtype=np.float32)
+    mixed = kv.Problem(p.x, p.w_q, p.w_k, p.w_v.astype(np.float64))
+    assert repr(mixed) == "Problem(x=float32[3, 4], w_q=float32[4, 2], w_k=float32[4, 2], w_v=float64[4, 5])"
+    with_vocab = kv.make_problem(3, d_model=4, d_k=2, d_v=5, vocab_size=100)
+    assert repr(with_vocab) == "Problem(x=[3, 4], w_q=[4, 2], w_k=[4, 2], w_v=[4, 5], embedding=[100, 4], dtype=float64)"

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kv_attention as kv
-from kv_attention.ragged import masked_attend
+from kv_attention import masked_attend
 
 from ..references import blocks_per_step, schedule, sequences, solo_outputs, weights
 

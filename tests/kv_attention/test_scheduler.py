@@ -306,3 +306,14 @@ def test_every_request_equals_its_own_reference_and_the_counts_add_up(workload):
         assert stats.preemptions == 0
     if stats.preemptions == 0:
         assert stats.recomputed_tokens == 0 and computed == total - stats.prefix_hit_tokens
+
+
+def test_reprs_are_short_whatever_the_lengths():
+    request = kv.Request("a", list(range(3000)), 2990)
+    assert repr(request) == "Request('a', 3000 tokens, prompt_len=2990, arrival_step=0)"
+    stats = kv.ServeStats(steps=2, preemptions=0, recomputed_tokens=0, prefix_hit_tokens=4, peak_blocks=3,
+                          prefill_tokens_per_step=(6, 0), decode_tokens_per_step=(0, 2))
+    assert repr(stats) == ("ServeStats(steps=2, preemptions=0, recomputed_tokens=0, prefix_hit_tokens=4, "
+                           "peak_blocks=3, prefill_tokens=6, decode_tokens=2)")
+    result = kv.ServeResult({"a": np.zeros((11, 5)), 7: np.zeros((1, 5))}, stats)
+    assert repr(result) == f"ServeResult(outputs={{'a': [11, 5], 7: [1, 5]}}, stats={stats!r})"

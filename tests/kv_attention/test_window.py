@@ -229,3 +229,10 @@ class RingMachine(RuleBasedStateMachine):
 
 TestRing = RingMachine.TestCase
 TestRing.settings = settings(max_examples=60, stateful_step_count=25, deadline=None)
+
+
+def test_repr_gives_the_layout_and_the_positions_seen():
+    cache = kv.SlidingWindowCache((2, 4), 8, 16, 8, n_sink=2, dtype=np.float32)
+    cache.update(np.ones((2, 4, 13, 16), np.float32), np.ones((2, 4, 13, 8), np.float32))  # more than the 10 slots
+    assert repr(cache) == ("SlidingWindowCache(batch_shape=(2, 4), window=8, k_dim=16, v_dim=8, n_sink=2, "
+                           "dtype=float32, seq_length=13)")
