@@ -94,7 +94,8 @@ def as_itemsize(dtype, named):
     """Bytes per element of ``dtype``: a float or integer numpy dtype, or a name in ``named`` (name -> bytes).
 
     A dtype whose name is in ``named`` (as ml_dtypes registers ``bfloat16``) counts
-    as that name. TypeError for anything else, None included (``np.dtype(None)``
+    as that name, and one named ``<family>_<variant>`` whose family is in ``named`` with
+    its size (``float8_e5m3fnu``, 1 byte) counts as the family. TypeError for anything else, None included (``np.dtype(None)``
     would silently mean float64).
     """
     if isinstance(dtype, str) and dtype in named:
@@ -108,6 +109,9 @@ def as_itemsize(dtype, named):
         raise TypeError(f"dtype must be a numeric numpy dtype such as np.float16 or {names}, got {dtype!r}: {error}") from None
     if dtype.name in named:
         return named[dtype.name]
+    family = dtype.name.partition("_")[0]
+    if family in named and dtype.itemsize == named[family]:
+        return dtype.itemsize
     if dtype.kind not in "fiu":
         raise TypeError(f"dtype must be a float or integer dtype, got {dtype} (or {names})")
     return dtype.itemsize

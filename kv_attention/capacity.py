@@ -26,13 +26,14 @@ from ._validation import as_itemsize, as_size, check_model_shape
 # Cache element types of real servers that numpy has no dtype for, by name, with their bytes per
 # element. The float8 names are ml_dtypes' (the OCP 8-bit formats E4M3FN and E5M2 and their
 # variants; vLLM's kv_cache_dtype "fp8" stores E4M3, "fp8_e5m2" E5M2); importing ml_dtypes makes
-# them numpy dtypes, which are accepted too. Sub-byte formats (float4, int4) are not: they are
-# stored packed, and this count is in whole bytes per element.
+# them numpy dtypes, which are accepted too, as is any 1-byte dtype named float8_<variant> that a
+# later ml_dtypes adds. Sub-byte formats (float4, int4) are not: they are stored packed, and this
+# count is in whole bytes per element.
 NAMED_ITEMSIZES = MappingProxyType({
     "bfloat16": 2,
     "float8": 1,  # any 8-bit float
     **{f"float8_{variant}": 1 for variant in (
-        "e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz", "e4m3b11fnuz", "e4m3", "e3m4", "e8m0fnu")},
+        "e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz", "e4m3b11fnuz", "e4m3", "e3m4", "e5m3fnu", "e8m0fnu")},
 })
 
 
