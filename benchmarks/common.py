@@ -14,6 +14,7 @@ n/a) and AssertionError when it is wrong (asv fails it).
 """
 
 import functools
+import itertools
 import math
 
 import numpy as np
@@ -117,7 +118,7 @@ def assert_float64_close(out, expected, what, rtol=1e-7, atol=1e-8):
     np.testing.assert_allclose(out, expected, rtol=rtol, atol=atol, err_msg=what)
 
 
-_VERIFIED = set()  # keys whose check passed in this benchmark process
+VERIFIED = set()  # keys whose check passed in this benchmark process (or in its setup_cache, see check_points)
 
 
 def verified_decode(key, decode, inputs, reference, rtol=1e-7, atol=1e-8):
@@ -128,10 +129,10 @@ def verified_decode(key, decode, inputs, reference, rtol=1e-7, atol=1e-8):
     point in the message. A pass is remembered for the life of the benchmark
     process, since asv re-runs setup before every sample.
     """
-    if key not in _VERIFIED:
+    if key not in VERIFIED:
         check_single_threaded()
         assert_float64_close(decode(*inputs), reference(*inputs), key, rtol, atol)
-        _VERIFIED.add(key)
+        VERIFIED.add(key)
     return decode
 
 
@@ -139,3 +140,42 @@ def verified_strategy(name, t_len, batch=None):
     """The cache or batch experiment's strategy ``name``, checked on ``timed_inputs(t_len, batch)``."""
     decode = library_function(PUBLIC_FUNCTIONS[name])
     return verified_decode(f"{name} at T={t_len}, B={batch}", decode, timed_inputs(t_len, batch), oracle)
+
+
+def check_points(params, check):
+    """Run ``check(*point)`` once for every combination of ``params``: for a class's ``setup_cache``.
+
+    A class whose check is costly (an oracle per head at T = 1024) checks every
+    point once, in asv's ``setup_cache`` process for the commit, rather than in
+    every process asv starts for a sample or a tracked value. Returns
+    ``{point: outcome}``: ``{"value": what check returned, "verified": the
+    keys it added to VERIFIED}``, ``{"skipped": why}`` (NotImplementedError) or
+    ``{"failed": why}`` (any other error). :func:`replay` gives it to ``setup()``.
+    """
+    outcomes = {}
+    for point in itertools.product(*params):
+        before = set(VERIFIED)
+        try:
+            value = check(*point)
+            outcomes[point] = {"value": value, "verified": sorted(VERIFIED - before)}
+        except NotImplementedError as error:
+            outcomes[point] = {"skipped": str(error) or "not implemented at this commit"}
+        except Exception as error:  # noqa: BLE001 (a wrong or broken decode fails its point only)
+            outcomes[point] = {"failed": f"{type(error).__name__}: {error}"}
+    return outcomes
+
+
+def replay(outcomes, point):
+    """In ``setup()``: the outcome of ``point`` in :func:`check_points`, as asv's outcome, and its value.
+
+    Raises NotImplementedError (asv skips) or AssertionError (asv fails) as the
+    check did; else marks its keys verified in this process, so the decode is
+    not checked again, and returns the check's value.
+    """
+    outcome = outcomes.get(tuple(point), {"failed": f"{tuple(point)} was not checked"})
+    if "skipped" in outcome:
+        raise NotImplementedError(outcome["skipped"])
+    if "failed" in outcome:
+        raise AssertionError(outcome["failed"])
+    VERIFIED.update(outcome["verified"])
+    return outcome["value"]

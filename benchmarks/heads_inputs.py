@@ -60,17 +60,26 @@ def heads_oracle(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
     return np.concatenate(outputs, axis=-1) @ w_o  # [..., T, H_q·D_head] -> [..., T, D_out]
 
 
-def verified_heads_decode(kind, t_len, path):
+@functools.lru_cache(maxsize=None)
+def heads_expected(kind, t_len):
+    """:func:`heads_oracle` on ``heads_inputs(kind, t_len)``, computed once for both paths: ``[4, T, 128]``."""
+    return heads_oracle(*heads_inputs(kind, t_len), n_heads=HEADS_N_HEADS, n_kv_heads=KINDS[kind])
+
+
+def verified_heads_decode(kind, t_len, path, observe=None):
     """``multi_head_decode`` with n_heads, n_kv_heads and ``path`` bound, checked against :func:`heads_oracle`.
 
     rtol = atol = 1e-8, on ``heads_inputs(kind, t_len)``; outcomes as :func:`common.verified_decode`.
+    ``observe``, if given, wraps the decode for the check's call only (to measure that call).
     """
     decode = functools.partial(
         library_function("multi_head_decode"), n_heads=HEADS_N_HEADS, n_kv_heads=KINDS[kind], path=path
     )
-    reference = functools.partial(heads_oracle, n_heads=HEADS_N_HEADS, n_kv_heads=KINDS[kind])
     key = f"{path} {kind} at T={t_len}"
-    return verified_decode(key, decode, heads_inputs(kind, t_len), reference, rtol=1e-8, atol=1e-8)
+    checked = decode if observe is None else observe(decode)
+    verified_decode(key, checked, heads_inputs(kind, t_len), lambda *_: heads_expected(kind, t_len),
+                    rtol=1e-8, atol=1e-8)
+    return decode
 
 
 def verified_cache_bytes(kind, t_len):

@@ -10,14 +10,6 @@ from benchmarks import common
 from ..references import naive_causal_attention
 
 
-@pytest.fixture
-def one_thread(monkeypatch):
-    """One BLAS thread, as under asv, and a correctness check that remembers no earlier pass."""
-    monkeypatch.setattr(common, "_VERIFIED", set())
-    with threadpool_limits(limits=1):
-        yield
-
-
 @pytest.mark.parametrize("batch", [None, 3])
 def test_oracle_matches_the_independent_reference(batch):
     inputs = common.timed_inputs(9, batch)
@@ -55,3 +47,30 @@ def test_check_fails_when_blas_runs_more_than_one_thread():
             pytest.skip("this machine's BLAS runs one thread only")
         with pytest.raises(AssertionError, match="not pinned to one thread"):
             common.check_single_threaded()
+
+
+def test_check_points_records_each_outcome_and_replay_gives_it_to_setup(one_thread, monkeypatch):
+    # A setup_cache checks every point once; setup() in another process replays the outcome.
+    def check(t_len, strategy):
+        if strategy == "missing":
+            raise NotImplementedError("no such strategy at this commit")
+        common.verified_strategy(strategy, t_len)
+        return 10 * t_len
+
+    monkeypatch.setitem(common.PUBLIC_FUNCTIONS, "wrong", "decode_without_cache")
+    monkeypatch.setattr(kv, "decode_without_cache", lambda *a: kv.cached_attention(*a) * 1.001, raising=True)
+    outcomes = common.check_points([[4, 8], ["preallocated", "missing", "wrong"]], check)
+    assert outcomes[(4, "preallocated")] == {"value": 40, "verified": ["preallocated at T=4, B=None"]}
+    assert outcomes[(8, "missing")] == {"skipped": "no such strategy at this commit"}
+    assert outcomes[(8, "wrong")]["failed"].startswith("AssertionError: \nNot equal to tolerance")
+    assert "wrong at T=8, B=None" in outcomes[(8, "wrong")]["failed"]
+
+    common.VERIFIED.clear()  # as in a fresh benchmark process
+    assert common.replay(outcomes, [8, "preallocated"]) == 80
+    assert common.VERIFIED == {"preallocated at T=8, B=None"}
+    with pytest.raises(NotImplementedError, match="no such strategy"):
+        common.replay(outcomes, (4, "missing"))
+    with pytest.raises(AssertionError, match="wrong at T=4"):
+        common.replay(outcomes, (4, "wrong"))
+    with pytest.raises(AssertionError, match=r"\(16, 'preallocated'\) was not checked"):
+        common.replay(outcomes, (16, "preallocated"))

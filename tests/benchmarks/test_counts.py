@@ -102,7 +102,10 @@ def test_without_valgrind_every_point_skips_saying_how_to_install_it(monkeypatch
 def counted():
     if shutil.which("valgrind") is None:
         pytest.skip("valgrind is not installed (apt-get install valgrind)")
-    with pytest.MonkeyPatch.context() as patch:  # the check's one-thread pin, as asv.conf.json sets it
+    from threadpoolctl import threadpool_limits
+
+    # The one-thread pin, as asv.conf.json sets it: here for the native checks, in the environment for valgrind's.
+    with pytest.MonkeyPatch.context() as patch, threadpool_limits(limits=1):
         for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             patch.setenv(name, "1")
         yield counts.count_classes([TinyCounts])
@@ -119,3 +122,16 @@ def test_one_callgrind_process_counts_each_point_and_keeps_the_outcomes(counted)
     assert 1.6 < large["Ir"] / small["Ir"] < 2.4
     assert 100_000 < small["Ir"] < 5_000_000
     assert small["Dr"] + small["Dw"] < small["Ir"] and 0 <= small["DLmr"] <= small["D1mr"] <= small["Dr"]
+
+
+def test_the_checks_run_natively_before_valgrind_and_only_passed_points_are_counted(monkeypatch):
+    from threadpoolctl import threadpool_limits
+
+    from benchmarks import common
+
+    monkeypatch.setattr(common, "VERIFIED", set())
+    with threadpool_limits(limits=1):
+        checked = counts.check_points([TinyCounts])
+    assert checked == {(0, 2): {"skipped": "kv_attention has no such strategy at this commit"},
+                       (0, 3): {"failed": "AssertionError: preallocated at T=8: not equal to the oracle"}}
+    assert common.VERIFIED == {"preallocated at T=8, B=None", "preallocated at T=16, B=None"}

@@ -2,20 +2,11 @@
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
 import kv_attention as kv
 from benchmarks import common, heads_inputs
 
 from ..references import naive_multi_head
-
-
-@pytest.fixture
-def one_thread(monkeypatch):
-    """One BLAS thread, as under asv, and checks that remember no earlier pass."""
-    monkeypatch.setattr(common, "_VERIFIED", set())
-    with threadpool_limits(limits=1):
-        yield
 
 
 @pytest.mark.parametrize("kind", sorted(heads_inputs.KINDS))

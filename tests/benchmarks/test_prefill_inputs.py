@@ -2,20 +2,11 @@
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
 import kv_attention as kv
 from benchmarks import common, prefill_inputs
 
 from ..references import naive_causal_attention
-
-
-@pytest.fixture
-def one_thread(monkeypatch):
-    """One BLAS thread, as under asv, and checks that remember no earlier pass."""
-    monkeypatch.setattr(common, "_VERIFIED", set())
-    with threadpool_limits(limits=1):
-        yield
 
 
 @pytest.mark.parametrize("window, n_sink", [(None, 0), (1, 0), (3, 0), (3, 2), (20, 4)])
@@ -65,7 +56,7 @@ def test_checks_skip_what_the_commit_lacks(one_thread, monkeypatch):
     with pytest.raises(NotImplementedError, match="no chunked_attention"):
         prefill_inputs.verified_chunked(32, 1)
     monkeypatch.undo()
-    monkeypatch.setattr(common, "_VERIFIED", set())
+    monkeypatch.setattr(common, "VERIFIED", set())
     monkeypatch.delattr(kv, "SlidingWindowCache")
     with pytest.raises(NotImplementedError, match="no SlidingWindowCache"):
         prefill_inputs.held_cache_bytes(32, 1, 8)

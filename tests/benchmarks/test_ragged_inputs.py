@@ -4,21 +4,12 @@ import math
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
 import kv_attention as kv
 from benchmarks import common, ragged_inputs
 from benchmarks.bench_ragged import RaggedDecode
 
 from ..references import blocks_per_step, naive_causal_attention
-
-
-@pytest.fixture
-def one_thread(monkeypatch):
-    """One BLAS thread, as under asv, and a correctness check that remembers no earlier pass."""
-    monkeypatch.setattr(common, "_VERIFIED", set())
-    with threadpool_limits(limits=1):
-        yield
 
 
 def test_length_distributions_are_the_issues():

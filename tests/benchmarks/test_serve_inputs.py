@@ -4,22 +4,19 @@ import math
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
 import kv_attention as kv
-from benchmarks import common, serve_inputs
+from benchmarks import serve_inputs
 from benchmarks.bench_serve import Serve, ServeCounts
 
 from ..references import serve_reference
 
 
 @pytest.fixture
-def one_thread(monkeypatch):
-    """One BLAS thread, as under asv, and checks that remember no earlier pass."""
-    monkeypatch.setattr(common, "_VERIFIED", set())
+def one_thread(one_thread, monkeypatch):
+    """conftest's one_thread, and a serving check that remembers no earlier run either."""
     monkeypatch.setattr(serve_inputs, "_CHECKED", {})
-    with threadpool_limits(limits=1):
-        yield
+    yield
 
 
 def test_the_workload_is_the_issues():

@@ -2,21 +2,12 @@
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_limits
 
 import kv_attention as kv
-from benchmarks import bench_split, common, split_inputs
+from benchmarks import bench_split, split_inputs
 from kv_attention import split as split_module
 
 from ..references import naive_attention, naive_multi_head
-
-
-@pytest.fixture
-def one_thread(monkeypatch):
-    """One BLAS thread, as under asv, and checks that remember no earlier pass."""
-    monkeypatch.setattr(common, "_VERIFIED", set())
-    with threadpool_limits(limits=1):
-        yield
 
 
 def test_split_oracle_matches_the_independent_per_head_reference():
