@@ -337,6 +337,17 @@ def fractions(text):
 DRILLS = {"aa": aa, "slowdown": slowdown, "work": work, "broken": broken, "history": history}
 
 
+def library_commits(text):
+    """argparse type of ``history --library-commits``: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer of at least 1 (library commits to add), got {text!r}")
+    return value
+
+
 def setup_arguments(subparsers):
     parser = subparsers.add_parser("noise", allow_abbrev=False, help="A/A, injected slowdown and broken-strategy "
                                    "drills of the gate, in a temporary clone")
@@ -344,7 +355,7 @@ def setup_arguments(subparsers):
     for name in DRILLS:
         sub = drills.add_parser(name, allow_abbrev=False)
         if name == "history":
-            sub.add_argument("--library-commits", type=int, default=60, metavar="N",
+            sub.add_argument("--library-commits", type=library_commits, default=60, metavar="N",
                              help="library commits added on top of HEAD (default 60)")
             sub.add_argument("--keep", action="store_true", help="keep the temporary clone")
             continue
