@@ -10,7 +10,11 @@ Every ``setup()`` calls :func:`verified_decode` before anything is timed. It
 checks the one-thread BLAS pin, runs the commit's decode once on the timed
 problem and compares it with an oracle written here. The outcomes are asv's:
 NotImplementedError when the commit lacks the function (asv skips the point,
-n/a) and AssertionError when it is wrong (asv fails it).
+n/a) and AssertionError when it is wrong (asv fails it). Where the check costs
+more than the samples (HeadsDecode, RaggedDecode, the work counts), the class's
+``setup_cache`` checks every point once per commit (:func:`check_points`) and
+``setup()`` replays the outcome (:func:`replay`), so no process asv starts for
+a sample runs the oracle again.
 """
 
 import functools

@@ -58,3 +58,23 @@ def test_tracing_is_switched_off_afterwards():
 
     count_work(allocate_and_free, (1, 8))
     assert sys.gettrace() is None and not tracemalloc.is_tracing()
+
+
+def test_each_class_counts_every_point_once_in_its_own_setup_cache(one_thread):
+    from benchmarks import bench_work, common
+
+    class SmallCacheWork(bench_work.CacheWork):
+        params = [[4, 8], ["concat", "preallocated"]]
+
+    counted = SmallCacheWork().setup_cache()
+    assert set(counted) == {(t, s) for t in (4, 8) for s in ("concat", "preallocated")}
+    decode, inputs = common.library_function("cached_attention"), common.timed_inputs(8)
+    count_work(decode, inputs)
+    allocated, lines = count_work(decode, inputs)
+    assert counted[(8, "concat")]["value"][1] == lines  # exact; bytes within the interpreter's bookkeeping
+    assert abs(counted[(8, "concat")]["value"][0] - allocated) < 4096
+    bench = SmallCacheWork()
+    bench.setup(counted, 8, "concat")
+    assert bench.track_lines_per_step(counted, 8, "concat") == lines / 8
+    # asv keys a setup_cache by where it is defined: each class defines its own, so none is shared.
+    assert bench_work.CacheWork.setup_cache is not bench_work.BatchWork.setup_cache

@@ -79,13 +79,37 @@ def test_counts_are_skipped_when_the_decode_cannot_report_them():
 @pytest.mark.parametrize("strategy", ragged_inputs.RAGGED_STRATEGIES)
 def test_tracked_counts_are_the_issues_figures(one_thread, strategy, distribution):
     lengths = ragged_inputs.LENGTH_DISTRIBUTIONS[distribution]
-    bench = RaggedDecode()
-    bench.setup(strategy, distribution)
-    reserved = bench.track_reserved_slots(strategy, distribution)
-    row_steps = bench.track_row_steps(strategy, distribution)
+    class OnePoint(RaggedDecode):
+        params = [[strategy], [distribution]]
+
+    checked = OnePoint().setup_cache()
+    bench = OnePoint()
+    bench.setup(checked, strategy, distribution)
+    reserved = bench.track_reserved_slots(checked, strategy, distribution)
+    row_steps = bench.track_row_steps(checked, strategy, distribution)
     if strategy == "paged":
         assert reserved == 16 * max(blocks_per_step(lengths, None, 16))
         assert reserved <= 16 * sum(math.ceil(n / 16) for n in lengths)
     else:
         assert reserved == 8 * 256
     assert row_steps == (8 * 256 if strategy == "padded" else sum(lengths))
+
+
+def test_a_commit_without_return_stats_is_timed_and_its_counts_skip(one_thread, monkeypatch):
+    right = kv.ragged_decode
+
+    def old_ragged_decode(seqs, w_q, w_k, w_v, *, strategy, block_size, num_blocks=None):
+        return right(seqs, w_q, w_k, w_v, strategy=strategy, block_size=block_size, num_blocks=num_blocks)
+
+    monkeypatch.setattr(kv, "ragged_decode", old_ragged_decode)
+
+    class OnePoint(RaggedDecode):
+        params = [["compacted"], ["skewed"]]
+
+    checked = OnePoint().setup_cache()
+    assert checked[("compacted", "skewed")] == {"value": None, "verified": ["compacted, skewed"]}
+    bench = OnePoint()
+    bench.setup(checked, "compacted", "skewed")
+    bench.time_decode(checked, "compacted", "skewed")
+    with pytest.raises(NotImplementedError, match="no return_stats"):
+        bench.track_row_steps(checked, "compacted", "skewed")
