@@ -20,7 +20,8 @@ directory of asv.conf.json) and calls its ``setup()``. This one is listed as
   says otherwise (asv parses its command line before plugins load, so a new
   option is impossible), and prints the address it really listens on;
 - the machine name is :func:`tools.machine.default_name` (hostname plus a
-  hardware fingerprint) unless ``--machine`` gives one, and ``asv compare``
+  hardware fingerprint) unless ``--machine`` gives one, which must be one plain
+  folder name (:func:`tools.machine.check_name`), and ``asv compare``
   picks this machine's results when several machines have some.
 
 asv imports this module in ``.venv``: it needs only the standard library and
@@ -322,6 +323,18 @@ def _name_machine():
         return original(cls, **kwargs)
 
     MachineCommand.run = classmethod(functools.wraps(original)(run))
+    saved = Machine.save
+
+    def save(self, results_dir):  # where asv writes <results_dir>/<machine>/machine.json, before any result
+        from asv.util import UserError
+
+        try:
+            machine.check_name(self.machine)
+        except ValueError as error:
+            raise UserError(str(error)) from None
+        return saved(self, results_dir)
+
+    Machine.save = functools.wraps(saved)(save)
 
 
 def _wrap_compare():

@@ -16,8 +16,10 @@ it everywhere. Only the standard library is imported here, plus asv's
 CPU description inside :func:`fingerprint` when asv is importable.
 """
 
+import argparse
 import hashlib
 import multiprocessing
+import re
 import platform
 import uuid
 
@@ -47,6 +49,29 @@ def cpu_description():
         return get_cpu_info() or platform.processor()
     except OSError:
         return platform.processor()
+
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # one folder name under asv's results directory
+
+
+def check_name(name):
+    """``name`` if it is one plain folder name (letters, digits, ``.``, ``_``, ``-``; no ``/``, no leading dot).
+
+    asv stores a machine's results in ``<results_dir>/<name>/``, so ``../docs`` or
+    ``a/b`` would write outside it. ValueError otherwise.
+    """
+    if not isinstance(name, str) or not NAME.fullmatch(name):
+        raise ValueError(f"machine name must be letters, digits, '.', '_' or '-' (not starting with '.', "
+                         f"at most 100 characters): it names a folder of the results, got {name!r}")
+    return name
+
+
+def name_argument(text):
+    """argparse type of ``--machine``: :func:`check_name`."""
+    try:
+        return check_name(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def fingerprint():

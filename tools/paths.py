@@ -28,13 +28,27 @@ import tempfile
 from . import common
 from .common import UserError
 
-KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFIFO: "a FIFO",
+KINDS = {stat.S_IFREG: "a regular file", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFIFO: "a FIFO",
          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symlink"}
 
 
 def kind(mode):
     """What a file of ``mode`` is, in words (``a FIFO``)."""
     return KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+SYSTEM_DIRS = ("/dev", "/proc", "/sys")  # the kernel's and devices' file systems: never an output
+
+
+def _check_given(out, what):
+    """UserError for an empty path, or one in :data:`SYSTEM_DIRS` as given or resolved."""
+    if not isinstance(out, (str, os.PathLike)) or not os.fspath(out):
+        raise UserError(f"{what}: the path is empty")
+    given, real = os.path.abspath(out), os.path.realpath(out)
+    for path, label in ((given, what), (real, f"{what} (resolved to {real})")):
+        system = [d for d in SYSTEM_DIRS if _inside(path, d)]
+        if system:
+            raise UserError(f"{label} is inside {system[0]}, the system's device and kernel files: choose another path")
 
 
 def _inside(path, folder):
@@ -93,6 +107,7 @@ def check_file(out, protected=(), what=None):
             missing path, is read-only, protected, inside .git or tracked.
     """
     what = what or f"--out {out}"
+    _check_given(out, what)
     protected = protected_dirs(*protected)
     given, real = os.path.abspath(out), os.path.realpath(out)
     _check_place(given, what, protected)
@@ -151,6 +166,7 @@ def check_dir(out, protected=(), what=None):
             or lies in a protected directory or inside .git.
     """
     what = what or f"--out {out}"
+    _check_given(out, what)
     protected = protected_dirs(*protected)
     given, real = os.path.abspath(out), os.path.realpath(out)
     for path in {given, real}:

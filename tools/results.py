@@ -713,7 +713,14 @@ def _points(results, name, names):
     samples = results.get_result_samples(name, params)
     timed = name.rsplit(".", 1)[-1].startswith("time")
     # asv keeps one entry per combination, in itertools.product order ([()] if unparameterized).
-    for i, combo in enumerate(itertools.product(*params)):
+    combos = list(itertools.product(*params))
+    # asv's getters pad a short column with None (a failure) and drop extra entries: check what is stored.
+    stored = {"values": results._results, "statistics": results._stats, "samples": results._samples}
+    for what, columns in stored.items():
+        column = columns.get(name)
+        if params and isinstance(column, list) and len(column) != len(combos):
+            raise ValueError(f"{name}: {len(column)} {what} for {len(combos)} parameter combinations")
+    for i, combo in enumerate(combos):
         stat = (stats[i] if stats and i < len(stats) else None) or {}
         if not isinstance(stat, dict) or not all(is_finite(v) for v in stat.values()):
             raise ValueError(f"{name}: malformed statistics {short(stat)}")

@@ -89,6 +89,20 @@ def test_the_machine_name_is_the_hostname_and_a_fingerprint_of_cpu_and_machine_i
     assert machine.machine_id().startswith("mac-")
 
 
+@pytest.mark.parametrize("name", ["../../docs/results/vm", "a/b", "", ".hidden", "..", "x" * 101, "a\nb"])
+def test_a_machine_name_that_is_not_one_plain_folder_name_is_refused_before_asv_writes(name, tmp_path):
+    from asv.machine import Machine
+    from asv.util import UserError
+
+    asv_plugin.setup()  # idempotent; wraps Machine.save
+    with pytest.raises(ValueError, match="machine name must be"):
+        machine.check_name(name)
+    with pytest.raises(UserError, match="machine name must be"):
+        Machine.save(SimpleNamespace(machine=name), str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+    assert machine.check_name("vm-3fa1c2d9") == "vm-3fa1c2d9"
+
+
 CACHE = {"params": [["16", "32", "64", "128", "256"], ["'no_cache'", "'concat'", "'preallocated'"]],
          "param_names": ["T", "strategy"]}
 

@@ -12,7 +12,10 @@ DEV_PY = common.ROOT / "tools" / "dev.py"
 
 @pytest.mark.parametrize("argv", [[], ["frobnicate"], ["bench", "--bogus"], ["bench", "--al"], ["bench", "--commits", "1"],
                                   ["noise", "history", "--library-commits", "-1"],
-                                  ["noise", "history", "--library-commits", "0"]])
+                                  ["noise", "history", "--library-commits", "0"],
+                                  ["noise", "history", "--library-commits", "100000000"],
+                                  ["bench", "--machine", "../../docs/results/vm"], ["bench", "--machine", ""],
+                                  ["report", "tables", "--machine", "a/b"]])
 def test_bad_command_lines_exit_2_without_a_traceback(argv):
     result = subprocess.run([sys.executable, str(DEV_PY), *argv], capture_output=True, text=True)
     assert result.returncode == 2

@@ -57,10 +57,19 @@ def test_a_device_node_is_refused_and_stays_a_device(project, capsys, tmp_path):
     assert stat.S_ISCHR(os.lstat(device).st_mode) and os.lstat(device).st_rdev == os.makedev(1, 7)
 
 
-def test_dev_null_is_refused(project, capsys):
+def test_dev_null_and_anything_in_the_system_directories_is_refused(project, capsys, tmp_path):
     code, _, err = csv(project, capsys, "/dev/null")
-    one_line_error(code, err, "is a character device")
+    one_line_error(code, err, "is inside /dev")
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    (tmp_path / "devices").symlink_to("/dev")
+    code, _, err = csv(project, capsys, tmp_path / "devices" / "new.csv")  # through a symlink too
+    one_line_error(code, err, "resolved", "is inside /dev")
+    assert not os.path.lexists("/dev/new.csv")
+
+
+def test_an_empty_path_is_refused(project, capsys):
+    code, _, err = csv(project, capsys, "")
+    one_line_error(code, err, "the path is empty")
 
 
 def test_a_socket_and_a_directory_are_refused(project, capsys, tmp_path):
@@ -166,6 +175,13 @@ def test_plots_refuse_a_fifo_png_and_a_fifo_or_protected_directory(project, caps
     code, _, err = report(project, "plots", "--out", str(project / ".asv/results/figs"), capsys=capsys)
     one_line_error(code, err, "is inside")
     assert not (project / ".asv/results/figs").exists()
+    (tmp_path / "notes.md").write_text("mine")
+    code, _, err = report(project, "plots", "--out", str(tmp_path / "notes.md"), capsys=capsys)
+    one_line_error(code, err, "is a regular file, not a directory")
+    before = sorted(os.listdir("/dev"))
+    code, _, err = report(project, "plots", "--out", "/dev", capsys=capsys)
+    one_line_error(code, err, "is inside /dev")
+    assert sorted(os.listdir("/dev")) == before
 
 
 def test_plots_replace_their_own_files_and_say_so(project, capsys, tmp_path):

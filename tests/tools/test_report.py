@@ -487,6 +487,8 @@ def test_without_benchmarks_json_the_suites_own_param_names_are_used(repo, capsy
     lambda d: d.__setitem__("commit_hash", None),
     lambda d: d.__setitem__("date", "yesterday"),
     lambda d: d["results"].__setitem__(CACHE, None),
+    lambda d: d["results"][SWEEP].__setitem__(0, [1.0]),  # one value for the sweep's four batch sizes
+    lambda d: d["results"][SWEEP].__setitem__(1, [["1"]]),  # one batch size for four values
 ])
 def test_a_malformed_result_file_is_an_error_not_a_figure(repo, capsys, edit):
     path, hashes = repo

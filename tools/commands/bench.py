@@ -21,7 +21,7 @@ import math
 import re
 import time
 
-from .. import common, results
+from .. import common, machine, results
 from .gate import channel_summary
 from .publish import VIEW_COMMAND, publish
 
@@ -60,7 +60,7 @@ def setup_arguments(subparsers):
     which.add_argument("--commits", type=commit_count, default=DEFAULT_COMMITS, metavar="N",
                        help=f"benchmark at most N commits: main, main~1, the newest that can change a result and "
                             f"older ones spread over the history (default {DEFAULT_COMMITS})")
-    parser.add_argument("--machine", metavar="NAME",
+    parser.add_argument("--machine", metavar="NAME", type=machine.name_argument,
                         help="asv machine name to store the results under (default: hostname plus a short "
                              "fingerprint of the CPU and /etc/machine-id)")
     return parser

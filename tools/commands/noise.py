@@ -338,13 +338,13 @@ DRILLS = {"aa": aa, "slowdown": slowdown, "work": work, "broken": broken, "histo
 
 
 def library_commits(text):
-    """argparse type of ``history --library-commits``: an integer >= 1."""
+    """argparse type of ``history --library-commits``: an integer from 1 to 1000."""
     try:
         value = int(text)
     except ValueError:
         value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer of at least 1 (library commits to add), got {text!r}")
+    if not 1 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"must be an integer from 1 to 1000 (library commits to add), got {text!r}")
     return value
 
 
