@@ -117,6 +117,14 @@ def as_itemsize(dtype, named):
     return dtype.itemsize
 
 
+def as_flag(name, value):
+    """``value`` as a bool; TypeError unless it is one (numpy's included): every flag of the library, so that
+    a truthy string such as ``"no"`` is refused, not taken for True."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
 def check_choice(what, value, known):
     """Raise ValueError unless ``value`` is one of the names ``known``."""
     if not isinstance(value, str) or value not in known:
@@ -696,13 +704,6 @@ def check_ragged_inputs(x, w_q, w_k, w_v, lengths, start_steps):
 
 
 # Serving: requests and the scheduler's options
-
-
-def as_flag(name, value):
-    """``value`` as a bool; TypeError unless it is one (numpy's included)."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
 
 
 def check_serve_inputs(requests, embedding, w_q, w_k, w_v, block_size, num_blocks, budget, max_num_seqs, caching):

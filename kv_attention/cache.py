@@ -56,31 +56,30 @@ def check_is_cache(cache):
         )
 
 
-_NO_SNAPSHOT = type(None)  # NoneType() is None: the snapshot of a cache a crop can roll back, made without a Python line
-
-
 class rolled_back_on_error:
     """Context manager: on any error in the block, crop ``cache`` back to the length it had; the error propagates.
 
-    A cache whose updates a crop cannot undo (a ring buffer overwrites) gives a
-    ``_snapshot()`` of its state instead, put back by its ``_restore``.
+    A cache whose updates a crop cannot undo (a ring buffer overwrites, or a
+    ``PagedKVCache``, which has no one length) gives a ``_snapshot()`` of its state
+    instead, put back by its ``_restore``. "Any error" includes the GeneratorExit of
+    a generator closed inside the block, so a decode abandoned midway rolls back too.
     A class, as ``contextlib.suppress`` is: it runs on every decode call, and a
     generator-based one would execute four times as many Python lines.
     """
 
     def __init__(self, cache):
         # One line, so that a decode executes as many Python lines as before (bench_work counts them).
-        self.cache, self.start, self.saved = cache, cache.get_seq_length(), getattr(cache, "_snapshot", _NO_SNAPSHOT)()
+        self.cache, self.saved = cache, getattr(cache, "_snapshot", cache.get_seq_length)()
 
     def __enter__(self):
         return self.cache
 
     def __exit__(self, error_type, error, traceback):
         if error_type is not None:
-            if self.saved is None:
-                self.cache.crop(self.start)
-            else:
+            if hasattr(self.cache, "_snapshot"):
                 self.cache._restore(self.saved)
+            else:
+                self.cache.crop(self.saved)
 
 
 class DynamicCache:

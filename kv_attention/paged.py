@@ -35,6 +35,7 @@ blocks than are free. On any error the pool, the free list, the refcounts and
 every block table are unchanged.
 """
 
+import copy
 import math
 
 import numpy as np
@@ -315,6 +316,18 @@ class PagedKVCache:
         """Logical size of the stored keys and values, in bytes (int); not the pool's size."""
         per_slot = (self.k_cache.nbytes + self.v_cache.nbytes) // max(self.num_blocks * self.block_size, 1)
         return per_slot * self.slots_used
+
+    def _snapshot(self):
+        """A copy of the whole state, for ``cache.rolled_back_on_error`` (a ragged decode in a caller's cache)."""
+        state = (self.allocator, self._block_tables, self._lengths, self._block_hashes, self._partial_tokens)
+        return self.k_cache.copy(), self.v_cache.copy(), copy.deepcopy(state), self._peak_blocks
+
+    def _restore(self, snapshot):
+        """Put back a :meth:`_snapshot` of this cache, the pool into the same buffers."""
+        k_cache, v_cache, state, self._peak_blocks = snapshot
+        self.allocator, self._block_tables, self._lengths, self._block_hashes, self._partial_tokens = state
+        self.k_cache[...] = k_cache
+        self.v_cache[...] = v_cache
 
     def _blocks_for(self, length):
         return math.ceil(length / self.block_size)
