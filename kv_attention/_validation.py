@@ -15,6 +15,7 @@ ragged decode and the ``Request`` objects given to ``serve`` are checked here,
 their classes imported inside the check (paged.py and scheduler.py import this module).
 """
 
+import contextlib
 import math
 import os
 
@@ -81,10 +82,16 @@ def as_sizes_per_sequence(name, values, count):
 
 
 def as_float_dtype(dtype):
-    """Return ``np.dtype(dtype)``; TypeError unless it is float32 or float64."""
+    """Return ``np.dtype(dtype)``; TypeError unless it is float32 or float64 (None included: ``np.dtype(None)``
+    would silently mean float64, as :func:`as_itemsize` refuses it too)."""
     if dtype is _FLOAT64 or dtype is _FLOAT32:  # already a dtype, e.g. from np.result_type
         return dtype
-    dtype = np.dtype(dtype)
+    if dtype is None:
+        raise TypeError("dtype must be float32 or float64, got None")
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError as error:
+        raise TypeError(f"dtype must be float32 or float64, got {dtype!r}: {error}") from None
     if dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"dtype must be float32 or float64, got {dtype}")
     return dtype
@@ -538,9 +545,30 @@ def check_paged_positions(k, v, n_seqs, cache):
 def check_pool_size(num_blocks, block_size, k_dim, v_dim, dtype, bookkeeping):
     """The bytes a paged pool needs (``k_cache``, ``v_cache``, ``bookkeeping``); ValueError beyond physical memory."""
     nbytes = num_blocks * block_size * (k_dim + v_dim) * dtype.itemsize + bookkeeping
+    return check_memory(nbytes, pool_description(num_blocks, block_size, k_dim, v_dim, dtype))
+
+
+def pool_description(num_blocks, block_size, k_dim, v_dim, dtype):
+    return f"a pool of num_blocks={num_blocks} blocks of block_size={block_size}, k_dim={k_dim}, v_dim={v_dim} in {dtype}"
+
+
+def check_buffer_size(what, batch_shape, slots, k_dim, v_dim, dtype):
+    """The bytes of buffers ``[*batch_shape, slots, k_dim]`` and ``[*batch_shape, slots, v_dim]`` in ``dtype``
+    (a cache's); ValueError beyond physical memory, naming ``what`` (e.g. "a StaticCache") and the sizes."""
+    nbytes = math.prod(batch_shape) * slots * (k_dim + v_dim) * dtype.itemsize
+    sizes = f"batch_shape={batch_shape}, {slots} positions, k_dim={k_dim}, v_dim={v_dim} in {dtype}"
+    return check_memory(nbytes, f"{what} of {sizes}")
+
+
+def check_memory(nbytes, what):
+    """``nbytes``, the bytes ``what`` (text, e.g. "a pool of ...") needs; ValueError beyond physical memory.
+
+    Every constructor that allocates from its sizes checks them here first, so that
+    a size too large for the machine is a ValueError naming the bytes, not a MemoryError.
+    """
     memory = physical_memory()
     if memory is not None and nbytes > memory:
-        raise pool_too_large(nbytes, num_blocks, block_size, k_dim, v_dim, dtype, f"this machine has {memory} bytes")
+        raise too_large_for_memory(nbytes, what, f"this machine has {memory} bytes")
     return nbytes
 
 
@@ -552,12 +580,19 @@ def physical_memory():
         return None
 
 
-def pool_too_large(nbytes, num_blocks, block_size, k_dim, v_dim, dtype, why):
-    """The ValueError for a paged pool that memory cannot hold."""
-    return ValueError(
-        f"a pool of num_blocks={num_blocks} blocks of block_size={block_size}, k_dim={k_dim}, v_dim={v_dim} "
-        f"in {dtype} needs {nbytes} bytes ({nbytes / 2**30:.3g} GiB), more than memory can hold ({why})"
-    )
+@contextlib.contextmanager
+def named_allocation_failure(nbytes, what):
+    """Context manager for the allocation :func:`check_memory` passed: a MemoryError (or numpy's "array is too
+    big" ValueError) in the block becomes the ValueError of :func:`too_large_for_memory`."""
+    try:
+        yield
+    except (MemoryError, ValueError):
+        raise too_large_for_memory(nbytes, what, "the allocation failed") from None
+
+
+def too_large_for_memory(nbytes, what, why):
+    """The ValueError for ``what`` (text), which needs ``nbytes`` bytes that memory cannot hold (``why``)."""
+    return ValueError(f"{what} needs {nbytes} bytes ({nbytes / 2**30:.3g} GiB), more than memory can hold ({why})")
 
 
 def _as_integer_array(name, values):

@@ -18,7 +18,15 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from ._validation import as_batch_shape, as_float_dtype, as_size, check_crop, check_new_positions
+from ._validation import (
+    as_batch_shape,
+    as_float_dtype,
+    as_size,
+    check_buffer_size,
+    check_crop,
+    check_new_positions,
+    named_allocation_failure,
+)
 
 
 @runtime_checkable
@@ -154,7 +162,10 @@ class StaticCache:
     def __init__(self, batch_shape, max_seq_len, k_dim, v_dim, dtype=np.float64):
         batch_shape = as_batch_shape(batch_shape)
         max_seq_len, k_dim, v_dim = as_size("max_seq_len", max_seq_len), as_size("k_dim", k_dim), as_size("v_dim", v_dim)
-        self._allocate(batch_shape, max_seq_len, k_dim, v_dim, as_float_dtype(dtype))
+        dtype = as_float_dtype(dtype)
+        nbytes = check_buffer_size("a StaticCache", batch_shape, max_seq_len, k_dim, v_dim, dtype)
+        with named_allocation_failure(nbytes, "a StaticCache"):
+            self._allocate(batch_shape, max_seq_len, k_dim, v_dim, dtype)
 
     @classmethod
     def _of(cls, batch_shape, max_seq_len, k_dim, v_dim, dtype):

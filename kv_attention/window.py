@@ -32,9 +32,11 @@ from ._validation import (
     as_batch_shape,
     as_float_dtype,
     as_size,
+    check_buffer_size,
     check_crop,
     check_new_positions,
     check_window_crop,
+    named_allocation_failure,
 )
 
 
@@ -54,9 +56,11 @@ class SlidingWindowCache:
         window, n_sink = as_size("window", window, minimum=1), as_size("n_sink", n_sink)
         k_dim, v_dim = as_size("k_dim", k_dim), as_size("v_dim", v_dim)
         dtype = as_float_dtype(dtype)
+        nbytes = check_buffer_size("a SlidingWindowCache", batch_shape, n_sink + window, k_dim, v_dim, dtype)
         self.window, self.n_sink = window, n_sink
-        self.k_cache = np.zeros(batch_shape + (n_sink + window, k_dim), dtype)
-        self.v_cache = np.zeros(batch_shape + (n_sink + window, v_dim), dtype)
+        with named_allocation_failure(nbytes, "a SlidingWindowCache"):
+            self.k_cache = np.zeros(batch_shape + (n_sink + window, k_dim), dtype)
+            self.v_cache = np.zeros(batch_shape + (n_sink + window, v_dim), dtype)
         self._length = 0  # positions seen
         self._first = n_sink  # the oldest window position held; the ring holds _first.._length-1
 

@@ -5,6 +5,7 @@ independently of the cache's own bookkeeping.
 """
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -315,11 +316,20 @@ def test_sequence_bookkeeping_errors():
         ((4, 0, 3, 5), ValueError, "block_size must be >= 1"),
         ((4, 2.0, 3, 5), TypeError, "block_size must be an integer"),
         ((4, 2, 3, 5, np.int32), TypeError, "float32 or float64"),
+        ((4, 2, 3, 5, None), TypeError, "^dtype must be float32 or float64, got None$"),
     ],
 )
 def test_constructor_checks_its_arguments(args, error, message):
     with pytest.raises(error, match=message):
         kv.PagedKVCache(*args)
+
+
+@pytest.mark.parametrize("flag", ["yes", "no", 1, 0, None, np.array([True])])
+def test_enable_prefix_caching_must_be_true_or_false(flag):
+    # A truthy "no" once turned prefix caching on.
+    with pytest.raises(TypeError, match=f"^enable_prefix_caching must be True or False, got {re.escape(repr(flag))}$"):
+        kv.PagedKVCache(4, 2, 3, 5, enable_prefix_caching=flag)
+    assert kv.PagedKVCache(4, 2, 3, 5, enable_prefix_caching=np.True_).enable_prefix_caching is True
 
 
 def test_gather_and_lengths_take_only_ordered_id_lists():
