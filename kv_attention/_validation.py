@@ -365,18 +365,25 @@ def as_batch_shape(batch_shape):
 
 
 def check_new_positions(k, v, cache):
-    """Raise unless ``k: [..., T_new, D_k]`` and ``v: [..., T_new, D_v]`` fit ``cache``."""
+    """``k: [..., T_new, D_k]`` and ``v: [..., T_new, D_v]`` as :func:`as_float_array` gives them, or raise
+    unless they fit ``cache``.
+
+    As every entry point: TypeError for a masked array, ValueError for NaN/inf; a
+    big-endian array is converted, and an np.matrix is taken as a plain array.
+    """
     if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
         raise TypeError(f"k and v must be numpy arrays, got {type(k).__name__}, {type(v).__name__}")
+    k_dtype, v_dtype = k.dtype.newbyteorder("="), v.dtype.newbyteorder("=")  # '>f8' counts as float64
+    if k_dtype not in SUPPORTED_DTYPES or v_dtype != k_dtype:
+        raise TypeError(f"k and v must both be float32 or both float64, got {k.dtype} and {v.dtype}")
+    k, v = as_float_array("k", k), as_float_array("v", v)
     if k.ndim < 2 or k.ndim != v.ndim or k.shape[:-1] != v.shape[:-1]:
         raise ValueError(
             f"k and v must be [..., T_new, D_k] and [..., T_new, D_v] with the same "
             f"leading axes, got k {k.shape}, v {v.shape}"
         )
-    if k.dtype not in SUPPORTED_DTYPES or v.dtype != k.dtype:
-        raise TypeError(f"k and v must both be float32 or both float64, got {k.dtype} and {v.dtype}")
     if cache.k_cache is None:
-        return
+        return k, v
     expected_k = cache.k_cache.shape[:-2] + (k.shape[-2], cache.k_cache.shape[-1])
     expected_v = cache.v_cache.shape[:-2] + (v.shape[-2], cache.v_cache.shape[-1])
     if k.shape != expected_k or v.shape != expected_v:
@@ -386,6 +393,7 @@ def check_new_positions(k, v, cache):
         )
     if not np.can_cast(k.dtype, cache.k_cache.dtype, casting="safe"):
         raise TypeError(f"k and v are {k.dtype}, which the cache's {cache.k_cache.dtype} cannot hold without loss")
+    return k, v
 
 
 def check_crop(length, stored):
@@ -596,7 +604,8 @@ def too_large_for_memory(nbytes, what, why):
 
 
 def _as_integer_array(name, values):
-    """``values`` as an int64 array; TypeError unless integers (an empty list counts), ValueError beyond int64."""
+    """``values`` as an int64 array of token ids; TypeError unless integers (an empty list counts),
+    ValueError for a negative id or one beyond int64."""
     array = np.asarray(values)
     if array.size == 0 and array.dtype.kind == "f":  # np.asarray([]) is float64
         array = array.astype(np.int64)
@@ -604,6 +613,11 @@ def _as_integer_array(name, values):
         raise TypeError(f"{name} must be integers, got dtype {array.dtype}")
     if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
         raise ValueError(f"{name} holds an id beyond int64: {array.max()}")
+    negative = np.argwhere(array < 0)
+    if negative.size:
+        j = tuple(negative[0].tolist())
+        index = ", ".join(map(str, j))
+        raise ValueError(f"{name}[{index}] = {array[j]} is negative: token ids are integers >= 0")
     return array.astype(np.int64)
 
 
@@ -858,13 +872,16 @@ def check_scores_fit(dtype, q, *keys):
     raise_if_too_large("q and k are", bounds, dtype, "rescale q or k")
 
 
-def check_attention_inputs(q, k, v, valid=None):
+_NO_MASK = object()  # check_attention_inputs without valid= (attend's): None is a bad mask, not "no mask"
+
+
+def check_attention_inputs(q, k, v, valid=_NO_MASK):
     """Validate ``q: [..., T_q, D_k]``, ``k: [..., S, D_k]``, ``v: [..., S, D_v]`` (the same leading axes).
 
     Returns ``(q, k, v, dtype)``, each in ``dtype = np.result_type(q, k, v)``.
-    ``valid``, when given, is a key-padding mask: a bool array ``[..., S]`` (k's
-    shape without D_k), and the overflow bounds take only the keys and values it
-    marks. ValueError also for D_k = 0, or a partial sum of q·k (|q_t|·|k_s|) or
+    ``valid``, when given (masked_attend's; None is refused), is a key-padding mask:
+    a bool array ``[..., S]`` (k's shape without D_k), and the overflow bounds take
+    only the keys and values it marks. ValueError also for D_k = 0, or a partial sum of q·k (|q_t|·|k_s|) or
     of the output (|v_s|) that could overflow.
     """
     q, k, v = as_float_array("q", q), as_float_array("k", k), as_float_array("v", v)
@@ -879,7 +896,7 @@ def check_attention_inputs(q, k, v, valid=None):
     if q.shape[-1] == 0:
         raise ValueError(f"D_k must be at least 1: {shapes}")
     keys, values = k, v
-    if valid is not None:
+    if valid is not _NO_MASK:
         valid = as_key_mask(valid, k)
         keys, values = k[valid], v[valid]  # [valid keys, D_k], [valid keys, D_v]
     dtype = np.result_type(q, k, v)
@@ -889,12 +906,19 @@ def check_attention_inputs(q, k, v, valid=None):
 
 
 def as_key_mask(valid, k):
-    """``valid`` as a bool array ``[..., S]`` of ``k: [..., S, D_k]``'s shape without D_k; TypeError or ValueError."""
+    """``valid`` as a bool array ``[..., S]`` of ``k: [..., S, D_k]``'s shape without D_k; TypeError or ValueError.
+
+    TypeError also for None and for a masked array (whose mask np.asarray would drop).
+    """
+    expected = f"[..., S] = {list(k.shape[:-1])} for k {k.shape}"
+    if valid is None or isinstance(valid, np.ma.MaskedArray):
+        what = "None" if valid is None else "a masked array"
+        raise TypeError(f"valid must be a bool array {expected}, got {what}")
     valid = np.asarray(valid)
     if valid.dtype != np.bool_:
         raise TypeError(f"valid must be a bool array, got dtype {valid.dtype}")
     if valid.shape != k.shape[:-1]:
-        raise ValueError(f"valid must be [..., S] = {list(k.shape[:-1])} for k {k.shape}, got shape {valid.shape}")
+        raise ValueError(f"valid must be {expected}, got shape {valid.shape}")
     return valid
 
 

@@ -6,12 +6,14 @@ multi-head), and new positions are appended along axis -2. The interface is that
 of Hugging Face ``transformers`` ``cache_utils`` (``DynamicCache``, ``StaticCache``);
 the static cache is also gpt-fast's ``KVCache``.
 
-Errors: ``update`` raises TypeError for non-arrays, k and v not both float32 or
-both float64, or float64 into a float32 cache, and ValueError for shapes that do
-not fit each other or the cache (or, static, writing past T_max); ``crop`` takes
-an integer in [0, get_seq_length()]; a constructor raises TypeError for a size
-that is not an integer or a dtype other than float32/float64, and ValueError for
-a negative size. A call that raises leaves the cache unchanged.
+Errors: ``update`` raises TypeError for non-arrays or masked arrays, k and v not
+both float32 or both float64 (either byte order: a big-endian array is converted),
+or float64 into a float32 cache, and ValueError for NaN/inf or shapes that do not
+fit each other or the cache (or, static, writing past T_max); ``crop`` takes an
+integer in [0, get_seq_length()]; a constructor raises TypeError for a size that
+is not an integer or a dtype other than float32/float64 (None included), and
+ValueError for a negative size or buffers larger than memory (with the bytes they
+need). A call that raises leaves the cache unchanged.
 """
 
 from typing import Protocol, runtime_checkable
@@ -116,7 +118,7 @@ class DynamicCache:
 
         The returned arrays are the cache's own: do not write to them.
         """
-        check_new_positions(k, v, self)
+        k, v = check_new_positions(k, v, self)
         return self._append(k, v)
 
     def _append(self, k, v):
@@ -194,7 +196,7 @@ class StaticCache:
 
         Returns views ``[..., T, D_k]``, ``[..., T, D_v]`` of the buffers; do not write to them.
         """
-        check_new_positions(k, v, self)
+        k, v = check_new_positions(k, v, self)
         if self._length + k.shape[-2] > self.max_seq_len:  # the cache's own state, as paged's OutOfBlocksError
             raise ValueError(
                 f"cache is full: {self._length} of max_seq_len={self.max_seq_len} positions "

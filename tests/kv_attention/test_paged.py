@@ -570,6 +570,23 @@ def test_bad_token_ids_are_refused_and_change_nothing():
     assert_same_snapshot(before, snapshot(cache))
 
 
+@pytest.mark.parametrize("caching", [False, True])
+def test_negative_token_ids_are_refused_naming_the_first_and_change_nothing(caching):
+    cache = kv.PagedKVCache(4, 2, D_K, D_V, enable_prefix_caching=caching)
+    cache.add_sequence("a")
+    cache.update(["a"], np.ones((1, 1, D_K)), np.ones((1, 1, D_V)), token_ids=[[0]])  # 0 is a token id
+    before = snapshot(cache)
+    with pytest.raises(ValueError, match=r"^token_ids\[0, 0\] = -1 is negative: token ids are integers >= 0$"):
+        cache.update(["a"], np.ones((1, 1, D_K)), np.ones((1, 1, D_V)), token_ids=[[-1]])
+    with pytest.raises(ValueError, match=r"^token_ids\[0, 1\] = -7 is negative"):
+        cache.update(["a"], np.ones((1, 3, D_K)), np.ones((1, 3, D_V)), token_ids=np.array([[3, -7, -1]]))
+    with pytest.raises(ValueError, match=r"^token_ids\[2\] = -2 is negative"):
+        cache.add_sequence("b", [1, 2, -2])
+    with pytest.raises(ValueError, match=r"^token_ids\[0\] = -1 is negative"):
+        cache.find_cached_blocks([-1, 0])
+    assert_same_snapshot(before, snapshot(cache))
+
+
 # --- the pool's memory -----------------------------------------------------------------------------
 
 
