@@ -15,6 +15,7 @@ ragged decode and the ``Request`` objects given to ``serve`` are checked here,
 their classes imported inside the check (paged.py and scheduler.py import this module).
 """
 
+import contextlib
 import math
 import os
 
@@ -81,10 +82,16 @@ def as_sizes_per_sequence(name, values, count):
 
 
 def as_float_dtype(dtype):
-    """Return ``np.dtype(dtype)``; TypeError unless it is float32 or float64."""
+    """Return ``np.dtype(dtype)``; TypeError unless it is float32 or float64 (None included: ``np.dtype(None)``
+    would silently mean float64, as :func:`as_itemsize` refuses it too)."""
     if dtype is _FLOAT64 or dtype is _FLOAT32:  # already a dtype, e.g. from np.result_type
         return dtype
-    dtype = np.dtype(dtype)
+    if dtype is None:
+        raise TypeError("dtype must be float32 or float64, got None")
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError as error:
+        raise TypeError(f"dtype must be float32 or float64, got {dtype!r}: {error}") from None
     if dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"dtype must be float32 or float64, got {dtype}")
     return dtype
@@ -115,6 +122,14 @@ def as_itemsize(dtype, named):
     if dtype.kind not in "fiu":
         raise TypeError(f"dtype must be a float or integer dtype, got {dtype} (or {names})")
     return dtype.itemsize
+
+
+def as_flag(name, value):
+    """``value`` as a bool; TypeError unless it is one (numpy's included): every flag of the library, so that
+    a truthy string such as ``"no"`` is refused, not taken for True."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def check_choice(what, value, known):
@@ -350,18 +365,25 @@ def as_batch_shape(batch_shape):
 
 
 def check_new_positions(k, v, cache):
-    """Raise unless ``k: [..., T_new, D_k]`` and ``v: [..., T_new, D_v]`` fit ``cache``."""
+    """``k: [..., T_new, D_k]`` and ``v: [..., T_new, D_v]`` as :func:`as_float_array` gives them, or raise
+    unless they fit ``cache``.
+
+    As every entry point: TypeError for a masked array, ValueError for NaN/inf; a
+    big-endian array is converted, and an np.matrix is taken as a plain array.
+    """
     if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
         raise TypeError(f"k and v must be numpy arrays, got {type(k).__name__}, {type(v).__name__}")
+    k_dtype, v_dtype = k.dtype.newbyteorder("="), v.dtype.newbyteorder("=")  # '>f8' counts as float64
+    if k_dtype not in SUPPORTED_DTYPES or v_dtype != k_dtype:
+        raise TypeError(f"k and v must both be float32 or both float64, got {k.dtype} and {v.dtype}")
+    k, v = as_float_array("k", k), as_float_array("v", v)
     if k.ndim < 2 or k.ndim != v.ndim or k.shape[:-1] != v.shape[:-1]:
         raise ValueError(
             f"k and v must be [..., T_new, D_k] and [..., T_new, D_v] with the same "
             f"leading axes, got k {k.shape}, v {v.shape}"
         )
-    if k.dtype not in SUPPORTED_DTYPES or v.dtype != k.dtype:
-        raise TypeError(f"k and v must both be float32 or both float64, got {k.dtype} and {v.dtype}")
     if cache.k_cache is None:
-        return
+        return k, v
     expected_k = cache.k_cache.shape[:-2] + (k.shape[-2], cache.k_cache.shape[-1])
     expected_v = cache.v_cache.shape[:-2] + (v.shape[-2], cache.v_cache.shape[-1])
     if k.shape != expected_k or v.shape != expected_v:
@@ -371,6 +393,7 @@ def check_new_positions(k, v, cache):
         )
     if not np.can_cast(k.dtype, cache.k_cache.dtype, casting="safe"):
         raise TypeError(f"k and v are {k.dtype}, which the cache's {cache.k_cache.dtype} cannot hold without loss")
+    return k, v
 
 
 def check_crop(length, stored):
@@ -530,9 +553,30 @@ def check_paged_positions(k, v, n_seqs, cache):
 def check_pool_size(num_blocks, block_size, k_dim, v_dim, dtype, bookkeeping):
     """The bytes a paged pool needs (``k_cache``, ``v_cache``, ``bookkeeping``); ValueError beyond physical memory."""
     nbytes = num_blocks * block_size * (k_dim + v_dim) * dtype.itemsize + bookkeeping
+    return check_memory(nbytes, pool_description(num_blocks, block_size, k_dim, v_dim, dtype))
+
+
+def pool_description(num_blocks, block_size, k_dim, v_dim, dtype):
+    return f"a pool of num_blocks={num_blocks} blocks of block_size={block_size}, k_dim={k_dim}, v_dim={v_dim} in {dtype}"
+
+
+def check_buffer_size(what, batch_shape, slots, k_dim, v_dim, dtype):
+    """The bytes of buffers ``[*batch_shape, slots, k_dim]`` and ``[*batch_shape, slots, v_dim]`` in ``dtype``
+    (a cache's); ValueError beyond physical memory, naming ``what`` (e.g. "a StaticCache") and the sizes."""
+    nbytes = math.prod(batch_shape) * slots * (k_dim + v_dim) * dtype.itemsize
+    sizes = f"batch_shape={batch_shape}, {slots} positions, k_dim={k_dim}, v_dim={v_dim} in {dtype}"
+    return check_memory(nbytes, f"{what} of {sizes}")
+
+
+def check_memory(nbytes, what):
+    """``nbytes``, the bytes ``what`` (text, e.g. "a pool of ...") needs; ValueError beyond physical memory.
+
+    Every constructor that allocates from its sizes checks them here first, so that
+    a size too large for the machine is a ValueError naming the bytes, not a MemoryError.
+    """
     memory = physical_memory()
     if memory is not None and nbytes > memory:
-        raise pool_too_large(nbytes, num_blocks, block_size, k_dim, v_dim, dtype, f"this machine has {memory} bytes")
+        raise too_large_for_memory(nbytes, what, f"this machine has {memory} bytes")
     return nbytes
 
 
@@ -544,16 +588,24 @@ def physical_memory():
         return None
 
 
-def pool_too_large(nbytes, num_blocks, block_size, k_dim, v_dim, dtype, why):
-    """The ValueError for a paged pool that memory cannot hold."""
-    return ValueError(
-        f"a pool of num_blocks={num_blocks} blocks of block_size={block_size}, k_dim={k_dim}, v_dim={v_dim} "
-        f"in {dtype} needs {nbytes} bytes ({nbytes / 2**30:.3g} GiB), more than memory can hold ({why})"
-    )
+@contextlib.contextmanager
+def named_allocation_failure(nbytes, what):
+    """Context manager for the allocation :func:`check_memory` passed: a MemoryError (or numpy's "array is too
+    big" ValueError) in the block becomes the ValueError of :func:`too_large_for_memory`."""
+    try:
+        yield
+    except (MemoryError, ValueError):
+        raise too_large_for_memory(nbytes, what, "the allocation failed") from None
+
+
+def too_large_for_memory(nbytes, what, why):
+    """The ValueError for ``what`` (text), which needs ``nbytes`` bytes that memory cannot hold (``why``)."""
+    return ValueError(f"{what} needs {nbytes} bytes ({nbytes / 2**30:.3g} GiB), more than memory can hold ({why})")
 
 
 def _as_integer_array(name, values):
-    """``values`` as an int64 array; TypeError unless integers (an empty list counts), ValueError beyond int64."""
+    """``values`` as an int64 array of token ids; TypeError unless integers (an empty list counts),
+    ValueError for a negative id or one beyond int64."""
     array = np.asarray(values)
     if array.size == 0 and array.dtype.kind == "f":  # np.asarray([]) is float64
         array = array.astype(np.int64)
@@ -561,6 +613,11 @@ def _as_integer_array(name, values):
         raise TypeError(f"{name} must be integers, got dtype {array.dtype}")
     if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
         raise ValueError(f"{name} holds an id beyond int64: {array.max()}")
+    negative = np.argwhere(array < 0)
+    if negative.size:
+        j = tuple(negative[0].tolist())
+        index = ", ".join(map(str, j))
+        raise ValueError(f"{name}[{index}] = {array[j]} is negative: token ids are integers >= 0")
     return array.astype(np.int64)
 
 
@@ -698,13 +755,6 @@ def check_ragged_inputs(x, w_q, w_k, w_v, lengths, start_steps):
 # Serving: requests and the scheduler's options
 
 
-def as_flag(name, value):
-    """``value`` as a bool; TypeError unless it is one (numpy's included)."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
-
-
 def check_serve_inputs(requests, embedding, w_q, w_k, w_v, block_size, num_blocks, budget, max_num_seqs, caching):
     """Validate the inputs of ``serve``.
 
@@ -822,13 +872,16 @@ def check_scores_fit(dtype, q, *keys):
     raise_if_too_large("q and k are", bounds, dtype, "rescale q or k")
 
 
-def check_attention_inputs(q, k, v, valid=None):
+_NO_MASK = object()  # check_attention_inputs without valid= (attend's): None is a bad mask, not "no mask"
+
+
+def check_attention_inputs(q, k, v, valid=_NO_MASK):
     """Validate ``q: [..., T_q, D_k]``, ``k: [..., S, D_k]``, ``v: [..., S, D_v]`` (the same leading axes).
 
     Returns ``(q, k, v, dtype)``, each in ``dtype = np.result_type(q, k, v)``.
-    ``valid``, when given, is a key-padding mask: a bool array ``[..., S]`` (k's
-    shape without D_k), and the overflow bounds take only the keys and values it
-    marks. ValueError also for D_k = 0, or a partial sum of q·k (|q_t|·|k_s|) or
+    ``valid``, when given (masked_attend's; None is refused), is a key-padding mask:
+    a bool array ``[..., S]`` (k's shape without D_k), and the overflow bounds take
+    only the keys and values it marks. ValueError also for D_k = 0, or a partial sum of q·k (|q_t|·|k_s|) or
     of the output (|v_s|) that could overflow.
     """
     q, k, v = as_float_array("q", q), as_float_array("k", k), as_float_array("v", v)
@@ -843,7 +896,7 @@ def check_attention_inputs(q, k, v, valid=None):
     if q.shape[-1] == 0:
         raise ValueError(f"D_k must be at least 1: {shapes}")
     keys, values = k, v
-    if valid is not None:
+    if valid is not _NO_MASK:
         valid = as_key_mask(valid, k)
         keys, values = k[valid], v[valid]  # [valid keys, D_k], [valid keys, D_v]
     dtype = np.result_type(q, k, v)
@@ -853,12 +906,19 @@ def check_attention_inputs(q, k, v, valid=None):
 
 
 def as_key_mask(valid, k):
-    """``valid`` as a bool array ``[..., S]`` of ``k: [..., S, D_k]``'s shape without D_k; TypeError or ValueError."""
+    """``valid`` as a bool array ``[..., S]`` of ``k: [..., S, D_k]``'s shape without D_k; TypeError or ValueError.
+
+    TypeError also for None and for a masked array (whose mask np.asarray would drop).
+    """
+    expected = f"[..., S] = {list(k.shape[:-1])} for k {k.shape}"
+    if valid is None or isinstance(valid, np.ma.MaskedArray):
+        what = "None" if valid is None else "a masked array"
+        raise TypeError(f"valid must be a bool array {expected}, got {what}")
     valid = np.asarray(valid)
     if valid.dtype != np.bool_:
         raise TypeError(f"valid must be a bool array, got dtype {valid.dtype}")
     if valid.shape != k.shape[:-1]:
-        raise ValueError(f"valid must be [..., S] = {list(k.shape[:-1])} for k {k.shape}, got shape {valid.shape}")
+        raise ValueError(f"valid must be {expected}, got shape {valid.shape}")
     return valid
 
 

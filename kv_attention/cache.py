@@ -6,19 +6,29 @@ multi-head), and new positions are appended along axis -2. The interface is that
 of Hugging Face ``transformers`` ``cache_utils`` (``DynamicCache``, ``StaticCache``);
 the static cache is also gpt-fast's ``KVCache``.
 
-Errors: ``update`` raises TypeError for non-arrays, k and v not both float32 or
-both float64, or float64 into a float32 cache, and ValueError for shapes that do
-not fit each other or the cache (or, static, writing past T_max); ``crop`` takes
-an integer in [0, get_seq_length()]; a constructor raises TypeError for a size
-that is not an integer or a dtype other than float32/float64, and ValueError for
-a negative size. A call that raises leaves the cache unchanged.
+Errors: ``update`` raises TypeError for non-arrays or masked arrays, k and v not
+both float32 or both float64 (either byte order: a big-endian array is converted),
+or float64 into a float32 cache, and ValueError for NaN/inf or shapes that do not
+fit each other or the cache (or, static, writing past T_max); ``crop`` takes an
+integer in [0, get_seq_length()]; a constructor raises TypeError for a size that
+is not an integer or a dtype other than float32/float64 (None included), and
+ValueError for a negative size or buffers larger than memory (with the bytes they
+need). A call that raises leaves the cache unchanged.
 """
 
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from ._validation import as_batch_shape, as_float_dtype, as_size, check_crop, check_new_positions
+from ._validation import (
+    as_batch_shape,
+    as_float_dtype,
+    as_size,
+    check_buffer_size,
+    check_crop,
+    check_new_positions,
+    named_allocation_failure,
+)
 
 
 @runtime_checkable
@@ -56,31 +66,30 @@ def check_is_cache(cache):
         )
 
 
-_NO_SNAPSHOT = type(None)  # NoneType() is None: the snapshot of a cache a crop can roll back, made without a Python line
-
-
 class rolled_back_on_error:
     """Context manager: on any error in the block, crop ``cache`` back to the length it had; the error propagates.
 
-    A cache whose updates a crop cannot undo (a ring buffer overwrites) gives a
-    ``_snapshot()`` of its state instead, put back by its ``_restore``.
+    A cache whose updates a crop cannot undo (a ring buffer overwrites, or a
+    ``PagedKVCache``, which has no one length) gives a ``_snapshot()`` of its state
+    instead, put back by its ``_restore``. "Any error" includes the GeneratorExit of
+    a generator closed inside the block, so a decode abandoned midway rolls back too.
     A class, as ``contextlib.suppress`` is: it runs on every decode call, and a
     generator-based one would execute four times as many Python lines.
     """
 
     def __init__(self, cache):
         # One line, so that a decode executes as many Python lines as before (bench_work counts them).
-        self.cache, self.start, self.saved = cache, cache.get_seq_length(), getattr(cache, "_snapshot", _NO_SNAPSHOT)()
+        self.cache, self.saved = cache, getattr(cache, "_snapshot", cache.get_seq_length)()
 
     def __enter__(self):
         return self.cache
 
     def __exit__(self, error_type, error, traceback):
         if error_type is not None:
-            if self.saved is None:
-                self.cache.crop(self.start)
-            else:
+            if hasattr(self.cache, "_snapshot"):
                 self.cache._restore(self.saved)
+            else:
+                self.cache.crop(self.saved)
 
 
 class DynamicCache:
@@ -109,7 +118,7 @@ class DynamicCache:
 
         The returned arrays are the cache's own: do not write to them.
         """
-        check_new_positions(k, v, self)
+        k, v = check_new_positions(k, v, self)
         return self._append(k, v)
 
     def _append(self, k, v):
@@ -155,7 +164,10 @@ class StaticCache:
     def __init__(self, batch_shape, max_seq_len, k_dim, v_dim, dtype=np.float64):
         batch_shape = as_batch_shape(batch_shape)
         max_seq_len, k_dim, v_dim = as_size("max_seq_len", max_seq_len), as_size("k_dim", k_dim), as_size("v_dim", v_dim)
-        self._allocate(batch_shape, max_seq_len, k_dim, v_dim, as_float_dtype(dtype))
+        dtype = as_float_dtype(dtype)
+        nbytes = check_buffer_size("a StaticCache", batch_shape, max_seq_len, k_dim, v_dim, dtype)
+        with named_allocation_failure(nbytes, "a StaticCache"):
+            self._allocate(batch_shape, max_seq_len, k_dim, v_dim, dtype)
 
     @classmethod
     def _of(cls, batch_shape, max_seq_len, k_dim, v_dim, dtype):
@@ -184,7 +196,7 @@ class StaticCache:
 
         Returns views ``[..., T, D_k]``, ``[..., T, D_v]`` of the buffers; do not write to them.
         """
-        check_new_positions(k, v, self)
+        k, v = check_new_positions(k, v, self)
         if self._length + k.shape[-2] > self.max_seq_len:  # the cache's own state, as paged's OutOfBlocksError
             raise ValueError(
                 f"cache is full: {self._length} of max_seq_len={self.max_seq_len} positions "

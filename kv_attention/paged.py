@@ -26,20 +26,23 @@ sequence -> block table.
 Errors: TypeError for a sequence id that is not hashable, ``seq_ids`` that are
 not an ordered sequence (list, tuple, array, range), k and v not both float32 or
 both float64 or float64 into a float32 pool, token ids that are not integers, a
-size that is not an integer or a dtype other than float32/float64; ValueError
-for a sequence not in the cache (or, for ``add_sequence`` and a fork's child,
-already in it), ``seq_ids`` that repeat one, shapes that do not fit (named in
-the message), NaN/inf, a size below its minimum, or a pool larger than memory
+size that is not an integer, a dtype other than float32/float64 (None included)
+or an ``enable_prefix_caching`` other than True/False; ValueError for a sequence
+not in the cache (or, for ``add_sequence`` and a fork's child, already in it),
+``seq_ids`` that repeat one, shapes that do not fit (named in the message),
+NaN/inf, a negative token id, a size below its minimum, or a pool larger than memory
 (with the bytes it needs); :class:`OutOfBlocksError` when an update needs more
 blocks than are free. On any error the pool, the free list, the refcounts and
 every block table are unchanged.
 """
 
+import copy
 import math
 
 import numpy as np
 
 from ._validation import (
+    as_flag,
     as_float_dtype,
     as_id_list,
     as_size,
@@ -50,7 +53,8 @@ from ._validation import (
     check_paged_token_ids,
     check_pool_size,
     check_update_ids,
-    pool_too_large,
+    named_allocation_failure,
+    pool_description,
 )
 from .block_allocator import BlockAllocator, OutOfBlocksError
 from .prefix_caching import PrefixCachingAllocator, hash_block_tokens
@@ -78,14 +82,13 @@ class PagedKVCache:
         k_dim, v_dim = (as_size(name, n, minimum=1) for name, n in (("k_dim", k_dim), ("v_dim", v_dim)))
         block_size = as_size("block_size", block_size, minimum=1)
         dtype = as_float_dtype(dtype)
+        caching = as_flag("enable_prefix_caching", enable_prefix_caching)
         nbytes = check_pool_size(num_blocks, block_size, k_dim, v_dim, dtype, BlockAllocator.nbytes_for(num_blocks))
-        allocator = PrefixCachingAllocator if enable_prefix_caching else BlockAllocator
-        try:
+        allocator = PrefixCachingAllocator if caching else BlockAllocator
+        with named_allocation_failure(nbytes, pool_description(num_blocks, block_size, k_dim, v_dim, dtype)):
             self.k_cache = np.zeros((num_blocks, block_size, k_dim), dtype)
             self.v_cache = np.zeros((num_blocks, block_size, v_dim), dtype)
             self.allocator = allocator(num_blocks)
-        except (MemoryError, ValueError):  # ValueError: numpy's "array is too big"
-            raise pool_too_large(nbytes, num_blocks, block_size, k_dim, v_dim, dtype, "the allocation failed") from None
         self._block_tables = {}  # seq_id -> [physical block, ...]
         self._lengths = {}  # seq_id -> tokens stored
         self._block_hashes = {}  # prefix caching: seq_id -> hashes of its full blocks, or None once a write had no ids
@@ -315,6 +318,18 @@ class PagedKVCache:
         """Logical size of the stored keys and values, in bytes (int); not the pool's size."""
         per_slot = (self.k_cache.nbytes + self.v_cache.nbytes) // max(self.num_blocks * self.block_size, 1)
         return per_slot * self.slots_used
+
+    def _snapshot(self):
+        """A copy of the whole state, for ``cache.rolled_back_on_error`` (a ragged decode in a caller's cache)."""
+        state = (self.allocator, self._block_tables, self._lengths, self._block_hashes, self._partial_tokens)
+        return self.k_cache.copy(), self.v_cache.copy(), copy.deepcopy(state), self._peak_blocks
+
+    def _restore(self, snapshot):
+        """Put back a :meth:`_snapshot` of this cache, the pool into the same buffers."""
+        k_cache, v_cache, state, self._peak_blocks = snapshot
+        self.allocator, self._block_tables, self._lengths, self._block_hashes, self._partial_tokens = state
+        self.k_cache[...] = k_cache
+        self.v_cache[...] = v_cache
 
     def _blocks_for(self, length):
         return math.ceil(length / self.block_size)

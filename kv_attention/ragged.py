@@ -20,7 +20,12 @@ Strategies (the ``strategy=`` of :func:`ragged_decode`):
     paged      compacted, with K/V in a :class:`~kv_attention.paged.PagedKVCache`:
                leaving frees blocks, and no token is ever moved. The cache is
                the caller's when given (``cache=``), to inspect afterwards: it
-               holds sequences 0..B-1 while they are in the batch.
+               holds sequences 0..B-1 while they are in the batch. A decode
+               that fails at a step (OutOfBlocksError, overflow), or a
+               :func:`ragged_decode_steps` iterator closed before its end
+               (``close()``, or dropped), puts the caller's cache back as it
+               was before its first step: the sequences it added are gone, and
+               its pool, free list, refcounts and peak_blocks are as before.
 
 Axis letters: B sequences, N rows computed at a step, S key positions, D feature width.
 Inputs: ``x``, a list of B arrays ``[T_i, D_model]`` or a padded ``[B, T_max, D_model]``
@@ -30,8 +35,8 @@ Inputs: ``x``, a list of B arrays ``[T_i, D_model]`` or a padded ``[B, T_max, D_
 
 Errors, checked before the first step: TypeError for an x that is neither a list
 nor an ndarray, an input that is not a float32/float64 array, or a length or start
-step that is not an integer, or a ``cache`` that is not a PagedKVCache or holds
-another dtype; ValueError for an unknown strategy, shapes that do not fit (named
+step that is not an integer, a ``return_stats`` other than True/False, or a
+``cache`` that is not a PagedKVCache or holds another dtype; ValueError for an unknown strategy, shapes that do not fit (named
 in the message), lengths or start_steps of the wrong count or out of range,
 NaN/inf, scores that overflow, or a ``cache`` that does not fit (its D_k, D_v or
 block_size, a sequence id 0..B-1 it already holds, ``num_blocks`` given beside it,
@@ -42,13 +47,15 @@ Method: masked attention as in Vaswani et al. 2017; continuous batching as in
 Orca (Yu et al. 2022); the paged cache as PagedAttention in vLLM (Kwon et al. 2023).
 """
 
+import contextlib
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import as_size, check_choice, check_finite_output, check_paged_cache_fits, check_ragged_inputs
+from ._validation import as_flag, as_size, check_choice, check_finite_output, check_paged_cache_fits, check_ragged_inputs
 from .attention import _masked_attend
+from .cache import rolled_back_on_error
 from .paged import PagedKVCache
 
 RAGGED_STRATEGIES = ("padded", "compacted", "paged")
@@ -108,6 +115,10 @@ class _ContiguousCache:
         self.v_cache = np.zeros((n_seqs, t_max, problem.weights[2].shape[1]), problem.dtype)  # [B, T_max, D_v]
         self.lengths = np.zeros(n_seqs, dtype=np.int64)  # positions stored per row
         self.reserved_slots, self.moved_slots, self.peak_blocks = n_seqs * t_max, 0, None
+
+    def rolled_back(self):
+        """Nothing to roll back: the cache is the decode's own."""
+        return contextlib.nullcontext()
 
 
 class _PaddedBatch(_ContiguousCache):
@@ -186,7 +197,11 @@ class _PagedBatch:
                 num_blocks = sum(math.ceil(int(n) / block_size) for n in problem.lengths)
             w_k, w_v = problem.weights[1:]
             cache = PagedKVCache(num_blocks, block_size, w_k.shape[1], w_v.shape[1], problem.dtype)
-        self.cache, self.seqs, self.moved_slots = cache, [], 0
+        self.callers, self.cache, self.seqs, self.moved_slots = cache is not None, cache, [], 0
+
+    def rolled_back(self):
+        """For a caller's cache: on an error or GeneratorExit in the block, the cache put back as it was."""
+        return rolled_back_on_error(self.cache) if self.callers else contextlib.nullcontext()
 
     def join(self, seq):
         self.cache.add_sequence(seq)
@@ -237,8 +252,15 @@ def _steps(batch, problem):
 
     Sequence i joins at step start_steps[i] and leaves at start_steps[i] + T_i
     (leaving first, so a joiner can reuse what a leaver freed); a sequence with
-    T_i = 0 never joins. Steps with no sequence in the batch are skipped.
+    T_i = 0 never joins. Steps with no sequence in the batch are skipped. An error
+    or a close before the end rolls a caller's paged cache back (the module's contract).
     """
+    with batch.rolled_back():
+        yield from _schedule(batch, problem)
+
+
+def _schedule(batch, problem):
+    """:func:`_steps` without the rollback."""
     joins, leaves = {}, {}
     for seq in np.flatnonzero(problem.lengths > 0).tolist():
         start = int(problem.start_steps[seq])
@@ -285,10 +307,18 @@ def ragged_decode_steps(
     Inputs are validated before this returns; the iterator then yields, for each
     step with at least one sequence in the batch, ``(seq_ids, positions, out)``:
     ``seq_ids: [N]`` and ``positions: [N]`` int64 (the sequences in the batch and
-    the position each decoded) and ``out: [N, D_v]``, their outputs.
+    the position each decoded) and ``out: [N, D_v]``, their outputs. Closing it
+    before its end rolls a caller's ``cache`` back (see the module).
     """
     batch, problem, _ = _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blocks, cache)
-    return ((seq_ids, positions, out) for seq_ids, positions, out, _ in _steps(batch, problem))
+    return _streamed(_steps(batch, problem))
+
+
+def _streamed(steps):
+    """``steps`` without their row counts; closing this closes ``steps`` at once (and so rolls back)."""
+    with contextlib.closing(steps):
+        for seq_ids, positions, out, _ in steps:
+            yield seq_ids, positions, out
 
 
 def ragged_decode(
@@ -319,12 +349,14 @@ def ragged_decode(
         cache: for ``strategy="paged"``, a :class:`~kv_attention.paged.PagedKVCache`
             of the caller's to decode in (its pool, block_size and free list; it
             must not hold sequences 0..B-1), instead of a new one. It is left
-            with the blocks freed and its peak_blocks, for inspection.
+            with the blocks freed and its peak_blocks, for inspection; after a
+            failed decode, exactly as it was (see the module).
 
     Returns:
         A list of B arrays ``[T_i, D_v]`` for a list x, else ``[B, T_max, D_v]``
         with zeros past each length. With ``return_stats``, ``(outputs, stats)``.
     """
+    return_stats = as_flag("return_stats", return_stats)
     batch, problem, out_len = _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blocks, cache)
     d_v = problem.weights[2].shape[1]
     out = np.zeros((len(problem.lengths), problem.t_max, d_v), problem.dtype)  # [B, T_max, D_v]

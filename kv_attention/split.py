@@ -22,9 +22,10 @@ that state bit for bit, and merging only identities returns the identity, never 
 Inputs are float32 or float64 arrays and a computation runs in their
 ``np.result_type``. Bad input raises before anything is computed: TypeError for
 an input that is not a float32/float64 array, a state that is not an ``(out, lse)``
-pair, or a ``num_splits`` that is not an integer; ValueError for shapes that do not
-fit (named in the message), NaN/inf in an input, an lse of NaN or +inf, ``num_splits``
-below 1, or scores that could overflow the dtype.
+pair, a ``num_splits`` that is not an integer, or a ``return_lse`` other than
+True/False; ValueError for shapes that do not fit (named in the message), NaN/inf
+in an input, an lse of NaN or +inf, ``num_splits`` below 1, or scores that could
+overflow the dtype.
 
 Sources: Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context inference"
 (Stanford CRFM blog); FlashAttention's ``flash_attn_with_kvcache(..., num_splits)`` and
@@ -40,6 +41,7 @@ import math
 import numpy as np
 
 from ._validation import (
+    as_flag,
     as_num_splits,
     check_attention_inputs,
     check_attention_states,
@@ -140,7 +142,7 @@ def split_kv_attention(q, k, v, *, num_splits, return_lse=False):
     rounding, and bit for bit at ``num_splits = 1``. ``return_lse=True`` also returns
     the lse ``[..., T_q]``, as FlashAttention's ``return_softmax_lse``.
     """
-    num_splits = as_num_splits(num_splits)
+    num_splits, return_lse = as_num_splits(num_splits), as_flag("return_lse", return_lse)
     q, k, v, _ = check_attention_inputs(q, k, v)
     with np.errstate(over="ignore", invalid="ignore"):
         out, lse = _split_kv_attention(q, k, v, num_splits)
@@ -165,6 +167,7 @@ def cascade_attention(q, k_shared, v_shared, k_suffix, v_suffix, *, suffix_lengt
     two-level cascade). Also raises ValueError for a q that is not 3-D, a number of
     suffixes other than B, or suffix_lengths with lists.
     """
+    return_lse = as_flag("return_lse", return_lse)
     q, k_shared, v_shared, k_suffix, v_suffix, lengths, _ = check_cascade_inputs(
         q, k_shared, v_shared, k_suffix, v_suffix, suffix_lengths
     )

@@ -21,9 +21,11 @@ does not attend to: it is written first, and the step attends on the buffers'
 own views (attention does not depend on the order of the keys), with no copy.
 
 Errors: as ``cache.py``'s caches (``update``: TypeError, ValueError for shapes
-that do not fit); the constructor also needs an integer ``window >= 1`` and
-``n_sink >= 0``; ``crop`` refuses what the ring can no longer serve (see
-:meth:`~SlidingWindowCache.crop`). A call that raises leaves the cache unchanged.
+that do not fit or NaN/inf; the constructor: sizes, dtype, buffers larger than
+memory); the constructor also needs an integer ``window >= 1`` and ``n_sink >=
+0``, and ``key_positions`` an integer ``t_new >= 0``; ``crop`` refuses what the
+ring can no longer serve (see :meth:`~SlidingWindowCache.crop`). A call that
+raises leaves the cache unchanged.
 """
 
 import numpy as np
@@ -32,9 +34,11 @@ from ._validation import (
     as_batch_shape,
     as_float_dtype,
     as_size,
+    check_buffer_size,
     check_crop,
     check_new_positions,
     check_window_crop,
+    named_allocation_failure,
 )
 
 
@@ -54,9 +58,11 @@ class SlidingWindowCache:
         window, n_sink = as_size("window", window, minimum=1), as_size("n_sink", n_sink)
         k_dim, v_dim = as_size("k_dim", k_dim), as_size("v_dim", v_dim)
         dtype = as_float_dtype(dtype)
+        nbytes = check_buffer_size("a SlidingWindowCache", batch_shape, n_sink + window, k_dim, v_dim, dtype)
         self.window, self.n_sink = window, n_sink
-        self.k_cache = np.zeros(batch_shape + (n_sink + window, k_dim), dtype)
-        self.v_cache = np.zeros(batch_shape + (n_sink + window, v_dim), dtype)
+        with named_allocation_failure(nbytes, "a SlidingWindowCache"):
+            self.k_cache = np.zeros(batch_shape + (n_sink + window, k_dim), dtype)
+            self.v_cache = np.zeros(batch_shape + (n_sink + window, v_dim), dtype)
         self._length = 0  # positions seen
         self._first = n_sink  # the oldest window position held; the ring holds _first.._length-1
 
@@ -88,7 +94,11 @@ class SlidingWindowCache:
         return np.concatenate([sinks, np.arange(self._first, self._length)])
 
     def key_positions(self, t_new):
-        """The positions of the keys :meth:`update` returns for ``t_new`` new positions, in its order (int64 ``[S]``)."""
+        """The positions of the keys :meth:`update` returns for ``t_new`` new positions, in its order (int64 ``[S]``).
+
+        ``t_new``: an integer >= 0 (TypeError, ValueError).
+        """
+        t_new = as_size("t_new", t_new)
         if t_new != 1:  # the held positions, ascending, then the new ones
             sinks = np.arange(min(self.n_sink, self._length))
             return np.concatenate([sinks, np.arange(min(self._first, self._length), self._length + t_new)])
@@ -111,7 +121,7 @@ class SlidingWindowCache:
         buffers' filled slots are returned as views, in slot order: exactly the
         keys it attends to, without a copy. Do not write to the views.
         """
-        check_new_positions(k, v, self)
+        k, v = check_new_positions(k, v, self)
         start, stop = self._length, self._length + k.shape[-2]
         if stop - start == 1:
             self._write(k, v, start, stop)

@@ -251,3 +251,15 @@ def test_attend_refuses_bad_input(change, error, message):
 def test_masked_attend_refuses_a_bad_mask(valid, error, message):
     with pytest.raises(error, match=message):
         kv.masked_attend(*step_inputs(), valid)
+
+
+@pytest.mark.parametrize(
+    "valid, what",
+    [(None, "None"), (np.ma.array(np.ones((3, 5), dtype=bool), mask=np.eye(3, 5, dtype=bool)), "a masked array")],
+)
+def test_masked_attend_refuses_none_or_a_masked_array_as_the_mask_naming_valid(valid, what):
+    # None once reached the mask's indexing (IndexError); a masked array's mask would be dropped by np.asarray.
+    with pytest.raises(TypeError, match=rf"^valid must be a bool array \[\.\.\., S\] = \[3, 5\] for k \(3, 5, 4\), got {what}$"):
+        kv.masked_attend(*step_inputs(), valid)
+    with pytest.raises(TypeError, match=r"valid must be a bool array \[\.\.\., S\] = \[3\] for k \(3, 4\), got None"):
+        kv.masked_attend(np.ones((1, 4)), np.ones((3, 4)), np.ones((3, 2)), None)

@@ -157,3 +157,60 @@ def test_reprs_are_short_and_say_the_layout_and_the_length():
         "StaticCache(batch_shape=(2, 8), max_seq_len=4096, k_dim=128, v_dim=64, dtype=float32, seq_length=3)"
     )
     assert repr(kv.StaticCache((), 5, 3, 2)) == "StaticCache(batch_shape=(), max_seq_len=5, k_dim=3, v_dim=2, dtype=float64, seq_length=0)"
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("which", ["k", "v"])
+def test_update_refuses_nan_or_inf_and_changes_nothing(make_cache, bad, which):
+    cache = make_cache()
+    cache.update(positions(1), positions(1, d=2))
+    k, v = positions(2, start=10), positions(2, d=2, start=20)
+    (k if which == "k" else v)[1, 0] = bad
+    with pytest.raises(ValueError, match=rf"^{which} contains NaN or inf$"):
+        cache.update(k, v)
+    assert cache.get_seq_length() == 1
+    np.testing.assert_array_equal(cache.k_cache[..., :1, :], positions(1))
+
+
+def test_update_refuses_a_masked_array(make_cache):
+    cache = make_cache()
+    k = np.ma.array(positions(2), mask=[[False] * 3, [True] * 3])  # the mask would be dropped silently
+    with pytest.raises(TypeError, match=r"k is a masked array; pass a plain ndarray"):
+        cache.update(k, positions(2, d=2))
+    assert cache.get_seq_length() == 0
+
+
+@pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
+def test_update_takes_a_big_endian_array_or_a_matrix_as_a_plain_native_array(make_cache):
+    # As every other entry point (as_float_array): '>f8' is float64 converted, np.matrix a plain array.
+    cache = make_cache()
+    k, v = cache.update(positions(2).astype(">f8"), np.matrix(positions(2, d=2)))
+    np.testing.assert_array_equal(k, positions(2))
+    np.testing.assert_array_equal(v, positions(2, d=2))
+    assert type(k) is type(v) is np.ndarray and k.dtype == v.dtype == np.float64 and k.dtype.isnative
+    k, v = cache.update(positions(1, start=7).astype(">f8"), positions(1, d=2, start=9).astype(">f8"))
+    np.testing.assert_array_equal(k, np.concatenate([positions(2), positions(1, start=7)]))
+    with pytest.raises(TypeError, match=r"must both be float32 or both float64, got >f4 and float64"):
+        cache.update(positions(1).astype(">f4"), positions(1, d=2))
+
+
+def test_static_cache_refuses_a_dtype_of_none():
+    # np.dtype(None) would silently mean float64; kv_cache_bytes refuses None too.
+    with pytest.raises(TypeError, match="^dtype must be float32 or float64, got None$"):
+        kv.StaticCache((), 4, 3, 2, dtype=None)
+
+
+def test_a_static_cache_larger_than_memory_is_refused_with_the_bytes_it_needs():
+    needed = 10**6 * 10**6 * (64 + 64) * 8
+    with pytest.raises(ValueError, match=rf"^a StaticCache of batch_shape=\(1000000,\), 1000000 positions, .* needs {needed} bytes"):
+        kv.StaticCache((10**6,), 10**6, 64, 64)
+
+
+def test_a_failed_static_allocation_is_a_value_error_with_the_bytes_it_needs(monkeypatch):
+    def no_memory(*args, **kwargs):
+        raise MemoryError()
+
+    monkeypatch.setattr("kv_attention._validation.physical_memory", lambda: None)
+    monkeypatch.setattr("kv_attention.cache.np.zeros", no_memory)
+    with pytest.raises(ValueError, match=r"a StaticCache needs 960 bytes .*the allocation failed"):
+        kv.StaticCache((2,), 10, 4, 2, dtype=np.float64)  # 2 × 10 × (4 + 2) × 8

@@ -5,6 +5,7 @@ independently of the cache's own bookkeeping.
 """
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -315,11 +316,20 @@ def test_sequence_bookkeeping_errors():
         ((4, 0, 3, 5), ValueError, "block_size must be >= 1"),
         ((4, 2.0, 3, 5), TypeError, "block_size must be an integer"),
         ((4, 2, 3, 5, np.int32), TypeError, "float32 or float64"),
+        ((4, 2, 3, 5, None), TypeError, "^dtype must be float32 or float64, got None$"),
     ],
 )
 def test_constructor_checks_its_arguments(args, error, message):
     with pytest.raises(error, match=message):
         kv.PagedKVCache(*args)
+
+
+@pytest.mark.parametrize("flag", ["yes", "no", 1, 0, None, np.array([True])])
+def test_enable_prefix_caching_must_be_true_or_false(flag):
+    # A truthy "no" once turned prefix caching on.
+    with pytest.raises(TypeError, match=f"^enable_prefix_caching must be True or False, got {re.escape(repr(flag))}$"):
+        kv.PagedKVCache(4, 2, 3, 5, enable_prefix_caching=flag)
+    assert kv.PagedKVCache(4, 2, 3, 5, enable_prefix_caching=np.True_).enable_prefix_caching is True
 
 
 def test_gather_and_lengths_take_only_ordered_id_lists():
@@ -557,6 +567,23 @@ def test_bad_token_ids_are_refused_and_change_nothing():
         cache.update(["a"], k, v, token_ids=[[1.0, 2.0]])
     with pytest.raises(TypeError, match="token_ids must be integers"):
         cache.add_sequence("b", ["x"])
+    assert_same_snapshot(before, snapshot(cache))
+
+
+@pytest.mark.parametrize("caching", [False, True])
+def test_negative_token_ids_are_refused_naming_the_first_and_change_nothing(caching):
+    cache = kv.PagedKVCache(4, 2, D_K, D_V, enable_prefix_caching=caching)
+    cache.add_sequence("a")
+    cache.update(["a"], np.ones((1, 1, D_K)), np.ones((1, 1, D_V)), token_ids=[[0]])  # 0 is a token id
+    before = snapshot(cache)
+    with pytest.raises(ValueError, match=r"^token_ids\[0, 0\] = -1 is negative: token ids are integers >= 0$"):
+        cache.update(["a"], np.ones((1, 1, D_K)), np.ones((1, 1, D_V)), token_ids=[[-1]])
+    with pytest.raises(ValueError, match=r"^token_ids\[0, 1\] = -7 is negative"):
+        cache.update(["a"], np.ones((1, 3, D_K)), np.ones((1, 3, D_V)), token_ids=np.array([[3, -7, -1]]))
+    with pytest.raises(ValueError, match=r"^token_ids\[2\] = -2 is negative"):
+        cache.add_sequence("b", [1, 2, -2])
+    with pytest.raises(ValueError, match=r"^token_ids\[0\] = -1 is negative"):
+        cache.find_cached_blocks([-1, 0])
     assert_same_snapshot(before, snapshot(cache))
 
 

@@ -472,3 +472,102 @@ def test_a_callers_cache_holding_the_decodes_sequence_ids_is_refused():
     with pytest.raises(ValueError, match=r"cache already holds sequence\(s\) \[1\]; the decode's sequences are 0..1"):
         kv.ragged_decode(seqs, *ws, strategy="paged", cache=cache)
     assert cache.seq_ids == (1,)
+
+
+# --- a failed or abandoned decode puts a caller's paged cache back ----------------------------------
+
+
+def cache_state(cache):
+    """Everything observable about a paged cache: the pool, every table and length, the free list in order,
+    the refcounts, the peak and the blocks cached under each prefix."""
+    ids = cache.seq_ids
+    return (
+        cache.k_cache.copy(), cache.v_cache.copy(), ids, [cache.block_table(s) for s in ids],
+        [cache.get_seq_length(s) for s in ids], cache.allocator.free_blocks(),
+        [cache.ref_count(b) for b in range(cache.num_blocks)], cache.peak_blocks,
+    )
+
+
+def assert_same_state(before, after):
+    np.testing.assert_array_equal(before[0], after[0])
+    np.testing.assert_array_equal(before[1], after[1])
+    assert before[2:] == after[2:]
+
+
+def callers_cache(num_blocks, caching=False):
+    """A cache with another user's sequence "other" (3 tokens of ones, 2 blocks of 2) and, with prefix caching,
+    a freed sequence whose full block [7, 7] stays cached, evictable, holding keys of 2."""
+    cache = kv.PagedKVCache(num_blocks, 2, 3, 5, enable_prefix_caching=caching)
+    cache.add_sequence("other")
+    cache.update(["other"], np.ones((1, 3, 3)), np.ones((1, 3, 5)), token_ids=[[1, 2, 3]])
+    if caching:
+        cache.add_sequence("gone")
+        cache.update(["gone"], np.full((1, 2, 3), 2.0), np.full((1, 2, 5), 2.0), token_ids=[[7, 7]])
+        cache.free("gone")
+    return cache
+
+
+@pytest.mark.parametrize("caching", [False, True])
+def test_a_decode_that_runs_out_of_blocks_leaves_the_callers_cache_exactly_as_it_was(caching):
+    rng = np.random.default_rng(44)
+    seqs, ws = sequences(rng, [8, 8, 8]), weights(rng)
+    cache = callers_cache(6, caching)  # 2 held, 4 free (with caching: 3 free + the cached one, which is evicted)
+    before = cache_state(cache)
+    with pytest.raises(kv.OutOfBlocksError):
+        kv.ragged_decode(seqs, *ws, strategy="paged", cache=cache)
+    assert_same_state(before, cache_state(cache))
+    assert cache.seq_ids == ("other",)
+    if caching:  # the evicted block is findable again, and holds its own keys
+        (block,) = cache.find_cached_blocks([7, 7])
+        assert (cache.k_cache[block] == 2.0).all()
+    # and the cache serves: a decode that fits is exact
+    out = kv.ragged_decode(seqs[:1], *ws, strategy="paged", cache=cache)
+    np.testing.assert_allclose(out[0], solo_outputs(seqs[:1], *ws)[0], **TOL)
+
+
+def test_the_tester_s_reproduction_leaves_no_sequence_behind():
+    p = kv.make_problem(8, batch_size=3, d_model=8, d_k=4, d_v=4)
+    cache = kv.PagedKVCache(2, 4, 4, 4)
+    with pytest.raises(kv.OutOfBlocksError):
+        kv.ragged_decode(*p.args(), strategy="paged", cache=cache)
+    assert cache.seq_ids == () and cache.num_free_blocks == 2 and cache.peak_blocks == 0
+
+
+@pytest.mark.parametrize("abandon", ["close", "drop", "error"])
+def test_an_abandoned_or_failed_step_iterator_leaves_the_callers_cache_as_it_was(abandon):
+    rng = np.random.default_rng(45)
+    seqs, ws = sequences(rng, [4, 3]), weights(rng)
+    cache = callers_cache(5 if abandon != "error" else 4)
+    before = cache_state(cache)
+    steps = kv.ragged_decode_steps(seqs, *ws, strategy="paged", cache=cache)
+    seq_ids, positions, out = next(steps)
+    assert seq_ids.tolist() == [0, 1] and cache.seq_ids == ("other", 0, 1)
+    expected = solo_outputs(seqs, *ws)
+    np.testing.assert_allclose(out, [expected[0][0], expected[1][0]], **TOL)
+    if abandon == "close":
+        steps.close()
+    elif abandon == "drop":
+        del steps
+    else:  # 2 free blocks: the step at positions 2 needs 2 more
+        with pytest.raises(kv.OutOfBlocksError):
+            list(steps)
+    assert_same_state(before, cache_state(cache))
+
+
+def test_a_finished_step_iterator_keeps_what_the_decode_did():
+    rng = np.random.default_rng(46)
+    seqs, ws = sequences(rng, [4, 3]), weights(rng)
+    cache = callers_cache(8)
+    steps = list(kv.ragged_decode_steps(seqs, *ws, strategy="paged", cache=cache))
+    assert len(steps) == 4 and cache.seq_ids == ("other",)
+    assert cache.peak_blocks == 2 + max(blocks_per_step([4, 3], None, 2))  # not rolled back: the decode succeeded
+
+
+@pytest.mark.parametrize("flag", ["no", 1, None])
+def test_return_stats_must_be_true_or_false(flag):
+    rng = np.random.default_rng(47)
+    seqs, ws = sequences(rng, [3, 2]), weights(rng)
+    with pytest.raises(TypeError, match=f"^return_stats must be True or False, got {flag!r}$"):
+        kv.ragged_decode(seqs, *ws, return_stats=flag)
+    out, stats = kv.ragged_decode(seqs, *ws, return_stats=np.True_)
+    assert stats.steps == 3 and stats.row_steps == 5

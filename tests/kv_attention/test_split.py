@@ -576,3 +576,15 @@ def test_random_cascades_match_the_concatenation(batch, prefix, t_q, lengths, se
     args = cascade_problem(batch, prefix, lengths[:batch], t_q=t_q, seed=seed)
     state = kv.cascade_attention(*args, return_lse=True)
     assert_state_close(state, concatenated_reference(*args))
+
+
+@pytest.mark.parametrize("flag", ["no", 1, None, np.array([True])])
+def test_return_lse_must_be_true_or_false(flag):
+    q, k, v = np.ones((1, 2)), np.ones((3, 2)), np.ones((3, 2))
+    with pytest.raises(TypeError, match="^return_lse must be True or False, got "):
+        kv.split_kv_attention(q, k, v, num_splits=2, return_lse=flag)
+    with pytest.raises(TypeError, match="^return_lse must be True or False, got "):
+        kv.cascade_attention(q[None], k, v, [k], [v], return_lse=flag)
+    out, lse = kv.split_kv_attention(q, k, v, num_splits=2, return_lse=np.True_)
+    np.testing.assert_allclose(out, v[:1])  # equal keys: the mean of the values
+    np.testing.assert_allclose(lse, [np.log(3) + 2 / np.sqrt(2)])  # log(3 · exp(q·k / sqrt(2)))

@@ -236,3 +236,37 @@ def test_repr_gives_the_layout_and_the_positions_seen():
     cache.update(np.ones((2, 4, 13, 16), np.float32), np.ones((2, 4, 13, 8), np.float32))  # more than the 10 slots
     assert repr(cache) == ("SlidingWindowCache(batch_shape=(2, 4), window=8, k_dim=16, v_dim=8, n_sink=2, "
                            "dtype=float32, seq_length=13)")
+
+
+@pytest.mark.parametrize(
+    "t_new, error, message",
+    [(-5, ValueError, "t_new must be >= 0, got -5"), (1.5, TypeError, "t_new must be an integer, got 1.5"),
+     ("a", TypeError, "t_new must be an integer, got 'a'"), (True, TypeError, "t_new must be an integer, got True")],
+)
+def test_key_positions_refuses_a_t_new_that_is_not_an_integer_from_0(t_new, error, message):
+    cache = kv.SlidingWindowCache((), window=3, k_dim=3, v_dim=2, n_sink=1)
+    cache.update(positions(0, 5), positions(0, 5, d=2))
+    with pytest.raises(error, match=f"^{message}$"):
+        cache.key_positions(t_new)
+    np.testing.assert_array_equal(cache.key_positions(np.int64(2)), [0, 2, 3, 4, 5, 6])  # the sink, the ring 2-4, new 5-6
+
+
+def test_a_window_cache_larger_than_memory_or_of_dtype_none_is_refused():
+    with pytest.raises(ValueError, match=r"^a SlidingWindowCache of .* needs 64000000000000 bytes"):
+        kv.SlidingWindowCache((), 10**12, 4, 4)  # 10**12 slots × (4 + 4) × 8
+    with pytest.raises(TypeError, match="^dtype must be float32 or float64, got None$"):
+        kv.SlidingWindowCache((), 4, 3, 2, dtype=None)
+
+
+def test_update_refuses_nan_and_changes_nothing():
+    cache = kv.SlidingWindowCache((), window=2, k_dim=3, v_dim=2)
+    cache.update(positions(0, 3), positions(0, 3, d=2))
+    before = cache.k_cache.copy(), cache.v_cache.copy(), cache.held_positions()
+    v = positions(3, 4, d=2)
+    v[0, 1] = np.nan
+    with pytest.raises(ValueError, match="^v contains NaN or inf$"):
+        cache.update(positions(3, 4), v)  # one position: the path that writes before it returns
+    assert cache.get_seq_length() == 3
+    np.testing.assert_array_equal(cache.k_cache, before[0])
+    np.testing.assert_array_equal(cache.v_cache, before[1])
+    np.testing.assert_array_equal(cache.held_positions(), before[2])
