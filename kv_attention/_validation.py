@@ -842,16 +842,7 @@ def as_lse(name, value):
 
     TypeError for another dtype or a masked array; ValueError for NaN or +inf.
     """
-    if isinstance(value, np.ma.MaskedArray):
-        raise TypeError(f"{name} is a masked array; pass a plain ndarray")
-    try:
-        array = np.asarray(value)
-    except (ValueError, TypeError) as error:
-        raise ValueError(f"{name} is not a rectangular array: {error}") from None
-    if array.dtype.kind == "f" and not array.dtype.isnative:
-        array = array.astype(array.dtype.newbyteorder("="))
-    if array.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{name} must be a float32 or float64 array, got dtype {array.dtype}")
+    array = _as_array(name, value)
     if np.isnan(array).any() or np.isposinf(array).any():
         raise ValueError(
             f"{name} contains NaN or +inf: an lse is finite, or -inf for a state with no keys "
