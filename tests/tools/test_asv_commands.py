@@ -183,7 +183,7 @@ def test_the_main_job_measures_a_stored_timing_without_samples_again(project, mo
     conf, benchmarks, name, env_names = results.asv_setup()
     assert name == machine.default_name()
     assert not results.has_results(head, conf, benchmarks, name, env_names)
-    monkeypatch.setattr(bench, "select_commits", lambda whole_history: [head])
+    monkeypatch.setattr(bench, "select_commits", lambda whole_history, bound=None: [head])
     monkeypatch.setattr(bench, "publish", lambda: None)
     args = bench.setup_arguments(argparse.ArgumentParser().add_subparsers()).parse_args([])
     assert bench.run(args) == 0
