@@ -1,8 +1,9 @@
 """Chunked prefill and sliding windows: chunk size from decode-like to one-shot, and the window cache's memory."""
 
+import functools
 import tracemalloc
 
-from .common import timed_inputs
+from .common import check_points, replay, timed_inputs
 from .counts import Counts
 from .prefill_inputs import (
     BYTES_LENGTHS,
@@ -93,10 +94,10 @@ class ChunkedCacheBytes:
     timeout = 120
 
     def setup_cache(self):
-        return {chunk_size: held_cache_bytes(PREFILL_LENGTH, chunk_size) for chunk_size in CHUNK_SIZES}
+        return check_points(self.params, functools.partial(held_cache_bytes, PREFILL_LENGTH))
 
     def track_kv_cache_bytes(self, nbytes, chunk_size):
-        return nbytes[chunk_size]
+        return replay(nbytes, (chunk_size,))  # a commit without chunked_attention skips
 
     track_kv_cache_bytes.unit = "bytes"
     track_kv_cache_bytes.version = "1"
@@ -114,10 +115,10 @@ class WindowCacheBytes:
     timeout = 120
 
     def setup_cache(self):
-        return {(name, t_len): held_cache_bytes(t_len, 1, *WINDOWS[name]) for name in WINDOWS for t_len in BYTES_LENGTHS}
+        return check_points(self.params, lambda window, t_len: held_cache_bytes(t_len, 1, *WINDOWS[window]))
 
     def track_kv_cache_bytes(self, nbytes, window, T):
-        return nbytes[window, T]
+        return replay(nbytes, (window, T))  # a commit without SlidingWindowCache skips
 
     track_kv_cache_bytes.unit = "bytes"
     track_kv_cache_bytes.version = "1"
