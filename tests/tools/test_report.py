@@ -765,3 +765,16 @@ def test_a_fifo_config_is_a_one_line_error(repo, capsys):
     code = dev.main(["report", "tables", "--config", str(path / "fifo.json")])
     err = capsys.readouterr().err
     assert code == 1 and "a FIFO, not a regular file" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_samples_per_point_are_those_of_the_tables_shown(repo, capsys):
+    path, hashes = repo
+    run = write_run(path / ".asv/results", hashes[2], n_samples=11, extra=True)
+    data = json.loads(run.read_text())
+    repeats = data["results"][HEADS][COLUMNS.index("stats_repeat")]
+    data["results"][HEADS][COLUMNS.index("stats_repeat")] = [None if r is None else 2 for r in repeats]
+    run.write_text(json.dumps(data))
+    code, out, _ = report(path, "tables", "--experiment", "cache", "--experiment", "batch", capsys=capsys)
+    assert code == 0 and "median of 11 samples per point" in out
+    code, out, _ = report(path, "tables", capsys=capsys)
+    assert code == 0 and "median of 2–11 samples per point" in out

@@ -60,7 +60,8 @@ def cmd_tables(args):
 
     results, machine = _open(args)
     run = _run(results, machine, args.commit, args.env)
-    lines = [f"## kv-attention decode benchmarks at `{run.commit[:8]}` on `{run.machine}`", "", *describe(run)]
+    lines = [f"## kv-attention decode benchmarks at `{run.commit[:8]}` on `{run.machine}`", "",
+             *describe(run, args.experiment)]
     lines += ["\n" + render_table(table) for table in all_tables(run, args.experiment)]
     print("\n".join(lines))
 
@@ -80,7 +81,7 @@ def cmd_compare(args):
     labels = tuple(_label(rev, run) for rev, run in ((args.base, base), (args.head, head)))
     lines = [f"## {labels[0]} vs {labels[1]} on `{machine}`", ""]
     for label, run in zip(labels, (base, head)):
-        lines += [f"{label}:", *describe(run), ""]
+        lines += [f"{label}:", *describe(run, args.experiment), ""]
     lines.append("Last column: head / base. For a time (ms, µs) above 1 is slower; for a speedup, "
                  "positions / s, scaling or a ratio such as no_cache / preallocated above 1 is larger.")
     lines += ["\n" + render_compare(b, h, *labels)

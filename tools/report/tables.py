@@ -194,6 +194,8 @@ def ragged_table(run):
 
 TABLES = {"cache": cache_table, "batch": batch_table, "batch_size": batch_size_table, "heads": heads_table,
           "ragged": ragged_table}
+TIMINGS = {"cache": CACHE_BENCHMARK, "batch": BATCH_BENCHMARK, "batch_size": SWEEP_BENCHMARK,
+           "heads": HEADS_BENCHMARK, "ragged": RAGGED_BENCHMARK}  # the timing each table shows
 
 
 def all_tables(run, experiments=None):
@@ -260,8 +262,11 @@ def _utc(ms):
     return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def describe(run):
-    """Lines naming the commit, the machine and the environment a run was measured in."""
+def describe(run, experiments=None):
+    """Lines naming the commit, the machine and the environment a run was measured in.
+
+    The samples per point are those of the timings the tables of ``experiments`` show (default: every table).
+    """
     p = run.machine_params
     when = _utc(run.date)
     ram = f", {int(p['ram']) / 2**30:.1f} GiB RAM" if str(p.get("ram", "")).isdigit() else ""
@@ -270,8 +275,9 @@ def describe(run):
     packages = ", ".join(f"{k} {v}" for k, v in p.items()
                          if k not in {"arch", "cpu", "machine", "num_cpu", "os", "ram"})
     threads = ", ".join(f"{k}={v}" for k, v in sorted(run.env_vars.items())) or "none set"
+    shown = {TIMINGS[name] for name in (experiments or TABLES)}
     samples = sorted({pt.stats.get("repeat") for pt in run.points.values()
-                      if pt.benchmark.split(".")[-1].startswith("time_") and pt.stats.get("repeat")})
+                      if pt.benchmark in shown and pt.stats.get("repeat")})
     counts = f"{samples[0]}" if len(samples) == 1 else f"{samples[0]}–{samples[-1]}" if samples else "?"
     measured = (", measured " + _utc(run.measured)) if run.measured else ""
     return [
