@@ -30,11 +30,11 @@ LOCKS_WORKSPACE = True  # one job at a time in .asv/ (tools/lock.py)
 RESULT_PATHS = ["kv_attention", "setup.cfg", "pyproject.toml", "asv.conf.json"]
 BUILD_FILES = ["setup.cfg", "pyproject.toml", "kv_attention/__init__.py"]  # all present => buildable
 # Commits the default selection benchmarks at most, so that a fresh clone's main job stays within 15 minutes:
-# the suite measured 239 s a commit on a near-quiet machine (docs/benchmarking.md, "Cost per commit"; its budget
-# is 90 s), so 3 fit with the .venv and the first asv environment; at 90 s a commit, 8 would.
-DEFAULT_COMMITS = 3
+# the suite measured 89 s of benchmarks a commit on a quiet 2-core machine, 95 s with its install
+# (docs/benchmarking.md, "Cost per commit"), so 5 fit beside the .venv and the first asv environment.
+DEFAULT_COMMITS = 5
 NEWEST = 2  # main and main~1: always in the sample
-SECONDS_PER_COMMIT = 240  # the estimate of the time left until one commit has been measured
+SECONDS_PER_COMMIT = 100  # the estimate of the time left until one commit has been measured
 ASV_COMMIT_LINE = re.compile(r"For \S+ commit ([0-9a-f]{8})")  # asv run's line as it starts a commit
 
 
