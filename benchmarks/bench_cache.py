@@ -2,7 +2,7 @@
 
 import inspect
 
-from .common import D_K, D_V, LENGTHS, STRATEGIES, timed_inputs, verified_strategy
+from .common import D_K, D_V, LENGTHS, STRATEGIES, SkipNotImplemented, timed_inputs, verified_strategy
 from .counts import Counts
 
 
@@ -38,7 +38,7 @@ class CacheStrategy:
 
         cache_class = {"concat": "DynamicCache", "preallocated": "StaticCache"}[strategy]
         if not hasattr(kv_attention, cache_class) or "cache" not in inspect.signature(self.decode).parameters:
-            raise NotImplementedError(f"kv_attention has no {cache_class} or cache= at this commit")
+            raise SkipNotImplemented(f"kv_attention has no {cache_class} or cache= at this commit")
         if strategy == "concat":
             cache = kv_attention.DynamicCache()
         else:

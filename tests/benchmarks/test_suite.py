@@ -3,6 +3,7 @@
 import importlib
 import inspect
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,53 @@ def test_retired_benchmarks_give_a_reason_and_are_gone_from_the_suite():
     for name, reason in RETIRED.items():
         assert isinstance(reason, str) and reason.strip(), name
         assert name.split("(")[0] not in live or "(" in name, f"{name} is retired but still in the suite"
+
+
+def test_at_a_commit_without_the_library_every_point_skips_and_none_fails(monkeypatch):
+    # asv skips a point whose setup() raises NotImplementedError but FAILS one whose benchmark function
+    # raises it; there only asv_runner's SkipNotImplemented skips. The prefill cache bytes once failed
+    # all 12 points at the oldest commit this way. Here the commit has no kv_attention API at all.
+    import itertools
+    import types
+
+    from asv_runner.benchmarks.mark import SkipNotImplemented
+
+    from benchmarks.counts import Counts
+
+    monkeypatch.setitem(sys.modules, "kv_attention", types.ModuleType("kv_attention"))
+    failed = []
+    for module in (importlib.import_module(f"benchmarks.{p.stem}") for p in sorted(SUITE.glob("bench_*.py"))):
+        for cls in [c for _, c in inspect.getmembers(module, inspect.isclass) if c.__module__ == module.__name__]:
+            names = [n for n in dir(cls) if BENCHMARK_NAME.match(n)]
+            if not names or cls.__name__.startswith("_") or issubclass(cls, Counts):  # Counts: see test_counts
+                continue
+            cache = (cls().setup_cache(),) if hasattr(cls, "setup_cache") else ()
+            for point in itertools.product(*getattr(cls, "params", [])):
+                bench = cls()
+                try:
+                    bench.setup(*cache, *point)
+                except NotImplementedError:
+                    continue
+                for name in names:
+                    try:
+                        getattr(bench, name)(*cache, *point)
+                    except SkipNotImplemented:
+                        pass
+                    except NotImplementedError as error:
+                        failed.append(f"{cls.__name__}.{name}{point}: {error}")
+    assert not failed, failed
+
+
+def test_a_benchmark_function_never_raises_a_plain_not_implemented_error():
+    # asv skips a point whose setup() raises NotImplementedError but FAILS one whose benchmark function does:
+    # there, only asv_runner's SkipNotImplemented skips (as the prefill cache bytes learned at the oldest commit).
+    import ast
+
+    offenders = []
+    for path in sorted(Path(benchmarks.__file__).parent.glob("bench_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and re.match(r"(time|track|peakmem|mem)_", node.name):
+                for inner in ast.walk(node):
+                    if isinstance(inner, ast.Raise) and "NotImplementedError" in ast.unparse(inner.exc or inner):
+                        offenders.append(f"{path.name}:{inner.lineno} in {node.name}")
+    assert not offenders, offenders
