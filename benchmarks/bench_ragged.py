@@ -33,7 +33,7 @@ class RaggedDecode:
 
     params = [RAGGED_STRATEGIES, list(LENGTH_DISTRIBUTIONS)]
     param_names = ["strategy", "lengths"]
-    repeat = (5, 10, 0.25)  # in asv's 2 rounds: 10 to 20 samples, as CacheStrategy; RaggedCounts carries the fine detection
+    repeat = (5, 10, 0.25)  # in asv's 2 rounds: 10 to 20 samples, as CacheStrategy; RaggedCounts detects finely
     timeout = 120
 
     def setup_cache(self):
@@ -72,7 +72,7 @@ class RaggedDecode:
 class RaggedCounts(Counts):
     """Instructions and estimated cycles of the decode of 8 skewed sequences, T_b = 64 and 7 x 16, per strategy.
 
-    The timed skewed batch at a quarter of its longest length: its counts cost 35 s under callgrind.
+    The timed skewed batch at a quarter of its longest length: counting the timed one took 35 s under callgrind.
     """
 
     params = [RAGGED_STRATEGIES, list(COUNT_DISTRIBUTIONS)]

@@ -175,10 +175,10 @@ def check_points(params, check):
 
 
 def replay(outcomes, point):
-    """In ``setup()`` (asv skips a point only when its setup raises NotImplementedError): the outcome of ``point`` in :func:`check_points`, as asv's outcome, and its value.
+    """In ``setup()``: the outcome of ``point`` in :func:`check_points`, as asv's outcome, and its value.
 
-    Raises NotImplementedError (asv skips) or AssertionError (asv fails) as the
-    check did; else marks its keys verified in this process, so the decode is
+    Raises NotImplementedError (asv skips; only when setup raises it, never a
+    benchmark function) or AssertionError (asv fails) as the check did; else marks its keys verified in this process, so the decode is
     not checked again, and returns the check's value.
     """
     outcome = outcomes.get(tuple(point), {"failed": f"{tuple(point)} was not checked"})

@@ -25,7 +25,7 @@ parameter combination of every count class of the suite
 
 1. calls ``prepare`` to build the point's decode and inputs. The correctness
    check inside it has already run natively, in asv's process, before valgrind
-   started (:func:`check_points`: NotImplementedError skips the point, any
+   started (:func:`check_classes`: NotImplementedError skips the point, any
    other error fails it, as for the timings); the keys that passed are handed
    to the counting process, so under valgrind ``prepare`` does not check again;
 2. decodes :data:`WARMUP_DECODES` times uninstrumented (the first call, with
@@ -240,7 +240,7 @@ def count_classes(classes):
     reason = why_uncountable()
     if reason is not None:
         return {"unavailable": reason}
-    checked = check_points(classes)
+    checked = check_classes(classes)
     roots = [import_root(name) for name in (__name__, *(c.__module__ for c in classes))]
     with tempfile.TemporaryDirectory(prefix="kv-attention-counts-") as folder:
         status_file, plan_file = os.path.join(folder, "status.jsonl"), os.path.join(folder, "plan.json")
@@ -283,7 +283,7 @@ def points_of(classes):
             yield class_index, index, params
 
 
-def check_points(classes):
+def check_classes(classes):
     """Run every point's ``prepare``, and so its correctness check, natively in this process (step 1 above).
 
     Returns ``{(class_index, index): outcome}`` of the points that skip or fail,

@@ -131,7 +131,7 @@ def test_the_checks_run_natively_before_valgrind_and_only_passed_points_are_coun
 
     monkeypatch.setattr(common, "VERIFIED", set())
     with threadpool_limits(limits=1):
-        checked = counts.check_points([TinyCounts])
+        checked = counts.check_classes([TinyCounts])
     assert checked == {(0, 2): {"skipped": "kv_attention has no such strategy at this commit"},
                        (0, 3): {"failed": "AssertionError: preallocated at T=8: not equal to the oracle"}}
     assert common.VERIFIED == {"preallocated at T=8, B=None", "preallocated at T=16, B=None"}
