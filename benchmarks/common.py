@@ -178,8 +178,9 @@ def replay(outcomes, point):
     """In ``setup()``: the outcome of ``point`` in :func:`check_points`, as asv's outcome, and its value.
 
     Raises NotImplementedError (asv skips; only when setup raises it, never a
-    benchmark function) or AssertionError (asv fails) as the check did; else marks its keys verified in this process, so the decode is
-    not checked again, and returns the check's value.
+    benchmark function) or AssertionError (asv fails) as the check did; else
+    marks its keys verified in this process, so the decode is not checked
+    again, and returns the check's value.
     """
     outcome = outcomes.get(tuple(point), {"failed": f"{tuple(point)} was not checked"})
     if "skipped" in outcome:

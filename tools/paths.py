@@ -28,8 +28,8 @@ import tempfile
 from . import common
 from .common import UserError
 
-KINDS = {stat.S_IFREG: "a regular file", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFIFO: "a FIFO",
-         stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symlink"}
+KINDS = {stat.S_IFREG: "a regular file", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+         stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symlink"}
 
 
 def kind(mode):

@@ -120,7 +120,8 @@ def setup_arguments(subparsers):
                                    description="The lab's tables, samples and plots, read from asv's result "
                                                "files (times nothing).")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--machine", type=name_argument, help="asv machine name (default: this host's, or the only one)")
+    common.add_argument("--machine", type=name_argument,
+                        help="asv machine name (default: this host's, or the only one)")
     common.add_argument("--env", help="part of the asv environment name, if a commit has several")
     common.add_argument("--config", default=DEFAULT_CONFIG, help="asv config (default: %(default)s)")
     common.add_argument("--results-dir", help="asv results directory (default: the config's results_dir)")
