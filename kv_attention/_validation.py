@@ -82,8 +82,10 @@ def as_sizes_per_sequence(name, values, count):
 
 
 def as_float_dtype(dtype):
-    """Return ``np.dtype(dtype)``; TypeError unless it is float32 or float64 (None included: ``np.dtype(None)``
-    would silently mean float64, as :func:`as_itemsize` refuses it too)."""
+    """Return ``np.dtype(dtype)``; TypeError unless it is float32 or float64.
+
+    None is refused too: ``np.dtype(None)`` would silently mean float64 (as in :func:`as_itemsize`).
+    """
     if dtype is _FLOAT64 or dtype is _FLOAT32:  # already a dtype, e.g. from np.result_type
         return dtype
     if dtype is None:
@@ -101,9 +103,9 @@ def as_itemsize(dtype, named):
     """Bytes per element of ``dtype``: a float or integer numpy dtype, or a name in ``named`` (name -> bytes).
 
     A dtype whose name is in ``named`` (as ml_dtypes registers ``bfloat16``) counts
-    as that name, and one named ``<family>_<variant>`` whose family is in ``named`` with
-    its size (``float8_e5m3fnu``, 1 byte) counts as the family. TypeError for anything else, None included (``np.dtype(None)``
-    would silently mean float64).
+    as that name, and one named ``<family>_<variant>`` whose family is in ``named``
+    with its size (``float8_e5m3fnu``, 1 byte) counts as the family. TypeError for
+    anything else, None included (``np.dtype(None)`` would silently mean float64).
     """
     if isinstance(dtype, str) and dtype in named:
         return named[dtype]
@@ -125,8 +127,10 @@ def as_itemsize(dtype, named):
 
 
 def as_flag(name, value):
-    """``value`` as a bool; TypeError unless it is one (numpy's included): every flag of the library, so that
-    a truthy string such as ``"no"`` is refused, not taken for True."""
+    """``value`` as a bool; TypeError unless it is one (numpy's included).
+
+    Every flag of the library goes through here, so a truthy string such as ``"no"`` is refused, not taken for True.
+    """
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be True or False, got {value!r}")
     return bool(value)
