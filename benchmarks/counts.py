@@ -19,9 +19,11 @@ of :class:`Counts`, and asv runs a ``setup_cache`` once per place it is defined
 and environment, handing its result to every point of every class that shares
 it. So valgrind starts ONCE per commit (its start-up with numpy costs seconds):
 one process, the benchmark's own interpreter (``sys.executable``: the commit
-under test, the working tree's benchmark files) under ``valgrind
---tool=callgrind`` with instrumentation and collection off, which for every
-parameter combination of every count class of the suite
+under test's kv_attention, from its asv environment; the suite's packages alone
+from the working tree, as asv imports them) under ``valgrind --tool=callgrind``
+with instrumentation and collection off, in a fixed environment
+(:func:`child_environment`) and folder, which for every parameter combination
+of every count class of the suite
 
 1. calls ``prepare`` to build the point's decode and inputs. The correctness
    check inside it has already run natively, in asv's process, before valgrind
@@ -209,6 +211,28 @@ def why_uncountable():
     return None
 
 
+# The counting process: the interpreter of the commit's asv environment, which imports kv_attention from its own
+# site-packages. Only the suite's packages come from the working tree, each through asv_runner's
+# SpecificImporter (as asv's own runner imports the suite): a meta-path finder for that one package name, never
+# a folder on sys.path, so the working tree's kv_attention beside them is not what is counted. Nor is the current
+# folder ("" for -c: dropped) on sys.path; -s: no user site-packages.
+CHILD_FLAGS = ("-s",)
+CHILD = ("import json, sys; sys.path[:] = [p for p in sys.path if p]; from asv_runner._aux import SpecificImporter; "
+         "sys.meta_path[:0] = [SpecificImporter(n, r) for n, r in json.loads(sys.argv[1]).items()]; "
+         "import {module} as c; c.main(sys.argv[2:])")
+# What the counting process inherits of the environment: the thread pins and OpenBLAS's kernel choice (they
+# change what is executed) and PYTHONPATH (asv's --python=same). Nothing else: asv's ASV_* variables, temporary
+# paths and the shell's variables differ between runs, and the process's initial state moves with them.
+INHERITED = ("OPENBLAS_", "OMP_", "MKL_", "GOTO", "PYTHONPATH")
+FIXED_ENVIRONMENT = {"PYTHONHASHSEED": "0", "LC_ALL": "C", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def child_environment():
+    """The counting process's environment: :data:`FIXED_ENVIRONMENT` and the inherited variables, sorted."""
+    inherited = {k: v for k, v in os.environ.items() if k.startswith(INHERITED)}
+    return dict(sorted({**inherited, "PATH": os.defpath, **FIXED_ENVIRONMENT}.items()))
+
+
 def import_root(module):
     """The folder from which ``module`` (a dotted name, already imported) is imported: for the counting process."""
     root = os.path.abspath(sys.modules[module].__file__)
@@ -241,7 +265,7 @@ def count_classes(classes):
     if reason is not None:
         return {"unavailable": reason}
     checked = check_classes(classes)
-    roots = [import_root(name) for name in (__name__, *(c.__module__ for c in classes))]
+    packages = {name.split(".")[0]: import_root(name) for name in (__name__, *(c.__module__ for c in classes))}
     with tempfile.TemporaryDirectory(prefix="kv-attention-counts-") as folder:
         status_file, plan_file = os.path.join(folder, "status.jsonl"), os.path.join(folder, "plan.json")
         with open(plan_file, "w") as plan:
@@ -249,12 +273,10 @@ def count_classes(classes):
                        "points": [list(point) for point in points_of(classes) if point[:2] not in checked],
                        "verified": sorted(common.VERIFIED)}, plan)
         command = ["valgrind", *CALLGRIND, f"--callgrind-out-file={folder}/callgrind.out.%p", sys.executable,
-                   "-c", f"import json, sys; sys.path[:0] = json.loads(sys.argv[1]); import {__name__} as c; "
-                         "c.main(sys.argv[2:])",
-                   json.dumps(list(dict.fromkeys(roots))), status_file, plan_file]
+                   *CHILD_FLAGS, "-c", CHILD.format(module=__name__), json.dumps(packages), status_file, plan_file]
         try:
-            run = subprocess.run(command, env={**os.environ, "PYTHONHASHSEED": "0"}, capture_output=True,
-                                 text=True, timeout=COUNT_TIMEOUT - 30)
+            run = subprocess.run(command, env=child_environment(), cwd="/", capture_output=True, text=True,
+                                 timeout=COUNT_TIMEOUT - 30)
             ended = f"exit {run.returncode}: {run.stderr.strip()[-2000:]}" if run.returncode else ""
         except subprocess.TimeoutExpired:
             ended = f"the counting process took longer than {COUNT_TIMEOUT - 30} s"
@@ -364,11 +386,13 @@ class Counts(abc.ABC):
     track_instructions.unit = "instructions"
     # 2: the correctness check runs natively, one uninstrumented decode before the counted one,
     # and smaller problems (a count moved by up to 1.7 %, so version 1's history is not comparable).
-    track_instructions.version = "2"
+    # 3: the commit's own kv_attention is counted (versions 1 and 2 counted the working tree's whenever it
+    # was not the commit under test) in a fixed environment (the shell's moved counts by up to 1 %).
+    track_instructions.version = "3"
 
     def track_estimated_cycles(self, counted, *params):
         """Estimated cycles of one decode: Ir + 10 L1 misses + 100 last-level misses (KCachegrind's CEst)."""
         return estimated_cycles(self.events)
 
     track_estimated_cycles.unit = "cycles"
-    track_estimated_cycles.version = "2"  # as track_instructions
+    track_estimated_cycles.version = "3"  # as track_instructions

@@ -135,3 +135,55 @@ def test_the_checks_run_natively_before_valgrind_and_only_passed_points_are_coun
     assert checked == {(0, 2): {"skipped": "kv_attention has no such strategy at this commit"},
                        (0, 3): {"failed": "AssertionError: preallocated at T=8: not equal to the oracle"}}
     assert common.VERIFIED == {"preallocated at T=8, B=None", "preallocated at T=16, B=None"}
+
+
+WORK = "def work():\n    return sum(range({n}))\n"
+POINTS = '''from benchmarks.counts import Counts
+
+
+class WorkCounts(Counts):
+    params = [[1]]
+    param_names = ["B"]
+
+    def prepare(self, B):
+        import kvwork
+
+        return kvwork.work, ()
+'''
+
+
+def test_the_counts_are_of_the_installed_commit_not_of_the_working_tree(tmp_path, monkeypatch):
+    """A repository whose second commit does 1,000 times the work of its first, its working tree at the first,
+    the second installed as asv installs a commit (its own site folder, first on the environment's path): the
+    count is the second's. Counting the working tree's copy gave the first's."""
+    if shutil.which("valgrind") is None:
+        pytest.skip("valgrind is not installed (apt-get install valgrind)")
+    import subprocess
+
+    repo, site = tmp_path / "repo", tmp_path / "site"
+    (repo / "kvwork").mkdir(parents=True)
+    (repo / "worksuite").mkdir()
+    (repo / "worksuite" / "__init__.py").write_text("")
+    (repo / "worksuite" / "points.py").write_text(POINTS)
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+    git("init", "-q")
+    for n in (100, 100_000):  # commit 1, then commit 2: 1,000 times the loop
+        (repo / "kvwork" / "__init__.py").write_text(WORK.format(n=n))
+        git("add", "-A")
+        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", f"work {n}")
+    second = git("rev-parse", "HEAD").strip()
+    git("checkout", "-q", "HEAD~1")  # the working tree at commit 1
+    site.mkdir()
+    archive = subprocess.run(["git", "-C", str(repo), "archive", second, "kvwork"], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(site)], input=archive, check=True)  # commit 2, installed
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.syspath_prepend(str(repo))
+    from worksuite.points import WorkCounts
+
+    counted = counts.count_classes([WorkCounts])
+    events = counted["points"][(counts.class_key(WorkCounts), (1,))]["events"]
+    assert events["Ir"] > 1_000_000  # 100,000 iterations of sum's loop; commit 1's 100 cost a few thousand

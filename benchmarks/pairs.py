@@ -1,0 +1,115 @@
+"""Paired timing: two sides alternated burst by burst, judged on the median of the per-pair ratios.
+
+A machine's speed drifts (a 1.64x change between 2 s blocks of one process was
+seen on the 2-core VM this suite is measured on), so medians of two sides
+taken at different times compare the drift as much as the code. Taken in
+turns, both sides of a pair see the same machine, and the drift divides out of
+their ratio: duet benchmarking (Bulej et al., ICPE 2020) and randomized
+multiple interleaved trials (Abedi & Brecht, ICPE 2017). Measured here
+(``../shared/notes/pairing.md``): the median of per-pair ratios of two
+processes of identical code stayed within 0.17-0.53 % of 1, the ratio of
+their unpaired medians within 2-4 %.
+
+The contract shared by every function here:
+
+- a *side* is a callable that takes a number of samples and returns that many
+  timings of one call each, in seconds (:func:`local_side` times a callable in
+  this process; ``tools/pairs.py`` asks a worker process in a commit's asv
+  environment);
+- a *pair* is one burst of :data:`BURST` samples of each side, the order
+  swapped every pair (ABBA...), so neither side always runs right after the
+  other; a side's value in a pair is the median of its burst, and the pair's
+  ratio is ``second / first``;
+- the estimate is the median of the per-pair ratios, with the distribution-free
+  95 % interval of a median from the order statistics of the ratios (the sign
+  test's interval: the ratios need only be independent, not normal).
+
+Nothing here imports kv_attention: the suite's ratio benchmarks and the gate's
+cross-commit comparison share it.
+"""
+
+import math
+import statistics
+import time
+
+BURST = 3  # samples per side per pair: the probe's burst, short beside the host's drift
+CONFIDENCE = 0.95
+
+
+def local_side(call, number=1):
+    """A side that times ``call()`` in this process: ``samples(n)`` -> n seconds per call, each of ``number`` calls."""
+    clock = time.perf_counter
+
+    def samples(n):
+        out = []
+        for _ in range(n):
+            start = clock()
+            for _ in range(number):
+                call()
+            out.append((clock() - start) / number)
+        return out
+
+    return samples
+
+
+def calibrate(call, sample_seconds=2e-3):
+    """How many calls of ``call()`` make one sample of at least ``sample_seconds`` (``call`` runs a few times)."""
+    call()  # a first call outside the estimate: first-call work (caches, imports)
+    start = time.perf_counter()
+    call()
+    once = max(time.perf_counter() - start, 1e-9)
+    return max(1, math.ceil(sample_seconds / once))
+
+
+def alternate(first, second, pairs, burst=BURST):
+    """``pairs`` per-pair ratios ``second / first`` of two sides (see the module docstring), in order."""
+    if pairs < 1 or burst < 1:
+        raise ValueError(f"pairs and burst must be >= 1, got pairs={pairs}, burst={burst}")
+    ratios = []
+    for i in range(pairs):
+        if i % 2 == 0:
+            a = statistics.median(first(burst))
+            b = statistics.median(second(burst))
+        else:
+            b = statistics.median(second(burst))
+            a = statistics.median(first(burst))
+        ratios.append(b / a)
+    return ratios
+
+
+def pairs_within(first, second, seconds, min_pairs=8, max_pairs=200, burst=BURST):
+    """Per-pair ratios ``second / first``, as many pairs as fit in about ``seconds`` (between the two bounds).
+
+    One pair is timed first to size the rest.
+    """
+    start = time.perf_counter()
+    ratios = alternate(first, second, 1, burst)
+    per_pair = max(time.perf_counter() - start, 1e-9)
+    wanted = min(max_pairs, max(min_pairs, int(seconds / per_pair)))
+    return ratios + alternate(first, second, wanted - 1, burst) if wanted > 1 else ratios
+
+
+def median_interval(ratios, confidence=CONFIDENCE):
+    """``(median, low, high)`` of ``ratios``: the median and its distribution-free ``confidence`` interval.
+
+    The interval is ``[x_(k), x_(n+1-k)]`` of the sorted ratios, ``k`` the
+    largest rank with ``P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2``
+    (the sign test's interval for a median). Below 6 ratios no 95 % interval
+    exists, and it is ``(-inf, inf)``-wide: the smallest and largest ratio
+    then are NOT an interval, so none is claimed.
+    """
+    values = sorted(ratios)
+    n = len(values)
+    if n == 0:
+        raise ValueError("median_interval needs at least one ratio")
+    tail = (1 - confidence) / 2
+    k, cumulative = 0, 0.0
+    while True:  # the largest k with P(B < k) <= tail, B ~ Binomial(n, 1/2)
+        cumulative += math.comb(n, k) / 2 ** n  # now P(B <= k) = P(B < k + 1)
+        if cumulative > tail:
+            break
+        k += 1
+    median = statistics.median(values)
+    if k == 0:
+        return median, -math.inf, math.inf
+    return median, values[k - 1], values[n - k]

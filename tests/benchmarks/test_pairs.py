@@ -1,0 +1,70 @@
+"""Paired timing (benchmarks/pairs.py): the order of the pairs, the drift they cancel, the median's interval."""
+
+import itertools
+import math
+import statistics
+
+import pytest
+
+from benchmarks import pairs
+
+
+def binomial_tail(n, k):
+    """P(Binomial(n, 1/2) < k), summed term by term: the sign test's tail, written here independently."""
+    return sum(math.factorial(n) // (math.factorial(i) * math.factorial(n - i)) for i in range(k)) / 2 ** n
+
+
+@pytest.mark.parametrize("n", [6, 7, 10, 20, 31, 60, 200])
+def test_the_interval_is_the_sign_tests_order_statistics(n):
+    ratios = [1 + i / 1000 for i in range(n)][::-1]  # sorted by the function, not by the caller
+    median, low, high = pairs.median_interval(ratios)
+    k = max(j for j in range(1, n // 2 + 1) if binomial_tail(n, j) <= 0.025)
+    assert median == statistics.median(ratios)
+    assert (low, high) == (1 + (k - 1) / 1000, 1 + (n - k) / 1000)
+    assert binomial_tail(n, k + 1) > 0.025  # k is the largest rank that keeps the 95 % coverage
+
+
+def test_the_published_interval_of_twenty_ratios():
+    # For n = 20 the 95 % interval of a median is [x_(6), x_(15)] (tables of the sign test).
+    assert pairs.median_interval(range(1, 21))[1:] == (6, 15)
+
+
+def test_fewer_than_six_ratios_claim_no_interval():
+    assert pairs.median_interval([1.0, 1.1, 0.9, 1.05, 1.02]) == (1.02, -math.inf, math.inf)
+    with pytest.raises(ValueError, match="at least one ratio"):
+        pairs.median_interval([])
+
+
+def test_pairs_alternate_their_order_and_cancel_a_drift_that_unpaired_medians_keep():
+    """A machine whose speed halves steadily over the run: a side 5 % slower is 1.05 in every pair, while
+    all of one side's samples and then all of the other's compare the drift instead."""
+    clock, calls = itertools.count(), []
+
+    def side(name, cost):
+        def samples(n):
+            calls.append((name, n))
+            return [cost * (1 + next(clock) / 100) for _ in range(n)]
+        return samples
+
+    a, b = side("a", 1.0), side("b", 1.05)
+    ratios = pairs.alternate(a, b, pairs=20, burst=3)
+    assert calls[:4] == [("a", 3), ("b", 3), ("b", 3), ("a", 3)]  # ABBA: neither side always goes first
+    assert len(ratios) == 20
+    median, low, high = pairs.median_interval(ratios)
+    assert low <= 1.05 <= high and median == pytest.approx(1.05, rel=0.02)
+    first = statistics.median(a(60))
+    unpaired = statistics.median(b(60)) / first
+    assert unpaired > 1.25  # B's samples came after A's, on a slower machine
+
+
+def test_a_local_side_times_each_call():
+    calls = []
+    samples = pairs.local_side(lambda: calls.append(1), number=4)(5)
+    assert len(samples) == 5 and len(calls) == 20 and all(s >= 0 for s in samples)
+
+
+@pytest.mark.parametrize("bad", [{"pairs": 0}, {"burst": 0}])
+def test_no_pairs_or_an_empty_burst_is_refused(bad):
+    side = pairs.local_side(lambda: None)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        pairs.alternate(side, side, **{"pairs": 4, **bad})
