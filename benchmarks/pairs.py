@@ -33,6 +33,7 @@ import statistics
 import time
 
 BURST = 3  # samples per side per pair: the probe's burst, short beside the host's drift
+LONG_SAMPLE = 0.02  # seconds: a side's sample this long is taken once per pair
 CONFIDENCE = 0.95
 
 
@@ -61,12 +62,15 @@ def calibrate(call, sample_seconds=2e-3):
     return max(1, math.ceil(sample_seconds / once))
 
 
-def alternate(first, second, pairs, burst=BURST):
-    """``pairs`` per-pair ratios ``second / first`` of two sides (see the module docstring), in order."""
+def alternate(first, second, pairs, burst=BURST, offset=0):
+    """``pairs`` per-pair ratios ``second / first`` of two sides (see the module docstring), in order.
+
+    Pair ``i`` starts with ``first`` when ``i + offset`` is even, else with ``second``.
+    """
     if pairs < 1 or burst < 1:
         raise ValueError(f"pairs and burst must be >= 1, got pairs={pairs}, burst={burst}")
     ratios = []
-    for i in range(pairs):
+    for i in range(offset, offset + pairs):
         if i % 2 == 0:
             a = statistics.median(first(burst))
             b = statistics.median(second(burst))
@@ -80,13 +84,17 @@ def alternate(first, second, pairs, burst=BURST):
 def pairs_within(first, second, seconds, min_pairs=8, max_pairs=200, burst=BURST):
     """Per-pair ratios ``second / first``, as many pairs as fit in about ``seconds`` (between the two bounds).
 
-    One pair is timed first to size the rest.
+    A first pair of one sample a side sizes the rest; a side whose sample takes
+    longer than :data:`LONG_SAMPLE` is sampled once per pair rather than
+    ``burst`` times (a sample that long already averages over the host's
+    short stalls, and ``min_pairs`` bursts of it would cost seconds).
     """
     start = time.perf_counter()
-    ratios = alternate(first, second, 1, burst)
-    per_pair = max(time.perf_counter() - start, 1e-9)
-    wanted = min(max_pairs, max(min_pairs, int(seconds / per_pair)))
-    return ratios + alternate(first, second, wanted - 1, burst) if wanted > 1 else ratios
+    ratios = alternate(first, second, 1, 1)
+    per_sample = max(time.perf_counter() - start, 1e-9) / 2
+    burst = burst if per_sample < LONG_SAMPLE else 1
+    wanted = min(max_pairs, max(min_pairs, int(seconds / (2 * burst * per_sample))))
+    return ratios + alternate(first, second, wanted - 1, burst, offset=1) if wanted > 1 else ratios
 
 
 def median_interval(ratios, confidence=CONFIDENCE):

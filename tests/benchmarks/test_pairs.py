@@ -68,3 +68,31 @@ def test_no_pairs_or_an_empty_burst_is_refused(bad):
     side = pairs.local_side(lambda: None)
     with pytest.raises(ValueError, match="must be >= 1"):
         pairs.alternate(side, side, **{"pairs": 4, **bad})
+
+
+def test_pairs_within_a_time_budget_take_bursts_of_short_samples_and_single_long_ones(monkeypatch):
+    """A fake clock: each sample of A costs ``cost`` seconds, B 10 % more. The first pair (one sample a side)
+    sizes the rest; the order keeps alternating across it; slow samples come one per pair."""
+    now = [0.0]
+    monkeypatch.setattr(pairs.time, "perf_counter", lambda: now[0])
+
+    def run(cost, seconds, **bounds):
+        calls = []
+
+        def side(name, c):
+            def samples(n):
+                calls.append((name, n))
+                now[0] += c * n
+                return [c] * n
+            return samples
+
+        ratios = pairs.pairs_within(side("a", cost), side("b", 1.1 * cost), seconds, **bounds)
+        return ratios, calls
+
+    ratios, calls = run(0.001, 1.0, min_pairs=8, max_pairs=200)
+    assert calls[:6] == [("a", 1), ("b", 1), ("b", 3), ("a", 3), ("a", 3), ("b", 3)]
+    assert len(ratios) == int(1.0 / (2 * 3 * 0.00105))  # pairs of bursts of 3, ~1.05 ms a sample on average
+    assert all(r == pytest.approx(1.1) for r in ratios)
+    ratios, calls = run(0.5, 1.0, min_pairs=8, max_pairs=200)  # 0.5 s a sample: the minimum, one sample each
+    assert len(ratios) == 8 and {n for _, n in calls} == {1}
+    assert len(run(0.0001, 10.0, min_pairs=8, max_pairs=50)[0]) == 50

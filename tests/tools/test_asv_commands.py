@@ -53,12 +53,26 @@ class Work:
         return kv_attention.WORK[part]
 
     track_work.version = "1"
+
+
+class Paired:
+    """Measurable only where WORK["b"] is 150: which package a paired-timing worker imported."""
+
+    def setup(self):
+        if kv_attention.WORK["b"] != 150:
+            raise NotImplementedError("WORK['b'] is not 150 at this commit")
+
+    def time_work(self):
+        sum(range(kv_attention.WORK["b"]))
+
+    time_work.version = "1"
 '''
 PACKAGE = {
     "setup.cfg": "[metadata]\nname = kv-attention-tiny\nversion = 0.1\n\n[options]\npackages = kv_attention\n",
     "pyproject.toml": '[build-system]\nrequires = ["setuptools>=61", "wheel"]\nbuild-backend = "setuptools.build_meta"\n',
     "benchmarks/__init__.py": "",
     "benchmarks/bench_tiny.py": BENCHMARKS,
+    "benchmarks/pairs.py": (ROOT / "benchmarks" / "pairs.py").read_text(),  # the paired-timing core
 }
 
 
@@ -191,6 +205,35 @@ def test_the_main_job_measures_a_stored_timing_without_samples_again(project, mo
     assert "measured again" in out and "benchmarking 1" in out
     assert len(project.stored(project.root / "asv.conf.json", head)[1][0]) >= 3
     assert results.has_results(head, conf, benchmarks, name, env_names)
+
+
+def test_paired_workers_time_each_commit_with_its_own_package_not_the_working_trees(project, monkeypatch):
+    """The working tree is at 'docs again' (WORK['b'] = 150). 'docs' has 100: its worker skips the point,
+    as asv does at that commit; 'more work' and 'docs again' both have 150 and are paired."""
+    from asv.machine import Machine
+
+    from tools import pairs
+
+    monkeypatch.setattr(common, "ROOT", project.root)
+    monkeypatch.setattr(Machine, "hardcoded_machine_name", None)
+    monkeypatch.chdir(project.root)
+    for key, value in project.env.items():
+        monkeypatch.setenv(key, value)
+    conf, benchmarks, _, _ = results.asv_setup()
+    if benchmarks is None or "bench_tiny.Paired.time_work" not in benchmarks:
+        project.asv("run", "--quick", "--dry-run", "--bench", "Paired", f"{project.commits['docs again']}^!")
+        conf, benchmarks, _, _ = results.asv_setup()
+    env = pairs.environments(conf)[0]
+    points = pairs.timing_points(benchmarks, ["bench_tiny.Paired.time_work", "bench_tiny.time_sum"])
+    assert [label for *_, label in points] == ["bench_tiny.Paired.time_work", "bench_tiny.time_sum"]
+    docs, more, again = (project.commits[m] for m in ("docs", "more work", "docs again"))
+    skipped = pairs.measure(conf, env, docs, more, points[:1], progress=lambda line: None)
+    assert skipped == {"bench_tiny.Paired.time_work": {"skipped": "WORK['b'] is not 150 at this commit",
+                                                       "role": "base"}}
+    paired = pairs.measure(conf, env, more, again, points, progress=lambda line: None)
+    for outcome in paired.values():
+        assert isinstance(outcome, pairs.Paired) and outcome.pairs >= pairs.MIN_PAIRS
+        assert outcome.low <= outcome.ratio <= outcome.high
 
 
 def test_asv_find_names_the_commit_where_a_count_changed(project):

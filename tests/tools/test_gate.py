@@ -83,7 +83,12 @@ def project(repo, monkeypatch, tmp_path):
 
 
 def gate(project, capsys, *options):
-    """Run ``tools/dev.py gate <base> <head> OPTIONS`` in-process: ``(exit code, stdout)``."""
+    """Run ``tools/dev.py gate <base> <head> OPTIONS`` in-process: ``(exit code, stdout)``.
+
+    The results here are written by hand, with no package to time in pairs: ``--unpaired`` unless the
+    options say ``--paired`` (then :func:`tools.commands.gate.pair_timings` is the test's stub).
+    """
+    options = [o for o in options if o != "--paired"] if "--paired" in options else ["--unpaired", *options]
     args = dev.parse_args(["gate", project.base, project.head, *options])
     code = gate_command.run(args)
     return code, capsys.readouterr().out
@@ -203,7 +208,7 @@ def test_a_partial_measurement_is_not_kept_for_the_main_job(project, capsys):
 
 def test_same_base_and_head_is_said(project, capsys):
     project.write(project.base)
-    args = dev.parse_args(["gate", project.base, project.base])
+    args = dev.parse_args(["gate", project.base, project.base, "--unpaired"])
     assert gate_command.run(args) == 0
     assert "BASE and HEAD are the same commit" in capsys.readouterr().out
 
@@ -243,7 +248,7 @@ def test_a_regression_says_how_to_measure_head_again(project, capsys):
     project.write(project.base)
     project.write(project.head, {("256", "'concat'"): 1.5})
     code, out = gate(project, capsys)
-    assert code == 1 and f"{MACHINE}/{project.head[:8]}-*.json" in out and "--factor 1.25" in out
+    assert code == 1 and f"{MACHINE}/{project.head[:8]}-*.json" in out and "drop --unpaired" in out
 
 
 # --- the two channels: counts (work) and timings ------------------------------------------------
@@ -417,3 +422,39 @@ def test_the_main_job_fails_a_point_that_vanished_at_mains_tip(project, capsys):
     assert bench.verdict(project.head, []) == 0
     assert bench.verdict(project.head, ["bench_x.track_bytes"]) == 2
     assert f"FAILED at main {project.head[:8]}  bench_x.track_bytes" in capsys.readouterr().out
+
+
+def paired_stub(monkeypatch, verdicts):
+    """The paired measurement replaced by ``verdicts``: ``{(T, strategy): (ratio, low, high)}`` of TIME's points."""
+    from tools import pairs
+
+    def pair_timings(conf, benchmarks, commits, rows):
+        env = rows["head"][0][-1]
+        return {(f"{TIME}({t}, {s})", env): pairs.Paired(*v, 20) for (t, s), v in verdicts.items()}, []
+
+    monkeypatch.setattr(gate_command, "pair_timings", pair_timings)
+
+
+def test_paired_timings_decide_over_the_two_runs_medians(project, capsys, monkeypatch):
+    """Unpaired, the runs' samples say concat at 256 is 1.20x (a drifting host); in pairs it is 1.01x: not
+    flagged. preallocated at 16 looks unchanged unpaired, and in pairs is 1.05x with its interval above 1."""
+    project.write(project.base)
+    project.write(project.head, {("256", "'concat'"): 1.20})
+    paired_stub(monkeypatch, {("256", "'concat'"): (1.01, 0.99, 1.03), ("16", "'preallocated'"): (1.05, 1.04, 1.06),
+                              ("16", "'concat'"): (1.04, 0.99, 1.08)})
+    code, out = gate(project, capsys, "--paired")
+    assert code == 1
+    regressions = [line for line in out.splitlines() if line.startswith("REGRESSION")]
+    # 16/concat: beyond 1.03 but its interval reaches below 1, so not significant
+    assert regressions == ["REGRESSION 1.05x  bench_x.Decode.time_decode(16, 'preallocated')  "
+                           "(time changed, work did not)"]
+    assert "paired" in out and f"{gate_command.DEFAULT_FACTOR}x" in out
+
+
+def test_the_paired_factor_is_the_default_and_unpaired_keeps_asvs(project, capsys, monkeypatch):
+    project.write(project.base)
+    project.write(project.head, {("256", "'concat'"): 1.05})
+    paired_stub(monkeypatch, {("256", "'concat'"): (1.05, 1.04, 1.06)})
+    assert gate(project, capsys, "--paired")[0] == 1  # 1.05 > 1.03
+    assert gate(project, capsys)[0] == 0  # unpaired: 1.05 < 1.10
+    assert gate_command.DEFAULT_FACTOR == 1.03 and gate_command.UNPAIRED_FACTOR == 1.10

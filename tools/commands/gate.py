@@ -5,7 +5,12 @@ Two channels, each point judged by asv's own rule (:func:`tools.results.head_is_
 - work: the instruction counts and estimated cycles (:data:`COUNT_BENCHMARKS`,
   ``benchmarks/counts.py``), worse by more than ``--count-factor``
   (:data:`COUNT_FACTOR`); they have no samples, so the factor alone decides;
-- time: every other point, worse by more than ``--factor`` and significant.
+- time: every other point, worse by more than ``--factor`` and significant. A ``time_`` point is
+  judged in pairs (:mod:`tools.pairs`): BASE and HEAD measured again in two worker processes, one in
+  each commit's asv environment, taking turns on one core; worse when the median of the per-pair
+  ratios HEAD / BASE is beyond the factor (:data:`DEFAULT_FACTOR`) and its 95 % interval lies above
+  1. ``--unpaired`` judges by asv's unpaired samples instead (Mann-Whitney U, :data:`UNPAIRED_FACTOR`);
+  ``track_`` and ``peakmem_`` values are single values and never paired.
 
 Each flagged point says which channel moved (:func:`channel`): "work changed"
 when the counts of its work moved (a count point itself, any ``track_`` count,
@@ -24,9 +29,11 @@ import re
 
 from .. import common, results
 
-# The smallest factor this suite's measured A/A noise supports on a quiet 2-core machine: the worst
-# ratio between two runs of identical code was 1.08 (docs/benchmarking.md, "Measured noise").
-DEFAULT_FACTOR = 1.10
+# Paired timings (tools/pairs.py): the factor the paired A/A supports on a 2-core VM with a neighbour busy and idle
+# in turns (docs/benchmarking.md, "Measured noise"). Unpaired, asv's medians of two separate runs: the worst A/A
+# ratio was 1.08 on a quiet machine, so 1.10.
+DEFAULT_FACTOR = 1.03
+UNPAIRED_FACTOR = 1.10
 # peakmem_ benchmarks (a process's peak RSS, one value, no samples) drifted by 11-13 % between
 # separate asv runs of identical code, so they count as a regression only beyond this factor.
 PEAKMEM_FACTOR = 1.25
@@ -69,9 +76,13 @@ def setup_arguments(subparsers):
                                    help="compare two commits; exit 0 (no regression), 1 (regression), 2 (failure)")
     parser.add_argument("base", metavar="BASE", help="the reference commit (e.g. HEAD~1 or main)")
     parser.add_argument("head", metavar="HEAD", help="the commit under test (e.g. HEAD)")
-    parser.add_argument("--factor", type=factor, default=DEFAULT_FACTOR,
-                        help=f"flag a benchmark when HEAD is slower than BASE by more than this ratio and "
-                             f"asv finds the difference significant (default {DEFAULT_FACTOR})")
+    parser.add_argument("--factor", type=factor,
+                        help=f"flag a timing when HEAD is slower than BASE by more than this ratio and significantly "
+                             f"so (default {DEFAULT_FACTOR} paired, {UNPAIRED_FACTOR} with --unpaired; track_ values "
+                             f"{UNPAIRED_FACTOR})")
+    parser.add_argument("--unpaired", action="store_true",
+                        help="judge timings by asv's stored samples of the two separate runs (Mann-Whitney U), "
+                             "without measuring them again in pairs")
     parser.add_argument("--count-factor", type=factor, default=COUNT_FACTOR,
                         help=f"flag an instruction count or estimated cycles when HEAD's is larger than BASE's by "
                              f"more than this ratio (default {COUNT_FACTOR})")
@@ -92,6 +103,8 @@ def factor_for(label, factor, count_factor):
         return count_factor
     if method.startswith("peakmem_"):
         return max(factor, PEAKMEM_FACTOR)
+    if method.startswith("track_"):  # single values, measured once: never the paired timings' factor
+        return max(factor, UNPAIRED_FACTOR)
     return factor
 
 
@@ -125,7 +138,7 @@ def channel(label, params, counts):
     return TIME_ONLY if covering else NOT_COUNTED
 
 
-def judge(base_rows, head_rows, factor, count_factor=COUNT_FACTOR, param_names=None):
+def judge(base_rows, head_rows, factor, count_factor=COUNT_FACTOR, param_names=None, paired=None):
     """asv compare's verdict per benchmark point: ``(regressions, failures)``.
 
     regressions: ``[(name, ratio head/base, channel)]`` where :func:`results.head_is_worse`
@@ -135,7 +148,9 @@ def judge(base_rows, head_rows, factor, count_factor=COUNT_FACTOR, param_names=N
     correctness check), and where a point with a value at BASE is n/a at HEAD
     (:func:`results.vanished`, unless retired in benchmarks/common.py). Points whose
     benchmark code changed between the two (asv marks them x) are not compared.
-    ``param_names``: benchmark -> asv's param_names.
+    ``param_names``: benchmark -> asv's param_names. ``paired``: ``{(label, env):
+    tools.pairs.Paired}``, the paired verdicts that replace asv's for those points
+    (their ratio is the median of the per-pair ratios).
     """
     base, head = results.unrolled(base_rows), results.unrolled(head_rows)
     params = {**point_params(base_rows, param_names or {}), **point_params(head_rows, param_names or {})}
@@ -153,7 +168,10 @@ def judge(base_rows, head_rows, factor, count_factor=COUNT_FACTOR, param_names=N
         ratio = value_2 / value_1 if value_1 else math.inf
         if method_of(label) in COUNT_BENCHMARKS:
             counts.append((label, params.get(name, {}), max(ratio, 1 / ratio if ratio else math.inf) > count_factor))
-        if results.head_is_worse(value_1, value_2, ss_1, ss_2, factor_for(label, factor, count_factor)):
+        if paired and name in paired:
+            if paired[name].worse(factor):
+                worse.append((name, paired[name].ratio))
+        elif results.head_is_worse(value_1, value_2, ss_1, ss_2, factor_for(label, factor, count_factor)):
             worse.append((name, ratio))
     regressions = [(name[0], ratio, channel(name[0], params.get(name, {}), counts)) for name, ratio in worse]
     return regressions, failures
@@ -196,12 +214,18 @@ def run(args):
         print(f"\n{role} {commits[role][:8]} has no results on {machine!r}: it did not build or install "
               "(see asv's output above), or --bench matched nothing")
     if not missing:
-        print(f"\nasv compare, factor {args.factor} (counts are judged below at {args.count_factor}):")
-        Compare.print_table(conf, commits["base"], commits["head"], factor=args.factor, split=True,
+        print(f"\nasv compare of the two runs' medians, factor {args.factor or UNPAIRED_FACTOR} (the counts are judged "
+              f"below at {args.count_factor}{'' if args.unpaired else ', the timings in pairs'}):")
+        Compare.print_table(conf, commits["base"], commits["head"], factor=args.factor or UNPAIRED_FACTOR, split=True,
                             resultset_1=iter(rows["base"]), resultset_2=iter(rows["head"]), machine=machine,
                             commit_names={c: name for c, name in zip(commits.values(), (args.base, args.head))})
+    args.factor = args.factor or (UNPAIRED_FACTOR if args.unpaired else DEFAULT_FACTOR)
+    paired, pair_failures = {}, []
+    if not missing and not args.unpaired:
+        paired, pair_failures = pair_timings(conf, benchmarks, commits, rows)
     regressions, failures = judge(rows["base"], rows["head"], args.factor, args.count_factor,
-                                  param_names_of(benchmarks))
+                                  param_names_of(benchmarks), paired)
+    failures += pair_failures
     if args.bench and results.drop_partial(conf, machine, env_names, set(commits.values()), args.bench):
         print("note: results of benchmarks measured here for only some parameter combinations were not kept, "
               "so that the main job measures them whole")
@@ -217,14 +241,46 @@ def run(args):
         return 2
     if regressions:
         print(f"gate: exit 1 ({len(regressions)} point(s) worse: {channel_counts(regressions)}; counts beyond "
-              f"{args.count_factor}x, timings beyond {args.factor}x and significant)")
+              f"{args.count_factor}x, timings beyond {args.factor}x{' paired' if paired else ''} and significant)")
         if any(moved != WORK_CHANGED for _, _, moved in regressions):
-            print(f"to check a timing is not noise, measure HEAD again: delete "
-                  f"{results.result_files(conf, machine, commits['head'])} and re-run this gate "
-                  "(on a machine shared with other jobs, use --factor 1.25)")
+            print("a timing flagged in pairs was measured beside its base, on the same machine at the same time: "
+                  "re-running this gate measures the pairs again" if paired else
+                  f"to check a timing is not noise, measure HEAD again: delete "
+                  f"{results.result_files(conf, machine, commits['head'])} and re-run this gate, or drop --unpaired")
         return 1
-    print(f"gate: exit 0 (no count worse than {args.count_factor}x, no timing worse than {args.factor}x)")
+    print(f"gate: exit 0 (no count worse than {args.count_factor}x, no timing worse than {args.factor}x"
+          f"{' paired' if paired else ''})")
     return 0
+
+
+def pair_timings(conf, benchmarks, commits, rows):
+    """The paired verdicts of every ``time_`` point both commits measured: ``({(label, env): Paired}, failures)``.
+
+    Failures: ``[(label, role)]`` of the points whose paired run failed (a worker's
+    check or benchmark raised where asv's run had passed), named with the reason.
+    """
+    from .. import pairs
+
+    base, head = results.unrolled(rows["base"]), results.unrolled(rows["head"])
+    comparable = [name for name in sorted(base) if name in head and method_of(name[0]).startswith("time_")
+                  and all(isinstance(p[name][0], float) and math.isfinite(p[name][0]) for p in (base, head))
+                  and base[name][2] == head[name][2]]
+    paired, failures = {}, []
+    for env in pairs.environments(conf):
+        labels = [label for label, env_name in comparable if env_name == env.name]
+        points = pairs.timing_points(benchmarks, labels)
+        if not points:
+            continue
+        print(f"\ntimings in pairs: {len(points)} points, HEAD / BASE (median of per-pair ratios [95 % interval]), "
+              f"{env.name}:", flush=True)
+        for label, outcome in pairs.measure(conf, env, commits["base"], commits["head"], points).items():
+            if isinstance(outcome, pairs.Paired):
+                paired[(label, env.name)] = outcome
+            else:
+                print(f"not paired: {label}: {outcome}")
+                if "failed" in outcome:
+                    failures.append((f"{label}  (paired run: {outcome['failed']})", outcome["role"]))
+    return paired, failures
 
 
 def ratio_text(ratio):

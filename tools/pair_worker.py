@@ -1,0 +1,111 @@
+"""One side of a paired comparison: the suite's benchmarks, timed in one commit's asv environment, on request.
+
+Started by :mod:`tools.pairs` as ``<env python> -s tools/pair_worker.py PACKAGE_DIR BENCHMARK_DIR``:
+the interpreter and numpy of the commit's asv environment, ``kv_attention`` from
+``PACKAGE_DIR`` (the commit's wheel, as asv built it, unpacked) and the suite
+from ``BENCHMARK_DIR`` (the working tree's, as asv imports it: asv_runner's
+discovery and its SpecificImporter, no folder of the repository on sys.path).
+
+It reads one JSON request per line on stdin and answers one JSON line on the
+stdout it was started with (what benchmarks print goes to stderr):
+
+- ``{"load": NAME, "param_idx": I, "number": N or null}``: asv_runner's
+  benchmark NAME at parameter combination I, its ``setup_cache`` (once per
+  cache key in this process) and ``setup``, so the suite's own correctness
+  check runs; answers ``{"loaded": True, "number": N}`` (N calibrated when
+  null), ``{"skipped": why}`` or ``{"failed": why}``;
+- ``{"samples": K}``: K samples of the loaded point, each after its setup again
+  (as asv re-runs setup before every sample) and of N calls; answers
+  ``{"samples": [seconds per call, ...]}``;
+- ``{"stop": True}``, or the end of stdin: the worker exits.
+"""
+
+import json
+import os
+import sys
+import traceback
+
+if __name__ == "__main__":
+    del sys.path[0]  # this script's folder (tools/): nothing of it is imported
+    sys.path.insert(0, sys.argv[1])  # the commit's kv_attention, first
+
+
+def answer(stream, message):
+    stream.write(json.dumps(message) + "\n")
+    stream.flush()
+
+
+class Worker:
+    def __init__(self, benchmark_dir):
+        self.benchmark_dir = benchmark_dir
+        self.caches = {}  # setup_cache key -> its value, computed once in this process
+        self.benchmark = None
+
+    def load(self, name, param_idx, number):
+        from asv_runner.discovery import get_benchmark_from_name
+
+        self.unload()
+        benchmark = get_benchmark_from_name(self.benchmark_dir, name if param_idx is None else f"{name}-{param_idx}")
+        from benchmarks.pairs import calibrate  # the suite's own, importable once asv_runner imported the suite
+        if benchmark.setup_cache_key is not None:
+            if benchmark.setup_cache_key not in self.caches:
+                self.caches[benchmark.setup_cache_key] = benchmark.do_setup_cache()
+            benchmark.insert_param(self.caches[benchmark.setup_cache_key])
+        self.args = benchmark._build_params()
+        for setup in benchmark._setups:  # asv_runner's do_setup, whose NotImplementedError keeps its message
+            setup(*self.args)
+        self.benchmark = benchmark
+        self.number = number or calibrate(self.call)
+        self.fresh = True
+        return {"loaded": True, "number": self.number}
+
+    def call(self):
+        self.benchmark.func(*self.args)
+
+    def samples(self, count):
+        import time
+
+        wall, cpu = [], []
+        for _ in range(count):
+            if not self.fresh:  # setup before every sample but the first, as asv does
+                self.benchmark.do_teardown()
+                self.benchmark.do_setup()
+            self.fresh = False
+            start, start_cpu = time.perf_counter(), time.process_time()
+            for _ in range(self.number):
+                self.call()
+            cpu.append((time.process_time() - start_cpu) / self.number)
+            wall.append((time.perf_counter() - start) / self.number)
+        return {"samples": wall, "cpu": cpu}
+
+    def unload(self):
+        if self.benchmark is not None:
+            self.benchmark.do_teardown()
+        self.benchmark = None
+
+
+def main(benchmark_dir):
+    protocol = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # what the suite prints goes to stderr, never into the protocol
+    sys.stdout = sys.stderr
+    worker = Worker(benchmark_dir)
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            if "load" in request:
+                reply = worker.load(request["load"], request["param_idx"], request.get("number"))
+            elif "samples" in request:
+                reply = worker.samples(request["samples"])
+            else:
+                break
+        except NotImplementedError as error:
+            reply = {"skipped": str(error) or "not implemented at this commit"}
+        except Exception as error:  # noqa: BLE001 (a failed check or benchmark fails its point only)
+            traceback.print_exc()
+            reply = {"failed": f"{type(error).__name__}: {error}"}
+        answer(protocol, reply)
+    worker.unload()
+
+
+if __name__ == "__main__":
+    main(os.path.abspath(sys.argv[2]))

@@ -1,0 +1,177 @@
+"""Two commits' timings compared in pairs: one worker process per commit, taking turns on one core.
+
+asv times BASE and HEAD in separate runs, minutes apart, and compares their
+medians: on a shared VM the host's drift between the two runs decides as much
+as the code does (the gate flagged 1.44x and 2.53x on a docstring-only commit).
+Here each timing point is measured again in pairs (``benchmarks/pairs.py``,
+whose module docstring states the method): two workers
+(:mod:`tools.pair_worker`), each in the commit's own asv environment — its
+interpreter, numpy and thread pins, and the commit's ``kv_attention`` from the
+wheel asv built for it (asv's build cache; asv builds it if it is not there) —
+run the suite's own ``setup_cache``, ``setup`` and correctness check, then
+alternate bursts of samples, ABBA, pinned to the same core so that they never
+run at once. The verdict is the median of the per-pair ratios HEAD / BASE and
+its 95 % interval: worse when the median is beyond the factor and the whole
+interval above 1.
+
+asv's own results are not touched: the dashboard keeps asv's unpaired medians.
+"""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import common
+
+WORKER = Path(__file__).with_name("pair_worker.py")
+SECONDS_PER_POINT = 1.0  # of pairs per timing point, both sides together (the first pair sizes the rest)
+MIN_PAIRS, MAX_PAIRS = 8, 60  # at least enough ratios for a 95 % interval of their median
+
+
+@dataclass(frozen=True)
+class Paired:
+    """One point's paired verdict: the median of per-pair ratios HEAD / BASE, its 95 % interval, the pairs."""
+
+    ratio: float
+    low: float
+    high: float
+    pairs: int
+
+    def worse(self, factor):
+        return self.ratio > factor and self.low > 1
+
+    def text(self):
+        return f"{self.ratio:.4f}x [{self.low:.4f}, {self.high:.4f}], {self.pairs} pairs"
+
+
+class WorkerError(common.UserError):
+    """A worker process could not start or stopped answering."""
+
+
+class Worker:
+    """A :mod:`tools.pair_worker` process in ``env`` with the commit's package from ``package_dir``."""
+
+    def __init__(self, env, package_dir, benchmark_dir, cwd):
+        environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # asv strips it too
+        environ.update(env.env_vars)  # the matrix's env_nobuild: the one-thread BLAS pin
+        python = os.path.join(env._path, "bin", "python")  # asv's virtualenv interpreter
+        self.process = subprocess.Popen([python, "-s", str(WORKER), str(package_dir), str(benchmark_dir)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=environ, cwd=cwd,
+                                        text=True)
+
+    def ask(self, **request):
+        try:
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+            line = self.process.stdout.readline()
+        except (BrokenPipeError, OSError):
+            line = ""
+        if not line:
+            raise WorkerError(f"a paired-timing worker stopped (exit {self.process.poll()}; see its output above)")
+        return json.loads(line)
+
+    def samples(self, count):
+        return self.ask(samples=count)["samples"]
+
+    def stop(self):
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.close()
+            except OSError:
+                pass
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+def one_core():
+    """The core both workers share: the last this process may run on."""
+    return max(os.sched_getaffinity(0))
+
+
+def package_of(conf, env, commit, folder):
+    """``folder``/<commit>: the commit's kv_attention as asv built it (the wheel in asv's build cache), unpacked."""
+    from asv.repo import get_repo
+
+    cache_dir = env._cache.get_cache_dir(commit)
+    if cache_dir is None:  # not built, or dropped from the cache (build_cache_size): asv builds it
+        env.create()
+        env.install_project(conf, get_repo(conf), commit)
+        cache_dir = env._cache.get_cache_dir(commit)
+    wheels = glob.glob(os.path.join(cache_dir or "", "*.whl"))
+    if len(wheels) != 1:
+        raise common.UserError(f"asv's build cache holds {len(wheels)} wheels for {commit[:8]} in {cache_dir}")
+    target = Path(folder) / commit
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        wheel.extractall(target)  # a pure-Python wheel unpacked is an importable folder
+    return target
+
+
+def measure(conf, env, base, head, points, progress=print):
+    """``{label: Paired or {"skipped" or "failed": why, "role": "base" or "head"}}`` of ``points``.
+
+    ``points``: ``[(name, param_idx, label)]`` (:func:`timing_points`).
+
+    BASE and HEAD are commit hashes; each point's sides load in their worker
+    (setup_cache, setup, the correctness check), BASE first, which calibrates
+    the calls per sample for both; then they alternate (``benchmarks.pairs``).
+    """
+    from benchmarks.pairs import median_interval, pairs_within
+
+    outcomes = {}
+    with tempfile.TemporaryDirectory(prefix="kv-attention-pairs-") as folder:
+        workers = [Worker(env, package_of(conf, env, commit, folder), common.ROOT / conf.benchmark_dir, folder)
+                   for commit in (base, head)]
+        core = one_core()
+        for worker in workers:
+            os.sched_setaffinity(worker.process.pid, {core})
+        try:
+            for i, (name, param_idx, label) in enumerate(points):
+                loaded, role = workers[0].ask(load=name, param_idx=param_idx, number=None), "base"
+                if "loaded" in loaded:
+                    loaded, role = workers[1].ask(load=name, param_idx=param_idx, number=loaded["number"]), "head"
+                if "loaded" not in loaded:
+                    outcomes[label] = {**loaded, "role": role}
+                    continue
+                ratios = pairs_within(workers[0].samples, workers[1].samples, SECONDS_PER_POINT,
+                                      MIN_PAIRS, MAX_PAIRS)
+                outcomes[label] = Paired(*median_interval(ratios), len(ratios))
+                progress(f"[pairs] {i + 1}/{len(points)} {label}: {outcomes[label].text()}")
+        finally:
+            for worker in workers:
+                worker.stop()
+    return outcomes
+
+
+def timing_points(benchmarks, labels):
+    """``[(name, param_idx, label)]`` of the ``time_`` points among ``labels`` (asv compare's point labels)."""
+    import itertools
+
+    wanted, found = set(labels), []
+    for name, info in sorted(benchmarks.items()):
+        if not name.rsplit(".", 1)[-1].startswith("time_"):
+            continue
+        combos = list(itertools.product(*info.get("params", []))) or [()]
+        for idx, combo in enumerate(combos):
+            label = f"{name}({', '.join(combo)})" if combo else name
+            if label in wanted:
+                found.append((name, idx if combo else None, label))
+    return found
+
+
+def environments(conf):
+    """asv's configured environments (one per matrix entry), as asv makes them."""
+    from asv.environment import get_environments
+
+    return list(get_environments(conf, None, verbose=False))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("tools/pairs.py is a module of tools/dev.py's gate, bisect and bench")
