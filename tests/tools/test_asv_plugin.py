@@ -202,11 +202,13 @@ class FakePoint:
         value = self.values[commit]
         return None if value is None else value > 1.1 * self.values[good]
 
+    def ratio(self, base, head):
+        return "r"
+
 
 @pytest.mark.parametrize("change", range(1, 9))
 def test_bisect_finds_the_first_bad_commit_in_log2_steps(change, monkeypatch, capsys):
     monkeypatch.setattr(bisect, "describe", str)
-    monkeypatch.setattr(bisect, "ratio", lambda *args: "r")
     values = [100] * change + [150] * (9 - change)
     point = FakePoint(values)
     assert bisect.search(list(range(9)), point)[:2] == (change - 1, change)
@@ -215,7 +217,6 @@ def test_bisect_finds_the_first_bad_commit_in_log2_steps(change, monkeypatch, ca
 
 def test_bisect_steps_over_commits_it_cannot_judge(monkeypatch, capsys):
     monkeypatch.setattr(bisect, "describe", str)
-    monkeypatch.setattr(bisect, "ratio", lambda *args: "r")
     values = [100, 100, None, None, 150, 150]
     assert bisect.search(list(range(6)), FakePoint(values))[:2] == (1, 4)  # 2 and 3 are unknown
     assert "cannot be judged, skipped" in capsys.readouterr().out
@@ -237,3 +238,26 @@ def test_bisect_refuses_a_good_commit_off_the_first_parent_history(repo):
         bisect.history(topic, merge)
     with pytest.raises(common.UserError, match="not a later commit"):
         bisect.history(merge, base)
+
+
+def test_bisect_judges_a_timing_in_pairs_and_a_count_by_its_values(monkeypatch):
+    """A timing whose stored medians say 1.5x: in pairs it is 1.01x, so not worse; a paired run that
+    failed cannot be judged; a count is judged on its values alone, never paired."""
+    from tools import pairs
+
+    timing = "bench_cache.CacheStrategy.time_decode(256, 'concat')"
+    samples = [1.0 + 0.0001 * i for i in range(30)]
+    rows = {"good": [(timing, [], [1.0], [compute_stats(samples, 1)[1]], [samples], "1", "m", "env")],
+            "bad": [(timing, [], [1.5], [compute_stats([1.5 * x for x in samples], 1)[1]],
+                     [[1.5 * x for x in samples]], "1", "m", "env")]}
+    point = bisect.Point("time_decode", DEFAULT_FACTOR)
+    point.rows, point.label = rows, timing
+    point.pairs[("good", "bad")] = pairs.Paired(1.01, 0.99, 1.02, 20)
+    assert point.worse("good", "bad") is False and point.ratio("good", "bad").startswith("1.0100x")
+    point.pairs[("good", "bad")] = pairs.Paired(1.05, 1.04, 1.06, 20)
+    assert point.worse("good", "bad") is True
+    point.pairs[("good", "bad")] = {"failed": "AssertionError: wrong", "role": "head"}
+    assert point.worse("good", "bad") is None
+    unpaired = bisect.Point("time_decode", UNPAIRED_FACTOR, unpaired=True)
+    unpaired.rows, unpaired.label = rows, timing
+    assert unpaired.worse("good", "bad") is True and unpaired.ratio("good", "bad") == "1.500x"

@@ -22,8 +22,9 @@ whose values repeat exactly, ``asv find`` gives the same commit.
 import itertools
 import math
 
-from .. import common, results
-from .gate import DEFAULT_FACTOR, ERROR_EXIT, bench_regex, factor, judge  # noqa: F401 (ERROR_EXIT: dev.py's)
+from .. import common, pairs, results
+from .gate import (DEFAULT_FACTOR, ERROR_EXIT, UNPAIRED_FACTOR, bench_regex, factor, judge,  # noqa: F401
+                   method_of)  # (ERROR_EXIT: dev.py's)
 
 LOCKS_WORKSPACE = True  # it runs asv in .asv/: one job at a time (tools/lock.py)
 
@@ -36,9 +37,12 @@ def setup_arguments(subparsers):
     parser.add_argument("--bench", type=bench_regex, required=True, metavar="REGEX",
                         help="selects exactly one benchmark point, as asv run --bench does, e.g. "
                              "'CacheStrategy.time_decode\\(256, .concat.\\)'")
-    parser.add_argument("--factor", type=factor, default=DEFAULT_FACTOR,
-                        help=f"worse means slower by more than this ratio, and significant (default {DEFAULT_FACTOR}; "
+    parser.add_argument("--factor", type=factor,
+                        help=f"worse means slower by more than this ratio, and significant (default {DEFAULT_FACTOR} "
+                             f"for a timing in pairs, {UNPAIRED_FACTOR} with --unpaired or for a track_ value; "
                              "peakmem_ at least the gate's peakmem factor)")
+    parser.add_argument("--unpaired", action="store_true",
+                        help="judge a timing by asv's stored samples, as the gate's --unpaired does")
     return parser
 
 
@@ -56,10 +60,12 @@ def history(good, bad):
 class Point:
     """The one benchmark point ``pattern`` selects, measured and judged commit by commit."""
 
-    def __init__(self, pattern, factor):
-        self.pattern, self.factor = pattern, factor
+    def __init__(self, pattern, factor, unpaired=False):
+        self.pattern, self.factor, self.unpaired = pattern, factor, unpaired
         self.rows = {}  # commit -> rows in asv compare's form
         self.measured = set()
+        self.pairs = {}  # (good, commit) -> tools.pairs.Paired, or the outcome of a point that did not load
+        self.label = None  # the one point the pattern selects (check_one), once asv knows the suite
 
     def measure(self, commits):
         commits = [c for c in commits if c not in self.rows]
@@ -103,13 +109,33 @@ class Point:
         value = self.value(commit)
         if value is None or math.isnan(value):
             return None
-        regressions, _ = judge(self.rows[good], self.rows[commit], self.factor)
+        paired = self.paired(good, commit)
+        if paired is not None and not isinstance(paired, pairs.Paired):
+            return None  # its paired run skipped or failed
+        env_name = next(iter(results.unrolled(self.rows[commit])))[1]
+        regressions, _ = judge(self.rows[good], self.rows[commit], self.factor,
+                               paired=paired and {(self.label, env_name): paired})
         return bool(regressions)
 
+    def paired(self, good, commit):
+        """For a ``time_`` point: GOOD and ``commit`` timed in pairs (:mod:`tools.pairs`, once); else None."""
+        if self.unpaired or good == commit or not method_of(self.label).startswith("time_"):
+            return None
+        if (good, commit) not in self.pairs:
+            conf, benchmarks, _, env_names = results.asv_setup()
+            env = next(e for e in pairs.environments(conf) if e.name in env_names)
+            measured = pairs.measure(conf, env, good, commit, pairs.timing_points(benchmarks, [self.label]),
+                                     progress=lambda line: None)
+            self.pairs[(good, commit)] = measured.get(self.label, {"failed": "not measured in pairs"})
+        return self.pairs[(good, commit)]
 
-def ratio(point, base, head):
-    a, b = point.value(base), point.value(head)
-    return f"{b / a:.3f}x" if a and b is not None and not (math.isnan(a) or math.isnan(b)) else "n/a"
+    def ratio(self, base, head):
+        """HEAD / BASE as text: the paired median and interval for a timing measured in pairs, else asv's values."""
+        paired = self.pairs.get((base, head))
+        if isinstance(paired, pairs.Paired):
+            return paired.text()
+        a, b = self.value(base), self.value(head)
+        return f"{b / a:.3f}x" if a and b is not None and not (math.isnan(a) or math.isnan(b)) else "n/a"
 
 
 def describe(commit):
@@ -126,7 +152,7 @@ def search(chain, point):
         for i in candidates:
             point.measure([chain[i]])
             verdict = point.worse(chain[0], chain[i])
-            print(f"  {describe(chain[i])}: {ratio(point, chain[0], chain[i])} of GOOD -> "
+            print(f"  {describe(chain[i])}: {point.ratio(chain[0], chain[i])} of GOOD -> "
                   f"{ {True: 'bad', False: 'good', None: 'cannot be judged, skipped'}[verdict] }", flush=True)
             if verdict is not None:
                 mid = i
@@ -142,16 +168,17 @@ def run(args):
     good, bad = common.resolve(args.good), common.resolve(args.bad)
     chain = history(good, bad)
     common.record_machine()
-    point = Point(args.bench, args.factor)
+    args.factor = args.factor or (UNPAIRED_FACTOR if args.unpaired else DEFAULT_FACTOR)
+    point = Point(args.bench, args.factor, args.unpaired)
     point.check_one()  # before measuring anything, once asv knows the suite
     try:
         point.measure([good, bad])
-        label = point.check_one()
+        label = point.label = point.check_one()
         for role, commit in (("GOOD", good), ("BAD", bad)):
             if point.worse(good, commit) is None:
                 raise common.UserError(f"{label} has no measured value at {role} {commit[:8]} (its build or "
                                        "the point failed, or the commit skips it): choose another commit")
-        print(f"\n{label}: BAD {bad[:8]} is {ratio(point, good, bad)} of GOOD {good[:8]} "
+        print(f"\n{label}: BAD {bad[:8]} is {point.ratio(good, bad)} of GOOD {good[:8]} "
               f"({len(chain) - 2} commits between)")
         if not point.worse(good, bad):
             print(f"bisect: exit 1 (BAD is not worse than GOOD by more than {args.factor}x and significantly: "
@@ -162,8 +189,8 @@ def run(args):
         conf, _, machine, env_names = results.asv_setup()
         results.drop_partial(conf, machine, env_names, point.measured, args.bench)
     if hi - lo == 1:
-        print(f"\nfirst bad commit: {describe(chain[hi])}\n  {label}: {ratio(point, chain[lo], chain[hi])} of "
-              f"its parent, {ratio(point, good, chain[hi])} of GOOD")
+        print(f"\nfirst bad commit: {describe(chain[hi])}\n  {label}: {point.ratio(chain[lo], chain[hi])} of "
+              f"its parent, {point.ratio(good, chain[hi])} of GOOD")
         return 0
     print("\nthe change is in one of these commits (some could not be judged):")
     for commit in chain[lo + 1:hi + 1]:
