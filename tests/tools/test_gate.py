@@ -458,3 +458,18 @@ def test_the_paired_factor_is_the_default_and_unpaired_keeps_asvs(project, capsy
     assert gate(project, capsys, "--paired")[0] == 1  # 1.05 > 1.03
     assert gate(project, capsys)[0] == 0  # unpaired: 1.05 < 1.10
     assert gate_command.DEFAULT_FACTOR == 1.03 and gate_command.UNPAIRED_FACTOR == 1.10
+
+
+def test_the_main_jobs_summary_names_the_points_behind_each_channel(project):
+    """Unpaired, at the unpaired factor: concat at 256 1.20x slower, preallocated's count 2 % up."""
+    project.write(project.base)
+    project.write(project.head, {("256", "'concat'"): 1.20}, counts={"'preallocated'": 1.02})
+    conf, benchmarks, machine, env_names = results.asv_setup()
+    rows = [results.compare_rows(conf, results.iter_results(conf, machine, c, env_names))
+            for c in (project.base, project.head)]
+    text, points = gate_command.channel_summary(rows[0], rows[1], None)
+    assert text == "work 1 worse (max 1.0200x), time 1 worse (max 1.20x)"
+    assert [(c, label) for c, label, _ in points] == [
+        ("work", "bench_x.DecodeCounts.track_instructions(64, 'preallocated')"),
+        ("time", "bench_x.Decode.time_decode(256, 'concat')")]
+    assert [round(r, 4) for *_, r in points] == [1.02, 1.2]

@@ -22,7 +22,7 @@ import re
 import time
 
 from .. import common, machine, results
-from .gate import channel_summary
+from .gate import DEFAULT_FACTOR, UNPAIRED_FACTOR, channel_summary, pair_timings
 from .publish import VIEW_COMMAND, publish
 
 LOCKS_WORKSPACE = True  # one job at a time in .asv/ (tools/lock.py)
@@ -116,27 +116,55 @@ def sample_commits(commits, bound):
     return newest + [c for c in commits[NEWEST:] if c in spread]
 
 
-def print_outcomes(commits, head):
-    """Print one line per commit (ok / failed / skipped points); return the benchmarks that failed at ``head``."""
+NAMED = 5  # points named under a summary line, per channel
+
+
+def print_outcomes(commits, head, pair_tip=False):
+    """Print one line per commit (ok / failed / skipped points) and the points behind its channels; return the
+    benchmarks that failed at ``head``.
+
+    Each commit is compared with the next older commit listed: counts (work) beyond the gate's count factor,
+    timings (time) on asv's unpaired medians at the gate's unpaired factor, except for ``head`` against
+    the commit before it when ``pair_tip``: its timings are measured again in pairs (:mod:`tools.pairs`),
+    as the gate does.
+    """
     conf, benchmarks, machine, env_names = results.asv_setup()
     if benchmarks is None:
         raise common.UserError("asv found no benchmarks to report on (no benchmarks.json: "
                                "did asv run discover the suite?)")
-    print(f"\nresults on machine {machine!r} (work: counts vs the next older commit listed, time: timings vs it):")
     head_failed, head_measured = [], False
     rows = [results.compare_rows(conf, results.iter_results(conf, machine, c, env_names)) for c in commits]
+    paired, older_tip = None, next((c for c, r in zip(commits[1:], rows[1:]) if r), None)
+    if pair_tip and commits[0] == head and rows[0] and older_tip:
+        paired, _ = pair_timings(conf, benchmarks, {"base": older_tip, "head": head},
+                                 {"base": rows[commits.index(older_tip)], "head": rows[0]})
+    print(f"\nresults on machine {machine!r} (work: counts vs the next older commit listed; time: timings vs it, "
+          f"asv's unpaired medians beyond {UNPAIRED_FACTOR}x"
+          + (f", {head[:8]}'s in pairs beyond {DEFAULT_FACTOR}x" if paired else "") + "):")
     for i, commit in enumerate(commits):
         counts, failed = results.count_outcomes(commit, conf, benchmarks, machine, env_names)
         subject = common.git("log", "-1", "--format=%s", commit)
         status = ", ".join(f"{counts[k]} {k}" for k in ("ok", "failed", "skipped")) if counts else "no results"
         older = next((r for r in rows[i + 1:] if r), None)
-        channels = channel_summary(older, rows[i], benchmarks) if rows[i] and older else "work -, time -"
+        channels, points = "work -, time -", []
+        if rows[i] and older:
+            factor = DEFAULT_FACTOR if paired and i == 0 else UNPAIRED_FACTOR
+            channels, points = channel_summary(older, rows[i], benchmarks, factor, paired=paired if i == 0 else None)
         print(f"  {commit[:8]}  {status:<28}  {channels:<36}  {subject[:50]}")
+        for channel in ("work", "time"):
+            named = [(label, ratio) for c, label, ratio in points if c == channel]
+            for label, ratio in named[:NAMED]:
+                print(f"      {channel} worse {ratio:.4f}x  {label}")
+            if len(named) > NAMED:
+                print(f"      {channel}: and {len(named) - NAMED} more")
         if commit == head:
             head_failed, head_measured = failed, bool(counts)
     if not head_measured:
         raise common.UserError(f"{common.BRANCH} ({head[:8]}) has no results: its build or install failed "
                                "(see above)")
+    print(f"this summary is not a gate: the job exits 2 only for a failed correctness check or a vanished point at "
+          f"{common.BRANCH}. The gate is `python3 tools/dev.py gate {common.BRANCH}~1 {common.BRANCH}` (exit 0, 1 "
+          "or 2; its timings in pairs)")
     return head_failed
 
 
@@ -180,7 +208,7 @@ def run(args):
         print(f"[bench] {len(todo)} commit(s) measured in {format_minutes(time.monotonic() - started)}", flush=True)
     publish()
     tip = common.git("rev-parse", common.BRANCH)
-    head_failed = print_outcomes(commits, tip)
+    head_failed = print_outcomes(commits, tip, pair_tip=tip in todo)
     print(f"\ndashboard written to {common.ROOT / '.asv' / 'html'}; view it with:\n  {VIEW_COMMAND}")
     return verdict(tip, head_failed)
 

@@ -177,18 +177,23 @@ def judge(base_rows, head_rows, factor, count_factor=COUNT_FACTOR, param_names=N
     return regressions, failures
 
 
-def channel_summary(base_rows, head_rows, benchmarks, factor=DEFAULT_FACTOR, count_factor=COUNT_FACTOR):
-    """The main job's two channels for one commit against an older one: 'work same, time 2 worse (max 1.12x)'.
+def channel_summary(base_rows, head_rows, benchmarks, factor=UNPAIRED_FACTOR, count_factor=COUNT_FACTOR,
+                    paired=None):
+    """The main job's two channels for one commit against an older one: ``(text, points)``.
 
-    work: the count points (:data:`COUNT_BENCHMARKS`) worse than ``count_factor``;
-    time: every other point the gate would flag.
+    text: 'work same, time 2 worse (max 1.12x)'; points: ``[(channel, label, ratio)]``
+    behind it. work: the count points (:data:`COUNT_BENCHMARKS`) worse than
+    ``count_factor``; time: every other point the gate would flag, judged on
+    asv's unpaired samples at ``factor`` unless ``paired`` gives the paired verdicts.
     """
-    regressions, _ = judge(base_rows, head_rows, factor, count_factor, param_names_of(benchmarks))
-    phrases = []
+    regressions, _ = judge(base_rows, head_rows, factor, count_factor, param_names_of(benchmarks), paired)
+    phrases, points = [], []
     for name, is_count in (("work", True), ("time", False)):
-        ratios = [ratio for label, ratio, _ in regressions if (method_of(label) in COUNT_BENCHMARKS) == is_count]
-        phrases.append(f"{name} {len(ratios)} worse (max {ratio_text(max(ratios))})" if ratios else f"{name} same")
-    return ", ".join(phrases)
+        worse = [(label, ratio) for label, ratio, _ in regressions if (method_of(label) in COUNT_BENCHMARKS) == is_count]
+        points += [(name, label, ratio) for label, ratio in worse]
+        phrases.append(f"{name} {len(worse)} worse (max {ratio_text(max(r for _, r in worse))})" if worse
+                       else f"{name} same")
+    return ", ".join(phrases), points
 
 
 def param_names_of(benchmarks):
