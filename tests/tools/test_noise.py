@@ -49,3 +49,13 @@ def test_points_belong_to_their_strategy_and_the_sweep_to_batched():
     assert not noise.belongs("bench_cache.CacheCounts.track_instructions(64, 'no_cache')", "concat")
     assert noise.belongs("bench_batch.BatchSizeCounts.track_instructions(8)", "batched")
     assert not noise.belongs("bench_batch.BatchSizeCounts.track_instructions(8)", "sequential")
+
+
+def test_the_aa_drill_reads_the_gates_paired_lines():
+    output = "\n".join([
+        "[pairs] 1/3 bench_cache.CacheStrategy.time_decode(16, 'concat'): 1.0021x [0.9987, 1.0050], 40 pairs",
+        "[pairs] 2/3 bench_split.SplitDecode.time_decode(None): 0.9950x [-inf, inf], 5 pairs",
+        "REGRESSION 1.05x  bench_x.time_y  (time changed, work did not)",
+    ])
+    assert noise.paired_ratios(output) == {"bench_cache.CacheStrategy.time_decode(16, 'concat')": 1.0021,
+                                           "bench_split.SplitDecode.time_decode(None)": 0.995}

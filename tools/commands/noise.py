@@ -30,6 +30,7 @@ import ast
 import importlib
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -143,13 +144,6 @@ class Clone:
                 ratios[name] = value_2 / value_1
         return ratios
 
-    def ratios(self, head, bench):
-        """``{benchmark: [head/base ratio of each parameter combination]}`` from the clone's stored results."""
-        ratios = {}
-        for name, ratio in self.point_ratios(head, bench).items():
-            ratios.setdefault(name[0].split("(")[0], []).append(ratio)
-        return ratios
-
     def close(self):
         if self.keep:
             print(f"clone kept at {self.path}")
@@ -163,16 +157,37 @@ def flagged(output):
             if line.startswith("REGRESSION ")]
 
 
-def aa(clone, args):
-    head = clone.commit("A/A: no change")
-    code, output = clone.gate(head, args.factor, args.bench, args.count_factor)
-    print(f"\nA/A noise (HEAD {clone.base[:8]} twice; ratio = second / first run, over the parameter combinations):")
+PAIRED_LINE = re.compile(r"^\[pairs\] \d+/\d+ (.+): ([0-9.]+)x \[(\S+), (\S+)\], (\d+) pairs$")
+
+
+def paired_ratios(output):
+    """``{point label: per-pair median ratio}`` of the gate's ``[pairs]`` lines (:mod:`tools.pairs`)."""
+    return {m.group(1): float(m.group(2)) for m in map(PAIRED_LINE.match, output.splitlines()) if m}
+
+
+def print_families(title, ratios):
+    """One line per benchmark of ``ratios`` (``{point label: ratio}``): points, min, median, max, worst deviation."""
+    families = {}
+    for label, ratio in ratios.items():
+        families.setdefault(label.split("(")[0], []).append(ratio)
+    print(f"\n{title}:")
     print(f"{'benchmark':<56} {'points':>6} {'min':>7} {'median':>7} {'max':>7} {'largest deviation':>18}")
-    for family, values in sorted(clone.ratios(head, args.bench).items()):
+    for family, values in sorted(families.items()):
         values.sort()
         deviation = max(abs(v - 1) for v in values)
         print(f"{family:<56} {len(values):>6} {values[0]:7.4f} {values[len(values) // 2]:7.4f} {values[-1]:7.4f} "
               f"{100 * deviation:>17.4f}%")
+
+
+def aa(clone, args):
+    head = clone.commit("A/A: no change")
+    code, output = clone.gate(head, args.factor, args.bench, args.count_factor)
+    unpaired = {label: ratio for (label, _), ratio in clone.point_ratios(head, args.bench).items()}
+    print_families(f"A/A noise, asv's medians of two separate runs (HEAD {clone.base[:8]} twice; ratio = second / "
+                   "first, over the parameter combinations)", unpaired)
+    paired = paired_ratios(output)
+    if paired:
+        print_families("A/A noise of the timings in pairs (the gate's verdict: median of per-pair ratios)", paired)
     print(f"\ngate exit {code}; flagged at factor {args.factor} (counts {args.count_factor}): "
           f"{', '.join(flagged(output)) or 'nothing'}")
     return code == 0
