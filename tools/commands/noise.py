@@ -101,13 +101,19 @@ class Clone:
         return subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip()
 
     def commit(self, message, appended_to_decode=""):
-        """A commit on top of the base: ``appended_to_decode`` added to kv_attention/decode.py."""
+        """A commit on top of the base: ``appended_to_decode`` added to kv_attention/decode.py.
+
+        The working tree goes back to the base, so that every drill measures a commit that is not the
+        one checked out (the suite's files come from the working tree, the package from the commit).
+        """
         self.git("checkout", "--quiet", "--detach", self.base)
         if appended_to_decode:
             with open(self.path / "kv_attention" / "decode.py", "a") as decode:
                 decode.write(appended_to_decode)
         self.git("commit", "--quiet", "--allow-empty", "-am", message)
-        return self.git("rev-parse", "HEAD")
+        head = self.git("rev-parse", "HEAD")
+        self.git("checkout", "--quiet", "--detach", self.base)
+        return head
 
     def gate(self, head, factor, bench, count_factor=COUNT_FACTOR):
         """Run the clone's ``gate BASE HEAD`` with this checkout's .venv: (exit code, output)."""
@@ -385,16 +391,38 @@ def setup_arguments(subparsers):
         sub.add_argument("--count-factor", type=factor, default=COUNT_FACTOR)
         sub.add_argument("--bench", type=bench_regex, metavar="REGEX")
         sub.add_argument("--keep", action="store_true", help="keep the temporary clone")
+        sub.add_argument("--neighbour", action="store_true",
+                         help="run a neighbour beside the drill, busy and idle in turns of 1-5 s (a shared machine)")
     return parser
+
+
+# A neighbour as on a shared machine: busy for 1-5 s, idle for 1-5 s, in turns (a fixed seed), for at most 2 h,
+# and gone with the drill (it stops when its stdin closes).
+NEIGHBOUR = """import random, select, sys, time
+rng, end = random.Random(1), time.monotonic() + 7200
+while time.monotonic() < end:
+    busy = time.monotonic() + rng.uniform(1, 5)
+    while time.monotonic() < busy:
+        pass
+    if select.select([sys.stdin], [], [], rng.uniform(1, 5))[0]:
+        break
+"""
 
 
 def run(args):
     clone = Clone(keep=args.keep)
+    neighbour = None
+    if getattr(args, "neighbour", False):
+        neighbour = subprocess.Popen([sys.executable, "-c", NEIGHBOUR], stdin=subprocess.PIPE)
+        print("a neighbour runs beside the drill: busy 1-5 s, idle 1-5 s, in turns", flush=True)
     try:
         ok = DRILLS[args.drill](clone, args)
     except subprocess.CalledProcessError as error:
         raise common.UserError(str(error)) from None
     finally:
+        if neighbour is not None:
+            neighbour.stdin.close()
+            neighbour.wait()
         clone.close()
     print("as expected" if ok else "NOT as expected")
     return 0 if ok else 1
