@@ -705,6 +705,9 @@ def _samples(samples, name):
     return samples
 
 
+UNBOUNDED = {"ci_99_a": -math.inf, "ci_99_b": math.inf}  # asv's 99 % bounds of one sample (--quick): none
+
+
 def _points(results, name, names):
     """Every parameter combination of benchmark ``name`` in ``results``, as Points."""
     params = results.get_result_params(name)
@@ -722,7 +725,7 @@ def _points(results, name, names):
             raise ValueError(f"{name}: {len(column)} {what} for {len(combos)} parameter combinations")
     for i, combo in enumerate(combos):
         stat = (stats[i] if stats and i < len(stats) else None) or {}
-        if not isinstance(stat, dict) or not all(is_finite(v) for v in stat.values()):
+        if not isinstance(stat, dict) or not all(is_finite(v) or UNBOUNDED.get(k, 0) == v for k, v in stat.items()):
             raise ValueError(f"{name}: malformed statistics {short(stat)}")
         yield Point(
             benchmark=name,
