@@ -89,7 +89,7 @@ def _common_commit(results, machines, env):
     prefixes = [{RESULT_FILE.match(n).group(1): n for n in results.files(m, env)} for m in machines]
     shared = set(prefixes[0]).intersection(*prefixes[1:])
     if not shared:
-        newest = [f"{m} {results.load(m, env=env).commit[:8]}" if p else f"{m} none" for m, p in zip(machines, prefixes)]
+        newest = [f"{m} {results.load(m, env=env).commit[:8] if p else 'none'}" for m, p in zip(machines, prefixes)]
         raise UserError(f"no commit has results on every machine given ({', '.join(machines)}; newest: "
                         f"{', '.join(newest)}): measure one commit on each, or choose one with --commit")
     return max(shared, key=lambda h: results.load_file(machines[0], prefixes[0][h]).date)
@@ -106,8 +106,8 @@ def machine_tables(results, machines, args):
         runs = [_run(results, m, args.commit, args.env) for m in machines]
     commits = {run.commit for run in runs}
     if len(commits) > 1:  # a hash prefix naming different commits on different machines
-        raise UserError(f"--commit {args.commit} names different commits on the machines given: "
-                        f"{', '.join(sorted(c[:12] for c in commits))}: give more of the hash")
+        raise UserError(f"{runs[0].commit[:8]} names different commits on the machines given "
+                        f"({', '.join(sorted(c[:12] for c in commits))}): give --commit a longer hash")
     lines = [f"## kv-attention decode benchmarks at `{runs[0].commit[:8]}` on {len(machines)} machines: "
              + ", ".join(f"`{m}`" for m in machines), ""]
     for run in runs:
