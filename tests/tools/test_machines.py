@@ -247,3 +247,10 @@ def test_a_quick_runs_unbounded_interval_is_read_and_other_infinities_are_not(tw
     path.write_text(json.dumps(data))
     code, _, err = tables(two, "--machine", "box-a", "--experiment", "cache", capsys=capsys)
     assert code == 1 and "malformed statistics" in err
+
+
+def test_machine_given_twice_is_parsed_in_order_and_once_stays_one_name():
+    args = dev.parse_args(["report", "tables", "--machine", "box-b", "--machine", "box-a"])
+    assert (args.machine, args.machines) == ("box-b", ["box-b", "box-a"])
+    args = dev.parse_args(["report", "csv", "--out", "-", "--machine", "box-a"])
+    assert (args.machine, args.machines) == ("box-a", ["box-a"])

@@ -54,9 +54,17 @@ def _open(args):
     return results, machine
 
 
+class MachinesAction(argparse.Action):
+    """``--machine NAME``, repeatable: ``args.machine`` is the first name given, ``args.machines`` all, in order."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        namespace.machines = [*(getattr(namespace, "machines", None) or []), values]
+        namespace.machine = namespace.machines[0]
+
+
 def _machines_given(args):
     """The ``--machine`` names given, in order: several only for ``tables`` (side by side), each once."""
-    machines = args.machine or []
+    machines = getattr(args, "machines", None) or ([args.machine] if args.machine else [])
     twice = sorted({m for m in machines if machines.count(m) > 1})
     if twice:
         raise UserError(f"--machine {twice[0]} is given twice: give each machine once")
@@ -172,7 +180,7 @@ def setup_arguments(subparsers):
                                    description="The lab's tables, samples and plots, read from asv's result "
                                                "files (times nothing).")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--machine", type=name_argument, action="append",
+    common.add_argument("--machine", type=name_argument, action=MachinesAction,
                         help="asv machine name (default: this host's, or the only one); tables takes it "
                              "twice or more to put the machines side by side")
     common.add_argument("--env", help="part of the asv environment name, if a commit has several")
