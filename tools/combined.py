@@ -153,8 +153,8 @@ def write_config(conf, base, results_dir, work, html_dir=None):
     return path, conf["html_dir"]
 
 
-def graphs_per_machine(html_dir):
-    """``{machine: number of benchmarks graphed}`` of a published dashboard (asv writes a benchmark's graph
+def graphed(html_dir):
+    """``{machine: names of the benchmarks graphed}`` of a published dashboard (asv writes a benchmark's graph
     of a machine to ``graphs/.../machine-NAME/.../BENCHMARK.json``, and a ``summary.json`` beside them)."""
     names = {}
     for root, _, files in os.walk(os.path.join(html_dir, "graphs")):
@@ -162,7 +162,7 @@ def graphs_per_machine(html_dir):
         if machines:
             names.setdefault(machines[-1], set()).update(f[:-5] for f in files
                                                          if f.endswith(".json") and f != "summary.json")
-    return {machine: len(benchmarks) for machine, benchmarks in names.items()}
+    return names
 
 
 def shown(path):
@@ -215,5 +215,5 @@ def publish_together(also, config=None, html_dir=None, say=print):
     if missing:
         raise UserError(f"asv publish left out machine {', '.join(missing)}: its machine.json or result files "
                         "could not be read (see asv's warnings above)")
-    graphs = graphs_per_machine(html)
-    return html, [(name, source, counts[name], graphs.get(name, 0)) for source, _, _, name in machines]
+    graphs = graphed(html)
+    return html, [(name, source, counts[name], len(graphs.get(name, ()))) for source, _, _, name in machines]

@@ -254,3 +254,24 @@ def test_machine_given_twice_is_parsed_in_order_and_once_stays_one_name():
     assert (args.machine, args.machines) == ("box-b", ["box-b", "box-a"])
     args = dev.parse_args(["report", "csv", "--out", "-", "--machine", "box-a"])
     assert (args.machine, args.machines) == ("box-a", ["box-a"])
+
+
+def test_the_browser_check_compares_the_machines_on_a_benchmark_both_have_graphs_of(tmp_path):
+    from tools.commands import browser_check
+
+    def graphs(machine, *names):
+        folder = tmp_path / "graphs" / "arch-x86_64" / f"machine-{machine}" / "numpy-2.2.6"
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in (*names, "summary"):
+            (folder / f"{name}.json").write_text("[]")
+
+    graphs("a", browser_check.REGRESSED, "bench_x.X.time_x")
+    graphs("b", "bench_x.X.time_x")
+    from tools.combined import graphed
+
+    assert graphed(tmp_path) == {"a": {browser_check.REGRESSED, "bench_x.X.time_x"}, "b": {"bench_x.X.time_x"}}
+    assert browser_check.compared_benchmark(tmp_path, ["a", "b"]) == "bench_x.X.time_x"
+    graphs("b", browser_check.REGRESSED)
+    assert browser_check.compared_benchmark(tmp_path, ["a", "b"]) == browser_check.REGRESSED
+    with pytest.raises(browser_check.CheckFailed, match="no benchmark is graphed for every machine"):
+        browser_check.compared_benchmark(tmp_path, ["a", "c"])

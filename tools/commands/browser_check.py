@@ -29,7 +29,8 @@ under /tmp; the asv environments of .asv/env are reused) it
    violation (nothing needed the second wall); and both machines listed in
    the machine panel of the summary list (each, once chosen, listing the
    regressed benchmark with a value) and of the regressed benchmark's graph,
-   which fetches and draws a line of each machine. Screenshots go to
+   which fetches and draws a line of each machine (another benchmark graphed
+   for both, should docs/results hold none of the regressed one's code). Screenshots go to
    .asv/browser-check/.
 
 ``--bench REGEX`` limits the quick runs to the benchmarks it selects (it must
@@ -199,8 +200,22 @@ SHOWN_ROWS = """() => {  // the cells of the summary list's table on show (asv k
 }"""
 
 
-def check_machines(page, url, machines, graph_files):
-    """CheckFailed unless the summary list and the regressed graph list every machine and show its results.
+def compared_benchmark(html_dir, machines):
+    """The benchmark the machines check looks at: :data:`REGRESSED`, or another that every machine has a graph of.
+
+    asv graphs a result only while its benchmark's code is that of the suite's benchmarks.json, so the
+    stored results of docs/results may lack some: CheckFailed if no benchmark is graphed for every machine.
+    """
+    graphs = combined.graphed(html_dir)
+    shared = set.intersection(*(graphs.get(name, set()) for name in machines))
+    if not shared:
+        raise CheckFailed(f"no benchmark is graphed for every machine ({', '.join(machines)}): the stored "
+                          f"results of {SECOND_MACHINE} are all of other benchmark versions than the suite's")
+    return REGRESSED if REGRESSED in shared else min(shared)
+
+
+def check_machines(page, url, machines, graph_files, benchmark=REGRESSED):
+    """CheckFailed unless the summary list and ``benchmark``'s graph list every machine and show its results.
 
     ``graph_files`` collects the graph files the page fetched (status, address), since it opened.
     """
@@ -217,11 +232,11 @@ def check_machines(page, url, machines, graph_files):
         if dict(panel_buttons(page, "#summarylist-navigation")).get(name) is not True:
             raise CheckFailed(f"choosing {name} in the summary list did not make it the machine shown")
         rows = page.evaluate(SHOWN_ROWS)
-        values = [row[1] for row in rows if len(row) > 1 and row[0].startswith(REGRESSED)]
+        values = [row[1] for row in rows if len(row) > 1 and row[0].startswith(benchmark)]
         if not values or not all(values):
-            raise CheckFailed(f"the summary list of {name} shows no value of {REGRESSED}: {rows[:3]}")
+            raise CheckFailed(f"the summary list of {name} shows no value of {benchmark}: {rows[:3]}")
         page.screenshot(path=str(common.ROOT / ".asv" / "browser-check" / f"summarylist-{name}.png"))
-    page.goto(f"{url}index.html#{REGRESSED}")
+    page.goto(f"{url}index.html#{benchmark}")
     page.wait_for_selector("#main-graph canvas.flot-base", timeout=30_000)
     page.wait_for_function("() => window.location.hash.includes('?')", timeout=10_000)
     page.wait_for_timeout(500)
@@ -232,13 +247,13 @@ def check_machines(page, url, machines, graph_files):
     page.screenshot(path=str(common.ROOT / ".asv" / "browser-check" / "machines-graph.png"))
     for name in machines:
         fetched = [status for status, address in graph_files
-                   if f"/machine-{name}/" in address and f"/{REGRESSED}.json" in address]
+                   if f"/machine-{name}/" in address and f"/{benchmark}.json" in address]
         if fetched != [200] * len(fetched) or not fetched or f"machine-{name}" not in legend:
-            raise CheckFailed(f"the graph of {REGRESSED} draws no line of machine {name} "
+            raise CheckFailed(f"the graph of {benchmark} draws no line of machine {name} "
                               f"(its graph file fetched: {fetched})")
 
 
-def check_page(chromium, sync_playwright, url, benchmarks, machines):
+def check_page(chromium, sync_playwright, url, benchmarks, machines, compared=REGRESSED):
     """Drive the dashboard; CheckFailed on the first thing missing. Returns a summary line."""
     screenshots = common.ROOT / ".asv" / "browser-check"
     screenshots.mkdir(parents=True, exist_ok=True)
@@ -293,14 +308,15 @@ def check_page(chromium, sync_playwright, url, benchmarks, machines):
             page.screenshot(path=str(screenshots / "regressions.png"))
             if REGRESSED not in table:
                 raise CheckFailed(f"the regressions page does not list {REGRESSED}: {table[:300]!r}")
-            check_machines(page, url, machines, graph_files)
+            check_machines(page, url, machines, graph_files, compared)
         finally:
             browser.close()
     if blocked:
         raise CheckFailed(f"the page asked for addresses off this machine: {', '.join(sorted(set(blocked)))}")
     return (f"{len(benchmarks)} benchmarks listed and graphed, {REGRESSED} on the regressions page, "
             f"the tag {XSS_TAG} shown as text with no dialog, {len(machines)} machines ({', '.join(machines)}) "
-            f"listed in the summary list and in the graph's machine panel, each with its values and its line, "
+            f"listed in the summary list and in the machine panel of {compared}'s graph, each with its values "
+            "and its line, "
             f"no request left 127.0.0.1; screenshots in {screenshots}")
 
 
@@ -352,7 +368,7 @@ def run(args):
         url = f"http://127.0.0.1:{server.server_address[1]}/"
         print(f"dashboard with {count} local JavaScript/CSS files served at {url}", flush=True)
         try:
-            summary = check_page(*found, url, benchmarks, machines)
+            summary = check_page(*found, url, benchmarks, machines, compared_benchmark(work / "html", machines))
         except Exception as error:  # Playwright's TimeoutError and Error: what the page did not show in time
             if isinstance(error, CheckFailed) or type(error).__module__.split(".")[0] != "playwright":
                 raise
