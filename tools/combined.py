@@ -87,7 +87,7 @@ def gather(results_dir, also):
     sources = [str(results_dir)]
     for path in also:
         check_with_dir(str(path), sources)
-        sources.append(str(path))
+        sources.append(os.path.abspath(path))
     found, seen = [], {}
     for source in sources:
         if not os.path.isdir(source):
@@ -165,6 +165,11 @@ def graphed(html_dir):
     return names
 
 
+def files(count):
+    """``1 result file``, ``2 result files``."""
+    return f"{count} result file" + ("" if count == 1 else "s")
+
+
 def shown(path):
     """``path`` relative to the repository when inside it (``docs/results``), else as is."""
     path = os.path.abspath(path)
@@ -187,7 +192,7 @@ def publish_together(also, config=None, html_dir=None, say=print):
     conf = load_config(config)
     base = os.path.dirname(os.path.abspath(config))
     results_dir = os.path.join(base, conf.get("results_dir", "results"))
-    machines = gather(results_dir, [os.path.abspath(p) for p in also])
+    machines = gather(results_dir, also)
     sources = [results_dir, *(os.path.abspath(p) for p in also)]
     benchmarks = next((data for data in (read_regular(os.path.join(s, "benchmarks.json")) for s in sources)
                        if data is not None), None)
@@ -202,7 +207,7 @@ def publish_together(also, config=None, html_dir=None, say=print):
         counts = {}
         for source, folder, path, name in machines:
             counts[name] = copy_machine(path, combined / folder, say)
-            say(f"machine {name}: {counts[name]} result files, from {shown(source)}")
+            say(f"machine {name}: {files(counts[name])}, from {shown(source)}")
         published, html = write_config(conf, base, combined, work, html_dir)
         common.run(*common.ASV, "--config", str(published), "publish")
     finally:

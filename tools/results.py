@@ -598,6 +598,8 @@ class ResultsDir:
 def check_with_dir(path, earlier):
     """UserError unless ``path`` (a ``--with`` directory) is a directory of machines, none of the ``earlier``."""
     what = f"--with {path}"
+    if not str(path):
+        raise UserError("--with: the path is empty")
     if not os.path.isdir(path):
         kind = not_regular(path) or ("a regular file" if os.path.exists(path) else None)
         raise UserError(f"{what}: {'it is ' + kind + ', not a directory' if kind else 'no such directory'}")

@@ -122,12 +122,14 @@ def test_a_machine_json_naming_another_machine_is_the_same_machine(two, capsys):
     (lambda root: (root / "file").write_text("x") and root / "file", "it is a regular file, not a directory"),
     (lambda root: (root / "empty").mkdir() or root / "empty", "holds no machine's results"),
     (lambda root: root / ".asv" / "results", "the same directory as"),
+    (lambda root: "", "the path is empty"),
 ])
 def test_publish_with_a_directory_it_cannot_use_is_a_one_line_error_naming_it(two, capsys, make, message):
     path = make(two.root)
     assert dev.main(["publish", "--with", str(path)]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"tools/dev.py publish: error: --with {path}") and message in err and "\n" not in err
+    assert err.startswith(f"tools/dev.py publish: error: --with{path and ' '}{path}") and message in err
+    assert "\n" not in err
 
 
 def test_publish_with_never_opens_a_fifo_among_the_results(two, capsys):

@@ -80,7 +80,7 @@ def run(args):
     print(f"dashboard of {len(machines)} machines written to {html}, each under its own name "
           "(choose one in the \"machine\" panel of a graph or of the summary list):")
     for name, source, files, graphs in machines:
-        print(f"  {name}: {files} result files from {combined.shown(source)}, {graphs} benchmarks graphed"
+        print(f"  {name}: {combined.files(files)} from {combined.shown(source)}, {graphs} benchmarks graphed"
               + ("" if graphs else " (none: its results are of other benchmark versions than benchmarks.json, "
                                    "or of commits on no branch asv publishes)"))
     print(f"view it with:\n  {VIEW_COMMAND}")
