@@ -193,8 +193,10 @@ def panel_buttons(page, container):
     }""", container)]
 
 
-SHOWN_ROWS = """() => {  // the cells of the summary list's table on show (asv keeps the tables of earlier choices, hidden)
-    const table = Array.from(document.querySelectorAll('#summarylist-body table')).find(t => t.offsetParent !== null);
+# The cells of the summary list's table on show (asv keeps the tables of earlier choices, hidden).
+SHOWN_ROWS = """() => {
+    const table = Array.from(document.querySelectorAll('#summarylist-body table'))
+        .find(t => t.offsetParent !== null);
     return table ? Array.from(table.querySelectorAll('tbody tr')).map(
         r => Array.from(r.querySelectorAll('td')).map(td => td.textContent.trim())) : [];
 }"""
