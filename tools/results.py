@@ -422,6 +422,12 @@ def param_sort_key(value):
     return (0, value, "") if is_number(value) else (1, 0, str(value))
 
 
+def machine_folders(results_dir):
+    """``{folder name: path}`` of the machines in an asv results directory: its folders holding a machine.json."""
+    return {name: os.path.join(results_dir, name) for name in sorted(os.listdir(results_dir))
+            if os.path.isfile(os.path.join(results_dir, name, "machine.json"))}
+
+
 class ResultsDir:
     """asv's results directory: ``<results_dir>/<machine>/<hash8>-<env_name>.json``.
 
@@ -430,31 +436,50 @@ class ResultsDir:
         repo_dir: git checkout used to resolve revisions such as ``HEAD~1``.
         known_param_names: benchmark -> ``param_names``, used where asv's
             ``benchmarks.json`` is missing or does not fit a result.
+        also: more results directories (``--with docs/results``), whose
+            machines are read beside those of ``results_dir``, each from its
+            own folder, under its own name; ``results_dir`` may then be missing.
 
     Raises:
-        UserError: the directory does not exist or holds no machine.
+        UserError: a directory does not exist, none holds a machine, or two hold the same machine.
     """
 
-    def __init__(self, results_dir, repo_dir=".", known_param_names=None):
+    def __init__(self, results_dir, repo_dir=".", known_param_names=None, also=()):
         self.path = results_dir
+        self.paths = [results_dir, *also]  # every directory read (no output may go into one)
         self.repo_dir = repo_dir
         self._skipped = set()  # (machine, name) of files already reported as not regular
-        if not os.path.isdir(results_dir):
-            raise UserError(
-                f"no asv results directory at {results_dir}: run the main job first "
-                "(python3 tools/dev.py bench)"
-            )
-        self.machines = sorted(
-            name for name in os.listdir(results_dir)
-            if os.path.isfile(os.path.join(results_dir, name, "machine.json"))
-        )
+        self.folders = {}  # machine -> the folder its results are read from
+        for i, path in enumerate(self.paths):
+            if i:
+                check_with_dir(path, self.paths[:i])
+            elif not os.path.isdir(path):
+                if also:
+                    continue
+                raise UserError(
+                    f"no asv results directory at {path}: run the main job first "
+                    "(python3 tools/dev.py bench)"
+                )
+            for name, folder in machine_folders(path).items():
+                if name in self.folders:
+                    raise UserError(f"machine {name!r} has results in both {os.path.dirname(self.folders[name])} "
+                                    f"and {path}: a machine's results are read from one directory, never merged "
+                                    "or renamed; leave one of them out")
+                self.folders[name] = folder
+        self.machines = sorted(self.folders)
         if not self.machines:
-            raise UserError(f"{results_dir} holds no machine's results: run the main job first")
-        self.param_names = [self._load_param_names(), dict(known_param_names or {})]
+            raise UserError(f"{' nor '.join(map(str, self.paths))} holds no machine's results: "
+                            "run the main job first")
+        self.param_names = [*(self._load_param_names(path) for path in self.paths), dict(known_param_names or {})]
 
-    def _load_param_names(self):
+    @property
+    def where(self):
+        """The directories read, for messages: ``.asv/results`` or ``.asv/results and docs/results``."""
+        return " and ".join(map(str, self.paths))
+
+    def _load_param_names(self, results_dir):
         """benchmark name -> asv ``param_names``, from asv's ``benchmarks.json`` ({} if unusable)."""
-        path = os.path.join(self.path, "benchmarks.json")
+        path = os.path.join(results_dir, "benchmarks.json")
         what = not_regular(path)
         if what:
             print(f"note: skipped {path}: {what}, not a regular file", file=sys.stderr)
@@ -475,7 +500,7 @@ class ResultsDir:
         if machine is not None:
             if machine not in self.machines:
                 raise UserError(
-                    f"no results for machine {machine!r} in {self.path} "
+                    f"no results for machine {machine!r} in {self.where} "
                     f"(machines with results: {', '.join(self.machines)})"
                 )
             return machine
@@ -485,7 +510,7 @@ class ResultsDir:
         if len(self.machines) == 1:
             return self.machines[0]
         raise UserError(
-            f"results from several machines in {self.path} ({', '.join(self.machines)}): choose one with --machine"
+            f"results from several machines in {self.where} ({', '.join(self.machines)}): choose one with --machine"
         )
 
     def files(self, machine, env=None):
@@ -493,7 +518,7 @@ class ResultsDir:
 
         A name that is not a regular file (a FIFO, a device, a directory) is skipped, with a note on stderr.
         """
-        folder = os.path.join(self.path, machine)
+        folder = self.folders[machine]
         names = []
         for n in sorted(os.listdir(folder)):
             if not ((m := RESULT_FILE.match(n)) and (env is None or env in m.group(2))):
@@ -552,7 +577,7 @@ class ResultsDir:
         if hash8 is None:
             runs = [self.load_file(machine, n) for n in names]
             if not runs:
-                raise UserError(f"no results for {where} in {self.path}")
+                raise UserError(f"no results for {where} in {self.where}")
             hash8 = max(runs, key=lambda r: r.date).commit[:8]
         names = [n for n in names if n.startswith(hash8 + "-")]
         if not names:
@@ -567,7 +592,22 @@ class ResultsDir:
 
     def load_file(self, machine, name):
         """Read ``<machine>/<name>`` (see :func:`load_run`)."""
-        return load_run(os.path.join(self.path, machine, name), self.param_names)
+        return load_run(os.path.join(self.folders[machine], name), self.param_names)
+
+
+def check_with_dir(path, earlier):
+    """UserError unless ``path`` (a ``--with`` directory) is a directory of machines, none of the ``earlier``."""
+    what = f"--with {path}"
+    if not str(path):
+        raise UserError("--with: the path is empty")
+    if not os.path.isdir(path):
+        kind = not_regular(path) or ("a regular file" if os.path.exists(path) else None)
+        raise UserError(f"{what}: {'it is ' + kind + ', not a directory' if kind else 'no such directory'}")
+    same = [p for p in earlier if os.path.isdir(p) and os.path.samefile(p, path)]
+    if same:
+        raise UserError(f"{what}: the same directory as {same[0]}, already read")
+    if not machine_folders(path):
+        raise UserError(f"{what} holds no machine's results (no <machine>/machine.json in it)")
 
 
 def _local_asv_machine():
@@ -705,6 +745,9 @@ def _samples(samples, name):
     return samples
 
 
+UNBOUNDED = {"ci_99_a": -math.inf, "ci_99_b": math.inf}  # asv's 99 % bounds of one sample (--quick): none
+
+
 def _points(results, name, names):
     """Every parameter combination of benchmark ``name`` in ``results``, as Points."""
     params = results.get_result_params(name)
@@ -722,7 +765,7 @@ def _points(results, name, names):
             raise ValueError(f"{name}: {len(column)} {what} for {len(combos)} parameter combinations")
     for i, combo in enumerate(combos):
         stat = (stats[i] if stats and i < len(stats) else None) or {}
-        if not isinstance(stat, dict) or not all(is_finite(v) for v in stat.values()):
+        if not isinstance(stat, dict) or not all(is_finite(v) or UNBOUNDED.get(k, 0) == v for k, v in stat.items()):
             raise ValueError(f"{name}: malformed statistics {short(stat)}")
         yield Point(
             benchmark=name,

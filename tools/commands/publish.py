@@ -12,18 +12,29 @@ a plain ``asv publish``, this command and the main job write the same
 dashboard: whatever a published dashboard needs goes into :func:`finish`.
 """
 
+import argparse
 from pathlib import Path
 
-from .. import common, dashboard, dashboard_text
+from .. import combined, common, dashboard, dashboard_text
 
 LOCKS_WORKSPACE = True  # one job at a time in .asv/ (tools/lock.py)
 
 VIEW_COMMAND = ".venv/bin/python -m asv preview   # serves .asv/html on 127.0.0.1"
 
 
+EXAMPLE = """example, this machine's results and the stored ones of docs/results in one dashboard:
+  python3 tools/dev.py publish --with docs/results
+  .venv/bin/python -m asv preview   # then choose a machine in the "machine" panel of a graph"""
+
+
 def setup_arguments(subparsers):
-    return subparsers.add_parser("publish", allow_abbrev=False,
-                                 help="write the dashboard (.asv/html) from the stored results, offline-ready")
+    parser = subparsers.add_parser("publish", allow_abbrev=False, epilog=EXAMPLE,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter,
+                                   help="write the dashboard (.asv/html) from the stored results, offline-ready")
+    parser.add_argument("--with", dest="with_dirs", action="append", default=[], metavar="RESULTS_DIR",
+                        help="also publish every machine of this asv results directory (e.g. docs/results), "
+                             "each under its own name, copied unchanged (tools/combined.py); repeatable")
+    return parser
 
 
 def finish(html_dir, say=print):
@@ -61,6 +72,16 @@ def publish():
 
 
 def run(args):
-    publish()
-    print(f"dashboard written to {common.ROOT / '.asv' / 'html'}; view it with:\n  {VIEW_COMMAND}")
+    if not args.with_dirs:
+        publish()
+        print(f"dashboard written to {common.ROOT / '.asv' / 'html'}; view it with:\n  {VIEW_COMMAND}")
+        return 0
+    html, machines = combined.publish_together(args.with_dirs)
+    print(f"dashboard of {len(machines)} machines written to {html}, each under its own name "
+          "(choose one in the \"machine\" panel of a graph or of the summary list):")
+    for name, source, files, graphs in machines:
+        print(f"  {name}: {combined.files(files)} from {combined.shown(source)}, {graphs} benchmarks graphed"
+              + ("" if graphs else " (none: its results are of other benchmark versions than benchmarks.json, "
+                                   "or of commits on no branch asv publishes)"))
+    print(f"view it with:\n  {VIEW_COMMAND}")
     return 0

@@ -10,7 +10,7 @@ import sys
 
 from ..common import UserError
 from ..machine import name_argument
-from ..results import ResultsDir, not_regular
+from ..results import RESULT_FILE, ResultsDir, not_regular
 
 DEFAULT_CONFIG = "asv.conf.json"
 EXPERIMENTS = ("cache", "batch", "batch_size", "heads", "ragged")  # tools.report.tables.TABLES, without importing it
@@ -45,9 +45,33 @@ def _open(args):
         root = os.path.dirname(os.path.abspath(args.config))
         path = os.path.join(root, conf.get("results_dir", "results"))
         repo = os.path.join(root, conf.get("repo", ".")) if isinstance(conf.get("repo"), str) else root
-    results = ResultsDir(path, repo_dir=repo, known_param_names=KNOWN_PARAM_NAMES)
-    machine = results.pick_machine(args.machine) if args.machine or args.report_command != "csv" else None
+    results = ResultsDir(path, repo_dir=repo, known_param_names=KNOWN_PARAM_NAMES, also=args.with_dirs or ())
+    machines = _machines_given(args)
+    if len(machines) > 1:
+        return results, [results.pick_machine(m) for m in machines]
+    given = machines[0] if machines else None
+    machine = results.pick_machine(given) if given or args.report_command != "csv" else None
     return results, machine
+
+
+class MachinesAction(argparse.Action):
+    """``--machine NAME``, repeatable: ``args.machine`` is the first name given, ``args.machines`` all, in order."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        namespace.machines = [*(getattr(namespace, "machines", None) or []), values]
+        namespace.machine = namespace.machines[0]
+
+
+def _machines_given(args):
+    """The ``--machine`` names given, in order: several only for ``tables`` (side by side), each once."""
+    machines = getattr(args, "machines", None) or ([args.machine] if args.machine else [])
+    twice = sorted({m for m in machines if machines.count(m) > 1})
+    if twice:
+        raise UserError(f"--machine {twice[0]} is given twice: give each machine once")
+    if len(machines) > 1 and args.report_command != "tables":
+        raise UserError(f"--machine is given {len(machines)} times: {args.report_command} reads one machine; "
+                        "only tables puts several side by side")
+    return machines
 
 
 def _run(results, machine, rev, env):
@@ -59,10 +83,46 @@ def cmd_tables(args):
     from ..report.tables import all_tables, describe, render_table
 
     results, machine = _open(args)
+    if isinstance(machine, list):
+        return machine_tables(results, machine, args)
     run = _run(results, machine, args.commit, args.env)
     lines = [f"## kv-attention decode benchmarks at `{run.commit[:8]}` on `{run.machine}`", "",
              *describe(run, args.experiment)]
     lines += ["\n" + render_table(table) for table in all_tables(run, args.experiment)]
+    print("\n".join(lines))
+
+
+def _common_commit(results, machines, env):
+    """The hash prefix of the newest commit (by commit date) with results on every one of ``machines``."""
+    prefixes = [{RESULT_FILE.match(n).group(1): n for n in results.files(m, env)} for m in machines]
+    shared = set(prefixes[0]).intersection(*prefixes[1:])
+    if not shared:
+        newest = [f"{m} {results.load(m, env=env).commit[:8] if p else 'none'}" for m, p in zip(machines, prefixes)]
+        raise UserError(f"no commit has results on every machine given ({', '.join(machines)}; newest: "
+                        f"{', '.join(newest)}): measure one commit on each, or choose one with --commit")
+    return max(shared, key=lambda h: results.load_file(machines[0], prefixes[0][h]).date)
+
+
+def machine_tables(results, machines, args):
+    """``report tables --machine A --machine B``: one commit's tables on each machine, side by side."""
+    from ..report.tables import MACHINES_NOTE, all_tables, describe, render_machines
+
+    if args.commit is None:
+        hash8 = _common_commit(results, machines, args.env)
+        runs = [results.load(m, hash8, args.env) for m in machines]
+    else:
+        runs = [_run(results, m, args.commit, args.env) for m in machines]
+    commits = {run.commit for run in runs}
+    if len(commits) > 1:  # a hash prefix naming different commits on different machines
+        raise UserError(f"{runs[0].commit[:8]} names different commits on the machines given "
+                        f"({', '.join(sorted(c[:12] for c in commits))}): give --commit a longer hash")
+    lines = [f"## kv-attention decode benchmarks at `{runs[0].commit[:8]}` on {len(machines)} machines: "
+             + ", ".join(f"`{m}`" for m in machines), ""]
+    for run in runs:
+        lines += [f"`{run.machine}`:", *describe(run, args.experiment), ""]
+    lines.append(MACHINES_NOTE)
+    per_machine = [all_tables(run, args.experiment) for run in runs]
+    lines += ["\n" + render_machines(tables, machines) for tables in zip(*per_machine)]
     print("\n".join(lines))
 
 
@@ -110,7 +170,7 @@ def cmd_plots(args):
 
     results, machine = _open(args)
     run = _run(results, machine, args.commit, args.env)
-    for path, replaced in write_plots(run, args.out, lab=args.lab, protected=[results.path]):
+    for path, replaced in write_plots(run, args.out, lab=args.lab, protected=results.paths):
         print(f"{'replaced' if replaced else 'wrote'} {path}")
 
 
@@ -120,11 +180,15 @@ def setup_arguments(subparsers):
                                    description="The lab's tables, samples and plots, read from asv's result "
                                                "files (times nothing).")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--machine", type=name_argument,
-                        help="asv machine name (default: this host's, or the only one)")
+    common.add_argument("--machine", type=name_argument, action=MachinesAction,
+                        help="asv machine name (default: this host's, or the only one); tables takes it "
+                             "twice or more to put the machines side by side")
     common.add_argument("--env", help="part of the asv environment name, if a commit has several")
     common.add_argument("--config", default=DEFAULT_CONFIG, help="asv config (default: %(default)s)")
     common.add_argument("--results-dir", help="asv results directory (default: the config's results_dir)")
+    common.add_argument("--with", dest="with_dirs", action="append", metavar="RESULTS_DIR",
+                        help="also read the machines of this asv results directory (e.g. docs/results), each "
+                             "under its own name; repeatable")
     experiments = argparse.ArgumentParser(add_help=False)
     experiments.add_argument("--experiment", action="append", choices=EXPERIMENTS, metavar="NAME",
                              help=f"only this experiment's table ({', '.join(EXPERIMENTS)}); repeatable")

@@ -82,7 +82,7 @@ def write_csv(results, out, machine=None, env=None, progress=None):
     files = [(m, n) for m in ([machine] if machine else results.machines) for n in results.files(m, env)]
     if out == "-":
         return _write_rows(results, files, sys.stdout, progress)
-    target, replaced = paths.check_file(out, protected=[results.path])
+    target, replaced = paths.check_file(out, protected=results.paths)
     with paths.atomic_write(target) as f:
         counts = _write_rows(results, files, f, progress)
     return {**counts, "replaced": replaced}

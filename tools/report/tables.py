@@ -220,7 +220,8 @@ def format_cell(value, kind):
 
 
 def _markdown(headers, rows, n_keys=1, figure_column=False):
-    """A pipe table: ``n_keys`` key columns, then a left-aligned figure name if any, then numbers."""
+    """A pipe table: ``n_keys`` key columns, then a left-aligned figure name if any (or that many text
+    columns, if ``figure_column`` is a number), then numbers."""
     from tabulate import tabulate  # asv's own dependency
 
     align = ["right"] * n_keys + ["left"] * figure_column + ["right"] * (len(headers) - n_keys - figure_column)
@@ -256,6 +257,41 @@ def render_compare(base_table, head_table, base_label, head_label):
                 rows.append([*map(str, key), figure, SKIPPED, format_cell(h, kind), SKIPPED])
     headers = [*base_table.keys, "figure", base_label, head_label, "head / base"]
     return "\n".join([f"### {base_table.title}", "", _markdown(headers, rows, len(base_table.keys), True)])
+
+
+# What a figure of each cell kind says when two machines are compared (report tables --machine A --machine B).
+ACROSS_MACHINES = {"ratio": "comparable", "ratio3": "comparable", "count": "same work", "bytes": "same work",
+                   "ms": "machine-bound", "us": "machine-bound", "rate": "machine-bound"}
+MACHINES_NOTE = ("Each row is one figure of the lab's tables at the same commit, one column per machine, and each "
+                 "later machine's figure over the first's. Only the dimensionless figures (`comparable`: "
+                 "no_cache / preallocated, concat / preallocated, speedup, scaling, grouped / repeat_kv, "
+                 "padded / compacted, paged / compacted) compare the mechanisms across machines: there, 1.000x "
+                 "means the mechanism gains as much on both. Absolute times and rates (`machine-bound`: ms, µs, "
+                 "positions / s) are NOT comparable across machines: their ratio measures the machines (CPU, "
+                 "load, samples), not the mechanism. Counts and bytes (`same work`) are the work itself: equal "
+                 "on machines that run the same code with the same numpy.")
+
+
+def render_machines(tables, labels):
+    """One table as measured on several machines at one commit, side by side.
+
+    ``tables`` are the same table (same title and figures) of each machine's run,
+    ``labels`` the machines' names, first the reference. One row per (key,
+    figure): what the figure says across machines (:data:`ACROSS_MACHINES`), its
+    value on each machine, and each later machine's value over the first's.
+    """
+    first = tables[0]
+    cells = [dict(table.rows) for table in tables]
+    keys = list(dict.fromkeys(key for table in tables for key, _ in table.rows))  # the first's order, then others'
+    rows = []
+    for key in keys:
+        for figure, kind in first.kinds.items():
+            values = [machine.get(key, {}).get(figure, SKIPPED) for machine in cells]
+            rows.append([*map(str, key), figure, ACROSS_MACHINES[kind], *(format_cell(v, kind) for v in values),
+                         *(format_cell(_change(values[0], v), "ratio3") for v in values[1:])])
+    headers = [*first.keys, "figure", "across machines", *labels, *(f"{label} / {labels[0]}" for label in labels[1:])]
+    parts = [f"### {first.title}", "", _markdown(headers, rows, len(first.keys), 2)]
+    return "\n".join(parts + (["", first.note] if first.note else []))
 
 
 def _utc(ms):

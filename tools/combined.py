@@ -1,0 +1,224 @@
+"""Several machines' results in one dashboard, by asv's own ``asv publish``.
+
+asv publishes every machine found in its ``results_dir`` (one folder per
+machine, named as asv named it, holding its ``machine.json``) and its pages
+let the reader choose between them: a "machine" panel beside each graph and
+in the summary list. :func:`publish_together` therefore gives ``asv publish``
+a results directory that holds each machine's folder:
+
+- in a new temporary directory, a copy of the configured ``results_dir``'s
+  machine folders and of every ``--with`` directory's (``docs/results``):
+  each folder's ``machine.json`` and result files copied byte for byte under
+  the folder's own name, and the configured ``benchmarks.json`` (else the
+  first ``--with`` directory's);
+- a copy of the project's ``asv.conf.json`` whose ``results_dir`` is that
+  directory (its other paths made absolute, its ``.``-plugins linked), with
+  which ``asv publish`` runs; the asv plugin then finishes the dashboard as
+  after any ``asv publish`` (:func:`tools.commands.publish.finish`).
+
+A machine keeps its identity: nothing is renamed or rewritten, and a machine
+name (folder name or ``machine.json``'s ``machine``) found in two directories
+is refused, since asv would merge the two into one machine. Nothing is written
+into the directories read; a file there that is not a regular file (a FIFO, a
+device, a dangling symlink) is never opened. The temporary directory is
+removed afterwards.
+"""
+
+import json
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+from . import common
+from .common import UserError
+from .results import check_with_dir, machine_folders
+
+PATH_KEYS = ("repo", "benchmark_dir", "env_dir", "html_dir")  # config paths asv reads relative to the config
+
+
+def load_config(path):
+    """The asv config at ``path`` (JSON with comments, read by asv's own loader) as a dict."""
+    from asv.util import load_json
+
+    try:
+        conf = load_json(str(path), js_comments=True)
+    except Exception as exc:  # asv raises its UserError, or others on odd content
+        raise UserError(f"cannot read asv config {path}: {str(exc) or type(exc).__name__}") from None
+    if not isinstance(conf, dict) or not isinstance(conf.get("results_dir", "results"), str):
+        raise UserError(f"cannot read asv config {path}: not an object with a string results_dir")
+    return conf
+
+
+def read_regular(path):
+    """The bytes of ``path`` if it is (a symlink to) a regular file, else None; never blocks on a FIFO."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return None
+        return f.read()
+
+
+def machine_name(folder):
+    """The ``machine`` that ``folder/machine.json`` names (asv's identity of the machine); UserError if unreadable."""
+    path = os.path.join(folder, "machine.json")
+    data = read_regular(path)
+    try:
+        name = json.loads(data)["machine"] if data is not None else None
+    except (ValueError, TypeError, KeyError, RecursionError):
+        name = None
+    if not isinstance(name, str) or not name:
+        what = "not a regular file, or unreadable" if data is None else "no machine name in it"
+        raise UserError(f"{path} is not a readable asv machine file ({what}): asv would skip this machine")
+    return name
+
+
+def gather(results_dir, also):
+    """``[(source directory, folder name, folder path, machine name)]`` of every machine to publish.
+
+    ``results_dir`` (the configured one) may be missing or empty when ``also``
+    holds machines; every ``also`` directory must hold one (:func:`tools.results.check_with_dir`).
+    Raises UserError when a machine name is found in two directories.
+    """
+    sources = [str(results_dir)]
+    for path in also:
+        check_with_dir(str(path), sources)
+        sources.append(os.path.abspath(path))
+    found, seen = [], {}
+    for source in sources:
+        if not os.path.isdir(source):
+            continue
+        for folder, path in machine_folders(source).items():
+            name = machine_name(path)
+            for label in {folder, name}:
+                if label in seen and seen[label] != source:
+                    raise UserError(f"machine {label!r} has results in both {seen[label]} and {source}: asv "
+                                    "would show them as one machine, and a machine's results are never merged "
+                                    "or renamed; leave one of them out")
+                seen[label] = source
+            found.append((source, folder, path, name))
+    if not found:
+        raise UserError(f"{' nor '.join(sources)} holds no machine's results: run the main job first")
+    return found
+
+
+def copy_machine(path, target, say):
+    """Copy ``machine.json`` and the result files (``*.json``) of the machine folder ``path`` into ``target``.
+
+    Only regular files are read (others are skipped, with a note); ``target``
+    is a new folder of a new directory, each file created there anew. Returns
+    the number of result files copied.
+    """
+    os.mkdir(target)
+    copied = 0
+    for name in sorted(os.listdir(path)):
+        source = os.path.join(path, name)
+        if not name.endswith(".json") or os.path.isdir(source):
+            continue
+        data = read_regular(source)
+        if data is None:
+            say(f"note: skipped {source}: not a regular file")
+            continue
+        with open(os.path.join(target, name), "xb") as f:
+            f.write(data)
+        copied += name != "machine.json"
+    return copied
+
+
+def write_config(conf, base, results_dir, work, html_dir=None):
+    """``(work/asv.conf.json, its html_dir)``: ``conf`` with ``results_dir`` (and ``html_dir``) set, paths absolute.
+
+    asv reads a config's relative paths, and imports its ``.``-plugins, from the
+    config's own directory: each such plugin's top package is linked from ``base``.
+    """
+    conf = dict(conf, results_dir=str(results_dir))
+    for key in PATH_KEYS:
+        value = conf.get(key, "html" if key == "html_dir" else None)
+        if isinstance(value, str) and "://" not in value:
+            conf[key] = os.path.join(base, value)
+    if html_dir is not None:
+        conf["html_dir"] = os.path.abspath(html_dir)
+    for plugin in conf.get("plugins") or []:
+        if isinstance(plugin, str) and plugin.startswith(".") and len(plugin) > 1:
+            package = plugin[1:].split(".")[0]
+            link = work / package
+            if not os.path.lexists(link) and os.path.exists(os.path.join(base, package)):
+                link.symlink_to(os.path.join(base, package), target_is_directory=True)
+    path = work / "asv.conf.json"
+    path.write_text(json.dumps(conf, indent=2))
+    return path, conf["html_dir"]
+
+
+def graphed(html_dir):
+    """``{machine: names of the benchmarks graphed}`` of a published dashboard (asv writes a benchmark's graph
+    of a machine to ``graphs/.../machine-NAME/.../BENCHMARK.json``, and a ``summary.json`` beside them)."""
+    names = {}
+    for root, _, files in os.walk(os.path.join(html_dir, "graphs")):
+        machines = [p[len("machine-"):] for p in Path(root).parts if p.startswith("machine-")]
+        if machines:
+            names.setdefault(machines[-1], set()).update(f[:-5] for f in files
+                                                         if f.endswith(".json") and f != "summary.json")
+    return names
+
+
+def files(count):
+    """``1 result file``, ``2 result files``."""
+    return f"{count} result file" + ("" if count == 1 else "s")
+
+
+def shown(path):
+    """``path`` relative to the repository when inside it (``docs/results``), else as is."""
+    path = os.path.abspath(path)
+    inside = os.path.commonpath([path, str(common.ROOT)]) == str(common.ROOT)
+    return os.path.relpath(path, common.ROOT) if inside else path
+
+
+def publish_together(also, config=None, html_dir=None, say=print):
+    """``asv publish`` of the configured results and every machine of the ``also`` directories, together.
+
+    ``config`` defaults to this repository's asv.conf.json, ``html_dir`` to its
+    ``html_dir``. Returns ``(html_dir, [(machine, source, result files, benchmarks graphed)])``.
+
+    Raises:
+        UserError: a directory cannot be read or holds no machine, a machine is
+            in two of them, there is no benchmarks.json, or asv publish fails
+            or leaves a machine out.
+    """
+    config = Path(config or common.ROOT / "asv.conf.json")
+    conf = load_config(config)
+    base = os.path.dirname(os.path.abspath(config))
+    results_dir = os.path.join(base, conf.get("results_dir", "results"))
+    machines = gather(results_dir, also)
+    sources = [results_dir, *(os.path.abspath(p) for p in also)]
+    benchmarks = next((data for data in (read_regular(os.path.join(s, "benchmarks.json")) for s in sources)
+                       if data is not None), None)
+    if benchmarks is None:
+        raise UserError(f"no benchmarks.json in {' nor '.join(sources)}: asv publish needs the suite's "
+                        "(asv run writes it)")
+    work = Path(tempfile.mkdtemp(prefix="kv-attention-publish-"))
+    try:
+        combined = work / "results"
+        combined.mkdir()
+        (combined / "benchmarks.json").write_bytes(benchmarks)
+        counts = {}
+        for source, folder, path, name in machines:
+            counts[name] = copy_machine(path, combined / folder, say)
+            say(f"machine {name}: {files(counts[name])}, from {shown(source)}")
+        published, html = write_config(conf, base, combined, work, html_dir)
+        common.run(*common.ASV, "--config", str(published), "publish")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    try:
+        listed = set(json.loads(Path(html, "index.json").read_text())["machines"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UserError(f"asv publish wrote no readable {html}/index.json") from None
+    missing = sorted({name for _, _, _, name in machines} - listed)
+    if missing:
+        raise UserError(f"asv publish left out machine {', '.join(missing)}: its machine.json or result files "
+                        "could not be read (see asv's warnings above)")
+    graphs = graphed(html)
+    return html, [(name, source, counts[name], len(graphs.get(name, ()))) for source, _, _, name in machines]
