@@ -347,7 +347,9 @@ def main(argv):
                 outcome = {"skipped": str(error) or "not implemented at this commit"}
             except Exception as error:  # noqa: BLE001 (a wrong or broken decode fails its point only)
                 outcome = {"failed": f"{type(error).__name__}: {error}"}
-            outcome["seconds"] = round(time.process_time() - started, 2)  # valgrind's CPU time on the point
+            # valgrind's CPU time on the point, as text of one width: a number's length would vary with the
+            # machine's load, and so would what this line allocates before the next point's counted decode
+            outcome["seconds"] = f"{time.process_time() - started:012.3f}"
             status.write(json.dumps({"class": class_index, "index": index, **outcome}) + "\n")
             status.flush()
 
