@@ -82,9 +82,17 @@ class Request:
     arrival_step: int = 0
 
     def __repr__(self):
-        """The request without its tokens: ``Request('a', 512 tokens, prompt_len=500, arrival_step=0)``."""
-        return (f"Request({self.request_id!r}, {len(self.token_ids)} tokens, prompt_len={self.prompt_len}, "
-                f"arrival_step={self.arrival_step})")
+        """The request without its tokens: ``Request('a', 512 tokens, prompt_len=500, arrival_step=0)``.
+
+        A Request is not checked until :func:`serve`, so ``token_ids`` that have no
+        length (``Request(0, 5, 1)``) are shown as they are: ``token_ids=5``.
+        """
+        try:
+            tokens = f"{len(self.token_ids)} tokens"
+        except TypeError:  # no len(): an int, None, a 0-d array
+            tokens = f"token_ids={self.token_ids!r}"
+        return (f"Request({self.request_id!r}, {tokens}, prompt_len={self.prompt_len!r}, "
+                f"arrival_step={self.arrival_step!r})")
 
 
 @dataclass(frozen=True)

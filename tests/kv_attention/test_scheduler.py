@@ -311,6 +311,9 @@ def test_every_request_equals_its_own_reference_and_the_counts_add_up(workload):
 def test_reprs_are_short_whatever_the_lengths():
     request = kv.Request("a", list(range(3000)), 2990)
     assert repr(request) == "Request('a', 3000 tokens, prompt_len=2990, arrival_step=0)"
+    # A Request is checked only by serve: its repr holds for token ids without a length.
+    assert repr(kv.Request(0, 5, 1)) == "Request(0, token_ids=5, prompt_len=1, arrival_step=0)"
+    assert repr(kv.Request(0, None, 1.5)) == "Request(0, token_ids=None, prompt_len=1.5, arrival_step=0)"
     stats = kv.ServeStats(steps=2, preemptions=0, recomputed_tokens=0, prefix_hit_tokens=4, peak_blocks=3,
                           prefill_tokens_per_step=(6, 0), decode_tokens_per_step=(0, 2))
     assert repr(stats) == ("ServeStats(steps=2, preemptions=0, recomputed_tokens=0, prefix_hit_tokens=4, "
