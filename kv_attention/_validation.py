@@ -565,11 +565,11 @@ def pool_description(num_blocks, block_size, k_dim, v_dim, dtype):
 
 
 def check_buffer_size(what, batch_shape, slots, k_dim, v_dim, dtype):
-    """The bytes of buffers ``[*batch_shape, slots, k_dim]`` and ``[*batch_shape, slots, v_dim]`` in ``dtype``
-    (a cache's); ValueError beyond physical memory, naming ``what`` (e.g. "a StaticCache") and the sizes."""
+    """``(nbytes, text)``: the bytes of buffers ``[*batch_shape, slots, k_dim]`` and ``[*batch_shape, slots, v_dim]``
+    in ``dtype`` (a cache's), and ``what`` (e.g. "a StaticCache") with the sizes; ValueError beyond physical memory."""
     nbytes = math.prod(batch_shape) * slots * (k_dim + v_dim) * dtype.itemsize
-    sizes = f"batch_shape={batch_shape}, {slots} positions, k_dim={k_dim}, v_dim={v_dim} in {dtype}"
-    return check_memory(nbytes, f"{what} of {sizes}")
+    text = f"{what} of batch_shape={batch_shape}, {slots} positions, k_dim={k_dim}, v_dim={v_dim} in {dtype}"
+    return check_memory(nbytes, text), text
 
 
 def check_memory(nbytes, what):
@@ -592,14 +592,32 @@ def physical_memory():
         return None
 
 
+_NUMPY_SHAPE_REFUSALS = ("array is too big", "Maximum allowed dimension exceeded")  # numpy's ValueErrors for a shape
+
+
 @contextlib.contextmanager
 def named_allocation_failure(nbytes, what):
-    """Context manager for the allocation :func:`check_memory` passed: a MemoryError (or numpy's "array is too
-    big" ValueError) in the block becomes the ValueError of :func:`too_large_for_memory`."""
+    """Context manager for the allocation of ``what`` (text naming the sizes), which :func:`check_memory` passed.
+
+    A MemoryError in the block becomes the ValueError of :func:`too_large_for_memory`.
+    numpy's own refusal of a shape (a size, or the product of the nonzero ones
+    in bytes, beyond 2**63 - 1) becomes a ValueError naming ``what``: out of
+    memory only if the arrays hold bytes (``StaticCache((0, 10**30), 4, 1, 1)`` holds 0).
+    Any other error propagates as it is.
+    """
     try:
         yield
-    except (MemoryError, ValueError):
+    except MemoryError:
         raise too_large_for_memory(nbytes, what, "the allocation failed") from None
+    except ValueError as error:
+        if not str(error).startswith(_NUMPY_SHAPE_REFUSALS):
+            raise
+        if nbytes:
+            raise too_large_for_memory(nbytes, what, f"numpy: {error}") from None
+        raise ValueError(
+            f"{what} holds 0 bytes, but numpy cannot make arrays of these sizes ({error}): every size, "
+            "and the product of the nonzero ones in bytes, must be at most 2**63 - 1"
+        ) from None
 
 
 def too_large_for_memory(nbytes, what, why):

@@ -165,8 +165,8 @@ class StaticCache:
         batch_shape = as_batch_shape(batch_shape)
         max_seq_len, k_dim, v_dim = as_size("max_seq_len", max_seq_len), as_size("k_dim", k_dim), as_size("v_dim", v_dim)
         dtype = as_float_dtype(dtype)
-        nbytes = check_buffer_size("a StaticCache", batch_shape, max_seq_len, k_dim, v_dim, dtype)
-        with named_allocation_failure(nbytes, "a StaticCache"):
+        nbytes, what = check_buffer_size("a StaticCache", batch_shape, max_seq_len, k_dim, v_dim, dtype)
+        with named_allocation_failure(nbytes, what):
             self._allocate(batch_shape, max_seq_len, k_dim, v_dim, dtype)
 
     @classmethod

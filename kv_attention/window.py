@@ -58,9 +58,9 @@ class SlidingWindowCache:
         window, n_sink = as_size("window", window, minimum=1), as_size("n_sink", n_sink)
         k_dim, v_dim = as_size("k_dim", k_dim), as_size("v_dim", v_dim)
         dtype = as_float_dtype(dtype)
-        nbytes = check_buffer_size("a SlidingWindowCache", batch_shape, n_sink + window, k_dim, v_dim, dtype)
+        nbytes, what = check_buffer_size("a SlidingWindowCache", batch_shape, n_sink + window, k_dim, v_dim, dtype)
         self.window, self.n_sink = window, n_sink
-        with named_allocation_failure(nbytes, "a SlidingWindowCache"):
+        with named_allocation_failure(nbytes, what):
             self.k_cache = np.zeros(batch_shape + (n_sink + window, k_dim), dtype)
             self.v_cache = np.zeros(batch_shape + (n_sink + window, v_dim), dtype)
         self._length = 0  # positions seen
