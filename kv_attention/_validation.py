@@ -794,11 +794,12 @@ def check_serve_inputs(requests, embedding, w_q, w_k, w_v, block_size, num_block
     embedding = as_float_array("embedding", embedding)
     if embedding.ndim != 2:
         raise ValueError(f"embedding must be [V, D_model], got shape {embedding.shape}")
+    w_q, w_k, w_v = (_as_array(name, w) for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)))  # before any shape
     for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)):
-        if np.ndim(w) == 2 and np.shape(w)[0] != embedding.shape[1]:
+        if w.ndim == 2 and w.shape[0] != embedding.shape[1]:
             raise ValueError(
-                f"{name} has {np.shape(w)[0]} rows but embedding has D_model={embedding.shape[1]}: "
-                f"embedding {embedding.shape}, {name} {np.shape(w)}"
+                f"{name} has {w.shape[0]} rows but embedding has D_model={embedding.shape[1]}: "
+                f"embedding {embedding.shape}, {name} {w.shape}"
             )
     # x = embedding[token_ids]: the bound on |q|·|k| over every embedding row covers every token.
     embedding, w_q, w_k, w_v, dtype = check_projection_inputs(embedding, w_q, w_k, w_v, x_ndims=(2,))

@@ -253,6 +253,10 @@ def test_bad_arrays_are_refused():
         kv.serve(request, embedding.astype(np.int64), w_q, w_k, w_v, **options)
     with pytest.raises(ValueError, match="too large for float32"):
         kv.serve(request, *(a.astype(np.float32) * np.float32(1e15) for a in (embedding, w_q, w_k, w_v)), **options)
+    ragged = [[0.1, 0.2, 0.3], [0.4]] + w_q[2:].tolist()  # rows of 3 and of 1: no array
+    for name, args in (("w_q", (ragged, w_k, w_v)), ("w_v", (w_q, w_k, ragged))):
+        with pytest.raises(ValueError, match=rf"^{name} is not a rectangular array"):
+            kv.serve(request, embedding, *args, **options)
 
 
 # --- properties (hypothesis): random workloads against each request's own reference ---------------------
