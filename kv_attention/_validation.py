@@ -896,11 +896,16 @@ def check_attention_inputs(q, k, v, valid=_NO_MASK):
 
     Returns ``(q, k, v, dtype)``, each in ``dtype = np.result_type(q, k, v)``.
     ``valid``, when given (masked_attend's; None is refused), is a key-padding mask:
-    a bool array ``[..., S]`` (k's shape without D_k), and the overflow bounds take
-    only the keys and values it marks. ValueError also for D_k = 0, or a partial sum of q·k (|q_t|·|k_s|) or
-    of the output (|v_s|) that could overflow.
+    a bool array ``[..., S]`` (k's shape without D_k). The checks of k and v then
+    take only the keys and values it marks: NaN/inf is refused there only, and the
+    overflow bounds take only those; a masked key or value holding NaN/inf is
+    returned as 0 (in a copy), so that its weight 0 leaves the output exactly as
+    for any finite content. ValueError also for D_k = 0, or a partial sum of q·k
+    (|q_t|·|k_s|) or of the output (|v_s|) that could overflow.
     """
-    q, k, v = as_float_array("q", q), as_float_array("k", k), as_float_array("v", v)
+    masked = valid is not _NO_MASK
+    read = _as_array if masked else as_float_array  # with a mask, only the valid keys and values must be finite
+    q, k, v = as_float_array("q", q), read("k", k), read("v", v)
     shapes = f"q {q.shape}, k {k.shape}, v {v.shape}"
     if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim or not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
         raise ValueError(
@@ -912,13 +917,28 @@ def check_attention_inputs(q, k, v, valid=_NO_MASK):
     if q.shape[-1] == 0:
         raise ValueError(f"D_k must be at least 1: {shapes}")
     keys, values = k, v
-    if valid is not _NO_MASK:
+    if masked:
         valid = as_key_mask(valid, k)
         keys, values = k[valid], v[valid]  # [valid keys, D_k], [valid keys, D_v]
+        for name, held in (("k", keys), ("v", values)):
+            if not np.isfinite(held).all():
+                raise ValueError(f"{name} contains NaN or inf at a valid key")
+        k, v = _zero_where_masked(k, valid), _zero_where_masked(v, valid)
     dtype = np.result_type(q, k, v)
     check_scores_fit(dtype, q, keys)
     raise_if_too_large("v is", {"|v|": (_log10_max_norm(values), "|v_s|")}, dtype, "rescale v")
     return q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False), dtype
+
+
+def _zero_where_masked(array, valid):
+    """``array: [..., S, D]`` itself if it is finite, else a copy with 0 at every key ``valid: [..., S]`` masks.
+
+    0 · NaN is NaN, so a masked value holding NaN/inf would reach the output through
+    its weight 0; 0 · a finite value is 0, so zeros leave the output as any finite content does.
+    """
+    if np.isfinite(array).all():
+        return array
+    return np.where(valid[..., None], array, 0.0).astype(array.dtype, copy=False)
 
 
 def as_key_mask(valid, k):

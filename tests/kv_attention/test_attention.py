@@ -214,6 +214,27 @@ def test_masked_keys_may_be_huge_the_bound_takes_the_valid_keys_only():
         kv.masked_attend(q, k * (np.arange(5) < 2)[:, None], v, np.ones((3, 5), dtype=bool))  # only v is huge
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_masked_key_or_value_may_hold_nan_or_inf_its_content_does_not_matter(bad):
+    q, k, v = step_inputs()
+    valid = np.array([[True, True, False, False, True], [False, True, True, True, True], [False] * 5])
+    finite = kv.masked_attend(q, k, v, valid)
+    k_bad, v_bad = k.copy(), v.copy()
+    k_bad[~valid], v_bad[~valid] = bad, bad
+    with np.errstate(all="raise"):
+        out = kv.masked_attend(q, k_bad, v_bad, valid)
+    np.testing.assert_allclose(out, naive_attend(q, k, v, valid), rtol=1e-12, atol=1e-12)
+    # The same products on the same valid keys, the masked terms 0 · value = 0 added exactly: bit for bit.
+    np.testing.assert_array_equal(out, finite)
+    assert not np.isfinite(k_bad[~valid]).any() and not np.isfinite(v_bad[~valid]).any()  # the caller's, unwritten
+    k_bad[0, 0, 0] = bad  # a valid key: refused, naming k
+    with pytest.raises(ValueError, match=r"^k contains NaN or inf at a valid key$"):
+        kv.masked_attend(q, k_bad, v, valid)
+    v_bad[1, 1, 2] = bad
+    with pytest.raises(ValueError, match=r"^v contains NaN or inf at a valid key$"):
+        kv.masked_attend(q, k, v_bad, valid)
+
+
 def test_no_key_position_gives_zeros():
     q, k, v = step_inputs(s=0)
     for out in (kv.attend(q, k, v), kv.masked_attend(q, k, v, np.ones((3, 0), dtype=bool))):
