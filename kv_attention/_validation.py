@@ -1000,7 +1000,9 @@ def _as_suffixes(k_suffix, v_suffix, suffix_lengths, d_k, d_v):
     """The suffixes padded, ``[B, S_max, D_k]`` and ``[B, S_max, D_v]``, and their lengths ``[B]`` (None: all S_max).
 
     Lists of B arrays ``[S_i, D]`` are padded with zeros; arrays ``[B, S_max, D]``
-    come with ``suffix_lengths`` (default: every suffix S_max long).
+    come with ``suffix_lengths`` (default: every suffix S_max long), and only the keys
+    and values within the lengths must be finite: the padding may hold anything, and
+    padding that holds NaN/inf is returned as 0 (in a copy), as masked_attend takes a masked key.
     """
     if isinstance(k_suffix, (list, tuple)) and isinstance(v_suffix, (list, tuple)):
         if suffix_lengths is not None:
@@ -1024,7 +1026,8 @@ def _as_suffixes(k_suffix, v_suffix, suffix_lengths, d_k, d_v):
             "k_suffix and v_suffix must both be lists of B arrays [S_i, D] or both arrays [B, S_max, D], "
             f"got {type(k_suffix).__name__} and {type(v_suffix).__name__}"
         )
-    k_suffix, v_suffix = as_float_array("k_suffix", k_suffix), as_float_array("v_suffix", v_suffix)
+    read = as_float_array if suffix_lengths is None else _as_array  # with lengths, the padding is not checked
+    k_suffix, v_suffix = read("k_suffix", k_suffix), read("v_suffix", v_suffix)
     if (k_suffix.ndim != 3 or v_suffix.ndim != 3 or k_suffix.shape[:2] != v_suffix.shape[:2]
             or k_suffix.shape[2] != d_k or v_suffix.shape[2] != d_v):
         raise ValueError(
@@ -1036,7 +1039,16 @@ def _as_suffixes(k_suffix, v_suffix, suffix_lengths, d_k, d_v):
     lengths = as_sizes_per_sequence("suffix_lengths", suffix_lengths, k_suffix.shape[0])
     if lengths.size and lengths.max() > k_suffix.shape[1]:
         raise ValueError(f"suffix_lengths must be at most S_max={k_suffix.shape[1]}, got {lengths.tolist()}")
-    return k_suffix, v_suffix, lengths
+    held = _held_suffix_keys(k_suffix, lengths)  # [B, S_max]
+    for name, suffix in (("k_suffix", k_suffix), ("v_suffix", v_suffix)):
+        if not np.isfinite(suffix[held]).all():
+            raise ValueError(f"{name} contains NaN or inf within suffix_lengths")
+    return _zero_where_masked(k_suffix, held), _zero_where_masked(v_suffix, held), lengths
+
+
+def _held_suffix_keys(k_suffix, lengths):
+    """``[B, S_max]`` bool: True at the keys of ``k_suffix: [B, S_max, D_k]`` within ``lengths`` (None: all)."""
+    return np.arange(k_suffix.shape[1]) < (k_suffix.shape[1] if lengths is None else lengths[:, None])
 
 
 def check_cascade_inputs(q, k_shared, v_shared, k_suffix, v_suffix, suffix_lengths):
@@ -1045,6 +1057,7 @@ def check_cascade_inputs(q, k_shared, v_shared, k_suffix, v_suffix, suffix_lengt
     Returns ``(q, k_shared, v_shared, k_suffix, v_suffix, lengths, dtype)``: the
     arrays in ``dtype = np.result_type`` of them all, the suffixes padded to
     ``[B, S_max, D]``, ``lengths`` ``[B]`` int64 or None when every suffix is S_max long.
+    The overflow bound takes the suffix keys within the lengths only, as masked_attend takes its valid keys.
     """
     q = as_float_array("q", q)
     k_shared, v_shared = as_float_array("k_shared", k_shared), as_float_array("v_shared", v_shared)
@@ -1060,5 +1073,6 @@ def check_cascade_inputs(q, k_shared, v_shared, k_suffix, v_suffix, suffix_lengt
         raise ValueError(f"q has B={len(q)} sequences but there are {len(k_suffix)} suffixes: q {q.shape}")
     arrays = (q, k_shared, v_shared, k_suffix, v_suffix)
     dtype = np.result_type(*arrays)
-    check_scores_fit(dtype, q, k_shared, k_suffix)
+    suffix_keys = k_suffix if lengths is None else k_suffix[_held_suffix_keys(k_suffix, lengths)]  # [..., D_k]
+    check_scores_fit(dtype, q, k_shared, suffix_keys)
     return (*(a.astype(dtype, copy=False) for a in arrays), lengths, dtype)

@@ -312,6 +312,25 @@ def test_cascade_equals_attending_over_each_concatenation(batch, prefix, form):
     assert_state_close(state, expected, what=f"lengths {lengths}")
 
 
+@pytest.mark.parametrize("fill", [1e308, np.nan, np.inf])
+def test_cascade_padding_past_the_lengths_may_hold_anything_as_masked_attend_takes_it(fill):
+    # Padding is masked out: huge keys do not enter the overflow bound, and NaN/inf do not matter, as in masked_attend.
+    lengths = [2, 0, 3]
+    q, k_shared, v_shared, k_suffix, v_suffix = cascade_problem(3, 4, lengths)
+    k_pad, v_pad = padded(k_suffix, 5, fill), padded(v_suffix, 3, fill)
+    with np.errstate(all="raise"):
+        state = kv.cascade_attention(q, k_shared, v_shared, k_pad, v_pad, suffix_lengths=lengths, return_lse=True)
+    assert_state_close(state, concatenated_reference(q, k_shared, v_shared, k_suffix, v_suffix))
+    valid = np.arange(3) < np.array(lengths)[:, None]  # [B, S_max]
+    k_all = np.concatenate([np.broadcast_to(k_shared, (3, 4, 5)), k_pad], axis=1)  # [B, S_p + S_max, D_k]
+    v_all = np.concatenate([np.broadcast_to(v_shared, (3, 4, 3)), v_pad], axis=1)
+    valid_all = np.concatenate([np.ones((3, 4), dtype=bool), valid], axis=1)
+    np.testing.assert_allclose(kv.masked_attend(q, k_all, v_all, valid_all), state[0], **TOL64)  # both accept it
+    k_pad[2, 1, 0] = fill if not np.isfinite(fill) else np.nan  # within a length: refused, naming k_suffix
+    with pytest.raises(ValueError, match=r"^k_suffix contains NaN or inf within suffix_lengths$"):
+        kv.cascade_attention(q, k_shared, v_shared, k_pad, v_pad, suffix_lengths=lengths)
+
+
 def test_cascade_with_equal_suffixes_as_arrays_and_no_lengths():
     q, k_shared, v_shared, k_suffix, v_suffix = cascade_problem(4, 9, [3] * 4, t_q=1)
     out = kv.cascade_attention(q, k_shared, v_shared, np.stack(k_suffix), np.stack(v_suffix))
