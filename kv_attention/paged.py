@@ -222,7 +222,8 @@ class PagedKVCache:
         counted before any is taken, so either every sequence gets its positions
         or nothing changes. ``token_ids: [N, T_new]`` integers name the new
         tokens; with prefix caching, each block they fill is cached under its
-        chained hash (without them, that sequence's later blocks are not cached).
+        chained hash (a write of T_new >= 1 without them ends caching for those
+        sequences: their later blocks are not cached). T_new = 0 changes nothing.
         Returns slot_mapping, ``[N, T_new]`` int64: the pool slot each new
         position was written to, ``physical_block * block_size + offset``.
         """
@@ -241,7 +242,7 @@ class PagedKVCache:
         self.v_cache.reshape(slots, v.shape[-1])[slot_mapping.ravel()] = v.reshape(new, v.shape[-1])
         for i, seq_id in enumerate(seq_ids):
             self._lengths[seq_id] += t_new
-            if self.enable_prefix_caching:
+            if self.enable_prefix_caching and t_new:  # an empty write changes nothing, caching included
                 self._cache_full_blocks(seq_id, None if token_ids is None else token_ids[i])
         self._note_peak()
         return slot_mapping

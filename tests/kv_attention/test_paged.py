@@ -557,6 +557,20 @@ def test_without_token_ids_or_without_prefix_caching_nothing_is_cached():
     assert caching.allocator.num_cached_blocks == 1
 
 
+def test_an_empty_write_without_token_ids_changes_nothing_caching_goes_on():
+    rng = np.random.default_rng(38)
+    cache = kv.PagedKVCache(6, 2, D_K, D_V, enable_prefix_caching=True)
+    cache.add_sequence("a")
+    cache.update(["a"], *random_kv(rng, 1, 1), token_ids=[[1]])
+    before = snapshot(cache)
+    slots = cache.update(["a"], np.zeros((1, 0, D_K)), np.zeros((1, 0, D_V)))  # 0 tokens, no ids: nothing written
+    assert slots.shape == (1, 0)
+    assert_same_snapshot(before, snapshot(cache))
+    cache.update(["a"], *random_kv(rng, 1, 3), token_ids=[[2, 3, 4]])  # blocks [1, 2] and [3, 4] fill
+    assert cache.allocator.num_cached_blocks == 2
+    assert cache.find_cached_blocks([1, 2, 3, 4]) == cache.block_table("a")
+
+
 def test_bad_token_ids_are_refused_and_change_nothing():
     cache = kv.PagedKVCache(4, 2, D_K, D_V, enable_prefix_caching=True)
     cache.add_sequence("a")
