@@ -97,6 +97,26 @@ def test_preemption_takes_the_latest_admitted_and_recomputes_what_it_knew():
     assert_exact(result, requests, weights)  # every output row, also those from before the preemption
 
 
+def test_no_request_is_admitted_in_a_step_that_preempted_one_even_one_that_would_fit():
+    # The case. block_size 4, 5 blocks, caching on; A and C: the same 12 tokens, prompt 8, 4 decoded.
+    # step 0: both admitted (2 blocks each; C's duplicate blocks stay uncached), prefill 8 + 8: 1 block free.
+    # step 1: A decodes token 8 into the free block; C needs a block, none is free: C, admitted last, is
+    # preempted, its 2 blocks freed. C (9 known tokens) would now fit: A's 2 cached blocks are a hit and its
+    # third takes 1 of the 2 free. vLLM V1 admits nothing in a step that preempted, and neither does serve.
+    # step 2: A decodes token 9; C is admitted (8 hit tokens) and computes token 8 (output 1).
+    # steps 3-4: A and C decode (A's last at step 4).  step 5: C's last token.
+    weights = model(9)
+    toks = list(range(8)) + [1, 2, 3, 4]
+    requests = [kv.Request("A", toks, 8), kv.Request("C", toks, 8)]
+    result = kv.serve(requests, *weights, block_size=4, num_blocks=5, max_num_batched_tokens=32,
+                      enable_prefix_caching=True)
+    stats = result.stats
+    assert stats.prefill_tokens_per_step == (16, 0, 1, 0, 0, 0)  # was (16, 1, 0, 0, 0): C readmitted at step 1
+    assert stats.decode_tokens_per_step == (0, 1, 1, 2, 2, 1)
+    assert (stats.preemptions, stats.recomputed_tokens, stats.prefix_hit_tokens, stats.peak_blocks) == (1, 0, 8, 5)
+    assert_exact(result, requests, weights)
+
+
 def test_a_pool_too_small_for_everyone_preempts_and_stays_exact():
     weights = model(5)
     rng = np.random.default_rng(5)
