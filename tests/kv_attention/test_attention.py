@@ -114,6 +114,7 @@ def test_band_mask_by_hand():
         [1, 0, 0, 1, 1],
     ], dtype=bool)
     positions = np.arange(5)
+    # bool masks: exact
     np.testing.assert_array_equal(band_mask(positions, positions, window=2, n_sink=1), expected)
     # a chunk of queries 3, 4 after three cached positions: the causal diagonal is offset, not square
     np.testing.assert_array_equal(band_mask(np.array([3, 4]), positions, window=2, n_sink=1), expected[3:])
@@ -121,7 +122,8 @@ def test_band_mask_by_hand():
 
 @pytest.mark.parametrize("t_len", [1, 6])
 def test_no_window_and_a_window_past_t_are_exactly_the_causal_reference(t_len):
-    # n_sink without a window changes nothing, and a window >= T masks nothing more than causality: bit for bit.
+    # n_sink without a window changes nothing, and a window >= T masks nothing more than causality: the same
+    # computation on the same inputs with the same mask, so bit for bit.
     args = problem(t_len, batch=2)
     causal = kv.causal_attention(*args)
     for kwargs in ({"window": None}, {"n_sink": 3}, {"window": t_len}, {"window": t_len + 5, "n_sink": 2}):
@@ -198,6 +200,7 @@ def test_masked_attend_matches_naive_over_the_valid_keys(lead):
 
 def test_masked_attend_with_every_key_valid_is_attend():
     q, k, v = step_inputs()
+    # With every key valid, masked_attend runs attend's own code: the same computation, so bit for bit.
     np.testing.assert_array_equal(kv.masked_attend(q, k, v, np.ones((3, 5), dtype=bool)), kv.attend(q, k, v))
 
 

@@ -1,4 +1,7 @@
-"""DynamicCache and StaticCache: update(), get_seq_length(), crop(), nbytes and their errors."""
+"""DynamicCache and StaticCache: update(), get_seq_length(), crop(), nbytes and their errors.
+
+A cache copies keys and values in and out, never computes them: they are compared bit for bit.
+"""
 
 import numpy as np
 import pytest

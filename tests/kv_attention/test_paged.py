@@ -1,7 +1,8 @@
 """PagedKVCache: block tables, slot_mapping, the free list, out-of-blocks, and the reported figures.
 
 Every expectation is computed here from the written values and block arithmetic,
-independently of the cache's own bookkeeping.
+independently of the cache's own bookkeeping. The pool stores copies of what was
+written and gather() reads them back by index: keys and values are compared bit for bit.
 """
 
 import math

@@ -329,7 +329,7 @@ def test_inputs_are_not_written():
     for strategy in kv.RAGGED_STRATEGIES:
         kv.ragged_decode(seqs, *ws, strategy=strategy, start_steps=[1, 0])
     for a, original in zip(seqs + ws, copies):
-        np.testing.assert_array_equal(a, original)
+        np.testing.assert_array_equal(a, original)  # against a copy
 
 
 def test_default_pool_holds_every_sequence_at_full_length(monkeypatch):
@@ -411,6 +411,7 @@ def test_the_padded_form_gives_the_list_form_with_zeros_past_each_length(problem
     lengths = [len(s) for s in seqs]
     padded = kv.ragged_decode(x, *weights, lengths=lengths, start_steps=start_steps, strategy="padded")
     listed = kv.ragged_decode(seqs, *weights, start_steps=start_steps, strategy="padded")
+    # Both forms are copied into the same padded problem, then the same computation runs: bit for bit.
     for b, got in enumerate(listed):
         np.testing.assert_array_equal(padded[b, : lengths[b]], got)
         assert not padded[b, lengths[b] :].any()
@@ -494,7 +495,7 @@ def cache_state(cache):
 
 
 def assert_same_state(before, after):
-    np.testing.assert_array_equal(before[0], after[0])
+    np.testing.assert_array_equal(before[0], after[0])  # the pool put back from a copy: bit for bit
     np.testing.assert_array_equal(before[1], after[1])
     assert before[2:] == after[2:]
 
