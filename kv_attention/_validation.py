@@ -918,26 +918,26 @@ def check_attention_inputs(q, k, v, valid=_NO_MASK):
         raise ValueError(f"D_k must be at least 1: {shapes}")
     keys, values = k, v
     if masked:
-        valid = as_key_mask(valid, k)
+        valid = as_key_mask(valid, k)  # then only the valid keys and values must be finite
         keys, values = k[valid], v[valid]  # [valid keys, D_k], [valid keys, D_v]
-        for name, held in (("k", keys), ("v", values)):
-            if not np.isfinite(held).all():
-                raise ValueError(f"{name} contains NaN or inf at a valid key")
-        k, v = _zero_where_masked(k, valid), _zero_where_masked(v, valid)
+        k, v = _finite_where_valid("k", k, keys, valid), _finite_where_valid("v", v, values, valid)
     dtype = np.result_type(q, k, v)
     check_scores_fit(dtype, q, keys)
     raise_if_too_large("v is", {"|v|": (_log10_max_norm(values), "|v_s|")}, dtype, "rescale v")
     return q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False), dtype
 
 
-def _zero_where_masked(array, valid):
-    """``array: [..., S, D]`` itself if it is finite, else a copy with 0 at every key ``valid: [..., S]`` masks.
+def _finite_where_valid(name, array, held, valid, where="at a valid key"):
+    """``array: [..., S, D]`` itself if it is finite, else a copy with 0 at every key ``valid: [..., S]`` masks;
+    ValueError naming ``name`` (and ``where``) if ``held``, ``array[valid]``, holds NaN/inf.
 
     0 · NaN is NaN, so a masked value holding NaN/inf would reach the output through
     its weight 0; 0 · a finite value is 0, so zeros leave the output as any finite content does.
     """
-    if np.isfinite(array).all():
+    if np.isfinite(array).all():  # the common case: one pass, as as_float_array
         return array
+    if not np.isfinite(held).all():
+        raise ValueError(f"{name} contains NaN or inf {where}")
     return np.where(valid[..., None], array, 0.0).astype(array.dtype, copy=False)
 
 
@@ -1040,10 +1040,9 @@ def _as_suffixes(k_suffix, v_suffix, suffix_lengths, d_k, d_v):
     if lengths.size and lengths.max() > k_suffix.shape[1]:
         raise ValueError(f"suffix_lengths must be at most S_max={k_suffix.shape[1]}, got {lengths.tolist()}")
     held = _held_suffix_keys(k_suffix, lengths)  # [B, S_max]
-    for name, suffix in (("k_suffix", k_suffix), ("v_suffix", v_suffix)):
-        if not np.isfinite(suffix[held]).all():
-            raise ValueError(f"{name} contains NaN or inf within suffix_lengths")
-    return _zero_where_masked(k_suffix, held), _zero_where_masked(v_suffix, held), lengths
+    k_suffix = _finite_where_valid("k_suffix", k_suffix, k_suffix[held], held, "within suffix_lengths")
+    v_suffix = _finite_where_valid("v_suffix", v_suffix, v_suffix[held], held, "within suffix_lengths")
+    return k_suffix, v_suffix, lengths
 
 
 def _held_suffix_keys(k_suffix, lengths):

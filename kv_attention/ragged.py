@@ -42,8 +42,8 @@ NaN/inf, scores that overflow, ``num_blocks`` with a strategy other than paged,
 or a ``cache`` that does not fit (its D_k, D_v or block_size, a sequence id 0..B-1
 it already holds, ``num_blocks`` given beside it, or a strategy other than paged).
 ``block_size`` is checked (an integer >= 1) but unused by padded and compacted,
-so that one set of options can drive every strategy. OutOfBlocksError comes from the step at which
-the pool is too small for the sequences in the batch.
+so that one set of options can drive every strategy. OutOfBlocksError comes from
+the step at which the pool is too small for the sequences in the batch.
 
 Method: masked attention as in Vaswani et al. 2017; continuous batching as in
 Orca (Yu et al. 2022); the paged cache as PagedAttention in vLLM (Kwon et al. 2023).

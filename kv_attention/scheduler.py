@@ -43,7 +43,8 @@ Sources: the scheduling policy of vLLM's chunked prefill (``vllm/core/scheduler.
 ``_schedule_chunked_prefill``: running decodes, then running prefills, then new
 prefills); preemption by recompute as in ``vllm/v1/core/sched/scheduler.py``
 (``self.running.pop()``, ``num_computed_tokens = 0``, the request back at the
-head of the queue), and its ``if not preempted_reqs:`` before the waiting requests are scheduled; the prompt's blocks taken at admission as in V0's
+head of the queue), and no admission after a preemption as in its ``if not
+preempted_reqs:``; the prompt's blocks taken at admission as in V0's
 ``BlockSpaceManager.allocate``; the cache hit limited to ``num_tokens - 1`` as in
 V1's ``get_computed_blocks``. Continuous batching: Orca (Yu et al. 2022).
 

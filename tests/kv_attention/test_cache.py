@@ -230,7 +230,8 @@ def test_a_failed_static_allocation_is_a_value_error_with_the_bytes_it_needs(mon
 )
 def test_sizes_numpy_refuses_for_arrays_of_0_bytes_are_named_not_called_out_of_memory(make, sizes):
     # 0 bytes fit any memory: what fails is numpy's limit on a size (or on the product of the nonzero ones).
-    with pytest.raises(ValueError, match=rf"^{sizes}.* holds 0 bytes, but numpy cannot make arrays of these sizes") as info:
+    message = rf"^{sizes}.* holds 0 bytes, but numpy cannot make arrays of these sizes"
+    with pytest.raises(ValueError, match=message) as info:
         make()
     assert "memory" not in str(info.value)
 

@@ -256,7 +256,8 @@ def test_every_sequence_grows_from_its_own_length_when_others_join_and_leave():
         # The case: a pool size with a strategy that has no pool was ignored.
         ({"strategy": "compacted", "num_blocks": 0, "block_size": 1}, ValueError,
          r"^num_blocks=0 is for strategy='paged', got strategy='compacted'$"),
-        ({"strategy": "padded", "num_blocks": 9}, ValueError, r"^num_blocks=9 is for strategy='paged', got strategy='padded'$"),
+        ({"strategy": "padded", "num_blocks": 9}, ValueError,
+         r"^num_blocks=9 is for strategy='paged', got strategy='padded'$"),
         ({"lengths": [3, 2]}, ValueError, "lengths is for a padded x"),
         ({"start_steps": [0]}, ValueError, r"start_steps must be 2 integers, one per sequence, got \[0\]"),
         ({"start_steps": [0, -1]}, ValueError, r"start_steps\[1\] must be >= 0"),

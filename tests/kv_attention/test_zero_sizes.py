@@ -72,7 +72,8 @@ def test_d_v_0_caches_hold_their_keys():
 
 
 D_K_ZERO = {  # entry point with D_k = 0 -> the message, which names the caller's argument
-    "causal_attention": (lambda: kv.causal_attention(X, *weights(d_k=0, d_v=2)), r"D_k must be at least 1: w_q \(3, 0\)"),
+    "causal_attention": (lambda: kv.causal_attention(X, *weights(d_k=0, d_v=2)),
+                         r"D_k must be at least 1: w_q \(3, 0\)"),
     "chunked_attention": (lambda: kv.chunked_attention(X, *weights(d_k=0, d_v=2), chunk_size=2),
                           r"D_k must be at least 1: w_q \(3, 0\)"),
     "attend": (lambda: kv.attend(Q[..., :0], K[..., :0], V0), r"D_k must be at least 1: q \(2, 1, 0\)"),
