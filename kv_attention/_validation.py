@@ -5,7 +5,8 @@ raises TypeError (a type or dtype) or ValueError (a value or a shape), naming
 the argument and the shapes, and changes nothing. Arrays must be float32 or
 float64; a computation runs in ``np.result_type`` of its inputs. Sizes: D_k >= 1
 wherever there are queries and keys (a cache's or a pool's ``k_dim`` too); every other
-size (D_v, D_model, T, B, S) may be 0 and gives empty arrays.
+array size (D_v, D_model, T, B, S, a cache's length or batch axes) may be 0 and gives
+empty arrays. A ``block_size`` or ``window`` (tokens a block or a window holds) is >= 1.
 
 Two kinds of rule live elsewhere. Whether an object is a cache at all is the
 ``isinstance`` test of the ``Cache`` protocol (``cache.check_is_cache``: this

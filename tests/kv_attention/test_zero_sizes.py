@@ -1,9 +1,9 @@
 """Zero sizes: one rule for every entry point.
 
 D_k >= 1 wherever there are queries and keys (a score needs a dot product, and
-the scale is 1 / sqrt(D_k)); every other size may be 0 — D_v, D_model, T, B, S,
-a batch axis of a cache — and gives empty arrays of the right shape. A size below
-its minimum is a ValueError naming the caller's own argument.
+the scale is 1 / sqrt(D_k)); every other array size may be 0 — D_v, D_model, T,
+B, S, a batch axis of a cache — and gives empty arrays of the right shape. A size
+below its minimum is a ValueError naming the caller's own argument.
 """
 
 import numpy as np
