@@ -3,7 +3,10 @@
 Entry points call these before they compute or mutate anything, so bad input
 raises TypeError (a type or dtype) or ValueError (a value or a shape), naming
 the argument and the shapes, and changes nothing. Arrays must be float32 or
-float64; a computation runs in ``np.result_type`` of its inputs.
+float64; a computation runs in ``np.result_type`` of its inputs. Sizes: D_k >= 1
+wherever there are queries and keys (a cache's or a pool's ``k_dim`` too); every other
+array size (D_v, D_model, T, B, S, a cache's length or batch axes) may be 0 and gives
+empty arrays. A ``block_size`` or ``window`` (tokens a block or a window holds) is >= 1.
 
 Two kinds of rule live elsewhere. Whether an object is a cache at all is the
 ``isinstance`` test of the ``Cache`` protocol (``cache.check_is_cache``: this
@@ -565,11 +568,11 @@ def pool_description(num_blocks, block_size, k_dim, v_dim, dtype):
 
 
 def check_buffer_size(what, batch_shape, slots, k_dim, v_dim, dtype):
-    """The bytes of buffers ``[*batch_shape, slots, k_dim]`` and ``[*batch_shape, slots, v_dim]`` in ``dtype``
-    (a cache's); ValueError beyond physical memory, naming ``what`` (e.g. "a StaticCache") and the sizes."""
+    """``(nbytes, text)``: the bytes of buffers ``[*batch_shape, slots, k_dim]`` and ``[*batch_shape, slots, v_dim]``
+    in ``dtype`` (a cache's), and ``what`` (e.g. "a StaticCache") with the sizes; ValueError beyond physical memory."""
     nbytes = math.prod(batch_shape) * slots * (k_dim + v_dim) * dtype.itemsize
-    sizes = f"batch_shape={batch_shape}, {slots} positions, k_dim={k_dim}, v_dim={v_dim} in {dtype}"
-    return check_memory(nbytes, f"{what} of {sizes}")
+    text = f"{what} of batch_shape={batch_shape}, {slots} positions, k_dim={k_dim}, v_dim={v_dim} in {dtype}"
+    return check_memory(nbytes, text), text
 
 
 def check_memory(nbytes, what):
@@ -592,14 +595,32 @@ def physical_memory():
         return None
 
 
+_NUMPY_SHAPE_REFUSALS = ("array is too big", "Maximum allowed dimension exceeded")  # numpy's ValueErrors for a shape
+
+
 @contextlib.contextmanager
 def named_allocation_failure(nbytes, what):
-    """Context manager for the allocation :func:`check_memory` passed: a MemoryError (or numpy's "array is too
-    big" ValueError) in the block becomes the ValueError of :func:`too_large_for_memory`."""
+    """Context manager for the allocation of ``what`` (text naming the sizes), which :func:`check_memory` passed.
+
+    A MemoryError in the block becomes the ValueError of :func:`too_large_for_memory`.
+    numpy's own refusal of a shape (a size, or the product of the nonzero ones
+    in bytes, beyond 2**63 - 1) becomes a ValueError naming ``what``: out of
+    memory only if the arrays hold bytes (``StaticCache((0, 10**30), 4, 1, 1)`` holds 0).
+    Any other error propagates as it is.
+    """
     try:
         yield
-    except (MemoryError, ValueError):
+    except MemoryError:
         raise too_large_for_memory(nbytes, what, "the allocation failed") from None
+    except ValueError as error:
+        if not str(error).startswith(_NUMPY_SHAPE_REFUSALS):
+            raise
+        if nbytes:
+            raise too_large_for_memory(nbytes, what, f"numpy: {error}") from None
+        raise ValueError(
+            f"{what} holds 0 bytes, but numpy cannot make arrays of these sizes ({error}): every size, "
+            "and the product of the nonzero ones in bytes, must be at most 2**63 - 1"
+        ) from None
 
 
 def too_large_for_memory(nbytes, what, why):
@@ -776,11 +797,12 @@ def check_serve_inputs(requests, embedding, w_q, w_k, w_v, block_size, num_block
     embedding = as_float_array("embedding", embedding)
     if embedding.ndim != 2:
         raise ValueError(f"embedding must be [V, D_model], got shape {embedding.shape}")
+    w_q, w_k, w_v = (_as_array(name, w) for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)))  # before any shape
     for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)):
-        if np.ndim(w) == 2 and np.shape(w)[0] != embedding.shape[1]:
+        if w.ndim == 2 and w.shape[0] != embedding.shape[1]:
             raise ValueError(
-                f"{name} has {np.shape(w)[0]} rows but embedding has D_model={embedding.shape[1]}: "
-                f"embedding {embedding.shape}, {name} {np.shape(w)}"
+                f"{name} has {w.shape[0]} rows but embedding has D_model={embedding.shape[1]}: "
+                f"embedding {embedding.shape}, {name} {w.shape}"
             )
     # x = embedding[token_ids]: the bound on |q|·|k| over every embedding row covers every token.
     embedding, w_q, w_k, w_v, dtype = check_projection_inputs(embedding, w_q, w_k, w_v, x_ndims=(2,))
@@ -875,11 +897,16 @@ def check_attention_inputs(q, k, v, valid=_NO_MASK):
 
     Returns ``(q, k, v, dtype)``, each in ``dtype = np.result_type(q, k, v)``.
     ``valid``, when given (masked_attend's; None is refused), is a key-padding mask:
-    a bool array ``[..., S]`` (k's shape without D_k), and the overflow bounds take
-    only the keys and values it marks. ValueError also for D_k = 0, or a partial sum of q·k (|q_t|·|k_s|) or
-    of the output (|v_s|) that could overflow.
+    a bool array ``[..., S]`` (k's shape without D_k). The checks of k and v then
+    take only the keys and values it marks: NaN/inf is refused there only, and the
+    overflow bounds take only those; a masked key or value holding NaN/inf is
+    returned as 0 (in a copy), so that its weight 0 leaves the output exactly as
+    for any finite content. ValueError also for D_k = 0, or a partial sum of q·k
+    (|q_t|·|k_s|) or of the output (|v_s|) that could overflow.
     """
-    q, k, v = as_float_array("q", q), as_float_array("k", k), as_float_array("v", v)
+    masked = valid is not _NO_MASK
+    read = _as_array if masked else as_float_array  # with a mask, only the valid keys and values must be finite
+    q, k, v = as_float_array("q", q), read("k", k), read("v", v)
     shapes = f"q {q.shape}, k {k.shape}, v {v.shape}"
     if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim or not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
         raise ValueError(
@@ -891,13 +918,28 @@ def check_attention_inputs(q, k, v, valid=_NO_MASK):
     if q.shape[-1] == 0:
         raise ValueError(f"D_k must be at least 1: {shapes}")
     keys, values = k, v
-    if valid is not _NO_MASK:
-        valid = as_key_mask(valid, k)
+    if masked:
+        valid = as_key_mask(valid, k)  # then only the valid keys and values must be finite
         keys, values = k[valid], v[valid]  # [valid keys, D_k], [valid keys, D_v]
+        k, v = _finite_where_valid("k", k, keys, valid), _finite_where_valid("v", v, values, valid)
     dtype = np.result_type(q, k, v)
     check_scores_fit(dtype, q, keys)
     raise_if_too_large("v is", {"|v|": (_log10_max_norm(values), "|v_s|")}, dtype, "rescale v")
     return q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False), dtype
+
+
+def _finite_where_valid(name, array, held, valid, where="at a valid key"):
+    """``array: [..., S, D]`` itself if it is finite, else a copy with 0 at every key ``valid: [..., S]`` masks;
+    ValueError naming ``name`` (and ``where``) if ``held``, ``array[valid]``, holds NaN/inf.
+
+    0 · NaN is NaN, so a masked value holding NaN/inf would reach the output through
+    its weight 0; 0 · a finite value is 0, so zeros leave the output as any finite content does.
+    """
+    if np.isfinite(array).all():  # the common case: one pass, as as_float_array
+        return array
+    if not np.isfinite(held).all():
+        raise ValueError(f"{name} contains NaN or inf {where}")
+    return np.where(valid[..., None], array, 0.0).astype(array.dtype, copy=False)
 
 
 def as_key_mask(valid, k):
@@ -959,7 +1001,9 @@ def _as_suffixes(k_suffix, v_suffix, suffix_lengths, d_k, d_v):
     """The suffixes padded, ``[B, S_max, D_k]`` and ``[B, S_max, D_v]``, and their lengths ``[B]`` (None: all S_max).
 
     Lists of B arrays ``[S_i, D]`` are padded with zeros; arrays ``[B, S_max, D]``
-    come with ``suffix_lengths`` (default: every suffix S_max long).
+    come with ``suffix_lengths`` (default: every suffix S_max long), and only the keys
+    and values within the lengths must be finite: the padding may hold anything, and
+    padding that holds NaN/inf is returned as 0 (in a copy), as masked_attend takes a masked key.
     """
     if isinstance(k_suffix, (list, tuple)) and isinstance(v_suffix, (list, tuple)):
         if suffix_lengths is not None:
@@ -983,7 +1027,8 @@ def _as_suffixes(k_suffix, v_suffix, suffix_lengths, d_k, d_v):
             "k_suffix and v_suffix must both be lists of B arrays [S_i, D] or both arrays [B, S_max, D], "
             f"got {type(k_suffix).__name__} and {type(v_suffix).__name__}"
         )
-    k_suffix, v_suffix = as_float_array("k_suffix", k_suffix), as_float_array("v_suffix", v_suffix)
+    read = as_float_array if suffix_lengths is None else _as_array  # with lengths, the padding is not checked
+    k_suffix, v_suffix = read("k_suffix", k_suffix), read("v_suffix", v_suffix)
     if (k_suffix.ndim != 3 or v_suffix.ndim != 3 or k_suffix.shape[:2] != v_suffix.shape[:2]
             or k_suffix.shape[2] != d_k or v_suffix.shape[2] != d_v):
         raise ValueError(
@@ -995,7 +1040,15 @@ def _as_suffixes(k_suffix, v_suffix, suffix_lengths, d_k, d_v):
     lengths = as_sizes_per_sequence("suffix_lengths", suffix_lengths, k_suffix.shape[0])
     if lengths.size and lengths.max() > k_suffix.shape[1]:
         raise ValueError(f"suffix_lengths must be at most S_max={k_suffix.shape[1]}, got {lengths.tolist()}")
+    held = _held_suffix_keys(k_suffix, lengths)  # [B, S_max]
+    k_suffix = _finite_where_valid("k_suffix", k_suffix, k_suffix[held], held, "within suffix_lengths")
+    v_suffix = _finite_where_valid("v_suffix", v_suffix, v_suffix[held], held, "within suffix_lengths")
     return k_suffix, v_suffix, lengths
+
+
+def _held_suffix_keys(k_suffix, lengths):
+    """``[B, S_max]`` bool: True at the keys of ``k_suffix: [B, S_max, D_k]`` within ``lengths`` (None: all)."""
+    return np.arange(k_suffix.shape[1]) < (k_suffix.shape[1] if lengths is None else lengths[:, None])
 
 
 def check_cascade_inputs(q, k_shared, v_shared, k_suffix, v_suffix, suffix_lengths):
@@ -1004,6 +1057,7 @@ def check_cascade_inputs(q, k_shared, v_shared, k_suffix, v_suffix, suffix_lengt
     Returns ``(q, k_shared, v_shared, k_suffix, v_suffix, lengths, dtype)``: the
     arrays in ``dtype = np.result_type`` of them all, the suffixes padded to
     ``[B, S_max, D]``, ``lengths`` ``[B]`` int64 or None when every suffix is S_max long.
+    The overflow bound takes the suffix keys within the lengths only, as masked_attend takes its valid keys.
     """
     q = as_float_array("q", q)
     k_shared, v_shared = as_float_array("k_shared", k_shared), as_float_array("v_shared", v_shared)
@@ -1019,5 +1073,6 @@ def check_cascade_inputs(q, k_shared, v_shared, k_suffix, v_suffix, suffix_lengt
         raise ValueError(f"q has B={len(q)} sequences but there are {len(k_suffix)} suffixes: q {q.shape}")
     arrays = (q, k_shared, v_shared, k_suffix, v_suffix)
     dtype = np.result_type(*arrays)
-    check_scores_fit(dtype, q, k_shared, k_suffix)
+    suffix_keys = k_suffix if lengths is None else k_suffix[_held_suffix_keys(k_suffix, lengths)]  # [..., D_k]
+    check_scores_fit(dtype, q, k_shared, suffix_keys)
     return (*(a.astype(dtype, copy=False) for a in arrays), lengths, dtype)

@@ -69,9 +69,11 @@ def masked_attend(q, k, v, valid):
     Every query of a row sees the same keys, as in a ragged batch where row n
     holds a sequence of ``valid[n].sum()`` positions. The mask is applied by
     selection (``np.where``) before the softmax, so a masked key gets weight
-    exactly 0 whatever it holds, and a row with no valid key (S = 0 included)
-    gives zeros, never NaN; with every key valid this is :func:`attend`. The
-    overflow bounds take the valid keys only.
+    exactly 0 whatever it holds, NaN and inf included (only the valid keys and
+    values must be finite: a masked one holding NaN/inf is taken as 0, on a copy,
+    which gives the output bit for bit as any finite content would), and a row with
+    no valid key (S = 0 included) gives zeros, never NaN; with every key valid this
+    is :func:`attend`. The overflow bounds take the valid keys only.
     """
     q, k, v, dtype = check_attention_inputs(q, k, v, valid)
     if k.shape[-2] == 0:

@@ -157,16 +157,18 @@ class StaticCache:
 
     ``batch_shape`` is the leading axes, e.g. ``()``, ``(B,)`` or ``(B, H_kv)``; the
     buffers ``k_cache: [*batch_shape, max_seq_len, k_dim]`` and ``v_cache:
-    [*batch_shape, max_seq_len, v_dim]`` are zero past ``get_seq_length()``.
+    [*batch_shape, max_seq_len, v_dim]`` are zero past ``get_seq_length()``. ``k_dim`` (D_k)
+    >= 1 and every other size >= 0, as throughout the library.
     ``dtype``: float32 or float64 (default float64).
     """
 
     def __init__(self, batch_shape, max_seq_len, k_dim, v_dim, dtype=np.float64):
         batch_shape = as_batch_shape(batch_shape)
-        max_seq_len, k_dim, v_dim = as_size("max_seq_len", max_seq_len), as_size("k_dim", k_dim), as_size("v_dim", v_dim)
+        max_seq_len, v_dim = as_size("max_seq_len", max_seq_len), as_size("v_dim", v_dim)
+        k_dim = as_size("k_dim", k_dim, minimum=1)  # D_k >= 1, every other size >= 0: the library's rule
         dtype = as_float_dtype(dtype)
-        nbytes = check_buffer_size("a StaticCache", batch_shape, max_seq_len, k_dim, v_dim, dtype)
-        with named_allocation_failure(nbytes, "a StaticCache"):
+        nbytes, what = check_buffer_size("a StaticCache", batch_shape, max_seq_len, k_dim, v_dim, dtype)
+        with named_allocation_failure(nbytes, what):
             self._allocate(batch_shape, max_seq_len, k_dim, v_dim, dtype)
 
     @classmethod

@@ -70,7 +70,8 @@ class PagedKVCache:
     original ``UncachedBlockAllocator``). Tokens never move once written, except
     that a write into a shared partial block first copies it.
 
-    ``num_blocks >= 0``, ``block_size``, ``k_dim`` (D_k) and ``v_dim`` (D_v) >= 1;
+    ``num_blocks >= 0``, ``block_size`` and ``k_dim`` (D_k) >= 1, ``v_dim`` (D_v) >= 0
+    (the library's rule: every width may be 0 but D_k);
     the pools are ``k_cache: [num_blocks, block_size, D_k]`` and ``v_cache:
     [num_blocks, block_size, D_v]``, float32 or float64 (default float64).
     ``enable_prefix_caching`` (default False) keeps full blocks cached by the
@@ -79,7 +80,7 @@ class PagedKVCache:
 
     def __init__(self, num_blocks, block_size, k_dim, v_dim, dtype=np.float64, *, enable_prefix_caching=False):
         num_blocks = as_size("num_blocks", num_blocks)
-        k_dim, v_dim = (as_size(name, n, minimum=1) for name, n in (("k_dim", k_dim), ("v_dim", v_dim)))
+        k_dim, v_dim = as_size("k_dim", k_dim, minimum=1), as_size("v_dim", v_dim)  # the library's rule for widths
         block_size = as_size("block_size", block_size, minimum=1)
         dtype = as_float_dtype(dtype)
         caching = as_flag("enable_prefix_caching", enable_prefix_caching)
@@ -221,7 +222,8 @@ class PagedKVCache:
         counted before any is taken, so either every sequence gets its positions
         or nothing changes. ``token_ids: [N, T_new]`` integers name the new
         tokens; with prefix caching, each block they fill is cached under its
-        chained hash (without them, that sequence's later blocks are not cached).
+        chained hash (a write of T_new >= 1 without them ends caching for those
+        sequences: their later blocks are not cached). T_new = 0 changes nothing.
         Returns slot_mapping, ``[N, T_new]`` int64: the pool slot each new
         position was written to, ``physical_block * block_size + offset``.
         """
@@ -235,11 +237,12 @@ class PagedKVCache:
         for seq_id in seq_ids:
             self._make_room(seq_id, t_new)
         slot_mapping = self._slot_mapping(seq_ids, t_new)  # [N, T_new]
-        self.k_cache.reshape(-1, self.k_cache.shape[-1])[slot_mapping.ravel()] = k.reshape(-1, k.shape[-1])
-        self.v_cache.reshape(-1, self.v_cache.shape[-1])[slot_mapping.ravel()] = v.reshape(-1, v.shape[-1])
+        slots, new = self.num_blocks * self.block_size, slot_mapping.size  # explicit: reshape(-1, 0) is ambiguous
+        self.k_cache.reshape(slots, k.shape[-1])[slot_mapping.ravel()] = k.reshape(new, k.shape[-1])
+        self.v_cache.reshape(slots, v.shape[-1])[slot_mapping.ravel()] = v.reshape(new, v.shape[-1])
         for i, seq_id in enumerate(seq_ids):
             self._lengths[seq_id] += t_new
-            if self.enable_prefix_caching:
+            if self.enable_prefix_caching and t_new:  # an empty write changes nothing, caching included
                 self._cache_full_blocks(seq_id, None if token_ids is None else token_ids[i])
         self._note_peak()
         return slot_mapping

@@ -1,8 +1,8 @@
 """A seeded decode problem: inputs, projection weights and a token embedding table, for users and tests.
 
-A size below its minimum, or sizes whose arrays memory cannot hold (the bytes
-named), raise ValueError; a size that is not an integer, or a dtype other than
-float32/float64 (None included), raises TypeError.
+A size or seed below its minimum, or sizes whose arrays memory cannot hold (the
+bytes named), raise ValueError; a size or seed that is not an integer, or a dtype
+other than float32/float64 (None included), raises TypeError.
 """
 
 import math
@@ -59,10 +59,12 @@ def make_problem(seq_len, batch_size=None, *, d_model=64, d_k=64, d_v=64, seed=4
         seq_len: T >= 0.
         batch_size: None for ``x: [T, D_model]``, else B >= 0 for ``[B, T, D_model]``.
         d_model, d_k, d_v: widths (defaults 64, as in the lab); d_k >= 1.
-        seed: the generator's seed (default 42).
+        seed: the generator's seed, an integer >= 0 (default 42); None, a bool or a
+            float is a TypeError (None would draw a different problem each call).
         dtype: float32 or float64 (default float64).
         vocab_size: None (default, no embedding) or V >= 1 for ``embedding: [V, D_model]``.
     """
+    seed = as_size("seed", seed)  # None would draw a problem no one can draw again
     seq_len, d_model, d_v = (as_size(n, v) for n, v in (("seq_len", seq_len), ("d_model", d_model), ("d_v", d_v)))
     d_k = as_size("d_k", d_k, minimum=1)
     if batch_size is not None:

@@ -20,13 +20,15 @@ model would have sampled from it). Each step has a budget of
    blocks freed, its K/V to be recomputed, as vLLM V1 always does) until one is
    free, or until the request itself was the one preempted.
 2. Prefill. Running requests still prefilling get their next chunk, in order of admission.
-3. Admission. Waiting requests are taken first come, first served, a
-   preempted one first. Each is admitted when the blocks of all the tokens it
-   knows fit the free list; those blocks are taken at once, and it gets its
-   first chunk. The first that does not fit stops admission, as do
-   ``max_num_seqs`` running requests. (A request preempted in a step never fits
-   back in it: the block that preempted it is gone. So vLLM's rule of no
-   admission after a preemption holds here without being written.)
+3. Admission, only in a step that preempted no request (vLLM V1's rule: the
+   pool is oversubscribed, and admitting would preempt again). Waiting requests
+   are taken first come, first served, a preempted one first. Each is admitted
+   when the blocks of all the tokens it knows fit the free list; those blocks
+   are taken at once, and it gets its first chunk. The first that does not fit
+   stops admission, as do ``max_num_seqs`` running requests. Without the rule a
+   request could be preempted and readmitted in one step: with prefix caching
+   its prefix may be a hit on blocks others hold, so that freeing it released
+   more blocks than readmitting it takes.
 
 The step then computes k and v of every scheduled token, and one query for each
 request whose known tokens are now all in the cache: its next output. (This is
@@ -41,7 +43,8 @@ Sources: the scheduling policy of vLLM's chunked prefill (``vllm/core/scheduler.
 ``_schedule_chunked_prefill``: running decodes, then running prefills, then new
 prefills); preemption by recompute as in ``vllm/v1/core/sched/scheduler.py``
 (``self.running.pop()``, ``num_computed_tokens = 0``, the request back at the
-head of the queue); the prompt's blocks taken at admission as in V0's
+head of the queue), and no admission after a preemption as in its ``if not
+preempted_reqs:``; the prompt's blocks taken at admission as in V0's
 ``BlockSpaceManager.allocate``; the cache hit limited to ``num_tokens - 1`` as in
 V1's ``get_computed_blocks``. Continuous batching: Orca (Yu et al. 2022).
 
@@ -82,9 +85,17 @@ class Request:
     arrival_step: int = 0
 
     def __repr__(self):
-        """The request without its tokens: ``Request('a', 512 tokens, prompt_len=500, arrival_step=0)``."""
-        return (f"Request({self.request_id!r}, {len(self.token_ids)} tokens, prompt_len={self.prompt_len}, "
-                f"arrival_step={self.arrival_step})")
+        """The request without its tokens: ``Request('a', 512 tokens, prompt_len=500, arrival_step=0)``.
+
+        A Request is not checked until :func:`serve`, so ``token_ids`` that have no
+        length (``Request(0, 5, 1)``) are shown as they are: ``token_ids=5``.
+        """
+        try:
+            tokens = f"{len(self.token_ids)} tokens"
+        except TypeError:  # no len(): an int, None, a 0-d array
+            tokens = f"token_ids={self.token_ids!r}"
+        return (f"Request({self.request_id!r}, {tokens}, prompt_len={self.prompt_len!r}, "
+                f"arrival_step={self.arrival_step!r})")
 
 
 @dataclass(frozen=True)
@@ -192,7 +203,7 @@ class _Scheduler:
 
     def schedule(self):
         """This step's work: the decoding requests (a token each), and ``(request, chunk)`` for the prefilling."""
-        budget, decodes, prefills = self.budget, [], []
+        budget, decodes, prefills, preemptions_before = self.budget, [], [], self.preemptions
         for seq in [s for s in self.running if not s.prefilling]:
             if budget == 0:
                 break
@@ -203,12 +214,13 @@ class _Scheduler:
                 break
             decodes.append(seq)
             budget -= 1
+        preempted = self.preemptions > preemptions_before  # vLLM V1: no admission in a step that preempted
         for seq in [s for s in self.running if s.prefilling]:
             if budget == 0:
                 break
             prefills.append((seq, min(seq.num_tokens - seq.num_computed, budget)))
             budget -= prefills[-1][1]
-        while budget and self.waiting and self.has_seat() and self.admit(self.waiting[0]):
+        while not preempted and budget and self.waiting and self.has_seat() and self.admit(self.waiting[0]):
             seq = self.waiting.popleft()
             prefills.append((seq, min(seq.num_tokens - seq.num_computed, budget)))
             budget -= prefills[-1][1]

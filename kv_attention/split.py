@@ -157,9 +157,10 @@ def cascade_attention(q, k_shared, v_shared, k_suffix, v_suffix, *, suffix_lengt
     the suffixes either as lists of B arrays ``k_suffix[i]: [S_i, D_k]``, ``v_suffix[i]:
     [S_i, D_v]`` (ragged, S_i >= 0), or as arrays ``[B, S_max, D_k]``, ``[B, S_max, D_v]``
     with ``suffix_lengths`` (B integers in [0, S_max]; default all S_max; keys past a
-    length get weight exactly 0 but must be finite). Returns ``[B, T_q, D_v]`` (and the lse
-    ``[B, T_q]`` with ``return_lse=True``), equal up to rounding to sequence i attending over
-    the concatenation of the prefix and its suffix.
+    length get weight exactly 0 whatever they hold, NaN and inf included, and are left
+    out of the overflow bound, as :func:`~kv_attention.attention.masked_attend`'s masked
+    keys). Returns ``[B, T_q, D_v]`` (and the lse ``[B, T_q]`` with ``return_lse=True``),
+    equal up to rounding to sequence i attending over the concatenation of the prefix and its suffix.
 
     The prefix is attended by all B·T_q query rows in ONE matrix product,
     ``[B·T_q, D_k] x [D_k, S_p]``, so its keys and values are read once rather than

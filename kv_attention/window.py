@@ -48,7 +48,8 @@ class SlidingWindowCache:
     ``batch_shape`` is the leading axes, e.g. ``()``, ``(B,)`` or ``(B, H_kv)``;
     the buffers are ``k_cache: [*batch_shape, n_sink + window, k_dim]`` and
     ``v_cache: [*batch_shape, n_sink + window, v_dim]``, in slot order (not
-    position order), zero in every slot that holds no position. ``dtype``:
+    position order), zero in every slot that holds no position. ``k_dim`` (D_k) >= 1,
+    ``v_dim`` (D_v) and the batch sizes >= 0, as throughout the library. ``dtype``:
     float32 or float64 (default float64). ``get_seq_length()`` counts every
     position seen, ``nbytes`` only those held: at most ``n_sink + window``.
     """
@@ -56,11 +57,11 @@ class SlidingWindowCache:
     def __init__(self, batch_shape, window, k_dim, v_dim, n_sink=0, dtype=np.float64):
         batch_shape = as_batch_shape(batch_shape)
         window, n_sink = as_size("window", window, minimum=1), as_size("n_sink", n_sink)
-        k_dim, v_dim = as_size("k_dim", k_dim), as_size("v_dim", v_dim)
+        k_dim, v_dim = as_size("k_dim", k_dim, minimum=1), as_size("v_dim", v_dim)  # the library's rule for widths
         dtype = as_float_dtype(dtype)
-        nbytes = check_buffer_size("a SlidingWindowCache", batch_shape, n_sink + window, k_dim, v_dim, dtype)
+        nbytes, what = check_buffer_size("a SlidingWindowCache", batch_shape, n_sink + window, k_dim, v_dim, dtype)
         self.window, self.n_sink = window, n_sink
-        with named_allocation_failure(nbytes, "a SlidingWindowCache"):
+        with named_allocation_failure(nbytes, what):
             self.k_cache = np.zeros(batch_shape + (n_sink + window, k_dim), dtype)
             self.v_cache = np.zeros(batch_shape + (n_sink + window, v_dim), dtype)
         self._length = 0  # positions seen

@@ -114,6 +114,7 @@ def test_band_mask_by_hand():
         [1, 0, 0, 1, 1],
     ], dtype=bool)
     positions = np.arange(5)
+    # bool masks: exact
     np.testing.assert_array_equal(band_mask(positions, positions, window=2, n_sink=1), expected)
     # a chunk of queries 3, 4 after three cached positions: the causal diagonal is offset, not square
     np.testing.assert_array_equal(band_mask(np.array([3, 4]), positions, window=2, n_sink=1), expected[3:])
@@ -121,7 +122,8 @@ def test_band_mask_by_hand():
 
 @pytest.mark.parametrize("t_len", [1, 6])
 def test_no_window_and_a_window_past_t_are_exactly_the_causal_reference(t_len):
-    # n_sink without a window changes nothing, and a window >= T masks nothing more than causality: bit for bit.
+    # n_sink without a window changes nothing, and a window >= T masks nothing more than causality: the same
+    # computation on the same inputs with the same mask, so bit for bit.
     args = problem(t_len, batch=2)
     causal = kv.causal_attention(*args)
     for kwargs in ({"window": None}, {"n_sink": 3}, {"window": t_len}, {"window": t_len + 5, "n_sink": 2}):
@@ -198,6 +200,7 @@ def test_masked_attend_matches_naive_over_the_valid_keys(lead):
 
 def test_masked_attend_with_every_key_valid_is_attend():
     q, k, v = step_inputs()
+    # With every key valid, masked_attend runs attend's own code: the same computation, so bit for bit.
     np.testing.assert_array_equal(kv.masked_attend(q, k, v, np.ones((3, 5), dtype=bool)), kv.attend(q, k, v))
 
 
@@ -212,6 +215,27 @@ def test_masked_keys_may_be_huge_the_bound_takes_the_valid_keys_only():
         kv.masked_attend(q, k, v, np.ones((3, 5), dtype=bool))
     with pytest.raises(ValueError, match=r"v is too large for float64: \|v\| could overflow"):
         kv.masked_attend(q, k * (np.arange(5) < 2)[:, None], v, np.ones((3, 5), dtype=bool))  # only v is huge
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_masked_key_or_value_may_hold_nan_or_inf_its_content_does_not_matter(bad):
+    q, k, v = step_inputs()
+    valid = np.array([[True, True, False, False, True], [False, True, True, True, True], [False] * 5])
+    finite = kv.masked_attend(q, k, v, valid)
+    k_bad, v_bad = k.copy(), v.copy()
+    k_bad[~valid], v_bad[~valid] = bad, bad
+    with np.errstate(all="raise"):
+        out = kv.masked_attend(q, k_bad, v_bad, valid)
+    np.testing.assert_allclose(out, naive_attend(q, k, v, valid), rtol=1e-12, atol=1e-12)
+    # The same products on the same valid keys, the masked terms 0 · value = 0 added exactly: bit for bit.
+    np.testing.assert_array_equal(out, finite)
+    assert not np.isfinite(k_bad[~valid]).any() and not np.isfinite(v_bad[~valid]).any()  # the caller's, unwritten
+    k_bad[0, 0, 0] = bad  # a valid key: refused, naming k
+    with pytest.raises(ValueError, match=r"^k contains NaN or inf at a valid key$"):
+        kv.masked_attend(q, k_bad, v, valid)
+    v_bad[1, 1, 2] = bad
+    with pytest.raises(ValueError, match=r"^v contains NaN or inf at a valid key$"):
+        kv.masked_attend(q, k, v_bad, valid)
 
 
 def test_no_key_position_gives_zeros():

@@ -1,4 +1,7 @@
-"""DynamicCache and StaticCache: update(), get_seq_length(), crop(), nbytes and their errors."""
+"""DynamicCache and StaticCache: update(), get_seq_length(), crop(), nbytes and their errors.
+
+A cache copies keys and values in and out, never computes them: they are compared bit for bit.
+"""
 
 import numpy as np
 import pytest
@@ -212,5 +215,31 @@ def test_a_failed_static_allocation_is_a_value_error_with_the_bytes_it_needs(mon
 
     monkeypatch.setattr("kv_attention._validation.physical_memory", lambda: None)
     monkeypatch.setattr("kv_attention.cache.np.zeros", no_memory)
-    with pytest.raises(ValueError, match=r"a StaticCache needs 960 bytes .*the allocation failed"):
+    with pytest.raises(ValueError, match=r"^a StaticCache of batch_shape=\(2,\), 10 positions, k_dim=4, v_dim=2 in "
+                                         r"float64 needs 960 bytes .*the allocation failed"):
         kv.StaticCache((2,), 10, 4, 2, dtype=np.float64)  # 2 × 10 × (4 + 2) × 8
+
+
+@pytest.mark.parametrize(
+    "make, sizes",
+    [
+        (lambda: kv.StaticCache((0, 10**30), 4, 1, 1), r"a StaticCache of batch_shape=\(0, 10{30}\), 4 positions"),
+        (lambda: kv.SlidingWindowCache((0, 2**62, 2**62), 4, 1, 1), r"a SlidingWindowCache of batch_shape=\(0, 4611"),
+        (lambda: kv.PagedKVCache(0, 10**30, 1, 1), r"a pool of num_blocks=0 blocks of block_size=10{30}"),
+    ],
+)
+def test_sizes_numpy_refuses_for_arrays_of_0_bytes_are_named_not_called_out_of_memory(make, sizes):
+    # 0 bytes fit any memory: what fails is numpy's limit on a size (or on the product of the nonzero ones).
+    message = rf"^{sizes}.* holds 0 bytes, but numpy cannot make arrays of these sizes"
+    with pytest.raises(ValueError, match=message) as info:
+        make()
+    assert "memory" not in str(info.value)
+
+
+def test_an_allocation_error_other_than_out_of_memory_propagates_as_it_is(monkeypatch):
+    def refuses(*args, **kwargs):
+        raise ValueError("some other refusal")
+
+    monkeypatch.setattr("kv_attention.cache.np.zeros", refuses)
+    with pytest.raises(ValueError, match="^some other refusal$"):
+        kv.StaticCache((2,), 10, 4, 2)

@@ -55,6 +55,7 @@ def test_changing_x_t_changes_no_earlier_output(strategy, t_changed):
     x2 = x.copy()
     x2[..., t_changed, :] += 10.0
     after = run(strategy, x2, *args[1:])
+    # Steps before t_changed run the same computation on the same inputs: bit for bit, or they read x[t_changed].
     np.testing.assert_array_equal(after[..., :t_changed, :], before[..., :t_changed, :])
     assert not np.allclose(after[..., t_changed, :], before[..., t_changed, :])
 
@@ -161,7 +162,7 @@ def test_read_only_inputs_work_and_are_not_written(strategy):
         a.flags.writeable = False
     run(strategy, *args)
     for a, original in zip(args, copies):
-        np.testing.assert_array_equal(a, original)
+        np.testing.assert_array_equal(a, original)  # against a copy
 
 
 def test_inputs_too_large_for_the_dtype_raise_instead_of_returning_nan(strategy):
@@ -204,6 +205,7 @@ def test_masked_and_ragged_inputs_are_refused(strategy):
 def test_big_endian_float64_is_float64(strategy):
     args = strategy_problem(strategy, 5)
     expected = run(strategy, *args)
+    # '>f8' is converted to the same native values, then the same computation runs: bit for bit.
     np.testing.assert_array_equal(run(strategy, args[0].astype(">f8"), *args[1:]), expected)
 
 
@@ -215,7 +217,7 @@ def test_a_cache_too_short_for_t_is_refused_and_unchanged():
     with pytest.raises(ValueError, match="cache too short: 3 of max_seq_len=8 positions used, x needs T=6"):
         kv.cached_attention_preallocated(x, w_q, w_k, w_v, cache=cache)  # needs 3 + 6 positions
     assert cache.get_seq_length() == 3
-    np.testing.assert_array_equal(cache.k_cache, k_before)
+    np.testing.assert_array_equal(cache.k_cache, k_before)  # untouched buffers, against copies
     np.testing.assert_array_equal(cache.v_cache, v_before)
 
 
@@ -294,7 +296,8 @@ def test_each_output_is_a_convex_combination_of_past_values(args, name):
 @settings(max_examples=40, deadline=None)
 @given(args=problems(batched=True), cut=st.integers(0, 12))
 def test_prefix_of_the_input_gives_the_prefix_of_the_output(args, cut):
-    # Decoding x[:, :cut] reproduces the first cut positions of decoding all of x.
+    # Decoding x[:, :cut] reproduces the first cut positions of decoding all of x: steps 0..cut-1 run the
+    # same computation on the same inputs (shapes included) either way, so bit for bit.
     x, w_q, w_k, w_v = args
     full = kv.batched_cached_attention(x, w_q, w_k, w_v)
     np.testing.assert_array_equal(kv.batched_cached_attention(x[:, :cut], w_q, w_k, w_v), full[:, :cut])

@@ -93,6 +93,7 @@ def test_changing_x_t_changes_no_earlier_output(path, t_changed):
     x2 = args[0].copy()
     x2[:, t_changed] += 10.0
     after = heads_decode(x2, *args[1:], path=path)
+    # Steps before t_changed run the same computation on the same inputs: bit for bit, or they read x[t_changed].
     np.testing.assert_array_equal(after[:, :t_changed], before[:, :t_changed])
     assert not np.allclose(after[:, t_changed], before[:, t_changed])
 
@@ -297,7 +298,7 @@ def test_read_only_inputs_work_and_are_not_written(heads_function):
         a.flags.writeable = False
     heads_function(*args)
     for a, original in zip(args, copies):
-        np.testing.assert_array_equal(a, original)
+        np.testing.assert_array_equal(a, original)  # against a copy
 
 
 def _filled_cache(t_len=3, t_max=8):
@@ -338,7 +339,7 @@ def test_a_failure_after_the_loop_leaves_a_filled_cache_as_it_was(path):
     with pytest.raises(ValueError, match="attention overflowed float64"):
         heads_decode(x, w_q, w_k, w_v, np.full_like(w_o, 1e308), path=path, cache=cache)
     assert cache.get_seq_length() == 3
-    np.testing.assert_array_equal(cache.k_cache, k_before)
+    np.testing.assert_array_equal(cache.k_cache, k_before)  # untouched buffers, against copies
     np.testing.assert_array_equal(cache.v_cache, v_before)
 
 
@@ -352,7 +353,7 @@ def test_bad_input_with_a_filled_cache_changes_nothing():
     with pytest.raises(ValueError, match="cache too short: 3 of max_seq_len=8 positions used, x needs T=6"):
         heads_decode(*heads_problem(6), cache=cache)
     assert cache.get_seq_length() == 3
-    np.testing.assert_array_equal(cache.k_cache, k_before)
+    np.testing.assert_array_equal(cache.k_cache, k_before)  # untouched, against a copy
 
 
 def test_keys_already_in_a_cache_enter_the_overflow_check():

@@ -1,7 +1,8 @@
 """PagedKVCache: block tables, slot_mapping, the free list, out-of-blocks, and the reported figures.
 
 Every expectation is computed here from the written values and block arithmetic,
-independently of the cache's own bookkeeping.
+independently of the cache's own bookkeeping. The pool stores copies of what was
+written and gather() reads them back by index: keys and values are compared bit for bit.
 """
 
 import math
@@ -347,10 +348,11 @@ def test_gather_and_lengths_take_only_ordered_id_lists():
     assert v[0, 0, 0] == 30.0 and k[0, 0, 0] == 3.0 and lengths.tolist() == [1]
 
 
-@pytest.mark.parametrize("k_dim, v_dim", [(0, 3), (3, 0)])
-def test_zero_width_keys_or_values_are_refused_up_front(k_dim, v_dim):
-    with pytest.raises(ValueError, match="k_dim|v_dim"):
-        kv.PagedKVCache(4, 4, k_dim, v_dim)
+def test_zero_width_keys_are_refused_up_front_zero_width_values_are_not():
+    # The library's one rule for zero sizes (test_zero_sizes.py): D_k >= 1, D_v >= 0.
+    with pytest.raises(ValueError, match="^k_dim must be >= 1, got 0$"):
+        kv.PagedKVCache(4, 4, 0, 3)
+    assert kv.PagedKVCache(4, 4, 3, 0).v_cache.shape == (4, 4, 0)
 
 
 # --- forks: shared blocks, refcounts and copy-on-write ----------------------------------------------
@@ -554,6 +556,20 @@ def test_without_token_ids_or_without_prefix_caching_nothing_is_cached():
     caching.update(["a"], *random_kv(rng, 1, 2))  # no ids: this block and every later one are not cached
     caching.update(["a"], *random_kv(rng, 1, 2), token_ids=[[5, 6]])
     assert caching.allocator.num_cached_blocks == 1
+
+
+def test_an_empty_write_without_token_ids_changes_nothing_caching_goes_on():
+    rng = np.random.default_rng(38)
+    cache = kv.PagedKVCache(6, 2, D_K, D_V, enable_prefix_caching=True)
+    cache.add_sequence("a")
+    cache.update(["a"], *random_kv(rng, 1, 1), token_ids=[[1]])
+    before = snapshot(cache)
+    slots = cache.update(["a"], np.zeros((1, 0, D_K)), np.zeros((1, 0, D_V)))  # 0 tokens, no ids: nothing written
+    assert slots.shape == (1, 0)
+    assert_same_snapshot(before, snapshot(cache))
+    cache.update(["a"], *random_kv(rng, 1, 3), token_ids=[[2, 3, 4]])  # blocks [1, 2] and [3, 4] fill
+    assert cache.allocator.num_cached_blocks == 2
+    assert cache.find_cached_blocks([1, 2, 3, 4]) == cache.block_table("a")
 
 
 def test_bad_token_ids_are_refused_and_change_nothing():

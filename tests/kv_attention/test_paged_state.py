@@ -9,7 +9,8 @@ The keys and values written are a function of the whole token prefix up to
 their position (as in a transformer, where they depend on every earlier token),
 drawn here from a generator seeded by that prefix. So a block read through
 the wrong table, a missing copy-on-write, or a prefix-cache hit on a stale or
-wrongly chained hash gives values that differ from the expected ones.
+wrongly chained hash gives values that differ from the expected ones. A gather
+returns copies of what was written: they are compared bit for bit.
 """
 
 import functools

@@ -1,4 +1,8 @@
-"""The seeded problem factory."""
+"""The seeded problem factory.
+
+Its arrays are default_rng's draws, the weights scaled, then cast: the same seed and sizes run the same
+computation, so x and the embedding (unscaled draws) and a repeated problem are compared bit for bit.
+"""
 
 import numpy as np
 import pytest
@@ -43,6 +47,26 @@ def test_problem_factory_checks_its_arguments():
         kv.make_problem(4, batch_size=2.5)
     with pytest.raises(TypeError, match="float32 or float64"):
         kv.make_problem(4, dtype=np.int32)
+
+
+@pytest.mark.parametrize(
+    "seed, error, message",
+    [
+        (-1, ValueError, r"^seed must be >= 0, got -1$"),
+        (True, TypeError, r"^seed must be an integer, got True$"),
+        (None, TypeError, r"^seed must be an integer, got None$"),  # default_rng(None) would draw afresh each call
+        (1.5, TypeError, r"^seed must be an integer, got 1.5$"),
+    ],
+)
+def test_the_seed_is_an_integer_at_least_0(seed, error, message):
+    with pytest.raises(error, match=message):
+        kv.make_problem(2, seed=seed)
+
+
+def test_an_integer_seed_of_numpy_draws_the_problem_of_that_seed():
+    # x is default_rng(7)'s first draw, copied (float64 to float64): exact by construction.
+    expected = np.random.default_rng(7).standard_normal((3, 64))
+    np.testing.assert_array_equal(kv.make_problem(3, seed=np.int64(7)).x, expected)
 
 
 def test_the_embedding_is_drawn_after_the_weights_so_nothing_else_changes():

@@ -253,6 +253,11 @@ def test_every_sequence_grows_from_its_own_length_when_others_join_and_leave():
         ({"block_size": 0}, ValueError, "block_size must be >= 1"),
         ({"num_blocks": -1}, ValueError, "num_blocks must be >= 0"),
         ({"num_blocks": 2.0}, TypeError, "num_blocks must be an integer"),
+        # The case: a pool size with a strategy that has no pool was ignored.
+        ({"strategy": "compacted", "num_blocks": 0, "block_size": 1}, ValueError,
+         r"^num_blocks=0 is for strategy='paged', got strategy='compacted'$"),
+        ({"strategy": "padded", "num_blocks": 9}, ValueError,
+         r"^num_blocks=9 is for strategy='paged', got strategy='padded'$"),
         ({"lengths": [3, 2]}, ValueError, "lengths is for a padded x"),
         ({"start_steps": [0]}, ValueError, r"start_steps must be 2 integers, one per sequence, got \[0\]"),
         ({"start_steps": [0, -1]}, ValueError, r"start_steps\[1\] must be >= 0"),
@@ -325,7 +330,7 @@ def test_inputs_are_not_written():
     for strategy in kv.RAGGED_STRATEGIES:
         kv.ragged_decode(seqs, *ws, strategy=strategy, start_steps=[1, 0])
     for a, original in zip(seqs + ws, copies):
-        np.testing.assert_array_equal(a, original)
+        np.testing.assert_array_equal(a, original)  # against a copy
 
 
 def test_default_pool_holds_every_sequence_at_full_length(monkeypatch):
@@ -387,7 +392,8 @@ def test_every_sequence_equals_its_solo_decode(problem, strategy, block_size, ti
     seqs, weights, start_steps = problem
     lengths = [len(s) for s in seqs]
     # A tight pool holds only the most blocks in use at once, so freed blocks must be reused.
-    num_blocks = max(blocks_per_step(lengths, start_steps, block_size), default=0) if tight_pool else None
+    tight = tight_pool and strategy == "paged"  # num_blocks is paged's alone
+    num_blocks = max(blocks_per_step(lengths, start_steps, block_size), default=0) if tight else None
     out = kv.ragged_decode(
         seqs, *weights, start_steps=start_steps, strategy=strategy, block_size=block_size, num_blocks=num_blocks
     )
@@ -406,6 +412,7 @@ def test_the_padded_form_gives_the_list_form_with_zeros_past_each_length(problem
     lengths = [len(s) for s in seqs]
     padded = kv.ragged_decode(x, *weights, lengths=lengths, start_steps=start_steps, strategy="padded")
     listed = kv.ragged_decode(seqs, *weights, start_steps=start_steps, strategy="padded")
+    # Both forms are copied into the same padded problem, then the same computation runs: bit for bit.
     for b, got in enumerate(listed):
         np.testing.assert_array_equal(padded[b, : lengths[b]], got)
         assert not padded[b, lengths[b] :].any()
@@ -489,7 +496,7 @@ def cache_state(cache):
 
 
 def assert_same_state(before, after):
-    np.testing.assert_array_equal(before[0], after[0])
+    np.testing.assert_array_equal(before[0], after[0])  # the pool put back from a copy: bit for bit
     np.testing.assert_array_equal(before[1], after[1])
     assert before[2:] == after[2:]
 

@@ -97,6 +97,26 @@ def test_preemption_takes_the_latest_admitted_and_recomputes_what_it_knew():
     assert_exact(result, requests, weights)  # every output row, also those from before the preemption
 
 
+def test_no_request_is_admitted_in_a_step_that_preempted_one_even_one_that_would_fit():
+    # The case. block_size 4, 5 blocks, caching on; A and C: the same 12 tokens, prompt 8, 4 decoded.
+    # step 0: both admitted (2 blocks each; C's duplicate blocks stay uncached), prefill 8 + 8: 1 block free.
+    # step 1: A decodes token 8 into the free block; C needs a block, none is free: C, admitted last, is
+    # preempted, its 2 blocks freed. C (9 known tokens) would now fit: A's 2 cached blocks are a hit and its
+    # third takes 1 of the 2 free. vLLM V1 admits nothing in a step that preempted, and neither does serve.
+    # step 2: A decodes token 9; C is admitted (8 hit tokens) and computes token 8 (output 1).
+    # steps 3-4: A and C decode (A's last at step 4).  step 5: C's last token.
+    weights = model(9)
+    toks = list(range(8)) + [1, 2, 3, 4]
+    requests = [kv.Request("A", toks, 8), kv.Request("C", toks, 8)]
+    result = kv.serve(requests, *weights, block_size=4, num_blocks=5, max_num_batched_tokens=32,
+                      enable_prefix_caching=True)
+    stats = result.stats
+    assert stats.prefill_tokens_per_step == (16, 0, 1, 0, 0, 0)  # was (16, 1, 0, 0, 0): C readmitted at step 1
+    assert stats.decode_tokens_per_step == (0, 1, 1, 2, 2, 1)
+    assert (stats.preemptions, stats.recomputed_tokens, stats.prefix_hit_tokens, stats.peak_blocks) == (1, 0, 8, 5)
+    assert_exact(result, requests, weights)
+
+
 def test_a_pool_too_small_for_everyone_preempts_and_stays_exact():
     weights = model(5)
     rng = np.random.default_rng(5)
@@ -253,6 +273,10 @@ def test_bad_arrays_are_refused():
         kv.serve(request, embedding.astype(np.int64), w_q, w_k, w_v, **options)
     with pytest.raises(ValueError, match="too large for float32"):
         kv.serve(request, *(a.astype(np.float32) * np.float32(1e15) for a in (embedding, w_q, w_k, w_v)), **options)
+    ragged = [[0.1, 0.2, 0.3], [0.4]] + w_q[2:].tolist()  # rows of 3 and of 1: no array
+    for name, args in (("w_q", (ragged, w_k, w_v)), ("w_v", (w_q, w_k, ragged))):
+        with pytest.raises(ValueError, match=rf"^{name} is not a rectangular array"):
+            kv.serve(request, embedding, *args, **options)
 
 
 # --- properties (hypothesis): random workloads against each request's own reference ---------------------
@@ -311,6 +335,9 @@ def test_every_request_equals_its_own_reference_and_the_counts_add_up(workload):
 def test_reprs_are_short_whatever_the_lengths():
     request = kv.Request("a", list(range(3000)), 2990)
     assert repr(request) == "Request('a', 3000 tokens, prompt_len=2990, arrival_step=0)"
+    # A Request is checked only by serve: its repr holds for token ids without a length.
+    assert repr(kv.Request(0, 5, 1)) == "Request(0, token_ids=5, prompt_len=1, arrival_step=0)"
+    assert repr(kv.Request(0, None, 1.5)) == "Request(0, token_ids=None, prompt_len=1.5, arrival_step=0)"
     stats = kv.ServeStats(steps=2, preemptions=0, recomputed_tokens=0, prefix_hit_tokens=4, peak_blocks=3,
                           prefill_tokens_per_step=(6, 0), decode_tokens_per_step=(0, 2))
     assert repr(stats) == ("ServeStats(steps=2, preemptions=0, recomputed_tokens=0, prefix_hit_tokens=4, "

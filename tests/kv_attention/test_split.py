@@ -50,6 +50,7 @@ def test_attention_state_matches_the_row_by_row_reference(lead, t_q, s_len):
 
 
 def test_out_is_attend_bit_for_bit():
+    # Documented: attention_state runs attend's operations in attend's order on the same arrays.
     q, k, v = attention_problem((2,), 3, 9)
     np.testing.assert_array_equal(kv.attention_state(q, k, v)[0], attend(q, k, v))
 
@@ -74,7 +75,7 @@ def test_no_keys_give_the_identity_zeros_and_minus_inf(dtype):
 def test_one_key_gives_its_value_exactly_and_its_score():
     q, k, v = attention_problem((2,), 3, 1)
     out, lse = kv.attention_state(q, k, v)
-    np.testing.assert_array_equal(out, np.broadcast_to(v, out.shape))  # weight exp(0) / 1 = 1
+    np.testing.assert_array_equal(out, np.broadcast_to(v, out.shape))  # weight exp(0) / 1 = 1: exact
     np.testing.assert_allclose(lse, (q @ k.swapaxes(-1, -2))[..., 0] / math.sqrt(5), rtol=1e-15)
 
 
@@ -99,6 +100,7 @@ def test_merging_the_parts_gives_the_state_of_all_keys(bounds):
 
 @pytest.mark.parametrize("position", range(4))
 def test_an_empty_part_in_any_position_changes_nothing_bit_for_bit(position):
+    # The identity's weight is exp(-inf) = 0 exactly, and adding 0 changes no sum: the same states merge bit for bit.
     q, k, v = attention_problem((2,), 3, 6)
     states = parts(q, k, v, [0, 2, 4, 6])
     empty = kv.attention_state(q, k[..., :0, :], v[..., :0, :])
@@ -111,6 +113,7 @@ def test_an_empty_part_in_any_position_changes_nothing_bit_for_bit(position):
 
 @pytest.mark.parametrize("first", [True, False])
 def test_the_identity_merged_with_a_state_returns_that_state_bit_for_bit(first):
+    # The state's weight is exp(0) = 1 and the identity's exactly 0: exact arithmetic.
     q, k, v = attention_problem((2, 2), 3, 5)
     state = kv.attention_state(q, k, v)
     identity = (np.zeros_like(state[0]), np.full_like(state[1], -np.inf))
@@ -119,7 +122,7 @@ def test_the_identity_merged_with_a_state_returns_that_state_bit_for_bit(first):
     np.testing.assert_array_equal(merged[1], state[1])
 
 
-def test_a_single_state_is_returned_bit_for_bit():
+def test_a_single_state_is_returned_bit_for_bit():  # its weight exp(0) = 1: exact
     state = kv.attention_state(*attention_problem((3,), 2, 4))
     merged = kv.merge_attention_states([state])
     np.testing.assert_array_equal(merged[0], state[0])
@@ -155,7 +158,7 @@ def test_a_state_with_lse_minus_inf_has_no_weight_whatever_its_out():
     state = kv.attention_state(q, k, v)
     weightless = (np.full_like(state[0], 7.0), np.full_like(state[1], -np.inf))
     merged = kv.merge_attention_states([weightless, state])
-    np.testing.assert_array_equal(merged[0], state[0])
+    np.testing.assert_array_equal(merged[0], state[0])  # weights exactly 0 and 1: exact
 
 
 def _random_grouping(states, rng):
@@ -196,6 +199,7 @@ def test_every_num_splits_from_1_to_s_plus_5_equals_attend(t_q, s_len):
 
 
 def test_one_split_is_attend_bit_for_bit():
+    # Documented: one part is attend's computation, merged with weight exp(0) = 1: exact.
     q, k, v = attention_problem((2, 2), 3, 9)
     np.testing.assert_array_equal(kv.split_kv_attention(q, k, v, num_splits=1), attend(q, k, v))
 
@@ -211,7 +215,7 @@ def test_no_keys_split_any_way_give_the_identity(num_splits):
 def test_one_key_split_any_way_gives_its_value_exactly(num_splits):
     q, k, v = attention_problem((2,), 3, 1)
     out = kv.split_kv_attention(q, k, v, num_splits=num_splits)
-    np.testing.assert_array_equal(out, np.broadcast_to(v, out.shape))
+    np.testing.assert_array_equal(out, np.broadcast_to(v, out.shape))  # weights exactly 1 and 0: exact
 
 
 @pytest.mark.parametrize("s_len", range(0, 12))
@@ -312,6 +316,25 @@ def test_cascade_equals_attending_over_each_concatenation(batch, prefix, form):
     assert_state_close(state, expected, what=f"lengths {lengths}")
 
 
+@pytest.mark.parametrize("fill", [1e308, np.nan, np.inf])
+def test_cascade_padding_past_the_lengths_may_hold_anything_as_masked_attend_takes_it(fill):
+    # Padding is masked out: huge keys do not enter the overflow bound, and NaN/inf do not matter, as in masked_attend.
+    lengths = [2, 0, 3]
+    q, k_shared, v_shared, k_suffix, v_suffix = cascade_problem(3, 4, lengths)
+    k_pad, v_pad = padded(k_suffix, 5, fill), padded(v_suffix, 3, fill)
+    with np.errstate(all="raise"):
+        state = kv.cascade_attention(q, k_shared, v_shared, k_pad, v_pad, suffix_lengths=lengths, return_lse=True)
+    assert_state_close(state, concatenated_reference(q, k_shared, v_shared, k_suffix, v_suffix))
+    valid = np.arange(3) < np.array(lengths)[:, None]  # [B, S_max]
+    k_all = np.concatenate([np.broadcast_to(k_shared, (3, 4, 5)), k_pad], axis=1)  # [B, S_p + S_max, D_k]
+    v_all = np.concatenate([np.broadcast_to(v_shared, (3, 4, 3)), v_pad], axis=1)
+    valid_all = np.concatenate([np.ones((3, 4), dtype=bool), valid], axis=1)
+    np.testing.assert_allclose(kv.masked_attend(q, k_all, v_all, valid_all), state[0], **TOL64)  # both accept it
+    k_pad[2, 1, 0] = fill if not np.isfinite(fill) else np.nan  # within a length: refused, naming k_suffix
+    with pytest.raises(ValueError, match=r"^k_suffix contains NaN or inf within suffix_lengths$"):
+        kv.cascade_attention(q, k_shared, v_shared, k_pad, v_pad, suffix_lengths=lengths)
+
+
 def test_cascade_with_equal_suffixes_as_arrays_and_no_lengths():
     q, k_shared, v_shared, k_suffix, v_suffix = cascade_problem(4, 9, [3] * 4, t_q=1)
     out = kv.cascade_attention(q, k_shared, v_shared, np.stack(k_suffix), np.stack(v_suffix))
@@ -364,6 +387,7 @@ def test_split_kv_decode_matches_the_reference(path, batch, num_splits):
 
 @pytest.mark.parametrize("path", HEADS_PATHS)
 def test_one_split_decode_is_the_unsplit_decode_bit_for_bit(path):
+    # Documented: each step's one part is attend's computation, merged with weight exp(0) = 1: exact.
     args = heads_problem(7, 3)
     np.testing.assert_array_equal(heads_decode(*args, path=path, num_splits=1), heads_decode(*args, path=path))
 

@@ -1,4 +1,7 @@
-"""SlidingWindowCache: what it holds, what update() returns, crop(), nbytes and its errors, against a model of the ring."""
+"""SlidingWindowCache: what it holds, what update() returns, crop(), nbytes and its errors, against a model of the ring.
+
+The cache copies keys and values in and out, and positions are integers: both are compared bit for bit.
+"""
 
 import numpy as np
 import pytest
