@@ -4,7 +4,8 @@
     python3 tools/dev.py bench [--all | --commits N] [--machine NAME]
                                                   the main job: benchmark a bounded sample of the commits of
                                                   main that can change a result, publish the dashboard
-    python3 tools/dev.py test [ARGS]              python -m pytest tests (ARGS go to pytest)
+    python3 tools/dev.py test [ARGS]              python -m pytest: tests, or only the paths and node ids
+                                                  ARGS name (ARGS go to pytest as given)
     python3 tools/dev.py gate BASE HEAD [--factor F] [--count-factor F] [--bench REGEX]
                                                   benchmark two commits where needed, compare the counts
                                                   (work) and the timings (time), exit 0/1/2

@@ -1,5 +1,6 @@
 """tools/dev.py: its command line, parsed before .venv exists, and the arguments it passes through."""
 
+import os
 import subprocess
 import sys
 
@@ -31,3 +32,21 @@ def test_test_passes_its_arguments_through_and_report_parses_its_own():
     for argv in (["gate", "HEAD~1", "HEAD", "--bogus"], ["report", "tables", "--bogus"]):
         with pytest.raises(SystemExit):
             dev.parse_args(argv)
+
+
+def test_test_runs_only_the_node_ids_and_paths_it_is_given():
+    """``tools/dev.py test NODE_ID`` collects that test alone, and without paths the whole suite (testpaths)."""
+    env = {**os.environ, common.INSIDE_VENV: "1"}
+
+    def collected(*argv):
+        result = subprocess.run([sys.executable, "-m", "tools.dev", "test", "--collect-only", "-q",
+                                 "-p", "no:cacheprovider", *argv], cwd=common.ROOT, env=env,
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return [line for line in result.stdout.splitlines() if "::" in line]
+
+    node = "tests/tools/test_dev.py::test_test_passes_its_arguments_through_and_report_parses_its_own"
+    assert collected(node) == [node]
+    assert set(collected("tests/tools/test_lock.py")) == {n for n in collected("tests/tools") if "test_lock.py" in n}
+    whole = collected()
+    assert node in whole and any(n.startswith("tests/kv_attention/") for n in whole)
