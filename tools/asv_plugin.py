@@ -8,8 +8,10 @@ directory of asv.conf.json) and calls its ``setup()``. This one is listed as
 
 - ``asv run``, ``asv continuous`` and ``asv find`` always record every timing
   sample (``--record-samples``), and a point that has samples is never
-  replaced by one that has none: ``--quick`` results are stored without
-  samples, so the main job sees them as incomplete and measures them again;
+  replaced by one that has none; ``--quick`` never replaces any stored
+  measured value (a timing with or without samples, a ``track_`` count, a
+  ``peakmem_``), only fills in points that have none, stored without samples
+  so that the main job sees them as incomplete and measures them again;
 - ``asv find`` warns that it judges a timing by single medians, and forgets
   the benchmarks it measured for only some parameter combinations (as the
   gate does), so that the main job measures them whole;
@@ -66,23 +68,25 @@ def is_measured(value):
     return isinstance(value, (int, float)) and not (isinstance(value, float) and math.isnan(value))
 
 
-def _sampled_points(results, benchmark):
-    """``{index: (value, stats, samples)}`` of ``results``' stored points of ``benchmark`` that have samples."""
+def _sampled_points(results, benchmark, every=False):
+    """``{index: (value, stats, samples)}`` of ``results``' stored points of ``benchmark`` that have samples
+    (``every``: every measured point, with samples or not; what a --quick run must not replace)."""
     name = benchmark["name"]
     if name not in results.get_all_result_keys() or results.benchmark_version.get(name) != benchmark["version"]:
         return {}
     params = benchmark["params"]
     values = results.get_result_value(name, params)
     stats = results.get_result_stats(name, params)
-    samples = results.get_result_samples(name, params)
-    return {j: (values[j], stats[j], samples[j]) for j in range(len(samples or [])) if samples[j] is not None}
+    samples = results.get_result_samples(name, params) or [None] * len(values)
+    return {j: (values[j], stats[j], samples[j]) for j in range(len(values))
+            if samples[j] is not None or (every and is_measured(values[j]))}
 
 
 def _restore(results, name, kept):
-    """Put back each kept point whose new value is a measurement without samples."""
+    """Put back each kept point whose new value is a measurement without samples; the number put back."""
     values = results._results[name]
     if values is None:  # every point failed: a failure is never hidden
-        return
+        return 0
     samples = results._samples[name] or [None] * len(values)
     stats = results._stats[name] or [None] * len(values)
     restored = 0
@@ -91,22 +95,42 @@ def _restore(results, name, kept):
             values[j], stats[j], samples[j] = value, stat, sample
             restored += 1
     if restored:
-        results._samples[name], results._stats[name] = samples, stats
+        results._samples[name] = samples if any(s is not None for s in samples) else None
+        results._stats[name] = stats if any(s is not None for s in stats) else None
+    return restored
+
+
+def _same(values, others):
+    """Two stored columns of values are equal, NaN (skipped) equal to NaN."""
+    def key(value):
+        return "NaN" if isinstance(value, float) and math.isnan(value) else value
+
+    return values is not None and [key(v) for v in values] == [key(v) for v in others]
 
 
 def _keep_samples():
-    """Every result asv adds records its samples (but a --quick one), and never replaces one that has them."""
+    """Every result asv adds records its samples (but a --quick one), and never replaces one that has them;
+    a --quick one replaces no measured value at all."""
     from asv.results import Results
 
     original = Results.add_result
 
     @functools.wraps(original)
     def add_result(self, benchmark, result, *args, **kwargs):
-        kwargs["record_samples"] = not _STATE["quick"]
-        kept = _sampled_points(self, benchmark)
+        quick = _STATE["quick"]
+        kwargs["record_samples"] = not quick
+        kept = _sampled_points(self, benchmark, every=quick)
+        name = benchmark["name"]
+        before = list(self._results.get(name) or [])
+        when = self._started_at.get(name), self._duration.get(name)
         original(self, benchmark, result, *args, **kwargs)
-        if kept:
-            _restore(self, benchmark["name"], kept)
+        if kept and _restore(self, name, kept) and _same(self._results[name], before):
+            # the run stored nothing new: the benchmark keeps when it was measured (the report's "measured")
+            for column, value in zip((self._started_at, self._duration), when):
+                if value is None:
+                    column.pop(name, None)
+                else:
+                    column[name] = value
 
     Results.add_result = add_result
 

@@ -45,6 +45,13 @@ time_sum.rounds = 1
 time_sum.version = "1"
 
 
+def peakmem_list():
+    [0] * 200_000
+
+
+peakmem_list.version = "1"
+
+
 class Work:
     params = [["a", "b"]]
     param_names = ["part"]
@@ -109,6 +116,12 @@ class Project:
         columns = dict(zip(data["result_columns"], row))
         return columns["result"], columns.get("samples")
 
+    def column(self, config, commit, name, column):
+        """One stored column (``started_at``, ``result``, ...) of benchmark ``name`` at ``commit``."""
+        results_dir = self.root / json.loads(Path(config).read_text())["results_dir"]
+        data = json.loads(next(results_dir.glob(f"*/{commit[:8]}-*.json")).read_text())
+        return dict(zip(data["result_columns"], data["results"][name]))[column]
+
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
@@ -153,9 +166,13 @@ def test_plain_asv_run_records_samples_and_quick_never_replaces_them(project):
     project.asv("run", f"{head}^!", config=config)  # plain asv run, no --record-samples
     values, samples = project.stored(config, head)
     assert len(samples[0]) >= 3 and min(samples[0]) <= values[0] <= max(samples[0])
+    counts = {name: [project.column(config, head, name, c) for c in ("result", "started_at")]
+              for name in ("bench_tiny.Work.track_work", "bench_tiny.peakmem_list")}
     out = project.asv("run", "--quick", f"{before}~1..{head}", config=config).stdout  # both
     assert "stored without samples" in out
     assert project.stored(config, head) == (values, samples)  # the measured point stands
+    for name, (value, started_at) in counts.items():  # and so do the counts and peakmem, without samples
+        assert [project.column(config, head, name, c) for c in ("result", "started_at")] == [value, started_at]
     quick_values, quick_samples = project.stored(config, before)
     assert quick_values[0] > 0 and quick_samples is None  # a new quick point has no samples
 
