@@ -12,9 +12,11 @@ directory of asv.conf.json) and calls its ``setup()``. This one is listed as
   measured value (a timing with or without samples, a ``track_`` count, a
   ``peakmem_``), only fills in points that have none, stored without samples
   so that the main job sees them as incomplete and measures them again;
-- ``asv find`` warns that it judges a timing by single medians, and forgets
-  the benchmarks it measured for only some parameter combinations (as the
-  gate does), so that the main job measures them whole;
+- ``asv find`` warns that it judges a timing by single medians, says "no
+  change to find" (exit 1) rather than naming a commit when every value it
+  measured is equal, and forgets the benchmarks it measured for only some
+  parameter combinations (as the gate does, removing a result file left
+  empty), so that the main job measures them whole;
 - ``asv publish`` writes the dashboard the main job writes
   (:func:`tools.commands.publish.finish`: local copies of its JavaScript,
   default views, repository text shown as text);
@@ -180,8 +182,37 @@ def _find_note(conf, bench):
             "GOOD BAD --bench 'NAME\\(PARAMS\\)' applies the gate's rule to one point")
 
 
+class _FindLog:
+    """asv's log, for asv find: holds back its last line, "Greatest regression found: ...", for :func:`_wrap_find`."""
+
+    def __init__(self, log):
+        self._log, self.verdict = log, None
+
+    def info(self, message, *args, **kwargs):
+        if str(message).startswith("Greatest "):
+            self.verdict = message
+        else:
+            self._log.info(message, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._log, name)
+
+
+def _no_change(values):
+    """The one value every commit ``asv find`` measured has (a tuple of its selected points), or None.
+
+    ``values``: ``{commit: [value of each selected point]}``; a commit whose points all failed
+    is not measured (asv find steps over it too); NaN equals NaN.
+    """
+    seen = {tuple("n/a" if isinstance(v, float) and math.isnan(v) else v for v in points)
+            for points in values.values() if any(v is not None for v in points)}
+    return next(iter(seen)) if len(seen) == 1 else None
+
+
 def _wrap_find():
-    """``asv find``: a warning for timings, and no partial benchmark left for the main job to skip."""
+    """``asv find``: a warning for timings, "no change to find" rather than a commit when every value it
+    measured is equal, and no partial benchmark (nor an empty result file) left for the main job to skip."""
+    from asv.commands import find
     from asv.commands.find import Find
     from asv.console import log
 
@@ -191,9 +222,32 @@ def _wrap_find():
         note = _find_note(conf, bench)
         if note:
             log.warning(note)
+        values, names, measure = {}, set(), find.run_benchmarks
+
+        def run_benchmarks(benchmarks, env, *run_args, **run_kwargs):  # what asv find measures, commit by commit
+            result = measure(benchmarks, env, *run_args, **run_kwargs)
+            for name in benchmarks:
+                stored = result.get_result_value(name, benchmarks[name]["params"])
+                chosen = benchmarks.benchmark_selection.get(name)
+                values[result.commit_hash] = [v for i, v in enumerate(stored) if chosen is None or i in chosen]
+                names.add(name)
+            return result
+
+        find.log, find.run_benchmarks = _FindLog(log), run_benchmarks
         try:
-            return original(cls, conf, range_spec, bench, *args, **kwargs)
+            code = original(cls, conf, range_spec, bench, *args, **kwargs)
+            same = _no_change(values)
+            if find.log.verdict is None:
+                return code
+            if same is None:
+                log.info(find.log.verdict)
+                return code
+            shown = ", ".join(f"{v:,}" if is_measured(v) else str(v) for v in same)
+            log.info(f"no change to find: {', '.join(sorted(names))} is {shown} at each of the {len(values)} "
+                     "commits asv find measured, so it names no commit (exit 1)")
+            return 1
         finally:
+            find.log, find.run_benchmarks = log, measure
             if not kwargs.get("skip_save"):
                 _drop_partial(conf, range_spec, bench, kwargs.get("machine"), kwargs.get("env_spec"))
 

@@ -247,7 +247,9 @@ def drop_partial(conf, machine, env_names, commits, pattern):
 
     asv stores NaN for the combinations it did not run, and ``asv run --skip-existing``
     (the main job) would then never measure them. A benchmark is dropped only when
-    every combination the pattern did not select is NaN. Returns True if any was.
+    every combination the pattern did not select is NaN. A result file left with no
+    benchmark at all is removed (asv's ``Results.rm``), never left empty: the commit
+    then has no results, as before the command. Returns True if any was dropped.
     """
     dropped = False
     for commit in commits:
@@ -260,9 +262,11 @@ def drop_partial(conf, machine, env_names, commits, pattern):
                     partial.append(key)
             for key in partial:
                 result.remove_result(key)
-            if partial:
+            if partial and not list(result.get_all_result_keys()):
+                result.rm(conf.results_dir)
+            elif partial:
                 result.save(conf.results_dir)
-                dropped = True
+            dropped = dropped or bool(partial)
     return dropped
 
 

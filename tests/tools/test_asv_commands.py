@@ -116,6 +116,11 @@ class Project:
         columns = dict(zip(data["result_columns"], row))
         return columns["result"], columns.get("samples")
 
+    def result_files(self, config):
+        """The names of every result file under ``config``'s results_dir (machine.json aside)."""
+        results_dir = self.root / json.loads(Path(config).read_text())["results_dir"]
+        return sorted(p.name for p in results_dir.glob("*/*.json") if p.name != "machine.json")
+
     def column(self, config, commit, name, column):
         """One stored column (``started_at``, ``result``, ...) of benchmark ``name`` at ``commit``."""
         results_dir = self.root / json.loads(Path(config).read_text())["results_dir"]
@@ -217,6 +222,18 @@ def test_asv_find_names_the_commit_where_a_count_changed(project):
     assert re.search(r"Greatest regression found: (\w+)", result.stdout).group(1) == change[:8]
     # measured for one parameter combination only: not kept, so the main job measures it whole
     assert all(project.stored(config, c, "bench_tiny.Work.track_work") is None for c in (good, change, bad))
+    assert project.result_files(config) == []  # and no empty result file is left behind
+
+
+def test_asv_find_says_no_change_to_find_when_every_value_is_equal(project):
+    """Issue 20: asv find named a commit ("Greatest regression found") though every value was equal."""
+    config = project.config("find-equal")
+    first, last = project.commits["package"], project.commits["docs again"]
+    result = project.asv("find", f"{first}..{last}", r"track_work\('a'\)", config=config, check=False)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "no change to find: bench_tiny.Work.track_work is 100 at each of the" in result.stdout
+    assert "Greatest regression found" not in result.stdout
+    assert project.result_files(config) == []
 
 
 def test_bisect_names_the_commit_where_a_count_changed_by_the_gates_rule(project):
@@ -233,6 +250,11 @@ def test_bisect_names_the_commit_where_a_count_changed_by_the_gates_rule(project
     assert "1.500x of its parent" in found.stdout
     several = bisect(good, bad, "--bench", "track_work")
     assert several.returncode == 2 and "selects 2 benchmark points" in several.stderr
+    equal = bisect(good, bad, "--bench", r"track_work\('a'\)")
+    assert equal.returncode == 1 and "no change to find" in equal.stdout, equal.stdout + equal.stderr
+    files = [p for p in (project.root / ".asv" / "results").glob("*/*.json") if p.name != "machine.json"]
+    empty = [p.name for p in files if not json.loads(p.read_text())["results"]]
+    assert empty == []  # what bisect measured for one combination only is not kept, nor left as an empty file
 
 
 @pytest.mark.skipif(shutil.which("npm") is None, reason="no npm: the dashboard cannot be made offline-ready")

@@ -104,6 +104,15 @@ def test_unsampled_names_the_timings_a_quick_run_stored():
     assert results.unsampled(result) == []  # failed and skipped points have no samples to lose
 
 
+def test_asv_find_sees_no_change_only_when_every_commit_it_measured_has_the_same_values():
+    nan = math.nan
+    assert asv_plugin._no_change({"a": [36_900_000], "b": [36_900_000], "c": [None]}) == (36_900_000,)
+    assert asv_plugin._no_change({"a": [1, nan], "b": [1, nan]}) == (1, "n/a")
+    assert asv_plugin._no_change({"a": [100], "b": [150]}) is None
+    assert asv_plugin._no_change({"a": [1e-3], "b": [1.001e-3]}) is None  # a timing's medians differ
+    assert asv_plugin._no_change({"a": [None]}) is None and asv_plugin._no_change({}) is None
+
+
 @pytest.mark.parametrize("argv, given", [(["machine", "--yes"], False), (["machine", "--machine", "x"], True),
                                          (["machine", "--machine=x"], True), (["machine", "--mach", "x"], True),
                                          (["machine", "--ma=x"], True), (["machine", "--m"], True)])
