@@ -8,7 +8,7 @@ the whole suite beside what ARGS name.
 
 import sys
 
-from .. import common
+from .. import common, examples
 
 PASSTHROUGH = True  # arguments after the command name go to pytest, unparsed
 
@@ -20,4 +20,7 @@ def setup_arguments(subparsers):
 
 
 def run(args):
+    if {"-h", "--help"} & set(args.rest):  # pytest's help follows: first, this command's own line
+        print(f"usage: tools/dev.py test [ARGS]: python -m pytest ARGS, inside .venv (pytest's help follows)\n"
+              f"{examples.text('test')}\n", flush=True)
     return common.run(sys.executable, "-m", "pytest", *args.rest, check=False)
