@@ -211,6 +211,7 @@ def test_the_main_job_measures_a_stored_timing_without_samples_again(project, mo
     assert bench.run(args) == 0
     out = capsys.readouterr().out
     assert "measured again" in out and "benchmarking 1" in out
+    assert re.search(r"\n  \.venv/bin/python -m asv preview\nand open http://127\.0\.0\.1:80\d\d/", out), out
     assert len(project.stored(project.root / "asv.conf.json", head)[1][0]) >= 3
     assert results.has_results(head, conf, benchmarks, name, env_names)
 
