@@ -22,7 +22,6 @@ change), re-runs itself inside it, and calls the command. asv builds its own
 per-commit virtualenvs under .asv/env.
 """
 
-import argparse
 import hashlib
 import os
 import subprocess
