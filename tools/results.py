@@ -538,7 +538,7 @@ class ResultsDir:
             listed = ", ".join(off[:5]) + (", ..." if len(off) > 5 else "")
             print(f"note: results of {len(off)} commit(s) on machine {machine!r} not read: not on {self.branch}'s "
                   f"history (a reset or rebase removed them, or another branch has them): {listed}; "
-                  "--commit HASH reads one", file=sys.stderr)
+                  "name one (--commit HASH, or compare's BASE HEAD) to read it", file=sys.stderr)
         return [n for n in names if self.on_branch(n)]
 
     def _files(self, machine, env=None):
