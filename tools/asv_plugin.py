@@ -8,11 +8,15 @@ directory of asv.conf.json) and calls its ``setup()``. This one is listed as
 
 - ``asv run``, ``asv continuous`` and ``asv find`` always record every timing
   sample (``--record-samples``), and a point that has samples is never
-  replaced by one that has none: ``--quick`` results are stored without
-  samples, so the main job sees them as incomplete and measures them again;
-- ``asv find`` warns that it judges a timing by single medians, and forgets
-  the benchmarks it measured for only some parameter combinations (as the
-  gate does), so that the main job measures them whole;
+  replaced by one that has none; ``--quick`` never replaces any stored
+  measured value (a timing with or without samples, a ``track_`` count, a
+  ``peakmem_``), only fills in points that have none, stored without samples
+  so that the main job sees them as incomplete and measures them again;
+- ``asv find`` warns that it judges a timing by single medians, says "no
+  change to find" (exit 1) rather than naming a commit when every value it
+  measured is equal, and forgets the benchmarks it measured for only some
+  parameter combinations (as the gate does, removing a result file left
+  empty), so that the main job measures them whole;
 - ``asv publish`` writes the dashboard the main job writes
   (:func:`tools.commands.publish.finish`: local copies of its JavaScript,
   default views, repository text shown as text);
@@ -66,23 +70,25 @@ def is_measured(value):
     return isinstance(value, (int, float)) and not (isinstance(value, float) and math.isnan(value))
 
 
-def _sampled_points(results, benchmark):
-    """``{index: (value, stats, samples)}`` of ``results``' stored points of ``benchmark`` that have samples."""
+def _sampled_points(results, benchmark, every=False):
+    """``{index: (value, stats, samples)}`` of ``results``' stored points of ``benchmark`` that have samples
+    (``every``: every measured point, with samples or not; what a --quick run must not replace)."""
     name = benchmark["name"]
     if name not in results.get_all_result_keys() or results.benchmark_version.get(name) != benchmark["version"]:
         return {}
     params = benchmark["params"]
     values = results.get_result_value(name, params)
     stats = results.get_result_stats(name, params)
-    samples = results.get_result_samples(name, params)
-    return {j: (values[j], stats[j], samples[j]) for j in range(len(samples or [])) if samples[j] is not None}
+    samples = results.get_result_samples(name, params) or [None] * len(values)
+    return {j: (values[j], stats[j], samples[j]) for j in range(len(values))
+            if samples[j] is not None or (every and is_measured(values[j]))}
 
 
 def _restore(results, name, kept):
-    """Put back each kept point whose new value is a measurement without samples."""
+    """Put back each kept point whose new value is a measurement without samples; the number put back."""
     values = results._results[name]
     if values is None:  # every point failed: a failure is never hidden
-        return
+        return 0
     samples = results._samples[name] or [None] * len(values)
     stats = results._stats[name] or [None] * len(values)
     restored = 0
@@ -91,22 +97,42 @@ def _restore(results, name, kept):
             values[j], stats[j], samples[j] = value, stat, sample
             restored += 1
     if restored:
-        results._samples[name], results._stats[name] = samples, stats
+        results._samples[name] = samples if any(s is not None for s in samples) else None
+        results._stats[name] = stats if any(s is not None for s in stats) else None
+    return restored
+
+
+def _same(values, others):
+    """Two stored columns of values are equal, NaN (skipped) equal to NaN."""
+    def key(value):
+        return "NaN" if isinstance(value, float) and math.isnan(value) else value
+
+    return values is not None and [key(v) for v in values] == [key(v) for v in others]
 
 
 def _keep_samples():
-    """Every result asv adds records its samples (but a --quick one), and never replaces one that has them."""
+    """Every result asv adds records its samples (but a --quick one), and never replaces one that has them;
+    a --quick one replaces no measured value at all."""
     from asv.results import Results
 
     original = Results.add_result
 
     @functools.wraps(original)
     def add_result(self, benchmark, result, *args, **kwargs):
-        kwargs["record_samples"] = not _STATE["quick"]
-        kept = _sampled_points(self, benchmark)
+        quick = _STATE["quick"]
+        kwargs["record_samples"] = not quick
+        kept = _sampled_points(self, benchmark, every=quick)
+        name = benchmark["name"]
+        before = list(self._results.get(name) or [])
+        when = self._started_at.get(name), self._duration.get(name)
         original(self, benchmark, result, *args, **kwargs)
-        if kept:
-            _restore(self, benchmark["name"], kept)
+        if kept and _restore(self, name, kept) and _same(self._results[name], before):
+            # the run stored nothing new: the benchmark keeps when it was measured (the report's "measured")
+            for column, value in zip((self._started_at, self._duration), when):
+                if value is None:
+                    column.pop(name, None)
+                else:
+                    column[name] = value
 
     Results.add_result = add_result
 
@@ -156,8 +182,37 @@ def _find_note(conf, bench):
             "GOOD BAD --bench 'NAME\\(PARAMS\\)' applies the gate's rule to one point")
 
 
+class _FindLog:
+    """asv's log, for asv find: holds back its last line, "Greatest regression found: ...", for :func:`_wrap_find`."""
+
+    def __init__(self, log):
+        self._log, self.verdict = log, None
+
+    def info(self, message, *args, **kwargs):
+        if str(message).startswith("Greatest "):
+            self.verdict = message
+        else:
+            self._log.info(message, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._log, name)
+
+
+def _no_change(values):
+    """The one value every commit ``asv find`` measured has (a tuple of its selected points), or None.
+
+    ``values``: ``{commit: [value of each selected point]}``; a commit whose points all failed
+    is not measured (asv find steps over it too); NaN equals NaN.
+    """
+    seen = {tuple("n/a" if isinstance(v, float) and math.isnan(v) else v for v in points)
+            for points in values.values() if any(v is not None for v in points)}
+    return next(iter(seen)) if len(seen) == 1 else None
+
+
 def _wrap_find():
-    """``asv find``: a warning for timings, and no partial benchmark left for the main job to skip."""
+    """``asv find``: a warning for timings, "no change to find" rather than a commit when every value it
+    measured is equal, and no partial benchmark (nor an empty result file) left for the main job to skip."""
+    from asv.commands import find
     from asv.commands.find import Find
     from asv.console import log
 
@@ -167,9 +222,32 @@ def _wrap_find():
         note = _find_note(conf, bench)
         if note:
             log.warning(note)
+        values, names, measure = {}, set(), find.run_benchmarks
+
+        def run_benchmarks(benchmarks, env, *run_args, **run_kwargs):  # what asv find measures, commit by commit
+            result = measure(benchmarks, env, *run_args, **run_kwargs)
+            for name in benchmarks:
+                stored = result.get_result_value(name, benchmarks[name]["params"])
+                chosen = benchmarks.benchmark_selection.get(name)
+                values[result.commit_hash] = [v for i, v in enumerate(stored) if chosen is None or i in chosen]
+                names.add(name)
+            return result
+
+        find.log, find.run_benchmarks = _FindLog(log), run_benchmarks
         try:
-            return original(cls, conf, range_spec, bench, *args, **kwargs)
+            code = original(cls, conf, range_spec, bench, *args, **kwargs)
+            same = _no_change(values)
+            if find.log.verdict is None:
+                return code
+            if same is None:
+                log.info(find.log.verdict)
+                return code
+            shown = ", ".join(f"{v:,}" if is_measured(v) else str(v) for v in same)
+            log.info(f"no change to find: {', '.join(sorted(names))} is {shown} at each of the {len(values)} "
+                     "commits asv find measured, so it names no commit (exit 1)")
+            return 1
         finally:
+            find.log, find.run_benchmarks = log, measure
             if not kwargs.get("skip_save"):
                 _drop_partial(conf, range_spec, bench, kwargs.get("machine"), kwargs.get("env_spec"))
 

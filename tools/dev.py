@@ -4,7 +4,8 @@
     python3 tools/dev.py bench [--all | --commits N] [--machine NAME]
                                                   the main job: benchmark a bounded sample of the commits of
                                                   main that can change a result, publish the dashboard
-    python3 tools/dev.py test [ARGS]              python -m pytest tests (ARGS go to pytest)
+    python3 tools/dev.py test [ARGS]              python -m pytest: tests, or only the paths and node ids
+                                                  ARGS name (ARGS go to pytest as given)
     python3 tools/dev.py gate BASE HEAD [--factor F] [--count-factor F] [--bench REGEX]
                                                   benchmark two commits where needed, compare the counts
                                                   (work) and the timings (time), exit 0/1/2
@@ -21,7 +22,6 @@ change), re-runs itself inside it, and calls the command. asv builds its own
 per-commit virtualenvs under .asv/env.
 """
 
-import argparse
 import hashlib
 import os
 import subprocess
@@ -32,7 +32,7 @@ if not __package__:  # run as a file: run as the module tools.dev, from the repo
     os.chdir(Path(__file__).resolve().parents[1])
     os.execv(sys.executable, [sys.executable, "-m", "tools.dev", *sys.argv[1:]])
 
-from . import common, lock, processes  # noqa: E402
+from . import common, examples, lock, processes  # noqa: E402
 from .commands import COMMANDS  # noqa: E402
 
 VENV = common.ROOT / ".venv"
@@ -60,15 +60,21 @@ def ensure_venv():
     stamp.write_text(digest)
 
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="tools/dev.py", description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    subparsers = parser.add_subparsers(dest="command", required=True)
+def make_parser():
+    """``(parser, {command: module})``: every command's parser, each with its examples (tools/examples.py)."""
+    parser = examples.Parser(prog="tools/dev.py", description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    subparsers = parser.add_subparsers(dest="command", required=True)  # each a Parser too: argparse's default
     modules = {}
     for module in COMMANDS:
         modules[module.setup_arguments(subparsers).prog.split()[-1]] = module
+    return examples.add(parser), modules
+
+
+def parse_args(argv):
+    parser, modules = make_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(modules[args.command], "PASSTHROUGH", False):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        examples.chosen(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     args.module, args.rest = modules[args.command], extra
     return args
 

@@ -247,7 +247,9 @@ def drop_partial(conf, machine, env_names, commits, pattern):
 
     asv stores NaN for the combinations it did not run, and ``asv run --skip-existing``
     (the main job) would then never measure them. A benchmark is dropped only when
-    every combination the pattern did not select is NaN. Returns True if any was.
+    every combination the pattern did not select is NaN. A result file left with no
+    benchmark at all is removed (asv's ``Results.rm``), never left empty: the commit
+    then has no results, as before the command. Returns True if any was dropped.
     """
     dropped = False
     for commit in commits:
@@ -260,9 +262,11 @@ def drop_partial(conf, machine, env_names, commits, pattern):
                     partial.append(key)
             for key in partial:
                 result.remove_result(key)
-            if partial:
+            if partial and not list(result.get_all_result_keys()):
+                result.rm(conf.results_dir)
+            elif partial:
                 result.save(conf.results_dir)
-                dropped = True
+            dropped = dropped or bool(partial)
     return dropped
 
 
@@ -439,16 +443,26 @@ class ResultsDir:
         also: more results directories (``--with docs/results``), whose
             machines are read beside those of ``results_dir``, each from its
             own folder, under its own name; ``results_dir`` may then be missing.
+        branch: the branch the results measure (asv.conf.json's ``branches``).
+
+    Only the result files of commits on ``branch``'s history, as asv's graphs
+    take it (:meth:`branch_hashes`), are read unless a commit is named: the
+    newest commit, and every file the CSV reads, is one of them; the others
+    (a feature branch's, or commits a reset or rebase removed) are left
+    unread, with a note saying so. Where ``repo_dir`` holds no such branch,
+    every file is read.
 
     Raises:
         UserError: a directory does not exist, none holds a machine, or two hold the same machine.
     """
 
-    def __init__(self, results_dir, repo_dir=".", known_param_names=None, also=()):
+    def __init__(self, results_dir, repo_dir=".", known_param_names=None, also=(), branch=common.BRANCH):
         self.path = results_dir
         self.paths = [results_dir, *also]  # every directory read (no output may go into one)
         self.repo_dir = repo_dir
+        self.branch = branch
         self._skipped = set()  # (machine, name) of files already reported as not regular
+        self._noted = set()  # ("machine", name) and ("commit", hash8) already noted as off the branch
         self.folders = {}  # machine -> the folder its results are read from
         for i, path in enumerate(self.paths):
             if i:
@@ -513,11 +527,46 @@ class ResultsDir:
             f"results from several machines in {self.where} ({', '.join(self.machines)}): choose one with --machine"
         )
 
-    def files(self, machine, env=None):
+    @functools.cached_property
+    def branch_hashes(self):
+        """The hash8 of every commit of the branch's first-parent history (asv's ``get_branch_commits``,
+        the commits its graphs show), or None when ``repo_dir`` is no git repository holding the branch."""
+        from asv.plugins.git import Git
+        from asv.util import ProcessError
+
+        if not (Git.is_local_repo(self.repo_dir) and _git(self.repo_dir, "rev-parse", "--verify", "--quiet",
+                                                          "--end-of-options", f"{self.branch}^{{commit}}")):
+            return None
+        try:
+            return {commit[:8] for commit in Git(self.repo_dir, self.repo_dir).get_branch_commits(self.branch)}
+        except ProcessError:
+            return None
+
+    def on_branch(self, name):
+        """False when result file ``name`` (or a hash prefix) is of a commit not on the branch; True if it is
+        or cannot be told."""
+        return self.branch_hashes is None or name[:8] in self.branch_hashes
+
+    def files(self, machine, env=None, every=False):
         """Result file names of ``machine`` (``<hash8>-<env>.json``; ``env`` a part of the env name), sorted.
 
-        A name that is not a regular file (a FIFO, a device, a directory) is skipped, with a note on stderr.
+        Only those of commits on the branch (:meth:`on_branch`), unless ``every``: the others are
+        named in a note on stderr, once. A name that is not a regular file (a FIFO, a device, a
+        directory) is skipped, with a note on stderr.
         """
+        names = self._files(machine, env)
+        if every:
+            return names
+        off = sorted({n[:8] for n in names if not self.on_branch(n)})
+        if off and ("machine", machine) not in self._noted:
+            self._noted.add(("machine", machine))
+            listed = ", ".join(off[:5]) + (", ..." if len(off) > 5 else "")
+            print(f"note: results of {len(off)} commit(s) on machine {machine!r} not read: not on {self.branch}'s "
+                  f"history (a reset or rebase removed them, or another branch has them): {listed}; "
+                  "name one (--commit HASH, or compare's BASE HEAD) to read it", file=sys.stderr)
+        return [n for n in names if self.on_branch(n)]
+
+    def _files(self, machine, env=None):
         folder = self.folders[machine]
         names = []
         for n in sorted(os.listdir(folder)):
@@ -544,7 +593,15 @@ class ResultsDir:
                 with results, or the commit has no results on ``machine``.
         """
         full = _git(self.repo_dir, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}")
-        prefixes = {RESULT_FILE.match(n).group(1) for n in self.files(machine)}
+        prefixes = {RESULT_FILE.match(n).group(1) for n in self.files(machine, every=True)}
+        hash8, commit = self._resolve(rev, full, prefixes, machine)
+        if not self.on_branch(hash8) and ("commit", hash8) not in self._noted:
+            self._noted.add(("commit", hash8))
+            print(f"note: commit {hash8} ({rev}) is not on {self.branch}'s history: its stored results are read "
+                  "as asked", file=sys.stderr)
+        return hash8, commit
+
+    def _resolve(self, rev, full, prefixes, machine):
         if full:
             if full[:8] not in prefixes:
                 raise UserError(
@@ -573,11 +630,12 @@ class ResultsDir:
                 ``env`` does not choose one.
         """
         where = f"machine {machine!r}" + (f" in an env matching {env!r}" if env else "")
-        names = self.files(machine, env)
+        names = self.files(machine, env, every=hash8 is not None)
         if hash8 is None:
             runs = [self.load_file(machine, n) for n in names]
             if not runs:
-                raise UserError(f"no results for {where} in {self.where}")
+                mains = f" of commits on {self.branch}'s history" if self.branch_hashes is not None else ""
+                raise UserError(f"no results{mains} for {where} in {self.where}")
             hash8 = max(runs, key=lambda r: r.date).commit[:8]
         names = [n for n in names if n.startswith(hash8 + "-")]
         if not names:

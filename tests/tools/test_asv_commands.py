@@ -45,6 +45,13 @@ time_sum.rounds = 1
 time_sum.version = "1"
 
 
+def peakmem_list():
+    [0] * 200_000
+
+
+peakmem_list.version = "1"
+
+
 class Work:
     params = [["a", "b"]]
     param_names = ["part"]
@@ -123,6 +130,17 @@ class Project:
         columns = dict(zip(data["result_columns"], row))
         return columns["result"], columns.get("samples")
 
+    def result_files(self, config):
+        """The names of every result file under ``config``'s results_dir (machine.json aside)."""
+        results_dir = self.root / json.loads(Path(config).read_text())["results_dir"]
+        return sorted(p.name for p in results_dir.glob("*/*.json") if p.name != "machine.json")
+
+    def column(self, config, commit, name, column):
+        """One stored column (``started_at``, ``result``, ...) of benchmark ``name`` at ``commit``."""
+        results_dir = self.root / json.loads(Path(config).read_text())["results_dir"]
+        data = json.loads(next(results_dir.glob(f"*/{commit[:8]}-*.json")).read_text())
+        return dict(zip(data["result_columns"], data["results"][name]))[column]
+
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
@@ -167,9 +185,13 @@ def test_plain_asv_run_records_samples_and_quick_never_replaces_them(project):
     project.asv("run", f"{head}^!", config=config)  # plain asv run, no --record-samples
     values, samples = project.stored(config, head)
     assert len(samples[0]) >= 3 and min(samples[0]) <= values[0] <= max(samples[0])
+    counts = {name: [project.column(config, head, name, c) for c in ("result", "started_at")]
+              for name in ("bench_tiny.Work.track_work", "bench_tiny.peakmem_list")}
     out = project.asv("run", "--quick", f"{before}~1..{head}", config=config).stdout  # both
     assert "stored without samples" in out
     assert project.stored(config, head) == (values, samples)  # the measured point stands
+    for name, (value, started_at) in counts.items():  # and so do the counts and peakmem, without samples
+        assert [project.column(config, head, name, c) for c in ("result", "started_at")] == [value, started_at]
     quick_values, quick_samples = project.stored(config, before)
     assert quick_values[0] > 0 and quick_samples is None  # a new quick point has no samples
 
@@ -203,6 +225,7 @@ def test_the_main_job_measures_a_stored_timing_without_samples_again(project, mo
     assert bench.run(args) == 0
     out = capsys.readouterr().out
     assert "measured again" in out and "benchmarking 1" in out
+    assert re.search(r"\n  \.venv/bin/python -m asv preview\nand open http://127\.0\.0\.1:80\d\d/", out), out
     assert len(project.stored(project.root / "asv.conf.json", head)[1][0]) >= 3
     assert results.has_results(head, conf, benchmarks, name, env_names)
 
@@ -243,6 +266,18 @@ def test_asv_find_names_the_commit_where_a_count_changed(project):
     assert re.search(r"Greatest regression found: (\w+)", result.stdout).group(1) == change[:8]
     # measured for one parameter combination only: not kept, so the main job measures it whole
     assert all(project.stored(config, c, "bench_tiny.Work.track_work") is None for c in (good, change, bad))
+    assert project.result_files(config) == []  # and no empty result file is left behind
+
+
+def test_asv_find_says_no_change_to_find_when_every_value_is_equal(project):
+    """Issue 20: asv find named a commit ("Greatest regression found") though every value was equal."""
+    config = project.config("find-equal")
+    first, last = project.commits["package"], project.commits["docs again"]
+    result = project.asv("find", f"{first}..{last}", r"track_work\('a'\)", config=config, check=False)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "no change to find: bench_tiny.Work.track_work is 100 at each of the" in result.stdout
+    assert "Greatest regression found" not in result.stdout
+    assert project.result_files(config) == []
 
 
 def test_bisect_names_the_commit_where_a_count_changed_by_the_gates_rule(project):
@@ -259,6 +294,11 @@ def test_bisect_names_the_commit_where_a_count_changed_by_the_gates_rule(project
     assert "1.500x of its parent" in found.stdout
     several = bisect(good, bad, "--bench", "track_work")
     assert several.returncode == 2 and "selects 2 benchmark points" in several.stderr
+    equal = bisect(good, bad, "--bench", r"track_work\('a'\)")
+    assert equal.returncode == 1 and "no change to find" in equal.stdout, equal.stdout + equal.stderr
+    files = [p for p in (project.root / ".asv" / "results").glob("*/*.json") if p.name != "machine.json"]
+    empty = [p.name for p in files if not json.loads(p.read_text())["results"]]
+    assert empty == []  # what bisect measured for one combination only is not kept, nor left as an empty file
 
 
 @pytest.mark.skipif(shutil.which("npm") is None, reason="no npm: the dashboard cannot be made offline-ready")

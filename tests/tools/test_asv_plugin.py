@@ -1,5 +1,6 @@
 """The asv plugin's pieces, without running asv (tests/tools/test_asv_commands.py runs the real commands)."""
 
+import datetime
 import json
 import math
 import re
@@ -55,6 +56,42 @@ def test_a_failure_or_a_new_version_is_never_hidden_by_a_kept_point():
     assert asv_plugin._sampled_points(result, {**TIME, "version": "2"}) == {}
 
 
+TRACK = {"name": "bench_x.Work.track_allocated_bytes", "type": "track", "params": [["16", "256"]],
+         "param_names": ["T"], "version": "1"}
+PEAKMEM = {"name": "bench_x.peakmem_decode", "type": "memory", "params": [], "param_names": [], "version": "1"}
+
+
+def counted(values):
+    """A BenchmarkResult of a track_ or peakmem_ benchmark: values, no samples."""
+    return BenchmarkResult(values, [None] * len(values), [None] * len(values), 0, "", None)
+
+
+def test_quick_never_replaces_a_stored_value_with_or_without_samples(monkeypatch):
+    """Issue 20: asv run --quick replaced stored counts and peakmem (8,203,620 -> 8,198,249)."""
+    monkeypatch.setattr(Results, "add_result", Results.add_result)  # put back after the test
+    asv_plugin._keep_samples()  # what setup() installs: the wrapped Results.add_result
+    result = Results({"machine": "m"}, {}, "a" * 40, 0, "3.11", "env", {})
+    result.add_result(TRACK, counted([8_203_620, None]), started_at=datetime.datetime(2026, 12, 1, 14, 19,
+                                                                                    tzinfo=datetime.timezone.utc))
+    result.add_result(PEAKMEM, counted([50_000_000]))
+    monkeypatch.setitem(asv_plugin._STATE, "quick", True)
+    result.add_result(TIME, measured([[5e-3], [6e-3]]))  # a first --quick run: a timing without samples
+    assert stored(result)[1] == [None, None]
+    time_before = stored(result)
+    started = dict(result._started_at)
+    result.add_result(TRACK, counted([8_198_249, 4_000]))  # the quick run's values
+    result.add_result(PEAKMEM, counted([51_000_000]))
+    result.add_result(TIME, measured([[7e-3], [8e-3]]))
+    assert result.get_result_value(TRACK["name"], TRACK["params"]) == [8_203_620, 4_000]  # a new point is added
+    assert result.get_result_value(PEAKMEM["name"], []) == [50_000_000]
+    assert stored(result) == time_before
+    assert result._started_at[PEAKMEM["name"]] == started[PEAKMEM["name"]]  # measured when it was, not now
+    assert result._started_at[TIME["name"]] == started[TIME["name"]]
+    monkeypatch.setitem(asv_plugin._STATE, "quick", False)  # a full run measures again
+    result.add_result(TRACK, counted([8_198_249, 4_000]))
+    assert result.get_result_value(TRACK["name"], TRACK["params"]) == [8_198_249, 4_000]
+
+
 def test_unsampled_names_the_timings_a_quick_run_stored():
     result = Results({"machine": "m"}, {}, "a" * 40, 0, "3.11", "env", {})
     result.add_result(TIME, measured(SAMPLES), record_samples=True)
@@ -65,6 +102,15 @@ def test_unsampled_names_the_timings_a_quick_run_stored():
     assert results.unsampled(result) == [TIME["name"]]
     result.add_result(TIME, BenchmarkResult([None, math.nan], [None, None], [None, None], 2, "", None))
     assert results.unsampled(result) == []  # failed and skipped points have no samples to lose
+
+
+def test_asv_find_sees_no_change_only_when_every_commit_it_measured_has_the_same_values():
+    nan = math.nan
+    assert asv_plugin._no_change({"a": [36_900_000], "b": [36_900_000], "c": [None]}) == (36_900_000,)
+    assert asv_plugin._no_change({"a": [1, nan], "b": [1, nan]}) == (1, "n/a")
+    assert asv_plugin._no_change({"a": [100], "b": [150]}) is None
+    assert asv_plugin._no_change({"a": [1e-3], "b": [1.001e-3]}) is None  # a timing's medians differ
+    assert asv_plugin._no_change({"a": [None]}) is None and asv_plugin._no_change({}) is None
 
 
 @pytest.mark.parametrize("argv, given", [(["machine", "--yes"], False), (["machine", "--machine", "x"], True),

@@ -162,3 +162,27 @@ def test_publish_removes_a_page_it_cannot_make_safe(tmp_path):
     with pytest.raises(common.UserError, match="not published"):
         publish.make_safe(tmp_path)
     assert not (tmp_path / "index.html").exists()
+
+
+def test_the_main_job_says_the_dashboard_is_served_and_prints_the_command_and_address(tmp_path):
+    """Issue 20: opened from disk the dashboard shows "Error fetching content"; the job says how to serve it."""
+    import socket
+
+    from tools import asv_plugin
+    from tools.commands import publish
+
+    blocker = socket.socket()
+    try:
+        try:
+            blocker.bind(("127.0.0.1", 8080))
+            blocker.listen()
+        except OSError:  # already taken by someone else: taken all the same
+            pass
+        text = publish.view_lines(tmp_path)
+        port = int(re.search(r"and open http://127\.0\.0\.1:(\d+)/$", text).group(1))
+        assert port in asv_plugin.PREVIEW_PORTS and port != 8080
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", port))  # the address printed is free: asv preview takes it
+    finally:
+        blocker.close()
+    assert f"\n  {publish.VIEW_COMMAND}\n" in text and "Error fetching content" in text and "file://" in text

@@ -206,6 +206,20 @@ def test_a_partial_measurement_is_not_kept_for_the_main_job(project, capsys):
     assert keys[project.base] == [{TIME, TRACK, COUNT}] and keys[project.head] == [{TRACK, COUNT}]
 
 
+def test_a_result_file_left_with_no_benchmark_is_removed_not_left_empty(project):
+    """Issue 20: asv find and the README's bisect left empty result files for the commits they measured."""
+    conf, _, machine, env_names = results.asv_setup()
+    result = Results({"machine": MACHINE}, {}, project.head, 0, "3.11", sorted(env_names)[0], {})
+    points = [math.nan, math.nan, 1e-3, math.nan]  # what asv run --bench 'time_decode\(256, .concat' stores
+    result.add_result(BENCHMARKS[TIME], BenchmarkResult(points, [None, None, BASE_SAMPLES, None], [None, None, 1, None],
+                                                        0, "", None), record_samples=True)
+    result.save(str(project.results_dir))
+    assert list((project.results_dir / MACHINE).glob(f"{project.head[:8]}-*.json"))
+    assert results.drop_partial(conf, machine, env_names, {project.head}, r"time_decode\(256, 'concat'")
+    assert list((project.results_dir / MACHINE).glob(f"{project.head[:8]}-*.json")) == []
+    assert not results.has_results(project.head, conf, BENCHMARKS, machine, env_names)
+
+
 def test_same_base_and_head_is_said(project, capsys):
     project.write(project.base)
     args = dev.parse_args(["gate", project.base, project.base, "--unpaired"])

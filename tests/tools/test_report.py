@@ -778,3 +778,23 @@ def test_the_samples_per_point_are_those_of_the_tables_shown(repo, capsys):
     assert code == 0 and "median of 11 samples per point" in out
     code, out, _ = report(path, "tables", capsys=capsys)
     assert code == 0 and "median of 2–11 samples per point" in out
+
+
+def test_results_of_commits_no_longer_on_main_are_not_read_and_said(repo, capsys, tmp_path):
+    """Issue 20: after git reset --hard removed a commit, report tables still reported "at" it."""
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[1], date=2_000)
+    write_run(path / ".asv/results", hashes[2], date=3_000, scale=2.0)  # the newest, then removed from main
+    subprocess.run(["git", "-C", str(path), "reset", "-q", "--hard", "HEAD~1"], check=True)
+    code, out, err = report(path, "tables", capsys=capsys)
+    assert code == 0 and f"`{hashes[1][:8]}`" in out.splitlines()[0] and hashes[2][:8] not in out
+    assert "not on main's history" in err and hashes[2][:8] in err
+    code, out, err = report(path, "csv", "--out", str(tmp_path / "s.csv"), capsys=capsys)
+    assert code == 0 and {row["commit"] for row in read_csv(tmp_path / "s.csv")} == {hashes[1]}
+    assert hashes[2][:8] in err
+    code, out, err = report(path, "tables", "--commit", hashes[2][:8], capsys=capsys)  # named: read, and said
+    assert code == 0 and f"`{hashes[2][:8]}`" in out and f"commit {hashes[2][:8]}" in err
+    subprocess.run(["git", "-C", str(path), "reset", "-q", "--hard", "HEAD~1"], check=True)
+    (path / ".asv/results/box" / f"{hashes[1][:8]}-{ENV}.json").unlink()
+    code, out, err = report(path, "tables", capsys=capsys)
+    assert code == 1 and "no results of commits on main's history for machine 'box'" in err

@@ -23,7 +23,7 @@ import time
 
 from .. import common, machine, results
 from .gate import DEFAULT_FACTOR, UNPAIRED_FACTOR, channel_summary, pair_timings
-from .publish import VIEW_COMMAND, publish
+from .publish import publish, view_lines
 
 LOCKS_WORKSPACE = True  # one job at a time in .asv/ (tools/lock.py)
 
@@ -209,7 +209,7 @@ def run(args):
     publish()
     tip = common.git("rev-parse", common.BRANCH)
     head_failed = print_outcomes(commits, tip, pair_tip=tip in todo)
-    print(f"\ndashboard written to {common.ROOT / '.asv' / 'html'}; view it with:\n  {VIEW_COMMAND}")
+    print(f"\n{view_lines(common.ROOT / '.asv' / 'html')}")
     return verdict(tip, head_failed)
 
 

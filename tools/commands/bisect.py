@@ -181,8 +181,9 @@ def run(args):
         print(f"\n{label}: BAD {bad[:8]} is {point.ratio(good, bad)} of GOOD {good[:8]} "
               f"({len(chain) - 2} commits between)")
         if not point.worse(good, bad):
-            print(f"bisect: exit 1 (BAD is not worse than GOOD by more than {args.factor}x and significantly: "
-                  "nothing to bisect)")
+            why = ("no change to find: the value is the same at GOOD and BAD" if point.value(good) == point.value(bad)
+                   else f"BAD is not worse than GOOD by more than {args.factor}x and significantly: nothing to bisect")
+            print(f"bisect: exit 1 ({why})")
             return 1
         lo, hi, skipped = search(chain, point)
     finally:

@@ -13,13 +13,14 @@ dashboard: whatever a published dashboard needs goes into :func:`finish`.
 """
 
 import argparse
+import os
 from pathlib import Path
 
 from .. import combined, common, dashboard, dashboard_text
 
 LOCKS_WORKSPACE = True  # one job at a time in .asv/ (tools/lock.py)
 
-VIEW_COMMAND = ".venv/bin/python -m asv preview   # serves .asv/html on 127.0.0.1"
+VIEW_COMMAND = ".venv/bin/python -m asv preview"  # serves .asv/html on 127.0.0.1 (tools/asv_plugin.py)
 
 
 EXAMPLE = """example, this machine's results and the stored ones of docs/results in one dashboard:
@@ -66,6 +67,28 @@ def make_safe(html_dir):
                                f"show repository text as text: {error}") from None
 
 
+def view_lines(html_dir):
+    """How to view the dashboard in ``html_dir``: the command that serves it and the address it will print.
+
+    The address is the one ``asv preview`` takes now (:func:`tools.asv_plugin.serve`: 127.0.0.1, the
+    first free port from 8080): the page fetches its JSON, which browsers refuse from disk (file://).
+    """
+    from asv.util import UserError
+
+    from .. import asv_plugin
+
+    host = os.environ.get(asv_plugin.PREVIEW_HOST) or "127.0.0.1"
+    try:
+        server, _ = asv_plugin.serve(html_dir, host)
+    except UserError as error:
+        address = f"no address yet: {error}"
+    else:
+        address = asv_plugin._url(*server.server_address[:2])
+        server.server_close()
+    return (f"dashboard written to {html_dir}; opened from disk it shows \"Error fetching content\" (browsers "
+            f"refuse to fetch its JSON from file://), so serve it:\n  {VIEW_COMMAND}\nand open {address}")
+
+
 def publish():
     """``asv publish``, which the asv plugin follows with :func:`finish`."""
     common.run(*common.ASV, "publish")
@@ -74,7 +97,7 @@ def publish():
 def run(args):
     if not args.with_dirs:
         publish()
-        print(f"dashboard written to {common.ROOT / '.asv' / 'html'}; view it with:\n  {VIEW_COMMAND}")
+        print(view_lines(common.ROOT / ".asv" / "html"))
         return 0
     html, machines = combined.publish_together(args.with_dirs)
     print(f"dashboard of {len(machines)} machines written to {html}, each under its own name "
@@ -83,5 +106,5 @@ def run(args):
         print(f"  {name}: {combined.files(files)} from {combined.shown(source)}, {graphs} benchmarks graphed"
               + ("" if graphs else " (none: its results are of other benchmark versions than benchmarks.json, "
                                    "or of commits on no branch asv publishes)"))
-    print(f"view it with:\n  {VIEW_COMMAND}")
+    print(view_lines(html))
     return 0

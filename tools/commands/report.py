@@ -8,7 +8,7 @@ import argparse
 import os
 import sys
 
-from ..common import UserError
+from ..common import BRANCH, UserError
 from ..machine import name_argument
 from ..results import RESULT_FILE, ResultsDir, not_regular
 
@@ -38,6 +38,7 @@ def _open(args):
     """The results directory (``--results-dir`` or the config's ``results_dir``) and the machine."""
     from ..report.tables import KNOWN_PARAM_NAMES
 
+    branch = BRANCH
     if args.results_dir:
         path, repo = args.results_dir, "."
     else:
@@ -45,7 +46,10 @@ def _open(args):
         root = os.path.dirname(os.path.abspath(args.config))
         path = os.path.join(root, conf.get("results_dir", "results"))
         repo = os.path.join(root, conf.get("repo", ".")) if isinstance(conf.get("repo"), str) else root
-    results = ResultsDir(path, repo_dir=repo, known_param_names=KNOWN_PARAM_NAMES, also=args.with_dirs or ())
+        branches = conf.get("branches")  # the branch the results measure: main
+        branch = branches[0] if isinstance(branches, list) and branches and isinstance(branches[0], str) else BRANCH
+    results = ResultsDir(path, repo_dir=repo, known_param_names=KNOWN_PARAM_NAMES, also=args.with_dirs or (),
+                         branch=branch)
     machines = _machines_given(args)
     if len(machines) > 1:
         return results, [results.pick_machine(m) for m in machines]
