@@ -80,7 +80,6 @@ class BatchRatios(Ratios):
 
     params = [LENGTHS]
     param_names = ["T"]
-    seconds = 0.4
 
     def setup_cache(self):
         return self.measure_points()
@@ -95,7 +94,6 @@ class BatchSizeRatios(Ratios):
 
     params = [SWEEP_BATCH_SIZES[1:]]
     param_names = ["B"]
-    seconds = 0.4
 
     def setup_cache(self):
         return self.measure_points()

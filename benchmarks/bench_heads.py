@@ -125,7 +125,6 @@ class HeadsRatios(Ratios):
 
     params = [list(KINDS), [RATIO_LENGTH]]
     param_names = ["kind", "T"]
-    seconds = 0.4
 
     def setup_cache(self):
         return self.measure_points()

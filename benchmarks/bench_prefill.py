@@ -151,7 +151,6 @@ class PrefillRatios(Ratios):
 
     params = [CHUNK_SIZES[:-1]]
     param_names = ["chunk_size"]
-    seconds = 0.4
 
     def setup_cache(self):
         return self.measure_points()

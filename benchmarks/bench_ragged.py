@@ -88,8 +88,6 @@ class RaggedRatios(Ratios):
 
     params = [[s for s in RAGGED_STRATEGIES if s != "paged"], list(LENGTH_DISTRIBUTIONS)]
     param_names = ["strategy", "lengths"]
-    seconds = 0.4
-    burst = 1  # a decode takes 10-60 ms: one sample of each side per pair
 
     def setup_cache(self):
         return self.measure_points()

@@ -96,7 +96,6 @@ class SplitRatios(Ratios):
 
     params = [[n for n in NUM_SPLITS if n is not None]]
     param_names = ["num_splits"]
-    seconds = 0.4
 
     def setup_cache(self):
         return self.measure_points()
@@ -110,7 +109,6 @@ class CascadeRatios(Ratios):
 
     params = []
     param_names = []
-    seconds = 0.4
 
     def setup_cache(self):
         return self.measure_points()

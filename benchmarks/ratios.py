@@ -34,21 +34,26 @@ and the three tracked values read it:
 - ``track_ratio_low`` and ``track_ratio_high``: its 95 % interval's ends.
 
 How long a point takes is sized by time: about ``seconds`` of pairs
-(at least :data:`MIN_PAIRS`), ``burst`` samples of each side per pair, each
-sample at least :data:`SAMPLE_SECONDS` of calls (:func:`pairs.calibrate`).
+(at least :data:`MIN_PAIRS`), ``burst`` samples of each side per pair (one
+for a side whose single call fills a sample), each sample at least
+:data:`SAMPLE_SECONDS` of calls (:func:`pairs.calibrate`). A sample is timed
+in the thread's CPU time (:data:`CLOCK`): on a shared machine the time other
+jobs hold the core is not the code's, and a sample it lands in would count it.
 Garbage collection is off while the pairs run, as in asv's own timings.
 """
 
 import abc
 import gc
 import math
+import time
 
 from . import pairs
 from .common import SkipNotImplemented, check_points, replay
 
-MIN_PAIRS = 12  # at least 12 ratios: the 95 % interval is then [x_(3), x_(10)] (8 would give [min, max])
+MIN_PAIRS = 9  # the fewest ratios whose 95 % interval is not [min, max]: [x_(2), x_(8)]
 MAX_PAIRS = 200
 SAMPLE_SECONDS = 2e-3  # one sample is at least this many seconds of calls (pairs.calibrate's default)
+CLOCK = time.thread_time  # CPU time of the benchmark's thread: not the time other jobs held the core
 
 
 class Side:
@@ -64,14 +69,17 @@ class Side:
 
 
 def paired_ratio(numerator, denominator, seconds, burst=pairs.BURST, factor=1.0):
-    """``{"ratio", "low", "high", "pairs"}``: ``factor`` x time(numerator) / time(denominator), paired.
+    """``{"ratio", "low", "high", "pairs", "burst"}``: ``factor`` x time(numerator) / time(denominator), paired.
 
-    Each side is calibrated to samples of at least SAMPLE_SECONDS, then
-    :func:`pairs.pairs_within` alternates them for about ``seconds``; the ratio
-    is the median of the per-pair ratios and low, high its 95 % interval.
+    Each side is calibrated to samples of at least SAMPLE_SECONDS of calls,
+    timed by CLOCK; then :func:`pairs.pairs_within` alternates them for about
+    ``seconds`` (at least MIN_PAIRS pairs), ``burst`` samples of each per pair,
+    or one where a single call of a side fills a sample (a slow side); the
+    ratio is the median of the per-pair ratios and low, high its 95 % interval.
     """
-    first = pairs.local_side(denominator, pairs.calibrate(denominator, SAMPLE_SECONDS))
-    second = pairs.local_side(numerator, pairs.calibrate(numerator, SAMPLE_SECONDS))
+    numbers = [pairs.calibrate(side, SAMPLE_SECONDS) for side in (denominator, numerator)]
+    first, second = (pairs.local_side(side, n, CLOCK) for side, n in zip((denominator, numerator), numbers))
+    burst = 1 if min(numbers) == 1 else burst
     enabled = gc.isenabled()
     gc.collect()
     gc.disable()
@@ -81,14 +89,15 @@ def paired_ratio(numerator, denominator, seconds, burst=pairs.BURST, factor=1.0)
         if enabled:
             gc.enable()
     median, low, high = pairs.median_interval(ratios)
-    return {"ratio": factor * median, "low": factor * low, "high": factor * high, "pairs": len(ratios)}
+    return {"ratio": factor * median, "low": factor * low, "high": factor * high, "pairs": len(ratios),
+            "burst": burst}
 
 
 class Ratios(abc.ABC):
     """A paired ratio per parameter combination, measured once per commit (see the module docstring)."""
 
-    seconds = 0.4  # of pairs per point, about
-    burst = pairs.BURST  # samples of each side per pair; 1 for slow sides
+    seconds = 0.25  # of pairs per point, about (pairs_within sizes them by wall time)
+    burst = pairs.BURST  # samples of each side per pair, where no single call fills a sample
     timeout = 120  # also setup_cache's: every point of the class is measured there
 
     @abc.abstractmethod

@@ -6,6 +6,7 @@ import inspect
 import itertools
 import math
 import statistics
+import time
 
 import pytest
 
@@ -24,19 +25,25 @@ def ratio_classes():
     return classes
 
 
-def fake_clock(monkeypatch, costs, drift=0.01):
-    """Sides whose samples are their ``costs[side]`` on a machine that slows by ``drift`` per sample: no timing."""
-    ticks = iter(range(10**6))
+def fake_clock(monkeypatch, costs, drift=0.01, calls=None):
+    """Sides whose samples are their ``costs[side]`` on a machine that slows by ``drift`` per sample: no timing.
 
-    def local_side(call, number=1):
+    ``calls``: side -> the calls per sample calibrate finds (1: a single call fills a sample).
+    """
+    ticks = iter(range(10**6))
+    clocks = []
+
+    def local_side(call, number=1, clock=None):
+        clocks.append(clock)
         return lambda n: [costs[call] * (1 + drift * next(ticks)) for _ in range(n)]
 
     monkeypatch.setattr(pairs, "local_side", local_side)
-    monkeypatch.setattr(pairs, "calibrate", lambda call, sample_seconds=2e-3: 1)
+    monkeypatch.setattr(pairs, "calibrate", lambda call, sample_seconds=2e-3: (calls or {}).get(call, 1))
+    return clocks
 
 
 def test_a_paired_ratio_is_the_median_of_per_pair_ratios_times_the_factor(monkeypatch):
-    fake_clock(monkeypatch, {"num": 3.0, "den": 2.0})
+    clocks = fake_clock(monkeypatch, {"num": 3.0, "den": 2.0}, calls={"num": 2, "den": 5})
     seen = []
     real = pairs.pairs_within
 
@@ -50,12 +57,18 @@ def test_a_paired_ratio_is_the_median_of_per_pair_ratios_times_the_factor(monkey
     measured = ratios.paired_ratio("num", "den", 0.0, burst=3, factor=4.0)
     (gc_on, seconds, min_pairs, burst), per_pair = seen
     assert (gc_on, seconds, min_pairs, burst) == (False, 0.0, ratios.MIN_PAIRS, 3) and gc.isenabled()
+    assert clocks == [time.thread_time] * 2  # CPU time: not the time other jobs held the core
     assert measured["pairs"] == len(per_pair) == ratios.MIN_PAIRS  # 0 s: the fewest pairs
     # Each pair's value is the median of its burst: its middle sample, 1 tick after the burst's first.
     assert all(r == pytest.approx(1.5, rel=0.1) for r in per_pair)
     ordered = sorted(per_pair)
     assert measured["ratio"] == pytest.approx(4 * statistics.median(per_pair))
-    assert (measured["low"], measured["high"]) == pytest.approx((4 * ordered[2], 4 * ordered[9]))  # n = 12: 3rd, 10th
+    assert (measured["low"], measured["high"]) == pytest.approx((4 * ordered[1], 4 * ordered[7]))  # n = 9: 2nd, 8th
+
+
+def test_a_side_whose_one_call_fills_a_sample_is_paired_one_sample_at_a_time(monkeypatch):
+    fake_clock(monkeypatch, {"num": 3.0, "den": 2.0}, calls={"num": 1, "den": 40})
+    assert ratios.paired_ratio("num", "den", 0.0, burst=3)["burst"] == 1
 
 
 class Tiny(ratios.Ratios):
@@ -79,7 +92,7 @@ class Tiny(ratios.Ratios):
 def test_every_point_is_measured_once_in_setup_cache_and_replayed_by_the_three_tracked_values(monkeypatch):
     fake_clock(monkeypatch, {"num": 3.0, "den": 1.0}, drift=0.0)
     measured = Tiny().setup_cache()
-    assert measured[("ok",)]["value"] == {"ratio": 6.0, "low": 6.0, "high": 6.0, "pairs": ratios.MIN_PAIRS}
+    assert measured[("ok",)]["value"] == {"ratio": 6.0, "low": 6.0, "high": 6.0, "pairs": ratios.MIN_PAIRS, "burst": 1}
     bench = Tiny()
     bench.setup(measured, "ok")
     monkeypatch.setattr(pairs, "local_side", None)  # replayed: nothing is timed again
