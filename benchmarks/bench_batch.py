@@ -80,7 +80,6 @@ class BatchRatios(Ratios):
 
     params = [LENGTHS]
     param_names = ["T"]
-    seconds = 0.5  # twice the default: the figures (the batch speedup, concat / preallocated)
 
     def setup_cache(self):
         return self.measure_points()

@@ -70,7 +70,6 @@ class CacheRatios(Ratios):
 
     params = [LENGTHS, ["no_cache", "concat"]]
     param_names = ["T", "strategy"]
-    seconds = 0.5  # twice the default: the figures (the batch speedup, concat / preallocated)
 
     def setup_cache(self):
         return self.measure_points()
