@@ -2,6 +2,7 @@
 
 from .common import BATCH, LENGTHS, STRATEGIES, SWEEP_BATCH_SIZES, SWEEP_LENGTH, timed_inputs, verified_strategy
 from .counts import Counts
+from .ratios import Ratios, Side
 
 COUNT_LENGTH = 32  # T of BatchSizeCounts
 
@@ -72,3 +73,32 @@ class BatchSizeCounts(Counts):
 
     def prepare(self, B):
         return verified_strategy("batched", COUNT_LENGTH, B), timed_inputs(COUNT_LENGTH, B)
+
+
+class BatchRatios(Ratios):
+    """The batch speedup, sequential / batched, at every T (B = 2): the two decodes timed in turns, paired."""
+
+    params = [LENGTHS]
+    param_names = ["T"]
+
+    def setup_cache(self):
+        return self.measure_points()
+
+    def sides(self, T):
+        return (Side(verified_strategy("sequential", T, BATCH), timed_inputs(T, BATCH)),
+                Side(verified_strategy("batched", T, BATCH), timed_inputs(T, BATCH)))
+
+
+class BatchSizeRatios(Ratios):
+    """Positions/s of the batched decode at B over that of B = 1 (T = 128): B x time(B = 1) / time(B), paired."""
+
+    params = [SWEEP_BATCH_SIZES[1:]]
+    param_names = ["B"]
+
+    def setup_cache(self):
+        return self.measure_points()
+
+    def sides(self, B):
+        one = SWEEP_BATCH_SIZES[0]
+        return (Side(verified_strategy("batched", SWEEP_LENGTH, one), timed_inputs(SWEEP_LENGTH, one)),
+                Side(verified_strategy("batched", SWEEP_LENGTH, B), timed_inputs(SWEEP_LENGTH, B)), B / one)

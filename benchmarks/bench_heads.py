@@ -4,6 +4,7 @@ import tracemalloc
 
 from .common import check_points, replay
 from .counts import Counts
+from .ratios import Ratios, Side
 from .heads_inputs import HEADS_LENGTHS, HEADS_PATHS, KINDS, heads_inputs, verified_cache_bytes, verified_heads_decode
 
 
@@ -109,3 +110,25 @@ class HeadsCounts(Counts):
 
     def prepare(self, kind, T, path):
         return verified_heads_decode(kind, T, path), heads_inputs(kind, T)
+
+
+RATIO_LENGTH = 64  # T of HeadsRatios: a pair at T = 1024 (0.3-1.8 s per decode) would cost seconds
+
+
+class HeadsRatios(Ratios):
+    """repeat_kv / grouped per kind at T = 64: HeadsDecode's two paths timed in turns, paired.
+
+    What copying K/V per query head at every step costs over attending on the
+    cache's grouped views. At HeadsDecode's shortest T: its T = 1024 would cost
+    seconds per pair, beyond the suite's budget.
+    """
+
+    params = [list(KINDS), [RATIO_LENGTH]]
+    param_names = ["kind", "T"]
+
+    def setup_cache(self):
+        return self.measure_points()
+
+    def sides(self, kind, T):
+        return (Side(verified_heads_decode(kind, T, "repeat_kv"), heads_inputs(kind, T)),
+                Side(verified_heads_decode(kind, T, "grouped"), heads_inputs(kind, T)))

@@ -5,6 +5,7 @@ import tracemalloc
 
 from .common import check_points, replay, timed_inputs
 from .counts import Counts
+from .ratios import Ratios, Side
 from .prefill_inputs import (
     BYTES_LENGTHS,
     CHUNK_SIZES,
@@ -143,3 +144,17 @@ class PrefillCounts(Counts):
 
     def prepare(self, chunk_size):
         return verified_chunked(COUNT_LENGTH, chunk_size), timed_inputs(COUNT_LENGTH)
+
+
+class PrefillRatios(Ratios):
+    """Chunked / one-shot prefill of ``x: [512, 64]`` per chunk size: ChunkedPrefill's calls timed in turns, paired."""
+
+    params = [CHUNK_SIZES[:-1]]
+    param_names = ["chunk_size"]
+
+    def setup_cache(self):
+        return self.measure_points()
+
+    def sides(self, chunk_size):
+        return (Side(verified_chunked(PREFILL_LENGTH, chunk_size), timed_inputs(PREFILL_LENGTH)),
+                Side(verified_chunked(PREFILL_LENGTH, CHUNK_SIZES[-1]), timed_inputs(PREFILL_LENGTH)))

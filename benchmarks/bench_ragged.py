@@ -2,6 +2,7 @@
 
 from .common import SkipNotImplemented, check_points, replay
 from .counts import Counts
+from .ratios import Ratios, Side
 from .ragged_inputs import (
     COUNT_DISTRIBUTIONS,
     LENGTH_DISTRIBUTIONS,
@@ -80,3 +81,17 @@ class RaggedCounts(Counts):
 
     def prepare(self, strategy, lengths):
         return verified_ragged_decode(strategy, lengths), ragged_inputs(lengths)
+
+
+class RaggedRatios(Ratios):
+    """padded / paged and compacted / paged per length distribution: RaggedDecode's decodes timed in turns, paired."""
+
+    params = [[s for s in RAGGED_STRATEGIES if s != "paged"], list(LENGTH_DISTRIBUTIONS)]
+    param_names = ["strategy", "lengths"]
+
+    def setup_cache(self):
+        return self.measure_points()
+
+    def sides(self, strategy, lengths):
+        return (Side(verified_ragged_decode(strategy, lengths), ragged_inputs(lengths)),
+                Side(verified_ragged_decode("paged", lengths), ragged_inputs(lengths)))

@@ -37,9 +37,12 @@ LONG_SAMPLE = 0.02  # seconds: a side's sample this long is taken once per pair
 CONFIDENCE = 0.95
 
 
-def local_side(call, number=1):
-    """A side that times ``call()`` in this process: ``samples(n)`` -> n seconds per call, each of ``number`` calls."""
-    clock = time.perf_counter
+def local_side(call, number=1, clock=time.perf_counter):
+    """A side that times ``call()`` in this process: ``samples(n)`` -> n seconds per call, each of ``number`` calls.
+
+    ``clock`` reads seconds: wall time by default; ``time.thread_time`` counts this thread's CPU time only, not
+    the time other processes held the core.
+    """
 
     def samples(n):
         out = []

@@ -39,6 +39,14 @@ PARAM_NAMES = {CACHE: ["T", "strategy"], BATCH: ["T", "strategy"], SWEEP: ["B"],
                HEADS: ["kind", "T", "path"], HEADS_PEAK: ["kind", "T", "path"], HEADS_CACHE: ["kind", "T"],
                RAGGED: ["strategy", "lengths"], RAGGED_ROWS: ["strategy", "lengths"],
                RAGGED_SLOTS: ["strategy", "lengths"]}
+CACHE_PAIRED = "bench_cache.CacheRatios.track_ratio"
+BATCH_PAIRED = "bench_batch.BatchRatios.track_ratio"
+SWEEP_PAIRED = "bench_batch.BatchSizeRatios.track_ratio"
+HEADS_PAIRED = "bench_heads.HeadsRatios.track_ratio"
+RAGGED_PAIRED = "bench_ragged.RaggedRatios.track_ratio"
+PAIRED_NAMES = {CACHE_PAIRED: ["T", "strategy"], BATCH_PAIRED: ["T"], SWEEP_PAIRED: ["B"],
+                HEADS_PAIRED: ["kind", "T"], RAGGED_PAIRED: ["strategy", "lengths"]}
+PARAM_NAMES.update({name + end: names for name, names in PAIRED_NAMES.items() for end in ("", "_low", "_high")})
 KINDS = {"mha": 8, "gqa": 2, "mqa": 1}
 HEADS_T = [64, 256, 1024]
 DISTRIBUTIONS = {"equal": [256] * 8, "uniform": [16, 50, 85, 119, 153, 187, 222, 256], "skewed": [256] + [16] * 7}
@@ -94,11 +102,39 @@ def heads_and_ragged(n_samples):
     }
 
 
+def paired_values():
+    """Chosen paired ratios, benchmark -> {point: (median, low, high)}: none equal to a ratio of the medians,
+    so a cell shows which one the table took."""
+    return {
+        CACHE_PAIRED: {(t, s): (r, 0.99 * r, 1.02 * r) for t in LENGTHS
+                       for s, r in (("no_cache", t / 10), ("concat", 1.1 + t / 1000))},
+        BATCH_PAIRED: {(t,): (1.8 - t / 1000, 1.79 - t / 1000, 1.81 - t / 1000) for t in LENGTHS},
+        SWEEP_PAIRED: {(b,): (0.9 * b, 0.88 * b, 0.91 * b) for b in (2, 4, 8)},
+        HEADS_PAIRED: {(k, 64): (1 + n / 10, 1 + n / 11, 1 + n / 9) for k, n in KINDS.items()},
+        RAGGED_PAIRED: {(s, d): (f * (i + 2), f * (i + 2) - 0.01, f * (i + 2) + 0.02)
+                        for s, f in (("padded", 1.25), ("compacted", 0.25)) for i, d in enumerate(DISTRIBUTIONS)},
+    }
+
+
+def paired_entries(override):
+    """Result rows of the paired ratios and their intervals' ends (``override`` as :func:`write_run`'s)."""
+    rows = {}
+    for name, points in paired_values().items():
+        keys = list(points)
+        dimensions = [list(dict.fromkeys(key[i] for key in keys)) for i in range(len(keys[0]))]
+        params = [[repr(v) for v in values] for values in dimensions]
+        for j, end in enumerate(("", "_low", "_high")):
+            values = [override.get((name + end, key), points[key][j]) for key in keys]
+            rows[name + end] = _entry(params, values, 0)
+    return rows
+
+
 def write_run(results_dir, commit, *, machine="box", date=1_000, scale=1.0, n_samples=11, override=None,
-              env=ENV, extra=False):
+              env=ENV, extra=False, paired=False):
     """Write one asv result file for ``commit`` (full hash) on ``machine``; returns its path.
 
-    ``override`` maps (benchmark, param tuple) -> value (None = failed, NaN = skipped).
+    ``override`` maps (benchmark, param tuple) -> value (None = failed, NaN = skipped). ``extra`` adds the
+    heads and ragged benchmarks, ``paired`` the paired ratios (:func:`paired_values`).
     """
     cache, batch, sweep = medians(scale)
     override = override or {}
@@ -132,6 +168,8 @@ def write_run(results_dir, commit, *, machine="box", date=1_000, scale=1.0, n_sa
     }
     if extra:
         data["results"].update(heads_and_ragged(n_samples))
+    if paired:
+        data["results"].update(paired_entries(override))
     path = folder / f"{commit[:8]}-{env}.json"
     path.write_text(json.dumps(data))
     return path
@@ -192,13 +230,13 @@ def test_tables_show_the_lab_figures_computed_from_the_medians(repo, capsys):
     for row, t in zip(rows, LENGTHS):
         ms = [cache[(t, s)] * 1e3 for s in ("no_cache", "concat", "preallocated")]
         assert [float(c) for c in row[1:4]] == pytest.approx(ms, abs=5e-4)
-        assert float(row[4].rstrip("x")) == pytest.approx((t / 8) / 1.25, abs=5e-3)
-        assert row[5] == f"{1.5 / 1.25:.2f}x"  # concat / preallocated
+        assert float(row[4].removesuffix("x (unpaired)")) == pytest.approx((t / 8) / 1.25, abs=5e-3)
+        assert row[5] == f"{1.5 / 1.25:.2f}x (unpaired)"  # concat / preallocated, of the medians: no paired value
     for row, t in zip(table_rows(out, BATCH_TITLE), LENGTHS):
         seq, bat = batch[(t, "sequential")], batch[(t, "batched")]
         assert float(row[1]) == pytest.approx(seq * 1e3, abs=5e-4)
         assert float(row[2]) == pytest.approx(bat * 1e3, abs=5e-4)
-        assert row[3] == "1.500x"
+        assert row[3] == "1.500x (unpaired)"
         assert int(row[4].replace(",", "")) == round(2 * t / bat)
         assert float(row[5]) == pytest.approx(bat / t * 1e6, abs=0.05)
         assert float(row[6]) == pytest.approx((seq - bat) / t * 1e6, abs=0.05)
@@ -208,7 +246,8 @@ def test_tables_show_the_lab_figures_computed_from_the_medians(repo, capsys):
         assert float(row[1]) == pytest.approx(sweep[b] * 1e3, abs=5e-4)
         assert float(row[2]) == pytest.approx(sweep[b] / b * 1e3, abs=5e-4)
         assert int(row[3].replace(",", "")) == round(b * 128 / sweep[b])
-        assert float(row[4].rstrip("x")) == pytest.approx((b * 128 / sweep[b]) / (128 / sweep[1]), abs=5e-4)
+        scaling = row[4].removesuffix(" (unpaired)") if b > 1 else row[4]  # B = 1 over itself: exactly 1
+        assert float(scaling.rstrip("x")) == pytest.approx((b * 128 / sweep[b]) / (128 / sweep[1]), abs=5e-4)
 
 
 def test_heads_and_ragged_tables(repo, capsys):
@@ -222,7 +261,7 @@ def test_heads_and_ragged_tables(repo, capsys):
         n, t = KINDS[row[0]], int(row[1])
         assert float(row[2]) == pytest.approx(t * 0.1, abs=5e-4)  # repeat_kv ms
         assert float(row[3]) == pytest.approx(t * 0.1 / n, abs=5e-4)  # grouped ms
-        assert row[4] == f"{1 / n:.3f}x"
+        assert row[4] == f"{n:.3f}x (unpaired)"  # repeat_kv / grouped
         cache_bytes = 2 * 4 * n * t * 16 * 8
         assert row[5:] == [f"{2 * cache_bytes / 2**20:,.2f} MiB", f"{cache_bytes / 2**20:,.2f} MiB",
                            f"{cache_bytes / 2**20:,.2f} MiB"]
@@ -230,8 +269,84 @@ def test_heads_and_ragged_tables(repo, capsys):
     assert [r[0] for r in rows] == list(DISTRIBUTIONS)
     for i, (row, lengths) in enumerate(zip(rows, DISTRIBUTIONS.values())):
         assert [float(c) for c in row[1:4]] == pytest.approx([16.0, 2.0 * (i + 1), 3.0 * (i + 1)])
-        assert row[4] == f"{0.016 / (0.002 * (i + 1)):.2f}x" and row[5] == "1.50x"
+        assert row[4] == f"{0.016 / (0.003 * (i + 1)):.2f}x (unpaired)" and row[5] == "0.67x (unpaired)"
         assert row[6:] == ["2,048", f"{sum(lengths):,}", "2,048", f"{16 * 16 * (1 + i):,}"]
+
+
+def interval(median, low, high, digits):
+    return f"{median:.{digits}f}x [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def test_the_ratio_columns_are_the_paired_values_with_their_intervals(repo, capsys):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2], extra=True, paired=True)
+    code, out, _ = report(path, "tables", capsys=capsys)
+    assert code == 0
+    paired, (cache, batch, sweep) = paired_values(), medians()
+    for row, t in zip(table_rows(out, CACHE_TITLE), LENGTHS):
+        assert float(row[1]) == pytest.approx(cache[(t, "no_cache")] * 1e3, abs=5e-4)  # times: still asv's medians
+        assert row[4:6] == [interval(*paired[CACHE_PAIRED][(t, s)], 2) for s in ("no_cache", "concat")]
+    for row, t in zip(table_rows(out, BATCH_TITLE), LENGTHS):
+        assert row[3] == interval(*paired[BATCH_PAIRED][(t,)], 3)
+        assert int(row[4].replace(",", "")) == round(2 * t / batch[(t, "batched")])
+    rows = table_rows(out, SWEEP_TITLE)
+    assert rows[0][4] == "1.000x" and [r[4] for r in rows[1:]] == [interval(*paired[SWEEP_PAIRED][(b,)], 3)
+                                                                    for b in (2, 4, 8)]
+    for row in table_rows(out, HEADS_TITLE):  # paired at T = 64 only: the medians' ratio, marked, elsewhere
+        kind, t, n = row[0], int(row[1]), KINDS[row[0]]
+        assert row[4] == (interval(*paired[HEADS_PAIRED][(kind, 64)], 3) if t == 64 else f"{n:.3f}x (unpaired)")
+    for row in table_rows(out, RAGGED_TITLE):
+        assert row[4:6] == [interval(*paired[RAGGED_PAIRED][(s, row[0])], 2) for s in ("padded", "compacted")]
+    assert "95 % interval" in out and "(unpaired): the ratio of asv's medians" in out
+    (path / ".asv/results/benchmarks.json").write_text("[1]")  # the suite's own parameter names then
+    code, again, _ = report(path, "tables", capsys=capsys)
+    assert code == 0 and again == out
+
+
+def test_a_skipped_paired_ratio_falls_back_to_the_medians_and_a_failed_one_is_marked(repo, capsys):
+    path, hashes = repo
+    override = {(CACHE_PAIRED, (64, "concat")): math.nan, (CACHE_PAIRED, (128, "no_cache")): None,
+                (CACHE_PAIRED + "_low", (32, "concat")): math.nan, (BATCH_PAIRED, (16,)): math.nan,
+                (SWEEP_PAIRED, (4,)): None}
+    write_run(path / ".asv/results", hashes[2], paired=True, override=override)
+    code, out, _ = report(path, "tables", capsys=capsys)
+    assert code == 0
+    paired, (_, batch, sweep) = paired_values(), medians()
+    cache = {int(r[0]): r for r in table_rows(out, CACHE_TITLE)}
+    assert cache[64][5] == f"{1.5 / 1.25:.2f}x (unpaired)"
+    assert cache[64][4] == interval(*paired[CACHE_PAIRED][(64, "no_cache")], 2)
+    assert cache[128][4] == "failed"
+    assert cache[32][5] == f"{paired[CACHE_PAIRED][(32, 'concat')][0]:.2f}x"  # no interval stored: none shown
+    batch_rows = {int(r[0]): r for r in table_rows(out, BATCH_TITLE)}
+    assert batch_rows[16][3] == f"{batch[(16, 'sequential')] / batch[(16, 'batched')]:.3f}x (unpaired)"
+    assert batch_rows[32][3] == interval(*paired[BATCH_PAIRED][(32,)], 3)
+    sweep_rows = {int(r[0]): r for r in table_rows(out, SWEEP_TITLE)}
+    assert sweep_rows[4][4] == "failed" and sweep_rows[8][4] == interval(*paired[SWEEP_PAIRED][(8,)], 3)
+
+
+def test_compare_of_an_older_unpaired_run_and_a_paired_one(repo, capsys):
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[1])
+    write_run(path / ".asv/results", hashes[2], paired=True)
+    code, out, _ = report(path, "compare", "HEAD~1", "HEAD", "--experiment", "batch", capsys=capsys)
+    assert code == 0
+    rows = {(int(r[0]), r[1]): r[2:] for r in table_rows(out, BATCH_TITLE)}
+    median, low, high = paired_values()[BATCH_PAIRED][(64,)]
+    assert rows[(64, "speedup")] == ["1.500x (unpaired)", interval(median, low, high, 3), f"{median / 1.5:.3f}x"]
+
+
+def test_the_ratio_plots_draw_the_paired_values(repo):
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from tools.report import plots
+
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2], paired=True)
+    fig = plots._ratios_vs_t(plt, load(path, hashes[2]), "t", lab=False)
+    paired = paired_values()
+    assert [list(ax.get_lines()[0].get_ydata()) for ax in fig.axes] == [
+        pytest.approx([paired[CACHE_PAIRED][(t, s)][0] for t in LENGTHS]) for s in ("no_cache", "concat")
+    ] + [pytest.approx([paired[BATCH_PAIRED][(t,)][0] for t in LENGTHS])]
+    plt.close(fig)
 
 
 def test_tables_name_commit_machine_environment_and_sample_count(repo, capsys):
@@ -263,7 +378,7 @@ def test_failed_and_skipped_points_are_marked_and_the_rest_renders(repo, capsys)
     assert code == 0
     cache = {int(r[0]): r for r in table_rows(out, CACHE_TITLE)}
     assert cache[64][3] == "failed" and cache[64][4:] == ["failed"] * 2  # the ratios carry the mark
-    assert cache[32][2] == "n/a" and cache[32][4].endswith("x") and cache[32][5] == "n/a"  # concat skipped
+    assert cache[32][2] == "n/a" and cache[32][4].endswith("x (unpaired)") and cache[32][5] == "n/a"  # concat skipped
     batch = {int(r[0]): r for r in table_rows(out, BATCH_TITLE)}
     assert batch[128][1] != "failed" and batch[128][2:] == ["failed"] * 5
     sweep = {int(r[0]): r for r in table_rows(out, SWEEP_TITLE)}
@@ -298,10 +413,10 @@ def test_compare_puts_two_commits_side_by_side_with_head_over_base(repo, capsys)
     assert rows[(16, "no_cache / ms")][2] == "2.000x"
     assert rows[(32, "preallocated / ms")][2] == "1.250x"
     ratio = medians()[0][(16, "no_cache")] / medians()[0][(16, "preallocated")]
-    assert rows[(16, "no_cache / preallocated")][:3] == [f"{ratio:.2f}x", f"{2 * ratio / 1.25:.2f}x",
-                                                         f"{2 / 1.25:.3f}x"]
+    assert rows[(16, "no_cache / preallocated")][:3] == [f"{ratio:.2f}x (unpaired)",
+                                                         f"{2 * ratio / 1.25:.2f}x (unpaired)", f"{2 / 1.25:.3f}x"]
     batch = {(int(r[0]), r[1]): r[2:] for r in table_rows(out, BATCH_TITLE)}
-    assert batch[(64, "speedup")] == ["1.500x", "1.500x", "1.000x"]
+    assert batch[(64, "speedup")] == ["1.500x (unpaired)", "1.500x (unpaired)", "1.000x"]
     assert batch[(64, "positions / s")][2] == f"{1 / 1.25:.3f}x"  # slower at HEAD: fewer positions/s
     sweep = {(int(r[0]), r[1]): r[2:] for r in table_rows(out, SWEEP_TITLE)}
     assert sweep[(8, "ms per sequence")][2] == "1.250x"
@@ -610,7 +725,7 @@ def test_tables_and_compare_can_show_one_experiment(repo, capsys):
     code, out, _ = report(path, "compare", "HEAD~1", "HEAD", "--experiment", "cache", capsys=capsys)
     assert code == 0 and re.findall(r"^### (.+)$", out, re.M) == [CACHE_TITLE]
     rows = {(int(r[0]), r[1]): r[2:] for r in table_rows(out, CACHE_TITLE)}
-    assert rows[(256, "concat / preallocated")] == ["1.20x", "1.20x", "1.000x"]
+    assert rows[(256, "concat / preallocated")] == ["1.20x (unpaired)", "1.20x (unpaired)", "1.000x"]
     with pytest.raises(SystemExit) as exit_code:
         report(path, "tables", "--experiment", "bogus", capsys=capsys)
     assert exit_code.value.code == 2 and "invalid choice" in capsys.readouterr().err
@@ -681,7 +796,7 @@ def test_heads_and_ragged_plots_draw_the_tables_figures(repo):
     drawn = lines_of(fig)
     assert drawn["gqa (2 K/V heads), grouped"] == pytest.approx([t * 0.1 / 2 for t in HEADS_T])
     assert drawn["mqa (1 K/V heads), repeat_kv"] == pytest.approx([t * 0.1 for t in HEADS_T])
-    assert drawn["gqa"] == pytest.approx([1 / 2] * 3) and drawn["mha"] == pytest.approx([1 / 8] * 3)  # 1 / n_kv
+    assert drawn["gqa"] == pytest.approx([2] * 3) and drawn["mha"] == pytest.approx([8] * 3)  # repeat_kv / grouped
     plt.close(fig)
     fig = plots._ragged(plt, run, "t", lab=False)
     times, slots = ([bar.get_height() for bar in ax.patches] for ax in fig.axes)

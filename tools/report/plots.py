@@ -6,7 +6,7 @@
   batched speedup vs T, each from zero;
 - ``positions_vs_B.png``: positions/s vs B at T = 128, with linear scaling from B = 1;
 - ``heads_vs_T.png``: repeat_kv and grouped decode time vs T per attention
-  kind (log-log), and grouped / repeat_kv;
+  kind (log-log), and repeat_kv / grouped;
 - ``ragged.png``: padded, compacted and paged decode time per length
   distribution, and the K/V slots each reserved.
 
@@ -165,16 +165,16 @@ def _heads_vs_t(plt, run, title, lab):
             axes[0].errorbar(lengths, median, yerr=err, marker="o", capsize=3, linestyle=style,
                              label=f"{kind} ({heads_inputs.KINDS.get(kind, '?')} K/V heads), {path}")
             every += median
-        rows = [(t, cells["grouped / repeat_kv"]) for (k, t), cells in table.rows if k == kind]
+        rows = [(t, cells["repeat_kv / grouped"]) for (k, t), cells in table.rows if k == kind]
         axes[1].plot([t for t, _ in rows], [r if is_number(r) else math.nan for _, r in rows], marker="o", label=kind)
     _finish(axes[0], lengths, every, log_y=True)
     axes[0].set(xlabel="T (tokens decoded)", ylabel="median decode time (ms)",
                 title=f"B = {heads_inputs.HEADS_BATCH}, {heads_inputs.HEADS_N_HEADS} query heads")
     axes[0].legend(fontsize=7)
-    ratios = [r for (_, _), cells in table.rows for r in [cells["grouped / repeat_kv"]] if is_number(r)]
+    ratios = [r for (_, _), cells in table.rows for r in [cells["repeat_kv / grouped"]] if is_number(r)]
     _finish(axes[1], lengths, ratios or [math.nan])
     axes[1].set_ylim(bottom=0)
-    axes[1].set(xlabel="T (tokens decoded)", ylabel="grouped / repeat_kv (×)", title="grouped / repeat_kv")
+    axes[1].set(xlabel="T (tokens decoded)", ylabel="repeat_kv / grouped (×)", title="repeat_kv / grouped")
     axes[1].legend()
     if lab:
         _no_lab(fig)

@@ -16,6 +16,15 @@
 A cell holds seconds, a ratio or a rate, or the marker ``failed`` (the gate or
 the benchmark raised) or ``n/a`` (skipped, or not measured at that commit); a
 figure derived from a marked cell carries the marker on.
+
+The ratio columns (no_cache / preallocated, concat / preallocated, the batch
+speedup, the scaling over B = 1, repeat_kv / grouped, padded / paged and
+compacted / paged) are the suite's paired ratios where the run has them
+(``benchmarks/ratios.py``: the median of per-pair ratios of the two sides
+timed in turns in one process, a :class:`Paired`, shown with its 95 %
+interval: ``1.73x [1.71, 1.75]``), else the ratio of asv's two medians, taken
+in separate processes at different times, an :class:`Unpaired` shown marked:
+``1.73x (unpaired)``.
 """
 
 import datetime
@@ -36,8 +45,19 @@ HEADS_CACHE = "bench_heads.HeadsCacheBytes.track_kv_cache_bytes"
 RAGGED_BENCHMARK = "bench_ragged.RaggedDecode.time_decode"
 RAGGED_SLOTS = "bench_ragged.RaggedDecode.track_reserved_slots"
 RAGGED_ROWS = "bench_ragged.RaggedDecode.track_row_steps"
+CACHE_PAIRED = "bench_cache.CacheRatios.track_ratio"  # each paired ratio; its interval: + "_low", + "_high"
+BATCH_PAIRED = "bench_batch.BatchRatios.track_ratio"
+SWEEP_PAIRED = "bench_batch.BatchSizeRatios.track_ratio"
+HEADS_PAIRED = "bench_heads.HeadsRatios.track_ratio"
+RAGGED_PAIRED = "bench_ragged.RaggedRatios.track_ratio"
+PAIRED_BENCHMARKS = {CACHE_PAIRED: bench_cache.CacheRatios, BATCH_PAIRED: bench_batch.BatchRatios,
+                     SWEEP_PAIRED: bench_batch.BatchSizeRatios, HEADS_PAIRED: bench_heads.HeadsRatios,
+                     RAGGED_PAIRED: bench_ragged.RaggedRatios}
+PAIRED_NOTE = ("Ratios: the median of per-pair ratios of the two decodes timed in turns in one process, "
+               "[its 95 % interval]; (unpaired): the ratio of asv's medians, taken in separate processes.")
 CACHE_STRATEGIES = tuple(STRATEGIES["cache"])
 CACHE_RATIOS = ("no_cache", "concat")  # each over preallocated: what recomputing, and what concatenating, costs
+RAGGED_RATIOS = ("padded", "compacted")  # each over paged
 # Used where asv's benchmarks.json is missing or does not fit a result file.
 KNOWN_PARAM_NAMES = {CACHE_BENCHMARK: bench_cache.CacheStrategy.param_names,
                      BATCH_BENCHMARK: bench_batch.BatchStrategy.param_names,
@@ -45,7 +65,41 @@ KNOWN_PARAM_NAMES = {CACHE_BENCHMARK: bench_cache.CacheStrategy.param_names,
                      **dict.fromkeys((HEADS_BENCHMARK, HEADS_PEAK), bench_heads.HeadsDecode.param_names),
                      HEADS_CACHE: bench_heads.HeadsCacheBytes.param_names,
                      **dict.fromkeys((RAGGED_BENCHMARK, RAGGED_SLOTS, RAGGED_ROWS),
-                                     bench_ragged.RaggedDecode.param_names)}
+                                     bench_ragged.RaggedDecode.param_names),
+                     **{name + end: cls.param_names for name, cls in PAIRED_BENCHMARKS.items()
+                        for end in ("", "_low", "_high")}}
+
+
+class Paired(float):
+    """A paired ratio (``track_ratio``): the median of per-pair ratios, with its 95 % interval ``low``, ``high``.
+
+    ``low`` and ``high`` are None where the run holds no interval.
+    """
+
+    def __new__(cls, median, low=None, high=None):
+        ratio = super().__new__(cls, median)
+        ratio.low, ratio.high = low, high
+        return ratio
+
+
+class Unpaired(float):
+    """A ratio of two of asv's medians, measured in separate processes: the fallback where no paired one exists."""
+
+
+def paired(run, benchmark, unpaired, **params):
+    """The paired ratio ``benchmark`` at ``params`` (a :class:`Paired`), if ``run`` has it, else ``unpaired``.
+
+    ``unpaired`` (the ratio of two medians) is returned marked :class:`Unpaired`
+    where it is a number, else as the marker it is. A paired ratio that failed
+    stays ``failed``: its correctness check is the timings' own.
+    """
+    value = run.value(benchmark, **params)
+    if is_number(value):
+        low, high = (run.value(benchmark + end, **params) for end in ("_low", "_high"))
+        return Paired(value, *((low, high) if is_number(low) and is_number(high) else (None, None)))
+    if value == FAILED:
+        return FAILED
+    return Unpaired(unpaired) if is_number(unpaired) else unpaired
 
 
 @dataclass(frozen=True)
@@ -87,10 +141,11 @@ def cache_table(run):
     for t in _keys(run, CACHE_BENCHMARK, "T", LENGTHS):
         cells = {f"{s} / ms": run.value(CACHE_BENCHMARK, T=t, strategy=s) for s in CACHE_STRATEGIES}
         for s in CACHE_RATIOS:
-            cells[f"{s} / preallocated"] = _combine(lambda a, b: a / b, cells[f"{s} / ms"], cells["preallocated / ms"])
+            unpaired = _combine(lambda a, b: a / b, cells[f"{s} / ms"], cells["preallocated / ms"])
+            cells[f"{s} / preallocated"] = paired(run, CACHE_PAIRED, unpaired, T=t, strategy=s)
         rows.append(((t,), cells))
     kinds = {f"{s} / ms": "ms" for s in CACHE_STRATEGIES} | {f"{s} / preallocated": "ratio" for s in CACHE_RATIOS}
-    return Table("Cache experiment: full decode of one sequence", ("T",), kinds, rows)
+    return Table("Cache experiment: full decode of one sequence", ("T",), kinds, rows, PAIRED_NOTE)
 
 
 def batch_table(run, batch=BATCH):
@@ -102,7 +157,7 @@ def batch_table(run, batch=BATCH):
         rows.append(((t,), {
             "sequential / ms": seq,
             "batched / ms": bat,
-            "speedup": _combine(lambda a, b: a / b, seq, bat),
+            "speedup": paired(run, BATCH_PAIRED, _combine(lambda a, b: a / b, seq, bat), T=t),
             "positions / s": _combine(lambda b: batch * t / b, bat),
             "batched / step, µs": _combine(lambda b: b / t, bat),
             "saved / step, µs": _combine(lambda a, b: (a - b) / t, seq, bat),
@@ -111,7 +166,8 @@ def batch_table(run, batch=BATCH):
              "positions / s": "rate", "batched / step, µs": "us", "saved / step, µs": "us"}
     note = (f"Both timings cover the whole decode of all B = {batch} sequences; "
             "positions / s = B x T / batched time; a step decodes one position of every sequence; "
-            "saved / step = (sequential - batched) / T, so speedup = 1 + saved / batched per step.")
+            "saved / step = (sequential - batched) / T, so speedup = 1 + saved / batched per step "
+            "(of the medians). " + PAIRED_NOTE)
     return Table(f"Batch experiment: B = {batch} sequences, sequential vs batched", ("T",), kinds, rows, note)
 
 
@@ -126,10 +182,13 @@ def batch_size_table(run, t_len=SWEEP_LENGTH):
             "batched / ms": bat,
             "ms per sequence": _combine(lambda s: s / b, bat),
             "positions / s": rate[b],
-            "scaling vs B = 1": _combine(lambda r, r1: r / r1, rate[b], rate.get(1, SKIPPED)),
+            "scaling vs B = 1": (_combine(lambda r: 1.0, rate[b]) if b == 1 else  # B = 1 over itself: 1
+                                 paired(run, SWEEP_PAIRED, _combine(lambda r, r1: r / r1, rate[b],
+                                                                    rate.get(1, SKIPPED)), B=b)),
         }))
     kinds = {"batched / ms": "ms", "ms per sequence": "ms", "positions / s": "rate", "scaling vs B = 1": "ratio3"}
-    note = f"positions / s = B x {t_len} / batched time; scaling = positions / s over that of B = 1."
+    note = (f"positions / s = B x {t_len} / batched time; scaling = positions / s over that of B = 1, "
+            f"B x time at B = 1 / time at B. " + PAIRED_NOTE)
     return Table(f"Batch size: batched decode at T = {t_len}", ("B",), kinds, rows, note)
 
 
@@ -143,16 +202,18 @@ def heads_table(run):
             rows.append(((kind, t), {
                 "repeat_kv / ms": rep,
                 "grouped / ms": grp,
-                "grouped / repeat_kv": _combine(lambda a, b: b / a, rep, grp),
+                "repeat_kv / grouped": paired(run, HEADS_PAIRED, _combine(lambda a, b: a / b, rep, grp),
+                                              kind=kind, T=t),
                 "peak bytes, repeat_kv": run.value(HEADS_PEAK, kind=kind, T=t, path="repeat_kv"),
                 "peak bytes, grouped": run.value(HEADS_PEAK, kind=kind, T=t, path="grouped"),
                 "KV cache bytes": run.value(HEADS_CACHE, kind=kind, T=t),
             }))
-    kinds = {"repeat_kv / ms": "ms", "grouped / ms": "ms", "grouped / repeat_kv": "ratio3",
+    kinds = {"repeat_kv / ms": "ms", "grouped / ms": "ms", "repeat_kv / grouped": "ratio3",
              "peak bytes, repeat_kv": "bytes", "peak bytes, grouped": "bytes", "KV cache bytes": "bytes"}
     note = (f"B = {heads_inputs.HEADS_BATCH}, {heads_inputs.HEADS_N_HEADS} query heads of D_head = "
             f"{heads_inputs.HEADS_HEAD_DIM}, K/V heads: " + ", ".join(f"{k} {n}" for k, n in heads_inputs.KINDS.items())
-            + "; peak bytes are allocated during one decode (tracemalloc); 1 MiB = 2^20 bytes.")
+            + "; peak bytes are allocated during one decode (tracemalloc); 1 MiB = 2^20 bytes. "
+            + f"Paired at T = {bench_heads.RATIO_LENGTH} only. " + PAIRED_NOTE)
     return Table("Heads experiment: MHA, GQA and MQA decode, repeat_kv vs grouped", ("kind", "T"), kinds, rows, note)
 
 
@@ -174,20 +235,20 @@ def ragged_table(run):
         ms = {s: run.value(RAGGED_BENCHMARK, strategy=s, lengths=lengths) for s in ragged_inputs.RAGGED_STRATEGIES}
         rows.append(((lengths,), {
             **{f"{s} / ms": v for s, v in ms.items()},
-            "padded / compacted": _combine(lambda a, b: a / b, ms["padded"], ms["compacted"]),
-            "paged / compacted": _combine(lambda a, b: a / b, ms["paged"], ms["compacted"]),
+            **{f"{s} / paged": paired(run, RAGGED_PAIRED, _combine(lambda a, b: a / b, ms[s], ms["paged"]),
+                                      strategy=s, lengths=lengths) for s in RAGGED_RATIOS},
             "rows, padded": run.value(RAGGED_ROWS, strategy="padded", lengths=lengths),
             "rows, compacted": run.value(RAGGED_ROWS, strategy="compacted", lengths=lengths),
             "slots, compacted": run.value(RAGGED_SLOTS, strategy="compacted", lengths=lengths),
             "slots, paged": run.value(RAGGED_SLOTS, strategy="paged", lengths=lengths),
         }))
     kinds = ({f"{s} / ms": "ms" for s in ragged_inputs.RAGGED_STRATEGIES}
-             | {"padded / compacted": "ratio", "paged / compacted": "ratio"}
+             | {f"{s} / paged": "ratio" for s in RAGGED_RATIOS}
              | dict.fromkeys(("rows, padded", "rows, compacted", "slots, compacted", "slots, paged"), "count"))
     note = (f"B = {ragged_inputs.RAGGED_BATCH} sequences, T_b: " + "; ".join(
         f"{name} {_runs(lens)}" for name, lens in ragged_inputs.LENGTH_DISTRIBUTIONS.items())
             + f"; block_size {ragged_inputs.BLOCK_SIZE}. rows: query rows computed over the decode; "
-            "slots: K/V token slots reserved at the peak (padded reserves as many as compacted).")
+            "slots: K/V token slots reserved at the peak (padded reserves as many as compacted). " + PAIRED_NOTE)
     return Table("Ragged experiment: padded vs compacted (dynamic exit) vs paged KV cache", ("lengths",), kinds,
                  rows, note)
 
@@ -215,8 +276,17 @@ FORMATS = {  # cell kind -> text of a number (seconds, ratio, rate, bytes or cou
 
 
 def format_cell(value, kind):
-    """A cell as text: ms with 3 decimals, ratios as ``16.18x``, rates with thousands separators; markers as is."""
-    return FORMATS[kind](value) if is_number(value) else str(value)
+    """A cell as text: ms with 3 decimals, ratios as ``16.18x``, rates with thousands separators; markers as is.
+
+    A :class:`Paired` ratio adds its interval, ``16.18x [16.02, 16.31]``; an :class:`Unpaired` one its mark,
+    ``16.18x (unpaired)``.
+    """
+    if not is_number(value):
+        return str(value)
+    text = FORMATS[kind](value)
+    if isinstance(value, Paired) and value.low is not None:
+        return f"{text} [{FORMATS[kind](value.low)[:-1]}, {FORMATS[kind](value.high)[:-1]}]"
+    return f"{text} (unpaired)" if isinstance(value, Unpaired) else text
 
 
 def _markdown(headers, rows, n_keys=1, figure_column=False):
