@@ -15,15 +15,20 @@ stdout it was started with (what benchmarks print goes to stderr):
   check runs; answers ``{"loaded": True, "number": N}`` (N calibrated when
   null), ``{"skipped": why}`` or ``{"failed": why}``;
 - ``{"samples": K}``: K samples of the loaded point, each after its setup again
-  (as asv re-runs setup before every sample) and of N calls; answers
-  ``{"samples": [seconds per call, ...]}``;
+  (as asv re-runs setup before every sample) and of N calls, in the thread's
+  CPU time (:data:`CLOCK`); answers ``{"samples": [seconds per call, ...]}``;
 - ``{"stop": True}``, or the end of stdin: the worker exits.
 """
 
 import json
 import os
 import sys
+import time
 import traceback
+
+# The thread's CPU time, as the suite's paired ratios (benchmarks/ratios.py): the worker's one thread does all
+# the work (one BLAS thread), and the time another job holds the core is not the code's.
+CLOCK = time.thread_time
 
 if __name__ == "__main__":
     del sys.path[0]  # this script's folder (tools/): nothing of it is imported
@@ -63,20 +68,17 @@ class Worker:
         self.benchmark.func(*self.args)
 
     def samples(self, count):
-        import time
-
-        wall, cpu = [], []
+        out = []
         for _ in range(count):
             if not self.fresh:  # setup before every sample but the first, as asv does
                 self.benchmark.do_teardown()
                 self.benchmark.do_setup()
             self.fresh = False
-            start, start_cpu = time.perf_counter(), time.process_time()
+            start = CLOCK()
             for _ in range(self.number):
                 self.call()
-            cpu.append((time.process_time() - start_cpu) / self.number)
-            wall.append((time.perf_counter() - start) / self.number)
-        return {"samples": wall, "cpu": cpu}
+            out.append((CLOCK() - start) / self.number)
+        return {"samples": out}
 
     def unload(self):
         if self.benchmark is not None:

@@ -10,7 +10,8 @@ interpreter, numpy and thread pins, and the commit's ``kv_attention`` from the
 wheel asv built for it (asv's build cache; asv builds it if it is not there) —
 run the suite's own ``setup_cache``, ``setup`` and correctness check, then
 alternate bursts of samples, ABBA, pinned to the same core so that they never
-run at once. The verdict is the median of the per-pair ratios HEAD / BASE and
+run at once, each sample timed in the worker thread's CPU time (the time
+another job holds the core is not the code's). The verdict is the median of the per-pair ratios HEAD / BASE and
 its 95 % interval: worse when the median is beyond the factor and the whole
 interval above 1.
 

@@ -334,8 +334,8 @@ ACROSS_MACHINES = {"ratio": "comparable", "ratio3": "comparable", "count": "same
                    "ms": "machine-bound", "us": "machine-bound", "rate": "machine-bound"}
 MACHINES_NOTE = ("Each row is one figure of the lab's tables at the same commit, one column per machine, and each "
                  "later machine's figure over the first's. Only the dimensionless figures (`comparable`: "
-                 "no_cache / preallocated, concat / preallocated, speedup, scaling, grouped / repeat_kv, "
-                 "padded / compacted, paged / compacted) compare the mechanisms across machines: there, 1.000x "
+                 "no_cache / preallocated, concat / preallocated, speedup, scaling, repeat_kv / grouped, "
+                 "padded / paged, compacted / paged) compare the mechanisms across machines: there, 1.000x "
                  "means the mechanism gains as much on both. Absolute times and rates (`machine-bound`: ms, µs, "
                  "positions / s) are NOT comparable across machines: their ratio measures the machines (CPU, "
                  "load, samples), not the mechanism. Counts and bytes (`same work`) are the work itself: equal "
