@@ -26,6 +26,7 @@ import argparse
 import itertools
 import math
 import re
+import time
 
 from .. import common, results
 
@@ -278,7 +279,10 @@ def pair_timings(conf, benchmarks, commits, rows):
             continue
         print(f"\ntimings in pairs: {len(points)} points, HEAD / BASE (median of per-pair ratios [95 % interval]), "
               f"{env.name}:", flush=True)
-        for label, outcome in pairs.measure(conf, env, commits["base"], commits["head"], points).items():
+        started = time.monotonic()
+        measured = pairs.measure(conf, env, commits["base"], commits["head"], points)
+        print(f"timings in pairs: {len(points)} points in {time.monotonic() - started:.0f} s", flush=True)
+        for label, outcome in measured.items():
             if isinstance(outcome, pairs.Paired):
                 paired[(label, env.name)] = outcome
             else:
