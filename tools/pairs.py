@@ -32,7 +32,7 @@ from . import common
 
 WORKER = Path(__file__).with_name("pair_worker.py")
 SECONDS_PER_POINT = 1.0  # of pairs per timing point, both sides together (the first pair sizes the rest)
-MIN_PAIRS, MAX_PAIRS = 8, 60  # at least enough ratios for a 95 % interval of their median
+MIN_PAIRS, MAX_PAIRS = 9, 60  # 9: the fewest ratios whose 95 % interval is not [min, max] ([x_(2), x_(8)])
 
 
 @dataclass(frozen=True)
