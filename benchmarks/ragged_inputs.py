@@ -47,15 +47,20 @@ def ragged_oracle(seqs, w_q, w_k, w_v):
 
 
 def ragged_function(strategy, distribution):
-    """The commit's ragged_decode bound to ``strategy``, block_size 16 and the pool; NotImplementedError if absent."""
+    """The commit's ragged_decode bound to ``strategy``, and for paged block_size 16 and the pool; NotImplementedError
+    if absent.
+
+    Only "paged" has a pool: the other strategies get neither option, which today's library refuses for them and
+    older commits accept either way (they checked, then ignored, both).
+    """
     import kv_attention
 
     function = library_function("ragged_decode")
     if strategy not in getattr(kv_attention, "RAGGED_STRATEGIES", ()):
         raise NotImplementedError(f"kv_attention has no ragged strategy {strategy!r} at this commit")
-    options = {"strategy": strategy, "block_size": BLOCK_SIZE}
+    options = {"strategy": strategy}
     if strategy == "paged":
-        options["num_blocks"] = pool_blocks(distribution)
+        options.update(block_size=BLOCK_SIZE, num_blocks=pool_blocks(distribution))
     return functools.partial(function, **options)
 
 

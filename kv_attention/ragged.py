@@ -38,12 +38,12 @@ nor an ndarray, an input that is not a float32/float64 array, or a length or sta
 step that is not an integer, a ``return_stats`` other than True/False, or a
 ``cache`` that is not a PagedKVCache or holds another dtype; ValueError for an unknown strategy, shapes that do not fit (named
 in the message), lengths or start_steps of the wrong count or out of range,
-NaN/inf, scores that overflow, ``num_blocks`` with a strategy other than paged,
+NaN/inf, scores that overflow, a ``block_size`` < 1 or ``num_blocks`` < 0, either
+of them with a strategy other than paged (they size the pool only paged has),
 or a ``cache`` that does not fit (its D_k, D_v or block_size, a sequence id 0..B-1
 it already holds, ``num_blocks`` given beside it, or a strategy other than paged).
-``block_size`` is checked (an integer >= 1) but unused by padded and compacted,
-so that one set of options can drive every strategy. OutOfBlocksError comes from
-the step at which the pool is too small for the sequences in the batch.
+OutOfBlocksError comes from the step at which the pool is too small for the
+sequences in the batch.
 
 Method: masked attention as in Vaswani et al. 2017; continuous batching as in
 Orca (Yu et al. 2022); the paged cache as PagedAttention in vLLM (Kwon et al. 2023).
@@ -290,8 +290,9 @@ def _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blo
     check_choice("strategy", strategy, RAGGED_STRATEGIES)
     block_size = None if block_size is None else as_size("block_size", block_size, minimum=1)
     num_blocks = None if num_blocks is None else as_size("num_blocks", num_blocks)
-    if num_blocks is not None and strategy != "paged":  # the size of a pool only "paged" has
-        raise ValueError(f"num_blocks={num_blocks} is for strategy='paged', got strategy={strategy!r}")
+    for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+        if value is not None and strategy != "paged":  # the sizes of a pool only "paged" has
+            raise ValueError(f"{name}={value} is for strategy='paged', got strategy={strategy!r}")
     problem, out_len = _make_problem(x, w_q, w_k, w_v, lengths, start_steps)
     if cache is not None:
         w_k, w_v = problem.weights[1:]
@@ -347,7 +348,7 @@ def ragged_decode(
             at decode step start_steps[i], as in continuous batching.
         strategy: ``"padded"``, ``"compacted"`` (default) or ``"paged"`` (see the module).
         block_size: tokens per block of the paged cache (default 16, or the given
-            cache's); checked but unused by the other strategies.
+            cache's); strategy="paged" only (ValueError with another, as ``cache``).
         num_blocks: blocks in the paged cache's pool (default: enough for every
             sequence at full length at once, sum of ceil(T_i / block_size));
             strategy="paged" only (ValueError with another, as ``cache``).

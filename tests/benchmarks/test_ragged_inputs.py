@@ -42,7 +42,11 @@ def test_ragged_oracle_matches_the_independent_reference():
 def test_check_passes_every_strategy_on_every_distribution(one_thread, strategy, distribution):
     decode = ragged_inputs.verified_ragged_decode(strategy, distribution)
     assert decode.func is kv.ragged_decode and decode.keywords["strategy"] == strategy
-    assert decode.keywords["block_size"] == 16
+    if strategy == "paged":
+        assert decode.keywords["block_size"] == 16
+        assert decode.keywords["num_blocks"] == ragged_inputs.pool_blocks(distribution)
+    else:  # no pool: neither option, which the library refuses for these strategies
+        assert "block_size" not in decode.keywords and "num_blocks" not in decode.keywords
 
 
 def test_check_fails_a_decode_that_is_0_1_percent_off_in_one_sequence(one_thread, monkeypatch):
@@ -98,8 +102,8 @@ def test_tracked_counts_are_the_issues_figures(one_thread, strategy, distributio
 def test_a_commit_without_return_stats_is_timed_and_its_counts_skip(one_thread, monkeypatch):
     right = kv.ragged_decode
 
-    def old_ragged_decode(seqs, w_q, w_k, w_v, *, strategy, block_size, num_blocks=None):
-        return right(seqs, w_q, w_k, w_v, strategy=strategy, block_size=block_size, num_blocks=num_blocks)
+    def old_ragged_decode(seqs, w_q, w_k, w_v, *, strategy, block_size=16, num_blocks=None):  # accepted, unused
+        return right(seqs, w_q, w_k, w_v, strategy=strategy)
 
     monkeypatch.setattr(kv, "ragged_decode", old_ragged_decode)
 

@@ -1,5 +1,5 @@
-"""Calls into kv_attention shared by the library's tests: a strategy by name, multi-head attention, and
-the comparison of two floating-point results within a few ULPs.
+"""Calls into kv_attention shared by the library's tests: a strategy by name, a ragged strategy's pool
+options, multi-head attention, and the comparison of two floating-point results within a few ULPs.
 
 Results computed through BLAS (matmul, einsum, a softmax of computed scores) differ in their last
 bits from one OpenBLAS kernel to another (OPENBLAS_CORETYPE=Haswell, SkylakeX, ...): two different
@@ -17,6 +17,14 @@ HEADS_PATHS = ("grouped", "repeat_kv")
 
 def run(name, *args, **kwargs):
     return kv.STRATEGIES[name](*args, **kwargs)
+
+
+def pool_options(strategy, block_size, num_blocks=None):
+    """The pool's options for ``ragged_decode``: ``block_size`` (and ``num_blocks`` if given) for "paged", none
+    for the other strategies, which have no pool and refuse them."""
+    if strategy != "paged":
+        return {}
+    return {"block_size": block_size} if num_blocks is None else {"block_size": block_size, "num_blocks": num_blocks}
 
 
 def heads_reference(*args, n_heads=6, n_kv_heads=2):

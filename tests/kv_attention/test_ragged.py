@@ -11,6 +11,7 @@ import kv_attention as kv
 from kv_attention import masked_attend
 
 from ..references import blocks_per_step, schedule, sequences, solo_outputs, weights
+from .helpers import pool_options
 
 TOL = {"rtol": 1e-10, "atol": 1e-10}
 
@@ -31,14 +32,14 @@ def strategy(request):
 
 
 @pytest.mark.parametrize("lengths, start_steps", CASES)
-@pytest.mark.parametrize("block_size", [1, 3, 16])  # 16: larger than every sequence
+@pytest.mark.parametrize("block_size", [1, 3, 16])  # paged's; 16: larger than every sequence
 def test_every_step_equals_each_sequence_decoded_alone(strategy, lengths, start_steps, block_size):
     rng = np.random.default_rng(sum(lengths))
     seqs, (w_q, w_k, w_v) = sequences(rng, lengths), weights(rng)
     solo = solo_outputs(seqs, w_q, w_k, w_v)
     expected_steps = list(schedule(lengths, start_steps).values())
     steps = kv.ragged_decode_steps(
-        seqs, w_q, w_k, w_v, start_steps=start_steps, strategy=strategy, block_size=block_size
+        seqs, w_q, w_k, w_v, start_steps=start_steps, strategy=strategy, **pool_options(strategy, block_size)
     )
     n_steps = 0
     for (seq_ids, positions, out), expected in zip(steps, expected_steps, strict=True):
@@ -53,7 +54,7 @@ def test_every_step_equals_each_sequence_decoded_alone(strategy, lengths, start_
 def test_outputs_equal_the_foundations_single_sequence_decode(strategy, lengths, start_steps):
     rng = np.random.default_rng(7)
     seqs, (w_q, w_k, w_v) = sequences(rng, lengths), weights(rng)
-    out = kv.ragged_decode(seqs, w_q, w_k, w_v, start_steps=start_steps, strategy=strategy, block_size=3)
+    out = kv.ragged_decode(seqs, w_q, w_k, w_v, start_steps=start_steps, strategy=strategy, **pool_options(strategy, 3))
     assert isinstance(out, list) and len(out) == len(seqs)
     for got, seq in zip(out, seqs):
         assert got.shape == (len(seq), 5) and got.dtype == np.float64
@@ -116,7 +117,8 @@ def test_reported_counts(strategy, lengths, start_steps, block_size):
     rng = np.random.default_rng(13)
     seqs, (w_q, w_k, w_v) = sequences(rng, lengths), weights(rng)
     _, stats = kv.ragged_decode(
-        seqs, w_q, w_k, w_v, start_steps=start_steps, strategy=strategy, block_size=block_size, return_stats=True
+        seqs, w_q, w_k, w_v, start_steps=start_steps, strategy=strategy, **pool_options(strategy, block_size),
+        return_stats=True,
     )
     n_steps, n_seqs, t_max = len(schedule(lengths, start_steps)), len(lengths), max(lengths)
     assert stats.strategy == strategy and stats.steps == n_steps
@@ -258,6 +260,12 @@ def test_every_sequence_grows_from_its_own_length_when_others_join_and_leave():
          r"^num_blocks=0 is for strategy='paged', got strategy='compacted'$"),
         ({"strategy": "padded", "num_blocks": 9}, ValueError,
          r"^num_blocks=9 is for strategy='paged', got strategy='padded'$"),
+        # So was a block size with a strategy that has no blocks.
+        ({"strategy": "compacted", "block_size": 4}, ValueError,
+         r"^block_size=4 is for strategy='paged', got strategy='compacted'$"),
+        ({"strategy": "padded", "block_size": 16}, ValueError,
+         r"^block_size=16 is for strategy='paged', got strategy='padded'$"),
+        ({"block_size": 1}, ValueError, r"^block_size=1 is for strategy='paged', got strategy='compacted'$"),  # default
         ({"lengths": [3, 2]}, ValueError, "lengths is for a padded x"),
         ({"start_steps": [0]}, ValueError, r"start_steps must be 2 integers, one per sequence, got \[0\]"),
         ({"start_steps": [0, -1]}, ValueError, r"start_steps\[1\] must be >= 0"),
@@ -392,10 +400,10 @@ def test_every_sequence_equals_its_solo_decode(problem, strategy, block_size, ti
     seqs, weights, start_steps = problem
     lengths = [len(s) for s in seqs]
     # A tight pool holds only the most blocks in use at once, so freed blocks must be reused.
-    tight = tight_pool and strategy == "paged"  # num_blocks is paged's alone
+    tight = tight_pool and strategy == "paged"  # block_size and num_blocks are paged's alone
     num_blocks = max(blocks_per_step(lengths, start_steps, block_size), default=0) if tight else None
     out = kv.ragged_decode(
-        seqs, *weights, start_steps=start_steps, strategy=strategy, block_size=block_size, num_blocks=num_blocks
+        seqs, *weights, start_steps=start_steps, strategy=strategy, **pool_options(strategy, block_size, num_blocks)
     )
     for got, expected in zip(out, solo_outputs(seqs, *weights), strict=True):
         np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-10)
