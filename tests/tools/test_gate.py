@@ -487,3 +487,11 @@ def test_the_main_jobs_summary_names_the_points_behind_each_channel(project):
         ("work", "bench_x.DecodeCounts.track_instructions(64, 'preallocated')"),
         ("time", "bench_x.Decode.time_decode(256, 'concat')")]
     assert [round(r, 4) for *_, r in points] == [1.02, 1.2]
+
+
+def test_the_lab_ratios_are_measurements_never_regressions():
+    ratio = [("bench_cache.CacheRatios.track_ratio", [], [1.10], [None], [None], "1", MACHINE, "env")]
+    regressions, failures = gate_command.judge(ratio, [(*ratio[0][:2], [1.50], *ratio[0][3:])], 1.03)
+    assert regressions == [] and failures == []
+    failed = [(*ratio[0][:2], [None], *ratio[0][3:])]
+    assert gate_command.judge(ratio, failed, 1.03)[1] == [("bench_cache.CacheRatios.track_ratio", "head")]

@@ -44,6 +44,9 @@ ERROR_EXIT = 2  # a usage or user error; 1 means a regression
 # "Measured noise"): 1.005 leaves seven times that, and flags 1 % more work with room to spare.
 COUNT_BENCHMARKS = ("track_instructions", "track_estimated_cycles")
 COUNT_FACTOR = 1.005
+# The lab's ratios in pairs (benchmarks/ratios.py): answers to the lab's questions, never a regression in
+# themselves (a faster denominator raises a ratio); the timings they are made of are judged in pairs.
+RATIO_BENCHMARKS = ("track_ratio", "track_ratio_low", "track_ratio_high")
 LENGTH_PARAMS = ("T",)  # a count point stands for its strategy's work at every length
 WORK_CHANGED = "work changed"
 TIME_ONLY = "time changed, work did not"
@@ -148,7 +151,8 @@ def judge(base_rows, head_rows, factor, count_factor=COUNT_FACTOR, param_names=N
     ``[(name, commit role)]`` where a stored value is None (a failed benchmark or
     correctness check), and where a point with a value at BASE is n/a at HEAD
     (:func:`results.vanished`, unless retired in benchmarks/common.py). Points whose
-    benchmark code changed between the two (asv marks them x) are not compared.
+    benchmark code changed between the two (asv marks them x), and the paired ratios
+    (:data:`RATIO_BENCHMARKS`), are not compared.
     ``param_names``: benchmark -> asv's param_names. ``paired``: ``{(label, env):
     tools.pairs.Paired}``, the paired verdicts that replace asv's for those points
     (their ratio is the median of the per-pair ratios).
@@ -165,6 +169,8 @@ def judge(base_rows, head_rows, factor, count_factor=COUNT_FACTOR, param_names=N
         if value_1 is None or value_2 is None or math.isnan(value_1) or math.isnan(value_2):
             continue
         if version_1 is not None and version_2 is not None and version_1 != version_2:
+            continue
+        if method_of(label) in RATIO_BENCHMARKS:
             continue
         ratio = value_2 / value_1 if value_1 else math.inf
         if method_of(label) in COUNT_BENCHMARKS:
