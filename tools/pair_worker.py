@@ -12,8 +12,10 @@ stdout it was started with (what benchmarks print goes to stderr):
 - ``{"load": NAME, "param_idx": I, "number": N or null}``: asv_runner's
   benchmark NAME at parameter combination I, its ``setup_cache`` (once per
   cache key in this process) and ``setup``, so the suite's own correctness
-  check runs; answers ``{"loaded": True, "number": N}`` (N calibrated when
-  null), ``{"skipped": why}`` or ``{"failed": why}``;
+  check runs, and calibrates (both workers make the same calls, so that
+  neither starts its pairs from a colder state); answers ``{"loaded": True,
+  "number": N}`` (N the calibrated one when null), ``{"skipped": why}`` or
+  ``{"failed": why}``;
 - ``{"samples": K}``: K samples of the loaded point, each after its setup again
   (as asv re-runs setup before every sample) and of N calls, in the thread's
   CPU time (:data:`CLOCK`); answers ``{"samples": [seconds per call, ...]}``;
@@ -60,7 +62,8 @@ class Worker:
         for setup in benchmark._setups:  # asv_runner's do_setup, whose NotImplementedError keeps its message
             setup(*self.args)
         self.benchmark = benchmark
-        self.number = number or calibrate(self.call)
+        calibrated = calibrate(self.call)  # in both workers, so that both have made the same calls before the pairs
+        self.number = number or calibrated
         self.fresh = True
         return {"loaded": True, "number": self.number}
 

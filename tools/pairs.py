@@ -31,7 +31,7 @@ from pathlib import Path
 from . import common
 
 WORKER = Path(__file__).with_name("pair_worker.py")
-SECONDS_PER_POINT = 1.0  # of pairs per timing point, both sides together (the first pair sizes the rest)
+SECONDS_PER_POINT = 1.5  # of pairs per timing point, both sides together (the first pair sizes the rest)
 MIN_PAIRS, MAX_PAIRS = 9, 60  # 9: the fewest ratios whose 95 % interval is not [min, max] ([x_(2), x_(8)])
 
 
