@@ -55,6 +55,29 @@ class WorkerError(common.UserError):
     """A worker process could not start or stopped answering."""
 
 
+ADDR_NO_RANDOMIZE = 0x0040000  # linux/personality.h: what `setarch -R` sets
+
+
+def fixed_layout():
+    """In the worker, before exec: no address-space randomisation, as ``setarch -R``.
+
+    With it, each process of identical code would get its own random layout of
+    heap, stack and mappings, and with it a speed of its own (cache sets, TLB,
+    alignment: Mytkowicz et al., ASPLOS 2009) that no number of pairs averages
+    away; fixed, the layout is the code's and its inputs'. Where personality(2)
+    is refused (a container's seccomp profile), the worker runs as it is.
+    """
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        current = libc.personality(0xFFFFFFFF)
+        if current != -1:
+            libc.personality(current | ADDR_NO_RANDOMIZE)
+    except (OSError, AttributeError):
+        pass
+
+
 class Worker:
     """A :mod:`tools.pair_worker` process in ``env`` with the commit's package from ``package_dir``."""
 
@@ -64,7 +87,7 @@ class Worker:
         python = os.path.join(env._path, "bin", "python")  # asv's virtualenv interpreter
         self.process = subprocess.Popen([python, "-s", str(WORKER), str(package_dir), str(benchmark_dir)],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=environ, cwd=cwd,
-                                        text=True)
+                                        text=True, preexec_fn=fixed_layout if sys.platform == "linux" else None)
 
     def ask(self, **request):
         try:

@@ -45,11 +45,13 @@ LOCKS_WORKSPACE = True  # one measuring job at a time here (tools/lock.py); each
 
 SLOWDOWN = '''
 
+import functools as _functools
 import time as _time
 
 _unchanged_{name} = {name}
 
 
+@_functools.wraps(_unchanged_{name})  # the same signature: the suite asks it for cache=
 def {name}(*args, **kwargs):  # injected by tools/dev.py noise: {percent:g} % slower
     start = _time.perf_counter()
     out = _unchanged_{name}(*args, **kwargs)
