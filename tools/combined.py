@@ -192,6 +192,11 @@ def publish_together(also, config=None, html_dir=None, say=print):
     conf = load_config(config)
     base = os.path.dirname(os.path.abspath(config))
     results_dir = os.path.join(base, conf.get("results_dir", "results"))
+    output = os.path.realpath(html_dir or os.path.join(base, conf.get("html_dir", "html")))
+    for path in also:  # asv publish empties its html_dir: a --with directory inside it would be deleted
+        real = os.path.realpath(path)
+        if real == output or real.startswith(output + os.sep):
+            raise UserError(f"--with {path}: inside the dashboard's folder {output}, which publishing replaces")
     machines = gather(results_dir, also)
     sources = [results_dir, *(os.path.abspath(p) for p in also)]
     benchmarks = next((data for data in (read_regular(os.path.join(s, "benchmarks.json")) for s in sources)

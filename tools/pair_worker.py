@@ -113,4 +113,7 @@ def main(benchmark_dir):
 
 
 if __name__ == "__main__":
-    main(os.path.abspath(sys.argv[2]))
+    try:
+        main(os.path.abspath(sys.argv[2]))
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the gate says it stopped
+        sys.exit(130)

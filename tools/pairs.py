@@ -21,6 +21,7 @@ asv's own results are not touched: the dashboard keeps asv's unpaired medians.
 import glob
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,7 @@ from . import common
 
 WORKER = Path(__file__).with_name("pair_worker.py")
 SECONDS_PER_POINT = 1.5  # of pairs per timing point, both sides together (the first pair sizes the rest)
+ANSWER_TIMEOUT = 600  # seconds a worker may take over one request (asv's setup_cache timeout is 600 for counts)
 MIN_PAIRS, MAX_PAIRS = 9, 60  # 9: the fewest ratios whose 95 % interval is not [min, max] ([x_(2), x_(8)])
 
 
@@ -84,20 +86,26 @@ class Worker:
     def __init__(self, env, package_dir, benchmark_dir, cwd):
         environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # asv strips it too
         environ.update(env.env_vars)  # the matrix's env_nobuild: the one-thread BLAS pin
+        environ["PYTHONHASHSEED"] = "0"  # one hash seed for both: dicts and sets laid out alike
         python = os.path.join(env._path, "bin", "python")  # asv's virtualenv interpreter
         self.process = subprocess.Popen([python, "-s", str(WORKER), str(package_dir), str(benchmark_dir)],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=environ, cwd=cwd,
                                         text=True, preexec_fn=fixed_layout if sys.platform == "linux" else None)
 
     def ask(self, **request):
+        """The worker's answer to ``request``; WorkerError if it stopped or gave none within :data:`ANSWER_TIMEOUT`."""
         try:
             self.process.stdin.write(json.dumps(request) + "\n")
             self.process.stdin.flush()
-            line = self.process.stdout.readline()
+            ready, _, _ = select.select([self.process.stdout], [], [], ANSWER_TIMEOUT)
+            line = self.process.stdout.readline() if ready else None
         except (BrokenPipeError, OSError):
             line = ""
+        if line is None:
+            self.process.kill()
+            raise WorkerError(f"no answer within {ANSWER_TIMEOUT} s")
         if not line:
-            raise WorkerError(f"a paired-timing worker stopped (exit {self.process.poll()}; see its output above)")
+            raise WorkerError(f"the worker stopped (exit {self.process.wait()}; see its output above)")
         return json.loads(line)
 
     def samples(self, count):
@@ -127,6 +135,7 @@ def package_of(conf, env, commit, folder):
     cache_dir = env._cache.get_cache_dir(commit)
     if cache_dir is None:  # not built, or dropped from the cache (build_cache_size): asv builds it
         env.create()
+        env._set_installed_commit_hash(None)  # else asv skips the build of the commit it has installed
         env.install_project(conf, get_repo(conf), commit)
         cache_dir = env._cache.get_cache_dir(commit)
     wheels = glob.glob(os.path.join(cache_dir or "", "*.whl"))
@@ -151,27 +160,43 @@ def measure(conf, env, base, head, points, progress=print):
 
     outcomes = {}
     with tempfile.TemporaryDirectory(prefix="kv-attention-pairs-") as folder:
-        workers = [Worker(env, package_of(conf, env, commit, folder), common.ROOT / conf.benchmark_dir, folder)
-                   for commit in (base, head)]
-        core = one_core()
-        for worker in workers:
-            os.sched_setaffinity(worker.process.pid, {core})
+        packages = [package_of(conf, env, commit, folder) for commit in (base, head)]
+        workers = []
         try:
             for i, (name, param_idx, label) in enumerate(points):
-                loaded, role = workers[0].ask(load=name, param_idx=param_idx, number=None), "base"
-                if "loaded" in loaded:
-                    loaded, role = workers[1].ask(load=name, param_idx=param_idx, number=loaded["number"]), "head"
-                if "loaded" not in loaded:
-                    outcomes[label] = {**loaded, "role": role}
+                if not workers:  # at the start, and again after a worker stopped or hung
+                    workers = start_workers(env, packages, common.ROOT / conf.benchmark_dir, folder)
+                try:
+                    loaded, role = workers[0].ask(load=name, param_idx=param_idx, number=None), "base"
+                    if "loaded" in loaded:
+                        loaded, role = workers[1].ask(load=name, param_idx=param_idx, number=loaded["number"]), "head"
+                    if "loaded" not in loaded:
+                        outcomes[label] = {**loaded, "role": role}
+                        continue
+                    ratios = pairs_within(workers[0].samples, workers[1].samples, SECONDS_PER_POINT,
+                                          MIN_PAIRS, MAX_PAIRS)
+                except WorkerError as error:  # this point fails; the next starts two new workers
+                    dead = [role for role, w in zip(("base", "head"), workers) if w.process.poll() is not None]
+                    outcomes[label] = {"failed": f"paired-timing worker: {error}", "role": (dead or ["head"])[0]}
+                    for worker in workers:
+                        worker.stop()
+                    workers = []
                     continue
-                ratios = pairs_within(workers[0].samples, workers[1].samples, SECONDS_PER_POINT,
-                                      MIN_PAIRS, MAX_PAIRS)
                 outcomes[label] = Paired(*median_interval(ratios), len(ratios))
                 progress(f"[pairs] {i + 1}/{len(points)} {label}: {outcomes[label].text()}")
         finally:
             for worker in workers:
                 worker.stop()
     return outcomes
+
+
+def start_workers(env, packages, benchmark_dir, folder):
+    """BASE's and HEAD's workers, both pinned to :func:`one_core`."""
+    workers = [Worker(env, package, benchmark_dir, folder) for package in packages]
+    core = one_core()
+    for worker in workers:
+        os.sched_setaffinity(worker.process.pid, {core})
+    return workers
 
 
 def timing_points(benchmarks, labels):

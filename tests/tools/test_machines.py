@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import stat
 from pathlib import Path
 
@@ -278,3 +279,12 @@ def test_the_browser_check_compares_the_machines_on_a_benchmark_both_have_graphs
     assert browser_check.compared_benchmark(tmp_path, ["a", "b"]) == browser_check.REGRESSED
     with pytest.raises(browser_check.CheckFailed, match="no benchmark is graphed for every machine"):
         browser_check.compared_benchmark(tmp_path, ["a", "c"])
+
+
+def test_publish_with_a_directory_inside_the_dashboards_folder_is_refused_and_kept(two, capsys):
+    inner = two.root / ".asv" / "html" / "inner"
+    shutil.copytree(two.stored, inner)
+    assert dev.main(["publish", "--with", str(inner)]) == 1  # asv publish empties .asv/html: it would be deleted
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"tools/dev.py publish: error: --with {inner}: inside the dashboard's folder")
+    assert (inner / "box-b" / "machine.json").is_file()

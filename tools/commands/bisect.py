@@ -174,6 +174,10 @@ def run(args):
     try:
         point.measure([good, bad])
         label = point.label = point.check_one()
+        if args.unpaired and method_of(label).startswith("time_"):
+            print("note: --unpaired compares medians asv stored at different times (GOOD's perhaps from another "
+                  "run): a timing's verdict may be the machine's drift, not a commit's; without --unpaired each "
+                  "commit is timed beside GOOD, in pairs")
         for role, commit in (("GOOD", good), ("BAD", bad)):
             if point.worse(good, commit) is None:
                 raise common.UserError(f"{label} has no measured value at {role} {commit[:8]} (its build or "

@@ -209,14 +209,25 @@ def param_names_of(benchmarks):
 
 
 def run(args):
-    from asv.commands.compare import Compare
-
     commits = {role: common.resolve(name) for role, name in (("base", args.base), ("head", args.head))}
     if commits["base"] == commits["head"]:
         print(f"note: BASE and HEAD are the same commit {commits['head'][:8]}: the comparison is of its "
               "results with themselves")
     common.record_machine()
     results.quarantine_unreadable()
+    try:
+        return compare(args, commits)
+    finally:  # also when stopped: what --bench measured of only part of a benchmark is not kept
+        conf, _, machine, env_names = results.asv_setup()
+        if args.bench and results.drop_partial(conf, machine, env_names, set(commits.values()), args.bench):
+            print("note: results of benchmarks measured here for only some parameter combinations were not kept, "
+                  "so that the main job measures them whole")
+
+
+def compare(args, commits):
+    """The gate after its commits are resolved: asv run, asv's table, the pairs, the verdict; the exit code."""
+    from asv.commands.compare import Compare
+
     common.asv_run(list(dict.fromkeys(commits.values())), *(["--bench", args.bench] if args.bench else []))
     conf, benchmarks, machine, env_names = results.asv_setup()
     rows = {role: results.compare_rows(conf, results.iter_results(conf, machine, commit, env_names), args.bench)
@@ -238,9 +249,6 @@ def run(args):
     regressions, failures = judge(rows["base"], rows["head"], args.factor, args.count_factor,
                                   param_names_of(benchmarks), paired)
     failures += pair_failures
-    if args.bench and results.drop_partial(conf, machine, env_names, set(commits.values()), args.bench):
-        print("note: results of benchmarks measured here for only some parameter combinations were not kept, "
-              "so that the main job measures them whole")
     for label, ratio, moved in regressions:
         print(f"REGRESSION {ratio_text(ratio)}  {label}  ({moved})")
     for label, role in failures:
@@ -304,8 +312,8 @@ def ratio_text(ratio):
 
 
 def channel_counts(regressions):
-    """'2 work changed, 1 time changed, work did not' of ``judge``'s regressions."""
+    """'2 work changed, 1 time changed, work did not' of ``judge``'s regressions ('none' without any)."""
     tally = {}
     for _, _, moved in regressions:
         tally[moved] = tally.get(moved, 0) + 1
-    return ", ".join(f"{n} {moved}" for moved, n in tally.items())
+    return ", ".join(f"{n} {moved}" for moved, n in tally.items()) or "none"
