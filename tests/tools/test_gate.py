@@ -442,7 +442,7 @@ def paired_stub(monkeypatch, verdicts):
     """The paired measurement replaced by ``verdicts``: ``{(T, strategy): (ratio, low, high)}`` of TIME's points."""
     from tools import pairs
 
-    def pair_timings(conf, benchmarks, commits, rows):
+    def pair_timings(conf, benchmarks, commits, rows, factor=None):
         env = rows["head"][0][-1]
         return {(f"{TIME}({t}, {s})", env): pairs.Paired(*v, 20) for (t, s), v in verdicts.items()}, []
 
@@ -495,3 +495,33 @@ def test_the_lab_ratios_are_measurements_never_regressions():
     assert regressions == [] and failures == []
     failed = [(*ratio[0][:2], [None], *ratio[0][3:])]
     assert gate_command.judge(ratio, failed, 1.03)[1] == [("bench_cache.CacheRatios.track_ratio", "head")]
+
+
+def test_a_timing_worse_in_pairs_is_measured_again_and_stays_worse_only_if_confirmed(project, capsys, monkeypatch):
+    """Two points worse than the factor in the first pairs: one confirms (1.06, then 1.05: the smaller is
+    kept), the other does not (1.05, then 1.00): only the first is flagged."""
+    from tools import pairs
+
+    project.write(project.base)
+    project.write(project.head)
+    labels = [f"{TIME}(16, 'concat')", f"{TIME}(256, 'concat')"]
+    first = {labels[0]: pairs.Paired(1.06, 1.04, 1.08, 20), labels[1]: pairs.Paired(1.05, 1.02, 1.07, 20)}
+    again = {labels[0]: pairs.Paired(1.05, 1.03, 1.07, 20), labels[1]: pairs.Paired(1.00, 0.98, 1.02, 20)}
+    calls = []
+
+    def measure(conf, env, base, head, points, progress=print):
+        calls.append([label for *_, label in points])
+        chosen = first if len(calls) == 1 else again
+        return {label: chosen.get(label, pairs.Paired(1.0, 0.99, 1.01, 20)) for *_, label in points}
+
+    monkeypatch.setattr(pairs, "measure", measure)
+    monkeypatch.setattr(pairs, "environments", lambda conf: [type("Env", (), {"name": project_env(project)})()])
+    code, out = gate(project, capsys, "--paired")
+    assert calls[1] == labels  # only the two flagged points, again
+    regressions = [line for line in out.splitlines() if line.startswith("REGRESSION")]
+    assert regressions == [f"REGRESSION 1.05x  {labels[0]}  (time changed, work did not)"] and code == 1
+
+
+def project_env(project):
+    conf, _, _, env_names = results.asv_setup()
+    return sorted(env_names)[0]
