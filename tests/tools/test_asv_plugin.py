@@ -16,7 +16,7 @@ from asv_runner.statistics import compute_stats
 
 from tools import asv_plugin, common, dashboard, machine, results
 from tools.commands import bisect
-from tools.commands.gate import COUNT_FACTOR, DEFAULT_FACTOR, PEAKMEM_FACTOR, UNPAIRED_FACTOR, judge
+from tools.commands.gate import COUNT_FACTOR, CYCLES_FACTOR, DEFAULT_FACTOR, PEAKMEM_FACTOR, UNPAIRED_FACTOR, judge
 
 TIME = {"name": "bench_x.Decode.time_decode", "type": "time", "params": [["16", "256"]], "param_names": ["T"],
         "version": "1"}
@@ -200,7 +200,7 @@ KINDS = {
     "bench_cache.CacheStrategy.track_kv_cache_bytes(256, 'concat')": UNPAIRED_FACTOR,
     # issue 11's instruction counts and estimated cycles: the gate's count factor
     "bench_cache.CacheCounts.track_instructions(64, 'concat')": COUNT_FACTOR,
-    "bench_cache.CacheCounts.track_estimated_cycles(64, 'concat')": COUNT_FACTOR,
+    "bench_cache.CacheCounts.track_estimated_cycles(64, 'concat')": CYCLES_FACTOR,
 }
 
 
