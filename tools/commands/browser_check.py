@@ -164,15 +164,23 @@ def machine_names(results_dir):
 def publish(config, work):
     """Publish the workspace's results with :data:`SECOND_MACHINE`'s beside them; the machines published.
 
-    Only this machine's when docs/results is missing or holds this very machine
-    (the check then says so: the two-machine part needs another machine's results).
+    docs/results' machines other than this one (a copy of their folders, where docs/results holds this
+    machine too); only this machine's when it holds no other (the check then says so).
     """
     second = common.ROOT / SECOND_MACHINE
     ours = machine_names(work / "results")
     theirs = machine_names(second) if second.is_dir() else []
-    if not theirs or set(theirs) & set(ours):
-        print(f"note: one machine only: {SECOND_MACHINE} holds {', '.join(theirs) or 'no machine'}, "
-              f"this machine is {', '.join(ours)}", flush=True)
+    if set(theirs) & set(ours):  # docs/results holds this machine too: the others beside this one's
+        others = work / "second"
+        others.mkdir()
+        for path in machine_folders(second).values():
+            if combined.machine_name(path) not in ours:
+                shutil.copytree(path, others / os.path.basename(path))
+        shutil.copy(second / "benchmarks.json", others / "benchmarks.json")
+        second, theirs = others, [n for n in theirs if n not in ours]
+    if not theirs:
+        print(f"note: one machine only: {SECOND_MACHINE} holds no machine but this one "
+              f"({', '.join(ours)})", flush=True)
         if asv(config, "publish") != 0:
             raise CheckFailed("asv publish failed")
         return ours
