@@ -172,6 +172,7 @@ def test_the_main_job_says_the_dashboard_is_served_and_prints_the_command_and_ad
     from tools.commands import publish
 
     blocker = socket.socket()
+    blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asv preview's server: past TIME_WAIT
     try:
         try:
             blocker.bind(("127.0.0.1", 8080))
