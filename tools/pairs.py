@@ -11,9 +11,11 @@ wheel asv built for it (asv's build cache; asv builds it if it is not there) —
 run the suite's own ``setup_cache``, ``setup`` and correctness check, then
 alternate bursts of samples, ABBA, pinned to the same core so that they never
 run at once, each sample timed in the worker thread's CPU time (the time
-another job holds the core is not the code's). The verdict is the median of the per-pair ratios HEAD / BASE and
-its 95 % interval: worse when the median is beyond the factor and the whole
-interval above 1.
+another job holds the core is not the code's). Both start with the same hash
+seed and without address-space randomisation (:func:`fixed_layout`). The
+verdict is the median of the per-pair ratios HEAD / BASE and its 95 %
+interval: worse when the median is beyond the factor and the whole interval
+above 1 (the gate confirms such a point with two new workers).
 
 asv's own results are not touched: the dashboard keeps asv's unpaired medians.
 """
@@ -221,6 +223,3 @@ def environments(conf):
 
     return list(get_environments(conf, None, verbose=False))
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit("tools/pairs.py is a module of tools/dev.py's gate, bisect and bench")
