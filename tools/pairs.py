@@ -192,6 +192,20 @@ def measure(conf, env, base, head, points, progress=print):
     return outcomes
 
 
+def measure_confirmed(conf, env, base, head, points, factor, progress=print):
+    """:func:`measure`, then each point worse than ``factor`` again with two new workers: it stays worse only if
+    that confirms it (then with the smaller ratio); a false alarm rarely repeats in new processes, a regression does.
+    """
+    measured = measure(conf, env, base, head, points, progress)
+    confirm = [point for point in points if isinstance(measured[point[2]], Paired) and measured[point[2]].worse(factor)]
+    if confirm:
+        progress(f"confirming {len(confirm)} point(s) worse than {factor}x, in pairs again with two new workers:")
+        for label, again in measure(conf, env, base, head, confirm, progress).items():
+            if not (isinstance(again, Paired) and again.worse(factor)) or again.ratio < measured[label].ratio:
+                measured[label] = again  # not confirmed: the second verdict stands; confirmed: the smaller
+    return measured
+
+
 def start_workers(env, packages, benchmark_dir, folder):
     """BASE's and HEAD's workers, both pinned to :func:`one_core`."""
     workers = [Worker(env, package, benchmark_dir, folder) for package in packages]

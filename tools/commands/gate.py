@@ -245,9 +245,10 @@ def compare(args, commits):
         print(f"\n{role} {commits[role][:8]} has no results on {machine!r}: it did not build or install "
               "(see asv's output above), or --bench matched nothing")
     if not missing:
-        print(f"\nasv compare of the two runs' medians, factor {args.factor or UNPAIRED_FACTOR} (the counts are judged "
+        table_factor = args.factor or UNPAIRED_FACTOR  # asv's table judges asv's unpaired medians
+        print(f"\nasv compare of the two runs' medians, factor {table_factor} (the counts are judged "
               f"below at {args.count_factor}{'' if args.unpaired else ', the timings in pairs'}):")
-        Compare.print_table(conf, commits["base"], commits["head"], factor=args.factor or UNPAIRED_FACTOR, split=True,
+        Compare.print_table(conf, commits["base"], commits["head"], factor=table_factor, split=True,
                             resultset_1=iter(rows["base"]), resultset_2=iter(rows["head"]), machine=machine,
                             commit_names={c: name for c, name in zip(commits.values(), (args.base, args.head))})
     args.factor = args.factor or (UNPAIRED_FACTOR if args.unpaired else DEFAULT_FACTOR)
@@ -305,17 +306,7 @@ def pair_timings(conf, benchmarks, commits, rows, factor=DEFAULT_FACTOR):
         print(f"\ntimings in pairs: {len(points)} points, HEAD / BASE (median of per-pair ratios [95 % interval]), "
               f"{env.name}:", flush=True)
         started = time.monotonic()
-        measured = pairs.measure(conf, env, commits["base"], commits["head"], points)
-        confirm = [point for point in points
-                   if isinstance(measured[point[2]], pairs.Paired) and measured[point[2]].worse(factor)]
-        if confirm:  # a false alarm rarely repeats in two new processes; a regression does
-            print(f"confirming {len(confirm)} point(s) worse than {factor}x, in pairs again with two new workers:",
-                  flush=True)
-            for label, again in pairs.measure(conf, env, commits["base"], commits["head"], confirm).items():
-                if not (isinstance(again, pairs.Paired) and again.worse(factor)):
-                    measured[label] = again  # not confirmed: the second verdict stands
-                elif again.ratio < measured[label].ratio:
-                    measured[label] = again  # confirmed: the smaller of the two
+        measured = pairs.measure_confirmed(conf, env, commits["base"], commits["head"], points, factor)
         print(f"timings in pairs: {len(points)} points in {time.monotonic() - started:.0f} s", flush=True)
         for label, outcome in measured.items():
             if isinstance(outcome, pairs.Paired):
