@@ -34,6 +34,7 @@ import time
 
 BURST = 3  # samples per side per pair: the probe's burst, short beside the host's drift
 LONG_SAMPLE = 0.02  # seconds: a side's sample this long is taken once per pair
+EXTENDED = 3  # a verdict left open is measured further, up to this many times the time asked for
 CONFIDENCE = 0.95
 
 
@@ -84,20 +85,30 @@ def alternate(first, second, pairs, burst=BURST, offset=0):
     return ratios
 
 
-def pairs_within(first, second, seconds, min_pairs=8, max_pairs=200, burst=BURST):
+def pairs_within(first, second, seconds, min_pairs=8, max_pairs=200, burst=BURST, decided=None):
     """Per-pair ratios ``second / first``, as many pairs as fit in about ``seconds`` (between the two bounds).
 
     A first pair of one sample a side sizes the rest; a side whose sample takes
     longer than :data:`LONG_SAMPLE` is sampled once per pair rather than
     ``burst`` times (a sample that long already averages over the host's
     short stalls, and ``min_pairs`` bursts of it would cost seconds).
+
+    ``decided(ratios) -> bool``, if given, is asked after those pairs: while it
+    says no, ``min_pairs`` more pairs are taken, up to ``max_pairs`` in all and
+    :data:`EXTENDED` times ``seconds`` of time (a verdict the pairs left open is
+    measured further; one they settled is not).
     """
     start = time.perf_counter()
     ratios = alternate(first, second, 1, 1)
     per_sample = max(time.perf_counter() - start, 1e-9) / 2
     burst = burst if per_sample < LONG_SAMPLE else 1
     wanted = min(max_pairs, max(min_pairs, int(seconds / (2 * burst * per_sample))))
-    return ratios + alternate(first, second, wanted - 1, burst, offset=1) if wanted > 1 else ratios
+    if wanted > 1:
+        ratios += alternate(first, second, wanted - 1, burst, offset=1)
+    while (decided is not None and len(ratios) < max_pairs and time.perf_counter() - start < EXTENDED * seconds
+           and not decided(ratios)):
+        ratios += alternate(first, second, min(min_pairs, max_pairs - len(ratios)), burst, offset=len(ratios))
+    return ratios
 
 
 def median_interval(ratios, confidence=CONFIDENCE):

@@ -51,6 +51,14 @@ class Paired:
     def worse(self, factor):
         return self.ratio > factor and self.low > 1
 
+    def decided(self, factor):
+        """False where the pairs left the verdict open: the median beyond ``factor`` or the interval above 1, not both.
+
+        A 5 % slowdown measured at 1.028x [1.014, 1.049] (26 pairs), or at 1.09x [0.79, 1.22], is such a
+        case; identical code rarely is, so measuring these further costs an A/A little.
+        """
+        return (self.ratio > factor) == (self.low > 1)
+
     def text(self):
         return f"{self.ratio:.4f}x [{self.low:.4f}, {self.high:.4f}], {self.pairs} pairs"
 
@@ -149,16 +157,21 @@ def package_of(conf, env, commit, folder):
     return target
 
 
-def measure(conf, env, base, head, points, progress=print):
+def measure(conf, env, base, head, points, progress=print, factor=None):
     """``{label: Paired or {"skipped" or "failed": why, "role": "base" or "head"}}`` of ``points``.
 
-    ``points``: ``[(name, param_idx, label)]`` (:func:`timing_points`).
+    ``points``: ``[(name, param_idx, label)]`` (:func:`timing_points`). With
+    ``factor``, a point whose verdict its pairs left open (:meth:`Paired.decided`)
+    is measured further, up to :data:`MAX_PAIRS`.
 
     BASE and HEAD are commit hashes; each point's sides load in their worker
     (setup_cache, setup, the correctness check), BASE first, which calibrates
     the calls per sample for both; then they alternate (``benchmarks.pairs``).
     """
     from benchmarks.pairs import median_interval, pairs_within
+
+    def decided(ratios):
+        return factor is None or Paired(*median_interval(ratios), len(ratios)).decided(factor)
 
     outcomes = {}
     with tempfile.TemporaryDirectory(prefix="kv-attention-pairs-") as folder:
@@ -176,7 +189,7 @@ def measure(conf, env, base, head, points, progress=print):
                         outcomes[label] = {**loaded, "role": role}
                         continue
                     ratios = pairs_within(workers[0].samples, workers[1].samples, SECONDS_PER_POINT,
-                                          MIN_PAIRS, MAX_PAIRS)
+                                          MIN_PAIRS, MAX_PAIRS, decided=decided)
                 except WorkerError as error:  # this point fails; the next starts two new workers
                     dead = [role for role, w in zip(("base", "head"), workers) if w.process.poll() is not None]
                     outcomes[label] = {"failed": f"paired-timing worker: {error}", "role": (dead or ["head"])[0]}
@@ -196,11 +209,11 @@ def measure_confirmed(conf, env, base, head, points, factor, progress=print):
     """:func:`measure`, then each point worse than ``factor`` again with two new workers: it stays worse only if
     that confirms it (then with the smaller ratio); a false alarm rarely repeats in new processes, a regression does.
     """
-    measured = measure(conf, env, base, head, points, progress)
+    measured = measure(conf, env, base, head, points, progress, factor)
     confirm = [point for point in points if isinstance(measured[point[2]], Paired) and measured[point[2]].worse(factor)]
     if confirm:
         progress(f"confirming {len(confirm)} point(s) worse than {factor}x, in pairs again with two new workers:")
-        for label, again in measure(conf, env, base, head, confirm, progress).items():
+        for label, again in measure(conf, env, base, head, confirm, progress, factor).items():
             if not (isinstance(again, Paired) and again.worse(factor)) or again.ratio < measured[label].ratio:
                 measured[label] = again  # not confirmed: the second verdict stands; confirmed: the smaller
     return measured

@@ -96,3 +96,31 @@ def test_pairs_within_a_time_budget_take_bursts_of_short_samples_and_single_long
     ratios, calls = run(0.5, 1.0, min_pairs=8, max_pairs=200)  # 0.5 s a sample: the minimum, one sample each
     assert len(ratios) == 8 and {n for _, n in calls} == {1}
     assert len(run(0.0001, 10.0, min_pairs=8, max_pairs=50)[0]) == 50
+
+
+def test_an_open_verdict_is_measured_further_up_to_the_pair_and_time_bounds(monkeypatch):
+    """``decided`` is asked after the pairs the time asked for: while it says no, ``min_pairs`` more are taken,
+    the ABBA order going on, until it says yes, ``max_pairs`` are reached or EXTENDED x ``seconds`` have passed."""
+    now = [0.0]
+    monkeypatch.setattr(pairs.time, "perf_counter", lambda: now[0])
+    order = []
+
+    def side(name, cost):
+        def samples(n):
+            order.append(name)
+            now[0] += cost * n
+            return [cost] * n
+        return samples
+
+    def run(decided, max_pairs=200, cost=1 / 32):  # a long sample (one a side per pair); binary: exact sums
+        order.clear()
+        return pairs.pairs_within(side("a", cost), side("b", cost), 1.0, 8, max_pairs, decided=decided)
+
+    assert len(run(lambda ratios: True)) == 16  # 1.0 s of 1/16 s pairs
+    asked = []
+    assert len(run(lambda ratios: asked.append(len(ratios)) or len(ratios) >= 32)) == 32
+    assert asked == [16, 24, 32]
+    assert order[:4] == ["a", "b", "b", "a"] and order[32:36] == ["a", "b", "b", "a"]  # pair 16 starts with a
+    assert len(run(lambda ratios: False, max_pairs=40)) == 40  # never decided: the pair bound
+    assert len(run(lambda ratios: False)) == 48  # never decided: EXTENDED x 1.0 s of 1/16 s pairs
+    assert pairs.EXTENDED == 3

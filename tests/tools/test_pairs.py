@@ -62,6 +62,49 @@ def test_a_worker_that_stops_fails_its_point_only_and_new_workers_take_the_rest(
     assert len(started) == 2 and all(w.stopped for w in started[0])  # the first pair stopped, two new ones
 
 
+@pytest.mark.parametrize("paired, decided", [
+    (pairs.Paired(1.05, 1.02, 1.08, 9), True),   # worse: beyond the factor, the interval above 1
+    (pairs.Paired(1.00, 0.97, 1.03, 9), True),   # not worse: neither
+    (pairs.Paired(1.028, 1.014, 1.049, 26), False),  # the interval above 1, the median short of the factor
+    (pairs.Paired(1.09, 0.79, 1.22, 14), False),  # the median beyond the factor, the interval reaching below 1
+])
+def test_a_verdict_is_open_when_only_one_of_its_two_conditions_holds(paired, decided):
+    assert paired.decided(1.03) is decided and paired.worse(1.03) is (paired.ratio > 1.03 and paired.low > 1)
+
+
+def test_the_gate_measures_an_open_verdict_further_and_a_settled_one_not(monkeypatch):
+    """A fake clock, 0.1 s a sample (one a side per pair); HEAD's samples 1.04 or 0.97 of BASE's, at random."""
+    import random
+
+    from benchmarks import pairs as within
+
+    now = [0.0]
+    monkeypatch.setattr(within.time, "perf_counter", lambda: now[0])
+
+    class Timed(FakeWorker):
+        def __init__(self, cost, spread=None):
+            super().__init__(cost)
+            self.spread = spread
+
+        def samples(self, n):
+            now[0] += 0.1 * n
+            return [self.cost * (self.spread() if self.spread else 1.0) for _ in range(n)]
+
+    def measured(factor, seed=1):
+        draw = random.Random(seed)
+        monkeypatch.setattr(pairs, "package_of", lambda conf, env, commit, folder: commit)
+        monkeypatch.setattr(pairs, "start_workers",
+                            lambda *args: [Timed(1.0), Timed(1.0, lambda: 1.04 if draw.random() < 0.55 else 0.97)])
+        conf = SimpleNamespace(benchmark_dir="benchmarks")
+        return pairs.measure(conf, None, "b", "h", [("a", 0, "a")], progress=lambda line: None, factor=factor)["a"]
+
+    first = measured(factor=None)
+    assert first.pairs == pairs.MIN_PAIRS and not first.decided(1.03)  # 1.04x, 0.97 inside its interval
+    again = measured(factor=1.03)
+    assert again.pairs > first.pairs and again.pairs <= pairs.MAX_PAIRS
+    assert measured(factor=1.5).pairs == pairs.MIN_PAIRS  # settled at once: not worse
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="personality(2) is Linux's")
 def test_workers_start_without_address_space_randomisation():
     def run_once(preexec):
