@@ -125,7 +125,7 @@ class Point:
             conf, benchmarks, _, env_names = results.asv_setup()
             env = next(e for e in pairs.environments(conf) if e.name in env_names)
             measured = pairs.measure(conf, env, good, commit, pairs.timing_points(benchmarks, [self.label]),
-                                     progress=lambda line: None)
+                                     progress=lambda line: None, factor=self.factor)
             self.pairs[(good, commit)] = measured.get(self.label, {"failed": "not measured in pairs"})
         return self.pairs[(good, commit)]
 
