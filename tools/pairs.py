@@ -37,6 +37,7 @@ WORKER = Path(__file__).with_name("pair_worker.py")
 SECONDS_PER_POINT = 1.5  # of pairs per timing point, both sides together (the first pair sizes the rest)
 ANSWER_TIMEOUT = 600  # seconds a worker may take over one request (asv's setup_cache timeout is 600 for counts)
 MIN_PAIRS, MAX_PAIRS = 9, 60  # 9: the fewest ratios whose 95 % interval is not [min, max] ([x_(2), x_(8)])
+CONFIRM_SECONDS, CONFIRM_MAX_PAIRS = 3 * SECONDS_PER_POINT, 200  # a flagged point, measured again: longer
 
 
 @dataclass(frozen=True)
@@ -51,12 +52,16 @@ class Paired:
     def worse(self, factor):
         return self.ratio > factor and self.low > 1
 
-    def decided(self, factor):
+    def decided(self, factor, strict=False):
         """False where the pairs left the verdict open: the median beyond ``factor`` or the interval above 1, not both.
 
         A 5 % slowdown measured at 1.028x [1.014, 1.049] (26 pairs), or at 1.09x [0.79, 1.22], is such a
-        case; identical code rarely is, so measuring these further costs an A/A little.
+        case; identical code rarely is, so measuring these further costs an A/A little. ``strict`` (the
+        confirmation of a flagged point): decided only when worse, or when the whole interval is below
+        ``factor``: 1.0015x [0.962, 1.058] does not clear a point that first measured 1.05x.
         """
+        if strict:
+            return self.worse(factor) or self.high < factor
         return (self.ratio > factor) == (self.low > 1)
 
     def text(self):
@@ -157,12 +162,14 @@ def package_of(conf, env, commit, folder):
     return target
 
 
-def measure(conf, env, base, head, points, progress=print, factor=None):
+def measure(conf, env, base, head, points, progress=print, factor=None, seconds=SECONDS_PER_POINT,
+            max_pairs=MAX_PAIRS, strict=False):
     """``{label: Paired or {"skipped" or "failed": why, "role": "base" or "head"}}`` of ``points``.
 
-    ``points``: ``[(name, param_idx, label)]`` (:func:`timing_points`). With
-    ``factor``, a point whose verdict its pairs left open (:meth:`Paired.decided`)
-    is measured further, up to :data:`MAX_PAIRS`.
+    ``points``: ``[(name, param_idx, label)]`` (:func:`timing_points`); about
+    ``seconds`` of pairs each. With ``factor``, a point whose verdict its pairs
+    left open (:meth:`Paired.decided`, ``strict``) is measured further, up to
+    ``max_pairs`` (``benchmarks.pairs.pairs_within``).
 
     BASE and HEAD are commit hashes; each point's sides load in their worker
     (setup_cache, setup, the correctness check), BASE first, which calibrates
@@ -171,7 +178,7 @@ def measure(conf, env, base, head, points, progress=print, factor=None):
     from benchmarks.pairs import median_interval, pairs_within
 
     def decided(ratios):
-        return factor is None or Paired(*median_interval(ratios), len(ratios)).decided(factor)
+        return factor is None or Paired(*median_interval(ratios), len(ratios)).decided(factor, strict)
 
     outcomes = {}
     with tempfile.TemporaryDirectory(prefix="kv-attention-pairs-") as folder:
@@ -188,8 +195,8 @@ def measure(conf, env, base, head, points, progress=print, factor=None):
                     if "loaded" not in loaded:
                         outcomes[label] = {**loaded, "role": role}
                         continue
-                    ratios = pairs_within(workers[0].samples, workers[1].samples, SECONDS_PER_POINT,
-                                          MIN_PAIRS, MAX_PAIRS, decided=decided)
+                    ratios = pairs_within(workers[0].samples, workers[1].samples, seconds, MIN_PAIRS, max_pairs,
+                                          decided=decided)
                 except WorkerError as error:  # this point fails; the next starts two new workers
                     dead = [role for role, w in zip(("base", "head"), workers) if w.process.poll() is not None]
                     outcomes[label] = {"failed": f"paired-timing worker: {error}", "role": (dead or ["head"])[0]}
@@ -208,12 +215,17 @@ def measure(conf, env, base, head, points, progress=print, factor=None):
 def measure_confirmed(conf, env, base, head, points, factor, progress=print):
     """:func:`measure`, then each point worse than ``factor`` again with two new workers: it stays worse only if
     that confirms it (then with the smaller ratio); a false alarm rarely repeats in new processes, a regression does.
+
+    The second measurement is longer (:data:`CONFIRM_SECONDS`, up to :data:`CONFIRM_MAX_PAIRS`) and goes on
+    until it is worse or its whole interval is below ``factor`` (or its bounds): a noisy point's regression is
+    not cleared by a second verdict as wide as 1.0015x [0.962, 1.058] after 32 pairs (the 5 % concat drill, T=256).
     """
     measured = measure(conf, env, base, head, points, progress, factor)
     confirm = [point for point in points if isinstance(measured[point[2]], Paired) and measured[point[2]].worse(factor)]
     if confirm:
         progress(f"confirming {len(confirm)} point(s) worse than {factor}x, in pairs again with two new workers:")
-        for label, again in measure(conf, env, base, head, confirm, progress, factor).items():
+        second = measure(conf, env, base, head, confirm, progress, factor, CONFIRM_SECONDS, CONFIRM_MAX_PAIRS, True)
+        for label, again in second.items():
             if not (isinstance(again, Paired) and again.worse(factor)) or again.ratio < measured[label].ratio:
                 measured[label] = again  # not confirmed: the second verdict stands; confirmed: the smaller
     return measured

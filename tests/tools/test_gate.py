@@ -509,7 +509,7 @@ def test_a_timing_worse_in_pairs_is_measured_again_and_stays_worse_only_if_confi
     again = {labels[0]: pairs.Paired(1.05, 1.03, 1.07, 20), labels[1]: pairs.Paired(1.00, 0.98, 1.02, 20)}
     calls = []
 
-    def measure(conf, env, base, head, points, progress=print, factor=None):
+    def measure(conf, env, base, head, points, progress=print, factor=None, *longer):
         assert factor == 1.03  # the gate asks the pairs to settle open verdicts at its factor
         calls.append([label for *_, label in points])
         chosen = first if len(calls) == 1 else again

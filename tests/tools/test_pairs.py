@@ -112,3 +112,21 @@ def test_workers_start_without_address_space_randomisation():
                                "hex(id(object())))"], capture_output=True, text=True, preexec_fn=preexec).stdout
     fixed = {run_once(pairs.fixed_layout) for _ in range(3)}
     assert len(fixed) == 1 and int(fixed.pop().split()[0], 16) & pairs.ADDR_NO_RANDOMIZE
+
+
+def test_a_flagged_point_is_confirmed_by_a_longer_measurement_that_settles_strictly(monkeypatch):
+    calls = []
+
+    def measure(conf, env, base, head, points, progress=print, factor=None, seconds=pairs.SECONDS_PER_POINT,
+                max_pairs=pairs.MAX_PAIRS, strict=False):
+        calls.append((seconds, max_pairs, strict, factor))
+        return {label: pairs.Paired(1.05, 1.02, 1.08, 20) for *_, label in points}
+
+    monkeypatch.setattr(pairs, "measure", measure)
+    out = pairs.measure_confirmed(None, None, "b", "h", [("a", 0, "a")], 1.03, progress=lambda line: None)
+    assert calls == [(pairs.SECONDS_PER_POINT, pairs.MAX_PAIRS, False, 1.03),
+                     (pairs.CONFIRM_SECONDS, pairs.CONFIRM_MAX_PAIRS, True, 1.03)]
+    assert out["a"].worse(1.03) and pairs.CONFIRM_SECONDS > pairs.SECONDS_PER_POINT
+    wide = pairs.Paired(1.0015, 0.962, 1.058, 32)
+    assert wide.decided(1.03) and not wide.decided(1.03, strict=True)  # not cleared: its interval reaches 1.058
+    assert pairs.Paired(1.00, 0.99, 1.02, 60).decided(1.03, strict=True)
