@@ -15,7 +15,9 @@ another job holds the core is not the code's). Both start with the same hash
 seed and without address-space randomisation (:func:`fixed_layout`). The
 verdict is the median of the per-pair ratios HEAD / BASE and its 95 %
 interval: worse when the median is beyond the factor and the whole interval
-above 1 (the gate confirms such a point with two new workers).
+above 1. A point where only one of the two holds is measured further
+(:meth:`Paired.decided`); a worse point is measured again, longer, by two new
+workers, and stays worse only if that confirms it (:func:`measure_confirmed`).
 
 asv's own results are not touched: the dashboard keeps asv's unpaired medians.
 """
