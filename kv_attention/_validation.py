@@ -824,6 +824,9 @@ def _check_requests(requests, vocab_size, block_size, num_blocks):
             hash(request.request_id)
         except TypeError:
             raise TypeError(f"requests[{i}]: request_id must be hashable, got {request.request_id!r}") from None
+        if request.request_id != request.request_id:  # NaN: two of them would both pass as distinct keys
+            raise ValueError(f"requests[{i}]: request_id must equal itself to key the outputs, got "
+                             f"{request.request_id!r}")
         name = f"request {request.request_id!r} (requests[{i}])"
         if request.request_id in seen:
             raise ValueError(f"{name} repeats the request_id of requests[{seen[request.request_id]}]")

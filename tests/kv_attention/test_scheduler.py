@@ -227,6 +227,8 @@ def bad_requests():
         ([kv.Request("a", good, 1.5)], TypeError, r"request 'a' .*prompt_len must be an integer"),
         ([kv.Request("a", good, 1, -1)], ValueError, r"request 'a' .*arrival_step must be >= 0"),
         ([kv.Request(["a"], good, 1)], TypeError, r"requests\[0\]: request_id must be hashable"),
+        ([kv.Request(float("nan"), good, 1), kv.Request(float("nan"), good, 1)], ValueError,
+         r"requests\[0\]: request_id must equal itself to key the outputs, got nan"),
         ([("a", good, 1)], TypeError, r"requests\[0\] must be a Request, got tuple"),
         (kv.Request("a", good, 1), TypeError, "requests must be a list of Request, got Request"),
     ]
