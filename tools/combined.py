@@ -17,8 +17,9 @@ a results directory that holds each machine's folder:
   after any ``asv publish`` (:func:`tools.commands.publish.finish`).
 
 A machine keeps its identity: nothing is renamed or rewritten, and a machine
-name (folder name or ``machine.json``'s ``machine``) found in two directories
-is refused, since asv would merge the two into one machine. Nothing is written
+name (folder name or ``machine.json``'s ``machine``) found in two folders, of
+two directories or of one, is refused, since asv would merge the two into one
+machine. Nothing is written
 into the directories read; a file there that is not a regular file (a FIFO, a
 device, a dangling symlink) is never opened. A result file asv cannot read (not
 a regular file, unreadable, not JSON, not an asv result file of its folder's
@@ -27,17 +28,15 @@ asv publish itself would skip it, warning only of the temporary copy. The
 temporary directory is removed afterwards.
 """
 
-import errno
 import json
 import os
 import shutil
-import stat
 import tempfile
 from pathlib import Path
 
-from . import common, paths
+from . import common
 from .common import UserError
-from .results import check_with_dir, machine_folders
+from .results import check_with_dir, machine_folders, machine_name, read_file, read_regular
 
 PATH_KEYS = ("repo", "benchmark_dir", "env_dir", "html_dir")  # config paths asv reads relative to the config
 
@@ -55,33 +54,6 @@ def load_config(path):
     return conf
 
 
-def read_regular(path):
-    """The bytes of ``path`` if it is (a symlink to) a regular file, else None; never blocks on a FIFO."""
-    return read_file(path)[0]
-
-
-def read_file(path):
-    """``(bytes, None)`` if ``path`` is (a symlink to) a regular file it can read, else ``(None, why not)``.
-
-    Never blocks on a FIFO: it is opened without waiting for a writer, and not read.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as exc:
-        if exc.errno == errno.ENOENT and os.path.islink(path):
-            return None, "a dangling symlink, not a regular file"
-        return None, f"cannot be read ({exc.strerror})"
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        return None, f"{paths.kind(mode)}, not a regular file"
-    with os.fdopen(fd, "rb") as f:
-        try:
-            return f.read(), None
-        except OSError as exc:
-            return None, f"cannot be read ({exc.strerror})"
-
-
 def unreadable_result(path, machine):
     """Why asv cannot read ``path`` as a result file of ``machine`` (asv's ``Results.load``, as asv publish
     reads it: JSON of asv's format, of that machine), or None if it can."""
@@ -94,26 +66,13 @@ def unreadable_result(path, machine):
     return None
 
 
-def machine_name(folder):
-    """The ``machine`` that ``folder/machine.json`` names (asv's identity of the machine); UserError if unreadable."""
-    path = os.path.join(folder, "machine.json")
-    data = read_regular(path)
-    try:
-        name = json.loads(data)["machine"] if data is not None else None
-    except (ValueError, TypeError, KeyError, RecursionError):
-        name = None
-    if not isinstance(name, str) or not name:
-        what = "not a regular file, or unreadable" if data is None else "no machine name in it"
-        raise UserError(f"{path} is not a readable asv machine file ({what}): asv would skip this machine")
-    return name
-
-
 def gather(results_dir, also):
     """``[(source directory, folder name, folder path, machine name)]`` of every machine to publish.
 
     ``results_dir`` (the configured one) may be missing or empty when ``also``
     holds machines; every ``also`` directory must hold one (:func:`tools.results.check_with_dir`).
-    Raises UserError when a machine name is found in two directories.
+    Raises UserError when a machine name (a folder's, or the one its machine.json names, asv's) is found in
+    two folders, of two directories or of one: asv would show them as one machine.
     """
     sources = [str(results_dir)]
     for path in also:
@@ -126,11 +85,11 @@ def gather(results_dir, also):
         for folder, path in machine_folders(source).items():
             name = machine_name(path)
             for label in {folder, name}:
-                if label in seen and seen[label] != source:
-                    raise UserError(f"machine {label!r} has results in both {seen[label]} and {source}: asv "
+                if label in seen and seen[label] != path:
+                    raise UserError(f"machine {label!r} has results in both {seen[label]} and {path}: asv "
                                     "would show them as one machine, and a machine's results are never merged "
                                     "or renamed; leave one of them out")
-                seen[label] = source
+                seen[label] = path
             found.append((source, folder, path, name))
     if not found:
         raise UserError(f"{' nor '.join(sources)} holds no machine's results: run the main job first")

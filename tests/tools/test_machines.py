@@ -118,6 +118,15 @@ def test_a_machine_json_naming_another_machine_is_the_same_machine(two, capsys):
     assert "machine 'box-a' has results in both" in capsys.readouterr().err
 
 
+def test_a_copy_of_a_machines_folder_under_another_name_in_the_same_directory_is_refused(two, capsys):
+    """asv names a machine by machine.json's ``machine``: a hand-renamed copy beside the folder would be merged."""
+    shutil.copytree(two.stored / "box-b", two.stored / "box-b-copy")
+    assert dev.main(["publish", "--with", str(two.stored)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert f"machine 'box-b' has results in both {two.stored / 'box-b'} and {two.stored / 'box-b-copy'}" in err
+    assert "\n" not in err and not (two.root / ".asv" / "html").exists()
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda root: root / "missing", "no such directory"),
     (lambda root: (root / "file").write_text("x") and root / "file", "it is a regular file, not a directory"),
