@@ -17,23 +17,26 @@ a results directory that holds each machine's folder:
   after any ``asv publish`` (:func:`tools.commands.publish.finish`).
 
 A machine keeps its identity: nothing is renamed or rewritten, and a machine
-name (folder name or ``machine.json``'s ``machine``) found in two directories
-is refused, since asv would merge the two into one machine. Nothing is written
+name (folder name or ``machine.json``'s ``machine``) found in two folders, of
+two directories or of one, is refused, since asv would merge the two into one
+machine. Nothing is written
 into the directories read; a file there that is not a regular file (a FIFO, a
-device, a dangling symlink) is never opened. The temporary directory is
-removed afterwards.
+device, a dangling symlink) is never opened. A result file asv cannot read (not
+a regular file, unreadable, not JSON, not an asv result file of its folder's
+machine) is left out with a note naming it and why, and the rest is published:
+asv publish itself would skip it, warning only of the temporary copy. The
+temporary directory is removed afterwards.
 """
 
 import json
 import os
 import shutil
-import stat
 import tempfile
 from pathlib import Path
 
 from . import common
 from .common import UserError
-from .results import check_with_dir, machine_folders
+from .results import check_with_dir, machine_folders, machine_name, read_file, read_regular
 
 PATH_KEYS = ("repo", "benchmark_dir", "env_dir", "html_dir")  # config paths asv reads relative to the config
 
@@ -51,30 +54,16 @@ def load_config(path):
     return conf
 
 
-def read_regular(path):
-    """The bytes of ``path`` if it is (a symlink to) a regular file, else None; never blocks on a FIFO."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            return None
-        return f.read()
+def unreadable_result(path, machine):
+    """Why asv cannot read ``path`` as a result file of ``machine`` (asv's ``Results.load``, as asv publish
+    reads it: JSON of asv's format, of that machine), or None if it can."""
+    from asv.results import Results
 
-
-def machine_name(folder):
-    """The ``machine`` that ``folder/machine.json`` names (asv's identity of the machine); UserError if unreadable."""
-    path = os.path.join(folder, "machine.json")
-    data = read_regular(path)
     try:
-        name = json.loads(data)["machine"] if data is not None else None
-    except (ValueError, TypeError, KeyError, RecursionError):
-        name = None
-    if not isinstance(name, str) or not name:
-        what = "not a regular file, or unreadable" if data is None else "no machine name in it"
-        raise UserError(f"{path} is not a readable asv machine file ({what}): asv would skip this machine")
-    return name
+        Results.load(path, machine_name=machine)
+    except Exception as exc:  # asv raises UserError, and others on odd content
+        return str(exc).replace(path, "it")[:200] or type(exc).__name__
+    return None
 
 
 def gather(results_dir, also):
@@ -82,7 +71,8 @@ def gather(results_dir, also):
 
     ``results_dir`` (the configured one) may be missing or empty when ``also``
     holds machines; every ``also`` directory must hold one (:func:`tools.results.check_with_dir`).
-    Raises UserError when a machine name is found in two directories.
+    Raises UserError when a machine name (a folder's, or the one its machine.json names, asv's) is found in
+    two folders, of two directories or of one: asv would show them as one machine.
     """
     sources = [str(results_dir)]
     for path in also:
@@ -95,38 +85,46 @@ def gather(results_dir, also):
         for folder, path in machine_folders(source).items():
             name = machine_name(path)
             for label in {folder, name}:
-                if label in seen and seen[label] != source:
-                    raise UserError(f"machine {label!r} has results in both {seen[label]} and {source}: asv "
+                if label in seen and seen[label] != path:
+                    raise UserError(f"machine {label!r} has results in both {seen[label]} and {path}: asv "
                                     "would show them as one machine, and a machine's results are never merged "
                                     "or renamed; leave one of them out")
-                seen[label] = source
+                seen[label] = path
             found.append((source, folder, path, name))
     if not found:
         raise UserError(f"{' nor '.join(sources)} holds no machine's results: run the main job first")
     return found
 
 
-def copy_machine(path, target, say):
-    """Copy ``machine.json`` and the result files (``*.json``) of the machine folder ``path`` into ``target``.
+def copy_machine(path, target, machine, say):
+    """Copy ``machine.json`` and the result files (``*.json``) of ``machine``'s folder ``path`` into ``target``.
 
-    Only regular files are read (others are skipped, with a note); ``target``
-    is a new folder of a new directory, each file created there anew. Returns
-    the number of result files copied.
+    ``target`` is a new folder of a new directory, each file created there
+    anew. Only regular files are read. A result file that cannot be read, or
+    that asv cannot read as ``machine``'s (:func:`unreadable_result`), is left
+    out with a note naming it and why, as the main job names each unreadable
+    result file it moves aside (:func:`tools.results.quarantine_unreadable`);
+    the directory read stays as it is. Returns ``(result files copied, left out)``.
     """
     os.mkdir(target)
-    copied = 0
+    copied = skipped = 0
     for name in sorted(os.listdir(path)):
-        source = os.path.join(path, name)
-        if not name.endswith(".json") or os.path.isdir(source):
+        if not name.endswith(".json") or name == "benchmarks.json":  # asv reads no benchmarks.json here
             continue
-        data = read_regular(source)
-        if data is None:
-            say(f"note: skipped {source}: not a regular file")
+        source, copy = os.path.join(path, name), os.path.join(target, name)
+        data, reason = read_file(source)
+        if data is not None:
+            with open(copy, "xb") as f:
+                f.write(data)
+            reason = None if name == "machine.json" else unreadable_result(copy, machine)
+        if reason:
+            if data is not None:
+                os.unlink(copy)
+            say(f"note: skipped {source}: {reason}")
+            skipped += name != "machine.json"
             continue
-        with open(os.path.join(target, name), "xb") as f:
-            f.write(data)
         copied += name != "machine.json"
-    return copied
+    return copied, skipped
 
 
 def write_config(conf, base, results_dir, work, html_dir=None):
@@ -170,6 +168,11 @@ def files(count):
     return f"{count} result file" + ("" if count == 1 else "s")
 
 
+def left_out(count):
+    """`` (2 left out: asv cannot read them, see the notes)``, or nothing when none was."""
+    return f" ({count} left out: asv cannot read {'it' if count == 1 else 'them'}, see the notes)" if count else ""
+
+
 def shown(path):
     """``path`` relative to the repository when inside it (``docs/results``), else as is."""
     path = os.path.abspath(path)
@@ -181,7 +184,8 @@ def publish_together(also, config=None, html_dir=None, say=print):
     """``asv publish`` of the configured results and every machine of the ``also`` directories, together.
 
     ``config`` defaults to this repository's asv.conf.json, ``html_dir`` to its
-    ``html_dir``. Returns ``(html_dir, [(machine, source, result files, benchmarks graphed)])``.
+    ``html_dir``. Returns ``(html_dir, [(machine, source, result files, benchmarks graphed,
+    result files left out)])``; each one left out is named on ``say`` (:func:`copy_machine`).
 
     Raises:
         UserError: a directory cannot be read or holds no machine, a machine is
@@ -211,8 +215,8 @@ def publish_together(also, config=None, html_dir=None, say=print):
         (combined / "benchmarks.json").write_bytes(benchmarks)
         counts = {}
         for source, folder, path, name in machines:
-            counts[name] = copy_machine(path, combined / folder, say)
-            say(f"machine {name}: {files(counts[name])}, from {shown(source)}")
+            counts[name] = copy_machine(path, combined / folder, name, say)
+            say(f"machine {name}: {files(counts[name][0])}, from {shown(source)}" + left_out(counts[name][1]))
         published, html = write_config(conf, base, combined, work, html_dir)
         common.run(*common.ASV, "--config", str(published), "publish")
     finally:
@@ -226,4 +230,5 @@ def publish_together(also, config=None, html_dir=None, say=print):
         raise UserError(f"asv publish left out machine {', '.join(missing)}: its machine.json or result files "
                         "could not be read (see asv's warnings above)")
     graphs = graphed(html)
-    return html, [(name, source, counts[name], len(graphs.get(name, ()))) for source, _, _, name in machines]
+    return html, [(name, source, counts[name][0], len(graphs.get(name, ())), counts[name][1])
+                  for source, _, _, name in machines]

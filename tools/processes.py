@@ -11,19 +11,30 @@ session and under its process tree, which is what is signalled here. What does
 not exit within :data:`GRACE` seconds is killed (SIGKILL). The command then
 exits 128 + the signal's number: 143 for SIGTERM, 130 for SIGINT.
 
+SIGKILL cannot be caught, so it cannot be forwarded: on Linux every child
+:func:`run` starts asks the kernel for SIGTERM when this process dies
+(``prctl(PR_SET_PDEATHSIG)``, :func:`_parent_death_signal`), however it dies.
+A child that is itself a ``tools/dev.py`` command (the clone's ``gate`` that
+``noise`` runs) then stops as on any SIGTERM, with every process it started.
+Without prctl (not Linux, or no libc to load) the children outlive a SIGKILLed
+command, as before.
+
 Process trees are read from ``/proc`` (Linux); elsewhere the child's process
 group is signalled.
 """
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 
 GRACE = 10.0  # seconds a stopped child and its processes get to exit before SIGKILL
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
+PR_SET_PDEATHSIG = 1  # prctl(2)'s option: the signal a process gets when its parent dies (<linux/prctl.h>)
 
 
 class Stopped(BaseException):
@@ -138,18 +149,52 @@ def stop(proc, signum):
     proc.wait()
 
 
+def _libc_prctl():
+    """libc's ``prctl``, typed; None where there is none (not Linux, or no libc to load)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    return prctl
+
+
+def _parent_death_signal():
+    """A ``preexec_fn``: in the child, before exec, SIGTERM is asked for when this process dies; None without prctl.
+
+    The setting survives exec (and ``tools/dev.py``'s re-exec into .venv). The
+    kernel sends it when the thread that started the child ends: :func:`run` is
+    called from the main thread. A parent that died before the setting took effect
+    (the child is then another's) is answered with the same SIGTERM at once.
+    """
+    prctl = _libc_prctl()  # loaded here, in the parent: the child only calls it
+    if prctl is None:
+        return None
+    parent = os.getpid()
+
+    def ask():
+        if prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) == 0 and os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return ask
+
+
 def run(command, *, cwd=None, env=None, capture_output=False, stdout=None, stderr=None, text=False, lines=None):
     """``subprocess.run`` in a session of its own; on :class:`Stopped` (or Ctrl-C) the child's tree is stopped.
 
     ``lines``, if given, is called with each line the command prints (stdout and
-    stderr together, as text) as it prints it. Returns a ``subprocess.CompletedProcess``.
+    stderr together, as text) as it prints it. The child gets SIGTERM if this process
+    dies unannounced (:func:`_parent_death_signal`). Returns a ``subprocess.CompletedProcess``.
     """
     if capture_output:
         stdout = stderr = subprocess.PIPE
     if lines is not None:
         stdout, stderr, text = subprocess.PIPE, subprocess.STDOUT, True
     proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=text,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_parent_death_signal())
     try:
         if lines is None:
             out, err = proc.communicate()

@@ -24,6 +24,7 @@ command line before ``.venv`` exists.
 """
 
 import ast
+import errno
 import functools
 import itertools
 import json
@@ -432,6 +433,47 @@ def machine_folders(results_dir):
             if os.path.isfile(os.path.join(results_dir, name, "machine.json"))}
 
 
+def read_regular(path):
+    """The bytes of ``path`` if it is (a symlink to) a regular file, else None; never blocks on a FIFO."""
+    return read_file(path)[0]
+
+
+def read_file(path):
+    """``(bytes, None)`` if ``path`` is (a symlink to) a regular file it can read, else ``(None, why not)``.
+
+    Never blocks on a FIFO: it is opened without waiting for a writer, and not read.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT and os.path.islink(path):
+            return None, "a dangling symlink, not a regular file"
+        return None, f"cannot be read ({exc.strerror})"
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        return None, f"{paths.kind(mode)}, not a regular file"
+    with os.fdopen(fd, "rb") as f:
+        try:
+            return f.read(), None
+        except OSError as exc:
+            return None, f"cannot be read ({exc.strerror})"
+
+
+def machine_name(folder):
+    """The ``machine`` that ``folder/machine.json`` names (asv's identity of the machine); UserError if unreadable."""
+    path = os.path.join(folder, "machine.json")
+    data, why = read_file(path)
+    try:
+        name = json.loads(data)["machine"] if data is not None else None
+    except (ValueError, TypeError, KeyError, RecursionError):
+        name = None
+    if not isinstance(name, str) or not name:
+        what = why or "no machine name in it"
+        raise UserError(f"{path} is not a readable asv machine file ({what}): asv would skip this machine")
+    return name
+
+
 class ResultsDir:
     """asv's results directory: ``<results_dir>/<machine>/<hash8>-<env_name>.json``.
 
@@ -445,6 +487,14 @@ class ResultsDir:
             own folder, under its own name; ``results_dir`` may then be missing.
         branch: the branch the results measure (asv.conf.json's ``branches``).
 
+    A machine is named as asv names it: by its folder's ``machine.json``
+    (``"machine"``), whatever the folder is called. asv's dashboard shows a
+    hand-renamed folder's results under that name, and asv reads a result file
+    only if it names the same machine (``Results.load``'s ``machine_name``): so
+    ``--machine``, every header and the CSV's machine column take it, and a
+    result file of another machine is unreadable (:meth:`load_file`). Two folders
+    naming one machine are refused, as asv would show them as one.
+
     Only the result files of commits on ``branch``'s history, as asv's graphs
     take it (:meth:`branch_hashes`), are read unless a commit is named: the
     newest commit, and every file the CSV reads, is one of them; the others
@@ -453,7 +503,8 @@ class ResultsDir:
     every file is read.
 
     Raises:
-        UserError: a directory does not exist, none holds a machine, or two hold the same machine.
+        UserError: a directory does not exist, none holds a machine, a machine.json cannot be read, or two
+            folders hold the same machine.
     """
 
     def __init__(self, results_dir, repo_dir=".", known_param_names=None, also=(), branch=common.BRANCH):
@@ -474,11 +525,12 @@ class ResultsDir:
                     f"no asv results directory at {path}: run the main job first "
                     "(python3 tools/dev.py bench)"
                 )
-            for name, folder in machine_folders(path).items():
+            for folder in machine_folders(path).values():
+                name = machine_name(folder)
                 if name in self.folders:
-                    raise UserError(f"machine {name!r} has results in both {os.path.dirname(self.folders[name])} "
-                                    f"and {path}: a machine's results are read from one directory, never merged "
-                                    "or renamed; leave one of them out")
+                    raise UserError(f"machine {name!r} has results in both {self.folders[name]} and {folder} (as "
+                                    "their machine.json say): a machine's results are read from one folder, never "
+                                    "merged or renamed; leave one of them out")
                 self.folders[name] = folder
         self.machines = sorted(self.folders)
         if not self.machines:
@@ -513,9 +565,11 @@ class ResultsDir:
         """The machine to report: ``machine`` if given, else this host's asv machine, else the only one."""
         if machine is not None:
             if machine not in self.machines:
+                held = [f"folder {folder} holds machine {name!r} (its machine.json's name, asv's)"
+                        for name, folder in self.folders.items() if os.path.basename(folder) == machine]
                 raise UserError(
                     f"no results for machine {machine!r} in {self.where} "
-                    f"(machines with results: {', '.join(self.machines)})"
+                    f"(machines with results: {', '.join(self.machines)}" + "".join(f"; {h}" for h in held) + ")"
                 )
             return machine
         for local in (_local_asv_machine(), _recorded_asv_machine()):
@@ -649,8 +703,8 @@ class ResultsDir:
         return run
 
     def load_file(self, machine, name):
-        """Read ``<machine>/<name>`` (see :func:`load_run`)."""
-        return load_run(os.path.join(self.folders[machine], name), self.param_names)
+        """Read ``<machine>/<name>`` (see :func:`load_run`): a result file of ``machine``, as asv reads it."""
+        return load_run(os.path.join(self.folders[machine], name), self.param_names, machine)
 
 
 def check_with_dir(path, earlier):
@@ -702,13 +756,15 @@ def import_asv_results():
     return Results, AsvUserError
 
 
-def load_run(path, param_names=()):
+def load_run(path, param_names=(), machine=None):
     """Read one asv result file into a :class:`Run`, through asv's own ``Results.load``.
 
     ``param_names`` is a sequence of dicts (benchmark -> names), tried in order.
+    ``machine``, if given, is the machine its folder's machine.json names: the
+    file must name it too, as asv requires of the files it reads.
 
     Raises:
-        UserError: the file is not a readable, well-formed asv result file.
+        UserError: the file is not a readable, well-formed asv result file (of ``machine``).
     """
     Results, AsvUserError = import_asv_results()
     label = os.path.join(*path.split(os.sep)[-2:])
@@ -727,6 +783,10 @@ def load_run(path, param_names=()):
             points={},
             measured=_measured(results),
         )
+        if machine is not None and results.params.get("machine") != machine:  # params is a dict: checked above
+            raise UserError(f"cannot read asv result file {label}: it is of machine "
+                            f"{short(results.params.get('machine'))}, but its folder's machine.json names "
+                            f"{machine!r} (asv skips such a file)")
         for name in results.get_all_result_keys():
             names = _names_for(name, results.get_result_params(name), param_names)
             for point in _points(results, name, names):

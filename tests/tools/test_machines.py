@@ -19,7 +19,7 @@ from tools import common, dev
 from tools.report.tables import ACROSS_MACHINES
 
 from .conftest import PACKAGE
-from .test_report import BATCH, CACHE, COLUMNS, LENGTHS, RAGGED, SWEEP, medians, table_rows, write_run
+from .test_report import BATCH, CACHE, COLUMNS, ENV, LENGTHS, RAGGED, SWEEP, medians, table_rows, write_run
 
 CACHE_TITLE = "Cache experiment: full decode of one sequence"
 BATCH_TITLE = "Batch experiment: B = 2 sequences, sequential vs batched"
@@ -118,6 +118,15 @@ def test_a_machine_json_naming_another_machine_is_the_same_machine(two, capsys):
     assert "machine 'box-a' has results in both" in capsys.readouterr().err
 
 
+def test_a_copy_of_a_machines_folder_under_another_name_in_the_same_directory_is_refused(two, capsys):
+    """asv names a machine by machine.json's ``machine``: a hand-renamed copy beside the folder would be merged."""
+    shutil.copytree(two.stored / "box-b", two.stored / "box-b-copy")
+    assert dev.main(["publish", "--with", str(two.stored)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert f"machine 'box-b' has results in both {two.stored / 'box-b'} and {two.stored / 'box-b-copy'}" in err
+    assert "\n" not in err and not (two.root / ".asv" / "html").exists()
+
+
 @pytest.mark.parametrize("make, message", [
     (lambda root: root / "missing", "no such directory"),
     (lambda root: (root / "file").write_text("x") and root / "file", "it is a regular file, not a directory"),
@@ -137,8 +146,51 @@ def test_publish_with_never_opens_a_fifo_among_the_results(two, capsys):
     os.mkfifo(two.stored / "box-b" / "00000000-fifo.json")
     assert dev.main(["publish", "--with", str(two.stored)]) == 0  # a FIFO opened for reading would block
     out = capsys.readouterr().out
-    assert "skipped" in out and "00000000-fifo.json: not a regular file" in out
+    assert "skipped" in out and "00000000-fifo.json: a FIFO, not a regular file" in out
     assert stat.S_ISFIFO(os.lstat(two.stored / "box-b" / "00000000-fifo.json").st_mode)  # left as it was
+
+
+def unreadable(monkeypatch, path):
+    """``path`` unreadable (mode 000); as root, who reads it anyway, opening it fails as it would for anyone else."""
+    path.chmod(0)
+    if os.geteuid() == 0:
+        real_open = os.open
+
+        def refuse(name, *args, **kwargs):
+            if os.path.abspath(name) == str(path):
+                raise PermissionError(13, "Permission denied", str(name))
+            return real_open(name, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", refuse)
+
+
+def test_publish_with_names_each_result_file_asv_cannot_read_and_publishes_the_rest(two, capsys, monkeypatch):
+    box = two.stored / "box-b"
+    (box / "0000000a-broken.json").write_text('{"commit_hash": ')
+    locked = box / "0000000b-locked.json"
+    shutil.copy(box / f"{two.hashes[0][:8]}-{ENV}.json", locked)
+    unreadable(monkeypatch, locked)
+    (box / "0000000c-folder.json").mkdir()
+    (box / "0000000d-dangling.json").symlink_to(box / "gone.json")
+    other = write_run(two.stored, two.hashes[1], machine="box-b", env="other-env")
+    data = json.loads(other.read_text())
+    data["params"]["machine"] = "box-c"  # a result file of another machine, copied into box-b's folder
+    other.write_text(json.dumps(data))
+    kept = sorted((p.name, stat.S_IFMT(os.lstat(p).st_mode)) for p in box.iterdir())
+    assert dev.main(["publish", "--with", str(two.stored)]) == 0
+    out = capsys.readouterr().out
+    for name, why in [("0000000a-broken.json", "Error parsing JSON in file 'it'"),
+                      ("0000000b-locked.json", "cannot be read (Permission denied)"),
+                      ("0000000c-folder.json", "a directory, not a regular file"),
+                      ("0000000d-dangling.json", "a dangling symlink, not a regular file"),
+                      (other.name, "Error loading results file 'it': machine name is not 'box-b'")]:
+        [line] = [line for line in out.splitlines() if line.startswith(f"note: skipped {box / name}: ")]
+        assert why in line
+    assert "box-b: 2 result files from stored (5 left out: asv cannot read them, see the notes), " in out
+    html = two.root / ".asv" / "html"
+    assert set(graph(html, "box-b", CACHE)) == {two.hashes[0], two.hashes[2]}  # the rest is published
+    assert sorted(json.loads((html / "index.json").read_text())["machines"]) == ["box-a", "box-b"]
+    assert sorted((p.name, stat.S_IFMT(os.lstat(p).st_mode)) for p in box.iterdir()) == kept  # left as it was
 
 
 # --- report tables --machine A --machine B ----------------------------------------------------------

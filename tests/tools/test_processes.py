@@ -3,7 +3,10 @@
 The fake asv does what asv does: it starts a "benchmark process" in a process
 group of its own (``os.setpgid(0, 0)``, as ``asv.util.check_output``), plus one
 in a session of its own (as a nested ``tools/dev.py`` would), and sleeps. Before
-issue 12, SIGTERM to the command left all three running with parent PID 1.
+issue 12, SIGTERM to the command left all three running with parent PID 1. SIGKILL
+of a command that runs such a command (``noise`` running the clone's ``gate``)
+left the inner one and all three running, until the child asked the kernel for
+SIGTERM at its parent's death.
 """
 
 import os
@@ -115,3 +118,58 @@ def test_outside_the_main_thread_signals_are_left_alone():
     with processes.handle_signals():
         assert signal.getsignal(signal.SIGTERM) is not handlers[0]
     assert signal.getsignal(signal.SIGTERM) is handlers[0]
+
+
+# the drill (tools/dev.py noise), as it runs the clone's gate: through processes.run, here with the DRIVER above
+DRILL = """
+import sys
+from tools import processes
+processes.run([sys.executable, "-c", *sys.argv[1:]])
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_sigkill_of_the_parent_stops_the_child_and_every_process_it_started(tmp_path):
+    """SIGKILL cannot be forwarded: the child learns of its parent's death from the kernel (PR_SET_PDEATHSIG)
+    as SIGTERM, and stops its own processes as on any SIGTERM."""
+    (tmp_path / "fake_asv.py").write_text(FAKE_ASV)
+    pids = tmp_path / "pids"
+    drill = subprocess.Popen([sys.executable, "-c", DRILL, DRIVER, str(tmp_path),
+                              str(tmp_path / "fake_asv.py"), str(pids), "plain"], cwd=REPOSITORY,
+                             env={**os.environ, common.INSIDE_VENV: "1"}, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (pids.exists() and len(pids.read_text().split()) == 3):
+        assert time.monotonic() < deadline and drill.poll() is None, drill.communicate()
+        time.sleep(0.05)
+    gate = [p for p in processes.tree(drill.pid) if p != drill.pid]  # the driver, fake asv and its two children
+    assert len(gate) == 4 and all(alive(p) for p in gate)
+    drill.kill()
+    drill.wait()
+    try:
+        deadline = time.monotonic() + 10  # SIGTERM at once: asv's processes stop within a moment (GRACE is 2 s)
+        while any(alive(p) for p in gate) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [p for p in gate if alive(p)] == []
+    finally:  # none left behind, whatever the outcome
+        processes._signal([p for p in gate if alive(p)], signal.SIGKILL)
+    assert not (tmp_path / ".asv" / "lock").read_bytes()  # the child stopped as on SIGTERM: its lock released
+
+
+ASKED = ("import ctypes, sys; libc = ctypes.CDLL(None); signum = ctypes.c_int(-1); "
+         "libc.prctl(2, ctypes.byref(signum), 0, 0, 0); print(signum.value)")  # PR_GET_PDEATHSIG
+
+
+def no_libc(*args, **kwargs):
+    raise OSError("no libc here")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.parametrize("where, asked", [("linux", signal.SIGTERM), ("macOS", 0), ("no libc", 0)])
+def test_the_child_asks_for_sigterm_at_its_parents_death_where_prctl_exists(monkeypatch, where, asked):
+    """Where there is no prctl (not Linux, or no libc to load), the child starts as before, without the request."""
+    if where == "macOS":
+        monkeypatch.setattr(sys, "platform", "darwin")
+    if where == "no libc":
+        monkeypatch.setattr(processes.ctypes, "CDLL", no_libc)
+    result = processes.run([sys.executable, "-c", ASKED], capture_output=True, text=True)
+    assert (result.returncode, result.stdout) == (0, f"{int(asked)}\n")

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -546,6 +547,62 @@ def test_unknown_machine_and_several_machines(repo, capsys):
         assert "--machine" in err
     code, out, _ = report(path, "tables", "--machine", "other", capsys=capsys)
     assert code == 0 and "`other`" in out
+
+
+def test_a_hand_renamed_machine_folder_is_the_machine_its_machine_json_names(repo, capsys, tmp_path):
+    """asv names a machine by machine.json's ``machine`` (its dashboard shows this folder's results as ``box``):
+    so do the report's --machine, every header and the CSV, never the folder's new name."""
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[1], date=1_000)
+    write_run(path / ".asv/results", hashes[2], date=2_000)
+    (path / ".asv/results/box").rename(path / ".asv/results/renamed")
+    code, out, err = report(path, "tables", "--machine", "box", capsys=capsys)
+    assert code == 0, err
+    assert out.startswith(f"## kv-attention decode benchmarks at `{hashes[2][:8]}` on `box`")
+    assert "- machine `box`: Test CPU" in out
+    code, out, err = report(path, "compare", "HEAD~1", "HEAD", "--machine", "box", capsys=capsys)
+    assert code == 0 and out.startswith(f"## HEAD~1 ({hashes[1][:8]}) vs HEAD ({hashes[2][:8]}) on `box`"), err
+    code, _, err = report(path, "csv", "--out", str(tmp_path / "samples.csv"), capsys=capsys)
+    assert code == 0, err
+    assert {row["machine"] for row in read_csv(tmp_path / "samples.csv")} == {"box"}
+    code, _, err = report(path, "tables", "--machine", "renamed", capsys=capsys)
+    assert code == 1 and "\n" not in err.strip()
+    assert "no results for machine 'renamed'" in err and "(machines with results: box; folder " in err
+    assert "renamed holds machine 'box'" in err
+
+
+def test_a_result_file_of_another_machine_than_its_folders_is_unreadable(repo, capsys):
+    """asv reads a result file only if it names its folder's machine (Results.load's machine_name)."""
+    path, hashes = repo
+    run = write_run(path / ".asv/results", hashes[2])
+    data = json.loads(run.read_text())
+    data["params"]["machine"] = "elsewhere"
+    run.write_text(json.dumps(data))
+    code, out, err = report(path, "tables", "--machine", "box", capsys=capsys)
+    assert code == 1 and out == "" and "\n" not in err.strip()
+    assert err.startswith(f"tools/dev.py report: error: cannot read asv result file box/{run.name}: it is of "
+                          "machine 'elsewhere', but its folder's machine.json names 'box'")
+
+
+def test_two_folders_naming_one_machine_are_refused(repo, capsys):
+    """A copy of a machine's folder under another name: asv would show both as one machine."""
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2])
+    shutil.copytree(path / ".asv/results/box", path / ".asv/results/box-copy")
+    code, _, err = report(path, "tables", "--machine", "box", capsys=capsys)
+    assert code == 1 and "\n" not in err.strip()
+    assert (f"machine 'box' has results in both {path}/.asv/results/box and {path}/.asv/results/box-copy "
+            "(as their machine.json say)") in err
+
+
+def test_a_machine_json_naming_no_machine_is_a_one_line_error(repo, capsys):
+    """The report cannot tell which machine the folder holds; asv's publish and compare stop on it too."""
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2])
+    (path / ".asv/results/box/machine.json").write_text('{"machine": ')
+    code, _, err = report(path, "tables", capsys=capsys)
+    assert code == 1 and "\n" not in err.strip()
+    assert f"{path}/.asv/results/box/machine.json is not a readable asv machine file (no machine name in it)" in err
 
 
 def test_several_environments_need_env(repo, capsys):

@@ -23,6 +23,7 @@
 Each run clones HEAD into a temporary folder under /tmp, commits there, runs
 the clone's ``gate`` with this checkout's .venv, and deletes the clone
 (``--keep`` keeps it). Exit 0 when the gate behaved as expected, 1 otherwise.
+A drill stopped, even by SIGKILL, stops its gate and asv with it (:mod:`tools.processes`).
 """
 
 import argparse

@@ -102,8 +102,9 @@ def run(args):
     html, machines = combined.publish_together(args.with_dirs)
     print(f"dashboard of {len(machines)} machines written to {html}, each under its own name "
           "(choose one in the \"machine\" panel of a graph or of the summary list):")
-    for name, source, files, graphs in machines:
-        print(f"  {name}: {combined.files(files)} from {combined.shown(source)}, {graphs} benchmarks graphed"
+    for name, source, files, graphs, left in machines:
+        print(f"  {name}: {combined.files(files)} from {combined.shown(source)}{combined.left_out(left)}, "
+              f"{graphs} benchmarks graphed"
               + ("" if graphs else " (none: its results are of other benchmark versions than benchmarks.json, "
                                    "or of commits on no branch asv publishes)"))
     print(view_lines(html))
