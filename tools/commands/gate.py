@@ -246,8 +246,11 @@ def compare(args, commits):
               "(see asv's output above), or --bench matched nothing")
     if not missing:
         table_factor = args.factor or UNPAIRED_FACTOR  # asv's table judges asv's unpaired medians
-        print(f"\nasv compare of the two runs' medians, factor {table_factor} (the counts are judged "
-              f"below at {args.count_factor}{'' if args.unpaired else ', the timings in pairs'}):")
+        verdict = ("for reference: the timings' verdict is asv's medians here"
+                   if args.unpaired else "for reference only, not the verdict: its timing rows compare medians "
+                   "taken minutes apart, and the host's drift moves them; the timings are judged below, in pairs")
+        print(f"\nasv compare of the two runs' medians, factor {table_factor} ({verdict}; the counts at "
+              f"{args.count_factor}):")
         Compare.print_table(conf, commits["base"], commits["head"], factor=table_factor, split=True,
                             resultset_1=iter(rows["base"]), resultset_2=iter(rows["head"]), machine=machine,
                             commit_names={c: name for c, name in zip(commits.values(), (args.base, args.head))})
