@@ -81,6 +81,8 @@ def alternate(first, second, pairs, burst=BURST, offset=0):
         else:
             b = statistics.median(second(burst))
             a = statistics.median(first(burst))
+        if not (a > 0 and b > 0 and math.isfinite(a) and math.isfinite(b)):
+            raise ValueError(f"a side's samples must be positive finite seconds, got first={a!r}, second={b!r}")
         ratios.append(b / a)
     return ratios
 
@@ -94,10 +96,15 @@ def pairs_within(first, second, seconds, min_pairs=8, max_pairs=200, burst=BURST
     short stalls, and ``min_pairs`` bursts of it would cost seconds).
 
     ``decided(ratios) -> bool``, if given, is asked after those pairs: while it
-    says no, ``min_pairs`` more pairs are taken, up to ``max_pairs`` in all and
-    :data:`EXTENDED` times ``seconds`` of time (a verdict the pairs left open is
-    measured further; one they settled is not).
+    says no, up to ``min_pairs`` more pairs are taken, at most ``max_pairs`` in
+    all and as many as fit in :data:`EXTENDED` times ``seconds`` at the pace so far
+    (a verdict the pairs left open is measured further; one they settled is not).
     """
+    if not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds >= 0):
+        raise ValueError(f"seconds must be a finite number >= 0, got {seconds!r}")
+    if not 1 <= min_pairs <= max_pairs or burst < 1:
+        raise ValueError(f"need 1 <= min_pairs <= max_pairs and burst >= 1, got min_pairs={min_pairs}, "
+                         f"max_pairs={max_pairs}, burst={burst}")
     start = time.perf_counter()
     ratios = alternate(first, second, 1, 1)
     per_sample = max(time.perf_counter() - start, 1e-9) / 2
@@ -105,9 +112,14 @@ def pairs_within(first, second, seconds, min_pairs=8, max_pairs=200, burst=BURST
     wanted = min(max_pairs, max(min_pairs, int(seconds / (2 * burst * per_sample))))
     if wanted > 1:
         ratios += alternate(first, second, wanted - 1, burst, offset=1)
-    while (decided is not None and len(ratios) < max_pairs and time.perf_counter() - start < EXTENDED * seconds
-           and not decided(ratios)):
-        ratios += alternate(first, second, min(min_pairs, max_pairs - len(ratios)), burst, offset=len(ratios))
+    while decided is not None and len(ratios) < max_pairs and not decided(ratios):
+        elapsed = time.perf_counter() - start
+        pace = elapsed / len(ratios)  # seconds a pair so far
+        fit = int((EXTENDED * seconds - elapsed) / pace) if pace > 0 else max_pairs  # pairs the time has left
+        more = min(min_pairs, max_pairs - len(ratios), fit)
+        if more < 1:
+            break
+        ratios += alternate(first, second, more, burst, offset=len(ratios))
     return ratios
 
 
@@ -120,10 +132,14 @@ def median_interval(ratios, confidence=CONFIDENCE):
     exists, and it is ``(-inf, inf)``-wide: the smallest and largest ratio
     then are NOT an interval, so none is claimed.
     """
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be between 0 and 1, got {confidence!r}")
     values = sorted(ratios)
     n = len(values)
     if n == 0:
         raise ValueError("median_interval needs at least one ratio")
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError(f"median_interval needs finite ratios, got {[v for v in values if not math.isfinite(v)]}")
     tail = (1 - confidence) / 2
     k, cumulative = 0, 0.0
     while True:  # the largest k with P(B < k) <= tail, B ~ Binomial(n, 1/2)

@@ -60,7 +60,8 @@ class Paired:
         A 5 % slowdown measured at 1.028x [1.014, 1.049] (26 pairs), or at 1.09x [0.79, 1.22], is such a
         case; identical code rarely is, so measuring these further costs an A/A little. ``strict`` (the
         confirmation of a flagged point): decided only when worse, or when the whole interval is below
-        ``factor``: 1.0015x [0.962, 1.058] does not clear a point that first measured 1.05x.
+        ``factor``: 1.0015x [0.962, 1.058] is not settled, and the point is measured further. Where the
+        bounds stop the pairs first, the verdict stands as measured (a point not worse is then cleared).
         """
         if strict:
             return self.worse(factor) or self.high < factor
@@ -72,6 +73,14 @@ class Paired:
 
 class WorkerError(common.UserError):
     """A worker process could not start or stopped answering."""
+
+
+class PointFailed(Exception):
+    """A worker's point skipped or failed while it was being sampled (asv's setup runs before every sample)."""
+
+    def __init__(self, worker, answer):
+        super().__init__(answer)
+        self.worker, self.answer = worker, answer
 
 
 ADDR_NO_RANDOMIZE = 0x0040000  # linux/personality.h: what `setarch -R` sets
@@ -126,7 +135,11 @@ class Worker:
         return json.loads(line)
 
     def samples(self, count):
-        return self.ask(samples=count)["samples"]
+        """``count`` seconds per call; PointFailed if the point's setup or call raised (``{"failed": why}``)."""
+        answer = self.ask(samples=count)
+        if "samples" not in answer:
+            raise PointFailed(self, answer)
+        return answer["samples"]
 
     def stop(self):
         if self.process.poll() is None:
@@ -199,6 +212,9 @@ def measure(conf, env, base, head, points, progress=print, factor=None, seconds=
                         continue
                     ratios = pairs_within(workers[0].samples, workers[1].samples, seconds, MIN_PAIRS, max_pairs,
                                           decided=decided)
+                except PointFailed as error:  # its setup or call raised midway: the point fails (or skips) only
+                    outcomes[label] = {**error.answer, "role": "base" if error.worker is workers[0] else "head"}
+                    continue
                 except WorkerError as error:  # this point fails; the next starts two new workers
                     dead = [role for role, w in zip(("base", "head"), workers) if w.process.poll() is not None]
                     outcomes[label] = {"failed": f"paired-timing worker: {error}", "role": (dead or ["head"])[0]}

@@ -124,3 +124,47 @@ def test_an_open_verdict_is_measured_further_up_to_the_pair_and_time_bounds(monk
     assert len(run(lambda ratios: False, max_pairs=40)) == 40  # never decided: the pair bound
     assert len(run(lambda ratios: False)) == 48  # never decided: EXTENDED x 1.0 s of 1/16 s pairs
     assert pairs.EXTENDED == 3
+
+
+def test_the_extension_stops_before_it_would_pass_its_time(monkeypatch):
+    """0.24 s a sample, 1.5 s asked for: the 9 pairs of the minimum take 4.32 s, and one more would pass 4.5 s."""
+    now = [0.0]
+    monkeypatch.setattr(pairs.time, "perf_counter", lambda: now[0])
+
+    def side(samples_taken):
+        now[0] += 0.24 * samples_taken
+        return [0.24] * samples_taken
+
+    ratios = pairs.pairs_within(side, side, 1.5, 9, 60, decided=lambda ratios: False)
+    assert len(ratios) == 9 and now[0] <= pairs.EXTENDED * 1.5
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"seconds": math.nan}, "seconds must be a finite number >= 0, got nan"),
+    ({"seconds": -1.0}, "seconds must be a finite number >= 0"),
+    ({"min_pairs": 0}, "need 1 <= min_pairs <= max_pairs"),
+    ({"min_pairs": 10, "max_pairs": 5}, "need 1 <= min_pairs <= max_pairs and burst >= 1, got min_pairs=10, max_pairs=5"),
+    ({"burst": 0}, "burst >= 1"),
+])
+def test_pairs_within_refuses_bounds_that_mean_nothing(bad, message):
+    side = pairs.local_side(lambda: None)
+    with pytest.raises(ValueError, match=message):
+        pairs.pairs_within(side, side, **{"seconds": 0.01, "min_pairs": 2, "max_pairs": 4, **bad})
+
+
+@pytest.mark.parametrize("sample", [0.0, -1e-3, math.nan, math.inf])
+def test_a_sample_that_is_no_time_is_refused_not_turned_into_a_ratio(sample):
+    good, bad = (lambda n: [1e-3] * n), (lambda n: [sample] * n)
+    with pytest.raises(ValueError, match="positive finite seconds"):
+        pairs.alternate(good, bad, 2)
+
+
+@pytest.mark.parametrize("confidence", [math.nan, -1, 0, 1, 1.5])
+def test_median_interval_refuses_a_confidence_outside_0_to_1(confidence):
+    with pytest.raises(ValueError, match="confidence must be between 0 and 1"):
+        pairs.median_interval([1.0] * 10, confidence)
+
+
+def test_median_interval_refuses_ratios_that_are_not_finite():
+    with pytest.raises(ValueError, match=r"finite ratios, got \[nan\]"):
+        pairs.median_interval([1.0, math.nan, 2.0, 0.5, 3.0, 1.1, 0.9, 1.2, 1.3])

@@ -130,3 +130,39 @@ def test_a_flagged_point_is_confirmed_by_a_longer_measurement_that_settles_stric
     wide = pairs.Paired(1.0015, 0.962, 1.058, 32)
     assert wide.decided(1.03) and not wide.decided(1.03, strict=True)  # not cleared: its interval reaches 1.058
     assert pairs.Paired(1.00, 0.99, 1.02, 60).decided(1.03, strict=True)
+
+
+def test_a_point_whose_setup_fails_while_sampled_fails_alone_and_the_workers_go_on(monkeypatch):
+    """asv's setup runs before every sample: a worker may answer ``{"failed": ...}`` to a samples request. That
+    point fails, named with the worker's role; the next point is measured by the same two workers."""
+    class FailsAt(FakeWorker):
+        def samples(self, n):
+            if self.point == "flaky":
+                raise pairs.PointFailed(self, {"failed": "AssertionError: check failed on the 7th setup"})
+            return super().samples(n)
+
+        def ask(self, load=None, param_idx=None, number=None):
+            self.point = load
+            return super().ask(load, param_idx, number)
+
+    started = []
+
+    def start(*args):
+        started.append([FakeWorker(1.0), FailsAt(1.0)])
+        return started[-1]
+
+    monkeypatch.setattr(pairs, "package_of", lambda conf, env, commit, folder: commit)
+    monkeypatch.setattr(pairs, "start_workers", start)
+    conf = SimpleNamespace(benchmark_dir="benchmarks")
+    points = [(name, 0, name) for name in ("flaky", "fine")]
+    outcomes = pairs.measure(conf, None, "b", "h", points, progress=lambda line: None)
+    assert outcomes["flaky"] == {"failed": "AssertionError: check failed on the 7th setup", "role": "head"}
+    assert outcomes["fine"].ratio == pytest.approx(1.0) and len(started) == 1
+
+
+def test_a_worker_answering_a_failure_to_a_samples_request_raises_point_failed():
+    worker = pairs.Worker.__new__(pairs.Worker)
+    worker.ask = lambda **request: {"failed": "AssertionError: not equal to the oracle"}
+    with pytest.raises(pairs.PointFailed) as raised:
+        worker.samples(3)
+    assert raised.value.worker is worker and raised.value.answer == {"failed": "AssertionError: not equal to the oracle"}
