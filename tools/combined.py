@@ -152,8 +152,12 @@ def write_config(conf, base, results_dir, work, html_dir=None):
 
 
 def graphed(html_dir):
-    """``{machine: names of the benchmarks graphed}`` of a published dashboard (asv writes a benchmark's graph
-    of a machine to ``graphs/.../machine-NAME/.../BENCHMARK.json``, and a ``summary.json`` beside them)."""
+    """``{folder: names of the benchmarks graphed}`` of a published dashboard (asv writes a benchmark's graph
+    of a machine to ``graphs/.../machine-NAME/.../BENCHMARK.json``, and a ``summary.json`` beside them).
+
+    NAME is asv's ``sanitize_filename`` of the machine's name (``/`` and ``<>:"\\^|?*`` become ``_``): look a
+    machine up with :func:`graphs_of`.
+    """
     names = {}
     for root, _, files in os.walk(os.path.join(html_dir, "graphs")):
         machines = [p[len("machine-"):] for p in Path(root).parts if p.startswith("machine-")]
@@ -161,6 +165,13 @@ def graphed(html_dir):
             names.setdefault(machines[-1], set()).update(f[:-5] for f in files
                                                          if f.endswith(".json") and f != "summary.json")
     return names
+
+
+def graphs_of(graphs, machine):
+    """The benchmarks :func:`graphed` found for ``machine``, under the folder name asv gave it."""
+    from asv.util import sanitize_filename
+
+    return graphs.get(sanitize_filename(machine), set())
 
 
 def files(count):
@@ -230,5 +241,5 @@ def publish_together(also, config=None, html_dir=None, say=print):
         raise UserError(f"asv publish left out machine {', '.join(missing)}: its machine.json or result files "
                         "could not be read (see asv's warnings above)")
     graphs = graphed(html)
-    return html, [(name, source, counts[name][0], len(graphs.get(name, ())), counts[name][1])
+    return html, [(name, source, counts[name][0], len(graphs_of(graphs, name)), counts[name][1])
                   for source, _, _, name in machines]

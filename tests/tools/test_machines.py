@@ -331,6 +331,11 @@ def test_the_browser_check_compares_the_machines_on_a_benchmark_both_have_graphs
     assert browser_check.compared_benchmark(tmp_path, ["a", "b"]) == browser_check.REGRESSED
     with pytest.raises(browser_check.CheckFailed, match="no benchmark is graphed for every machine"):
         browser_check.compared_benchmark(tmp_path, ["a", "c"])
+    graphs("my_laptop", "bench_x.X.time_x")  # asv's folder for a machine named "my:laptop" (sanitize_filename)
+    from tools.combined import graphs_of
+
+    assert graphs_of(graphed(tmp_path), "my:laptop") == {"bench_x.X.time_x"}
+    assert browser_check.compared_benchmark(tmp_path, ["a", "my:laptop"]) == "bench_x.X.time_x"
 
 
 def test_publish_with_a_directory_inside_the_dashboards_folder_is_refused_and_kept(two, capsys):

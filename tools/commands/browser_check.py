@@ -217,7 +217,7 @@ def compared_benchmark(html_dir, machines):
     stored results of docs/results may lack some: CheckFailed if no benchmark is graphed for every machine.
     """
     graphs = combined.graphed(html_dir)
-    shared = set.intersection(*(graphs.get(name, set()) for name in machines))
+    shared = set.intersection(*(combined.graphs_of(graphs, name) for name in machines))
     if not shared:
         raise CheckFailed(f"no benchmark is graphed for every machine ({', '.join(machines)}): the stored "
                           f"results of {SECOND_MACHINE} are all of other benchmark versions than the suite's")
