@@ -74,6 +74,18 @@ def name_argument(text):
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def chosen_argument(text):
+    """argparse type of ``report``'s ``--machine``: the name of a machine to choose among those found.
+
+    It is matched against each machine.json's name (asv's), never joined to a path, so any name asv could
+    record is taken (``my laptop``), but not one with ``/`` or a control character, nor an empty one.
+    """
+    if not text or len(text) > 200 or "/" in text or any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise argparse.ArgumentTypeError(f"machine name must be 1-200 characters, without '/' or control "
+                                         f"characters: it is a machine.json's name, got {text!r}")
+    return text
+
+
 def fingerprint():
     """8 hex digits identifying this hardware and host: SHA-256 of CPU, CPU count, architecture, machine id."""
     text = "\n".join([cpu_description(), str(multiprocessing.cpu_count()), platform.machine(), machine_id()])

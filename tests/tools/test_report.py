@@ -571,6 +571,17 @@ def test_a_hand_renamed_machine_folder_is_the_machine_its_machine_json_names(rep
     assert "renamed holds machine 'box'" in err
 
 
+def test_a_machine_whose_name_is_no_plain_folder_name_can_be_chosen(repo, capsys):
+    """asv records any name in machine.json; --machine matches it and is never a path, so "my laptop" is taken
+    (a name with '/' is refused on the command line, exit 2, by test_dev)."""
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2], machine="my laptop")
+    (path / ".asv/results/my laptop").rename(path / ".asv/results/laptop")
+    write_run(path / ".asv/results", hashes[2], machine="other")
+    code, out, err = report(path, "tables", "--machine", "my laptop", capsys=capsys)
+    assert code == 0 and "on `my laptop`" in out.splitlines()[0], err
+
+
 def test_a_result_file_of_another_machine_than_its_folders_is_unreadable(repo, capsys):
     """asv reads a result file only if it names its folder's machine (Results.load's machine_name)."""
     path, hashes = repo

@@ -9,7 +9,7 @@ import os
 import sys
 
 from ..common import BRANCH, UserError
-from ..machine import name_argument
+from ..machine import chosen_argument
 from ..results import RESULT_FILE, ResultsDir, not_regular
 
 DEFAULT_CONFIG = "asv.conf.json"
@@ -184,7 +184,7 @@ def setup_arguments(subparsers):
                                    description="The lab's tables, samples and plots, read from asv's result "
                                                "files (times nothing).")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--machine", type=name_argument, action=MachinesAction,
+    common.add_argument("--machine", type=chosen_argument, action=MachinesAction,
                         help="asv machine name (default: this host's, or the only one); tables takes it "
                              "twice or more to put the machines side by side")
     common.add_argument("--env", help="part of the asv environment name, if a commit has several")
