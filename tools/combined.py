@@ -36,7 +36,7 @@ from pathlib import Path
 
 from . import common
 from .common import UserError
-from .results import check_with_dir, machine_folders, machine_name, read_file, read_regular
+from .results import check_with_dir, machine_folders, machine_name, read_file
 
 PATH_KEYS = ("repo", "benchmark_dir", "env_dir", "html_dir")  # config paths asv reads relative to the config
 
@@ -116,14 +116,13 @@ def copy_machine(path, target, machine, say):
         if data is not None:
             with open(copy, "xb") as f:
                 f.write(data)
-            reason = None if name == "machine.json" else unreadable_result(copy, machine)
-        if reason:
-            if data is not None:
+            if name != "machine.json" and (reason := unreadable_result(copy, machine)):
                 os.unlink(copy)
+        if reason:
             say(f"note: skipped {source}: {reason}")
             skipped += name != "machine.json"
-            continue
-        copied += name != "machine.json"
+        else:
+            copied += name != "machine.json"
     return copied, skipped
 
 
@@ -214,7 +213,7 @@ def publish_together(also, config=None, html_dir=None, say=print):
             raise UserError(f"--with {path}: inside the dashboard's folder {output}, which publishing replaces")
     machines = gather(results_dir, also)
     sources = [results_dir, *(os.path.abspath(p) for p in also)]
-    benchmarks = next((data for data in (read_regular(os.path.join(s, "benchmarks.json")) for s in sources)
+    benchmarks = next((data for data in (read_file(os.path.join(s, "benchmarks.json"))[0] for s in sources)
                        if data is not None), None)
     if benchmarks is None:
         raise UserError(f"no benchmarks.json in {' nor '.join(sources)}: asv publish needs the suite's "

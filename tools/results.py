@@ -433,11 +433,6 @@ def machine_folders(results_dir):
             if os.path.isfile(os.path.join(results_dir, name, "machine.json"))}
 
 
-def read_regular(path):
-    """The bytes of ``path`` if it is (a symlink to) a regular file, else None; never blocks on a FIFO."""
-    return read_file(path)[0]
-
-
 def read_file(path):
     """``(bytes, None)`` if ``path`` is (a symlink to) a regular file it can read, else ``(None, why not)``.
 
