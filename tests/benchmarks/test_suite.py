@@ -12,7 +12,7 @@ import benchmarks
 
 SUITE = Path(benchmarks.__file__).parent
 INPUT_MODULES = {"__init__", "common", "counts", "pairs", "ratios", "heads_inputs", "prefill_inputs", "ragged_inputs",
-                 "serve_inputs", "split_inputs"}
+                 "serve_inputs", "split_inputs", "roofline_inputs"}
 BENCHMARK_NAME = re.compile(r"^(Time|Timeraw|Track|Mem|PeakMem)[A-Z_]|^(time|timeraw|track|mem|peakmem)_")
 
 
