@@ -13,7 +13,8 @@ from ..machine import chosen_argument
 from ..results import RESULT_FILE, ResultsDir, not_regular
 
 DEFAULT_CONFIG = "asv.conf.json"
-EXPERIMENTS = ("cache", "batch", "batch_size", "heads", "ragged")  # tools.report.tables.TABLES, without importing it
+# tools.report.tables.TABLES, without importing it
+EXPERIMENTS = ("cache", "batch", "batch_size", "heads", "ragged", "roofline")
 
 
 def _load_config(path):
