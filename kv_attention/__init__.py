@@ -18,7 +18,7 @@ and the shapes, and changes nothing; every check is in ``_validation``.
 """
 
 from .attention import attend, causal_attention, masked_attend
-from .cache import Cache, DynamicCache, StaticCache
+from .cache import Cache, CacheFullError, DynamicCache, StaticCache, StaticCacheFullError
 from .capacity import MODEL_SHAPES, NAMED_ITEMSIZES, ModelShape, kv_cache_bytes
 from .chunked import chunked_attention
 from .decode import (
@@ -51,6 +51,8 @@ __all__ = [
     "Cache",
     "DynamicCache",
     "StaticCache",
+    "CacheFullError",
+    "StaticCacheFullError",
     "Problem",
     "make_problem",
     "STRATEGIES",

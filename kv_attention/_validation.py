@@ -359,117 +359,7 @@ def check_finite_output(out):
         )
 
 
-# Caches: their own arguments, and a cache given to a decode
-
-
-def as_batch_shape(batch_shape):
-    """``batch_shape`` as a tuple of ints >= 0; TypeError unless it is a tuple or list."""
-    if not isinstance(batch_shape, (tuple, list)):
-        raise TypeError(f"batch_shape must be a tuple of ints such as () or (B,), got {batch_shape!r}")
-    if not batch_shape:
-        return ()
-    return tuple(as_size(f"batch_shape[{i}]", n) for i, n in enumerate(batch_shape))
-
-
-def check_new_positions(k, v, cache):
-    """``k: [..., T_new, D_k]`` and ``v: [..., T_new, D_v]`` as :func:`as_float_array` gives them, or raise
-    unless they fit ``cache``.
-
-    As every entry point: TypeError for a masked array, ValueError for NaN/inf; a
-    big-endian array is converted, and an np.matrix is taken as a plain array.
-    """
-    if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
-        raise TypeError(f"k and v must be numpy arrays, got {type(k).__name__}, {type(v).__name__}")
-    k_dtype, v_dtype = k.dtype.newbyteorder("="), v.dtype.newbyteorder("=")  # '>f8' counts as float64
-    if k_dtype not in SUPPORTED_DTYPES or v_dtype != k_dtype:
-        raise TypeError(f"k and v must both be float32 or both float64, got {k.dtype} and {v.dtype}")
-    k, v = as_float_array("k", k), as_float_array("v", v)
-    if k.ndim < 2 or k.ndim != v.ndim or k.shape[:-1] != v.shape[:-1]:
-        raise ValueError(
-            f"k and v must be [..., T_new, D_k] and [..., T_new, D_v] with the same "
-            f"leading axes, got k {k.shape}, v {v.shape}"
-        )
-    if cache.k_cache is None:
-        return k, v
-    expected_k = cache.k_cache.shape[:-2] + (k.shape[-2], cache.k_cache.shape[-1])
-    expected_v = cache.v_cache.shape[:-2] + (v.shape[-2], cache.v_cache.shape[-1])
-    if k.shape != expected_k or v.shape != expected_v:
-        raise ValueError(
-            f"k {k.shape} and v {v.shape} do not fit the cache's "
-            f"k_cache {cache.k_cache.shape} and v_cache {cache.v_cache.shape}"
-        )
-    if not np.can_cast(k.dtype, cache.k_cache.dtype, casting="safe"):
-        raise TypeError(f"k and v are {k.dtype}, which the cache's {cache.k_cache.dtype} cannot hold without loss")
-    return k, v
-
-
-def check_crop(length, stored):
-    """Return ``length`` as an int, or raise unless it is an integer in [0, stored]."""
-    length = as_size("crop length", length)
-    if length > stored:
-        raise ValueError(f"crop length must be in [0, {stored}], got {length}")
-    return length
-
-
-def check_cache_fits(cache, x, w_q, w_k, w_v, dtype, layout=None, window=None, n_sink=0):
-    """Raise unless a given cache fits ``x``'s leading axes, the widths, ``dtype`` and T more positions.
-
-    ``layout`` is ``(expected_k, expected_v, text)``: the shapes ``k_cache`` and
-    ``v_cache`` must have without their T axis, and the layout to name in the
-    error; by default ``x``'s leading axes with D_k and D_v (single head). Keys
-    already in the cache (a prefill) also enter the overflow bound of q·k. A
-    cache that keeps only a window must keep the call's ``window`` and ``n_sink``
-    (:func:`check_cache_window`).
-    """
-    check_cache_window(cache, window, n_sink)
-    k_cache, v_cache = getattr(cache, "k_cache", None), getattr(cache, "v_cache", None)
-    if k_cache is None:
-        return
-    if layout is None:
-        layout = (x.shape[:-2] + (w_k.shape[1],), x.shape[:-2] + (w_v.shape[1],),
-                  f"vs x {x.shape}, D_k={w_k.shape[1]}, D_v={w_v.shape[1]}")
-    expected_k, expected_v, text = layout
-    if k_cache.shape[:-2] + k_cache.shape[-1:] != expected_k or v_cache.shape[:-2] + v_cache.shape[-1:] != expected_v:
-        raise ValueError(f"cache does not fit x: k_cache {k_cache.shape} and v_cache {v_cache.shape} {text}")
-    if k_cache.dtype != dtype:
-        raise TypeError(f"cache holds {k_cache.dtype} but the computation is {dtype}")
-    stored, room = cache.get_seq_length(), getattr(cache, "max_seq_len", None)
-    if room is not None and stored + x.shape[-2] > room:
-        raise ValueError(
-            f"cache too short: {stored} of max_seq_len={room} positions used, x needs T={x.shape[-2]} more"
-        )
-    if stored:
-        check_score_range(x, w_q, w_k, w_v, dtype, stored_k=k_cache[..., :stored, :])
-
-
-def check_cache_window(cache, window, n_sink):
-    """Raise unless a cache that keeps a window (it has ``window``, e.g. SlidingWindowCache) keeps ``window`` and ``n_sink``.
-
-    Such a cache has dropped the keys outside its window, so it can serve only a
-    call with the same window and sinks; a cache without ``window`` holds every
-    position and serves any call.
-    """
-    kept = getattr(cache, "window", None)
-    if kept is None:
-        return
-    kept_sinks = getattr(cache, "n_sink", 0)
-    if (kept, kept_sinks) != (window, n_sink):
-        hint = "; full attention needs a cache of every position, e.g. StaticCache" if window is None else ""
-        raise ValueError(
-            f"cache keeps window={kept}, n_sink={kept_sinks} but the call has window={window}, "
-            f"n_sink={n_sink}{hint}"
-        )
-
-
-def check_head_cache_fits(cache, x, w_q, w_k, w_v, n_kv_heads, head_dim, dtype):
-    """:func:`check_cache_fits` for the multi-head layout ``[*x.shape[:-2], H_kv, T_max, D_head]``."""
-    expected = x.shape[:-2] + (n_kv_heads, head_dim)  # the cache's shape without its T_max axis
-    layout = ", ".join(map(str, x.shape[:-2] + (n_kv_heads, "T_max", head_dim)))
-    text = f"must be [{layout}] for x {x.shape}, n_kv_heads={n_kv_heads}, head_dim={head_dim}"
-    check_cache_fits(cache, x, w_q, w_k, w_v, dtype, layout=(expected, expected, text))
-
-
-# Windows, chunks and the sliding-window cache
+# Windows
 
 
 def check_window(window, n_sink):
@@ -477,22 +367,6 @@ def check_window(window, n_sink):
     if window is not None:
         window = as_size("window", window, minimum=1)
     return window, as_size("n_sink", n_sink)
-
-
-def check_window_crop(length, stored, first_held, window, n_sink):
-    """Raise unless a sliding-window cache cut to ``length`` (already in [0, stored]) still holds every key
-    position ``length`` would attend to: the sinks, and ``length - window + 1 .. length - 1``.
-
-    ``first_held`` is the oldest window position the ring still holds (>= n_sink).
-    """
-    lowest = max(n_sink, length - window + 1)  # the oldest window position that position `length` attends to
-    if lowest < min(length, first_held):
-        raise ValueError(
-            f"cannot crop the sliding-window cache (window={window}, n_sink={n_sink}) from {stored} to "
-            f"{length} positions: position {length} attends to positions from {length - window + 1}, but the "
-            f"ring has overwritten every position before {first_held}; crop to a length in "
-            f"[{first_held + window - 1}, {stored}] or in [0, {n_sink}]"
-        )
 
 
 # The paged cache: sequence ids and new positions
@@ -565,14 +439,6 @@ def check_pool_size(num_blocks, block_size, k_dim, v_dim, dtype, bookkeeping):
 
 def pool_description(num_blocks, block_size, k_dim, v_dim, dtype):
     return f"a pool of num_blocks={num_blocks} blocks of block_size={block_size}, k_dim={k_dim}, v_dim={v_dim} in {dtype}"
-
-
-def check_buffer_size(what, batch_shape, slots, k_dim, v_dim, dtype):
-    """``(nbytes, text)``: the bytes of buffers ``[*batch_shape, slots, k_dim]`` and ``[*batch_shape, slots, v_dim]``
-    in ``dtype`` (a cache's), and ``what`` (e.g. "a StaticCache") with the sizes; ValueError beyond physical memory."""
-    nbytes = math.prod(batch_shape) * slots * (k_dim + v_dim) * dtype.itemsize
-    text = f"{what} of batch_shape={batch_shape}, {slots} positions, k_dim={k_dim}, v_dim={v_dim} in {dtype}"
-    return check_memory(nbytes, text), text
 
 
 def check_memory(nbytes, what):

@@ -26,10 +26,15 @@ allocating more blocks than are free. A call that raises changes nothing.
 import numpy as np
 
 from ._validation import as_size, check_block_id, check_blocks_held
+from .cache import CacheFullError
 
 
-class OutOfBlocksError(RuntimeError):
-    """The pool has fewer free blocks than an update needs; the cache was left unchanged."""
+class OutOfBlocksError(CacheFullError, RuntimeError):
+    """The pool has fewer free blocks than an update needs; the cache was left unchanged.
+
+    A RuntimeError, as it always was, and a :class:`~kv_attention.cache.CacheFullError`,
+    as a full StaticCache's error is.
+    """
 
 
 def index_dtype(num_blocks):

@@ -322,13 +322,13 @@ class PagedKVCache:
         per_slot = (self.k_cache.nbytes + self.v_cache.nbytes) // max(self.num_blocks * self.block_size, 1)
         return per_slot * self.slots_used
 
-    def _snapshot(self):
+    def snapshot(self):
         """A copy of the whole state, for ``cache.rolled_back_on_error`` (a ragged decode in a caller's cache)."""
         state = (self.allocator, self._block_tables, self._lengths, self._block_hashes, self._partial_tokens)
         return self.k_cache.copy(), self.v_cache.copy(), copy.deepcopy(state), self._peak_blocks
 
-    def _restore(self, snapshot):
-        """Put back a :meth:`_snapshot` of this cache, the pool into the same buffers."""
+    def restore(self, snapshot):
+        """Put back a :meth:`snapshot` of this cache, the pool into the same buffers."""
         k_cache, v_cache, state, self._peak_blocks = snapshot
         self.allocator, self._block_tables, self._lengths, self._block_hashes, self._partial_tokens = state
         self.k_cache[...] = k_cache
