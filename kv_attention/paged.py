@@ -143,6 +143,7 @@ class PagedKVCache:
         self._block_hashes = {}  # prefix caching: seq_id -> hashes of its full blocks, or None once a write had no ids
         self._partial_tokens = {}  # prefix caching: seq_id -> token ids in its last, partial block
         self._peak_blocks = 0
+        self._journal = None  # inside rolled_back_on_error: block -> its (k, v) before its first write there
 
     def __repr__(self):
         return (f"PagedKVCache(num_blocks={self.num_blocks}, block_size={self.block_size}, "
@@ -288,6 +289,8 @@ class PagedKVCache:
         for seq_id in seq_ids:
             self._make_room(seq_id, t_new)
         slot_mapping = self._slot_mapping(seq_ids, t_new)  # [N, T_new]
+        if self._journal is not None:
+            self._keep(np.unique(slot_mapping // self.block_size).tolist())
         slots, new = self.num_blocks * self.block_size, slot_mapping.size  # explicit: reshape(-1, 0) is ambiguous
         self.k_cache.reshape(slots, k.shape[-1])[slot_mapping.ravel()] = k.reshape(new, k.shape[-1])
         self.v_cache.reshape(slots, v.shape[-1])[slot_mapping.ravel()] = v.reshape(new, v.shape[-1])
@@ -373,17 +376,24 @@ class PagedKVCache:
         per_slot = (self.k_cache.nbytes + self.v_cache.nbytes) // max(self.num_blocks * self.block_size, 1)
         return per_slot * self.slots_used
 
-    def snapshot(self):
-        """A copy of the whole state, for ``cache.rolled_back_on_error`` (a ragged decode in a caller's cache)."""
-        state = (self.allocator, self._block_tables, self._lengths, self._block_hashes, self._partial_tokens)
-        return self.k_cache.copy(), self.v_cache.copy(), copy.deepcopy(state), self._peak_blocks
+    def rolled_back_on_error(self):
+        """Context manager: on any error in the block, the cache is put back exactly as it was; the error propagates.
 
-    def restore(self, snapshot):
-        """Put back a :meth:`snapshot` of this cache, the pool into the same buffers."""
-        k_cache, v_cache, state, self._peak_blocks = snapshot
-        self.allocator, self._block_tables, self._lengths, self._block_hashes, self._partial_tokens = state
-        self.k_cache[...] = k_cache
-        self.v_cache[...] = v_cache
+        The pool, the free list, the refcounts, every block table, the prefix
+        cache's hashes and ``peak_blocks`` are put back. It copies only what the
+        block could change: the bookkeeping (integers, a few bytes per block) on
+        entry, and each block's keys and values before the block's first write
+        in it, so a failed decode in a large pool copies the blocks it wrote,
+        not the pool. "Any error" includes the GeneratorExit of a generator closed
+        inside the block (a ragged decode abandoned midway).
+        """
+        return _RolledBack(self)
+
+    def _keep(self, blocks):
+        """Inside :meth:`rolled_back_on_error`: keep the contents of each of ``blocks`` before its first write."""
+        for block in blocks:
+            if block not in self._journal:
+                self._journal[block] = self.k_cache[block].copy(), self.v_cache[block].copy()
 
     def _check_new(self, seq_id):
         """Raise unless ``seq_id`` is hashable and not in the cache."""
@@ -440,10 +450,12 @@ class PagedKVCache:
         table, length = self._block_tables[seq_id], self._lengths[seq_id]
         if t_new and length % self.block_size and self.allocator.ref_count(table[length // self.block_size]) > 1:
             j = length // self.block_size
-            (copy,) = self.allocator.allocate(1)
-            self.k_cache[copy], self.v_cache[copy] = self.k_cache[table[j]], self.v_cache[table[j]]
+            (fresh,) = self.allocator.allocate(1)
+            if self._journal is not None:
+                self._keep([fresh])
+            self.k_cache[fresh], self.v_cache[fresh] = self.k_cache[table[j]], self.v_cache[table[j]]
             self.allocator.free([table[j]])  # the other holders keep it
-            table[j] = copy
+            table[j] = fresh
         new = self._blocks_for(length + t_new) - len(table)
         if new > 0:
             table.extend(self.allocator.allocate(new))
@@ -493,3 +505,31 @@ class PagedKVCache:
             table, start = self._block_tables[seq_id], self._lengths[seq_id]
             slots.append([table[p // size] * size + p % size for p in range(start, start + t_new)])
         return np.array(slots, dtype=np.int64).reshape(len(seq_ids), t_new)
+
+
+class _RolledBack:
+    """The context manager of :meth:`PagedKVCache.rolled_back_on_error`.
+
+    A class, as ``cache.rolled_back_on_error`` is: a generator-based one would execute more Python lines.
+    """
+
+    def __init__(self, cache):
+        self.cache = cache
+
+    def __enter__(self):
+        cache = self.cache
+        state = (cache.allocator, cache._block_tables, cache._lengths, cache._block_hashes, cache._partial_tokens)
+        self.saved, self.outer, cache._journal = (copy.deepcopy(state), cache._peak_blocks), cache._journal, {}
+        return cache
+
+    def __exit__(self, error_type, error, traceback):
+        cache, journal = self.cache, self.cache._journal
+        cache._journal = self.outer
+        if self.outer is not None:  # nested: the outer block must be able to undo this one's writes too
+            for block, kept in journal.items():
+                self.outer.setdefault(block, kept)
+        if error_type is not None:
+            state, cache._peak_blocks = self.saved
+            cache.allocator, cache._block_tables, cache._lengths, cache._block_hashes, cache._partial_tokens = state
+            for block, (k, v) in journal.items():
+                cache.k_cache[block], cache.v_cache[block] = k, v

@@ -65,7 +65,6 @@ from ._validation import (
     check_projection_inputs,
 )
 from .attention import _masked_attend
-from .cache import rolled_back_on_error
 from .paged import PagedKVCache
 
 RAGGED_STRATEGIES = ("padded", "compacted", "paged")
@@ -211,7 +210,7 @@ class _PagedBatch:
 
     def rolled_back(self):
         """For a caller's cache: on an error or GeneratorExit in the block, the cache put back as it was."""
-        return rolled_back_on_error(self.cache) if self.callers else contextlib.nullcontext()
+        return self.cache.rolled_back_on_error() if self.callers else contextlib.nullcontext()
 
     def join(self, seq):
         self.cache.add_sequence(seq)
