@@ -172,8 +172,19 @@ def check_buffer_size(what, batch_shape, slots, k_dim, v_dim, dtype):
     """``(nbytes, text)``: the bytes of buffers ``[*batch_shape, slots, k_dim]`` and ``[*batch_shape, slots, v_dim]``
     in ``dtype`` (a cache's), and ``what`` (e.g. "a StaticCache") with the sizes; ValueError beyond physical memory."""
     nbytes = math.prod(batch_shape) * slots * (k_dim + v_dim) * dtype.itemsize
-    text = f"{what} of batch_shape={batch_shape}, {slots} positions, k_dim={k_dim}, v_dim={v_dim} in {dtype}"
+    text = _Described(what, batch_shape, slots, k_dim, v_dim, dtype)
     return check_memory(nbytes, text), text
+
+
+class _Described:
+    """The text naming a cache's sizes, formatted only when an error shows it (formatting a dtype takes microseconds)."""
+
+    def __init__(self, what, batch_shape, slots, k_dim, v_dim, dtype):
+        self.sizes = what, batch_shape, slots, k_dim, v_dim, dtype
+
+    def __str__(self):
+        what, batch_shape, slots, k_dim, v_dim, dtype = self.sizes
+        return f"{what} of batch_shape={batch_shape}, {slots} positions, k_dim={k_dim}, v_dim={v_dim} in {dtype}"
 
 
 def check_new_positions(k, v, cache, check_finite=True):
@@ -184,6 +195,30 @@ def check_new_positions(k, v, cache, check_finite=True):
     (not looked for with ``check_finite=False``); a big-endian array is converted,
     and an np.matrix is taken as a plain array.
     """
+    if not _fit_as_they_are(k, v, cache):
+        return _as_new_positions(k, v, cache, check_finite)
+    if check_finite:
+        _refuse_non_finite(k, v)
+    return k, v
+
+
+def _fit_as_they_are(k, v, cache):
+    """Whether ``k`` and ``v`` are plain arrays of the cache's dtype that fit its buffers: the common case, one test."""
+    k_cache, v_cache = cache.k_cache, cache.v_cache
+    return (type(k) is np.ndarray and type(v) is np.ndarray and k_cache is not None
+            and k.dtype is k_cache.dtype and v.dtype is k_cache.dtype and k.ndim == v.ndim == k_cache.ndim
+            and k.shape[:-2] == k_cache.shape[:-2] and k.shape[-1] == k_cache.shape[-1]
+            and v.shape[:-1] == k.shape[:-1] and v.shape[-1] == v_cache.shape[-1])
+
+
+def _refuse_non_finite(k, v):
+    for name, array in (("k", k), ("v", v)):
+        if not np.isfinite(array).all():
+            raise ValueError(f"{name} contains NaN or inf")
+
+
+def _as_new_positions(k, v, cache, check_finite):
+    """:func:`check_new_positions` for any other input: convert what can be, or raise naming what does not fit."""
     if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
         raise TypeError(f"k and v must be numpy arrays, got {type(k).__name__}, {type(v).__name__}")
     k_dtype, v_dtype = k.dtype.newbyteorder("="), v.dtype.newbyteorder("=")  # '>f8' counts as float64
@@ -191,9 +226,7 @@ def check_new_positions(k, v, cache, check_finite=True):
         raise TypeError(f"k and v must both be float32 or both float64, got {k.dtype} and {v.dtype}")
     k, v = _as_array("k", k), _as_array("v", v)
     if check_finite:
-        for name, array in (("k", k), ("v", v)):
-            if not np.isfinite(array).all():
-                raise ValueError(f"{name} contains NaN or inf")
+        _refuse_non_finite(k, v)
     if k.ndim < 2 or k.ndim != v.ndim or k.shape[:-1] != v.shape[:-1]:
         raise ValueError(
             f"k and v must be [..., T_new, D_k] and [..., T_new, D_v] with the same "
@@ -373,7 +406,7 @@ class StaticCache(Cache):
         """
         k, v = check_new_positions(k, v, self, check_finite)
         start, stop = self._length, self._length + k.shape[-2]
-        if stop > self.max_seq_len:  # the cache's own state, as paged's OutOfBlocksError
+        if stop > self.k_cache.shape[-2]:  # max_seq_len: the cache's own state, as paged's OutOfBlocksError
             raise StaticCacheFullError(
                 f"cache is full: {self._length} of max_seq_len={self.max_seq_len} positions "
                 f"used, cannot write {k.shape[-2]} more"
