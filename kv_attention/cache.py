@@ -203,12 +203,15 @@ def check_new_positions(k, v, cache, check_finite=True):
 
 
 def _fit_as_they_are(k, v, cache):
-    """Whether ``k`` and ``v`` are plain arrays of the cache's dtype that fit its buffers: the common case, one test."""
+    """Whether ``k`` and ``v`` are plain arrays of the cache's dtype and layout: the common case, one test."""
     k_cache, v_cache = cache.k_cache, cache.v_cache
-    return (type(k) is np.ndarray and type(v) is np.ndarray and k_cache is not None
-            and k.dtype is k_cache.dtype and v.dtype is k_cache.dtype and k.ndim == v.ndim == k_cache.ndim
-            and k.shape[:-2] == k_cache.shape[:-2] and k.shape[-1] == k_cache.shape[-1]
-            and v.shape[:-1] == k.shape[:-1] and v.shape[-1] == v_cache.shape[-1])
+    return (type(k) is type(v) is np.ndarray and k_cache is not None and k.shape[-2:-1] == v.shape[-2:-1]
+            and _layout(k, v) == _layout(k_cache, v_cache))
+
+
+def _layout(k, v):
+    """Axes, leading sizes, widths and dtypes of ``k: [..., T, D_k]``, ``v: [..., T, D_v]``: all but T."""
+    return k.ndim, v.ndim, k.shape[:-2], v.shape[:-2], k.shape[-1], v.shape[-1], k.dtype, v.dtype
 
 
 def _refuse_non_finite(k, v):
