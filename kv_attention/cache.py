@@ -64,6 +64,8 @@ class Cache(abc.ABC):
     - :meth:`key_positions`: the position of each key ``update`` returns.
     - :meth:`snapshot` / :meth:`restore`: what :class:`rolled_back_on_error` puts back
       after a failed decode; by default the length, restored by :meth:`crop`.
+
+    The paged cache is not one: it holds many sequences, and its ``update`` takes their ids.
     """
 
     k_cache = v_cache = None

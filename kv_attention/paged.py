@@ -33,7 +33,11 @@ not in the cache (or, for ``add_sequence`` and a fork's child, already in it),
 NaN/inf, a negative token id, a size below its minimum, or a pool larger than memory
 (with the bytes it needs); :class:`OutOfBlocksError` when an update needs more
 blocks than are free. On any error the pool, the free list, the refcounts and
-every block table are unchanged.
+every block table are unchanged. :meth:`PagedKVCache.rolled_back_on_error` extends
+that to a block of calls (a ragged decode on a caller's cache).
+
+Invariants: each block table lists only blocks its sequence holds (asserted as
+they are added); the allocator asserts its own (:mod:`~kv_attention.block_allocator`).
 """
 
 import copy
@@ -129,11 +133,11 @@ class PagedKVCache:
         k_dim, v_dim = as_size("k_dim", k_dim, minimum=1), as_size("v_dim", v_dim)  # the library's rule for widths
         block_size = as_size("block_size", block_size, minimum=1)
         dtype = as_float_dtype(dtype)
-        caching = as_flag("enable_prefix_caching", enable_prefix_caching)
+        enable_prefix_caching = as_flag("enable_prefix_caching", enable_prefix_caching)
         what = _pool_description(num_blocks, block_size, k_dim, v_dim, dtype)
         nbytes = num_blocks * block_size * (k_dim + v_dim) * dtype.itemsize + BlockAllocator.nbytes_for(num_blocks)
         check_memory(nbytes, what)
-        allocator = PrefixCachingAllocator if caching else BlockAllocator
+        allocator = PrefixCachingAllocator if enable_prefix_caching else BlockAllocator
         with named_allocation_failure(nbytes, what):
             self.k_cache = np.zeros((num_blocks, block_size, k_dim), dtype)
             self.v_cache = np.zeros((num_blocks, block_size, v_dim), dtype)
