@@ -2,7 +2,7 @@
 
 import tracemalloc
 
-from .common import check_points, replay
+from .common import Benchmark, check_points, replay
 from .counts import Counts
 from .ratios import Ratios, Side
 from .heads_inputs import HEADS_LENGTHS, HEADS_PATHS, KINDS, heads_inputs, verified_cache_bytes, verified_heads_decode
@@ -37,7 +37,7 @@ def check_and_trace(kind, T, path):
     return peak.peak
 
 
-class HeadsDecode:
+class HeadsDecode(Benchmark):
     """Full T-step decode of B = 4 sequences ``x: [4, T, 128]``, 8 query heads of D_head = 16, float64.
 
     kind: mha (8 K/V heads), gqa (2), mqa (1). path: repeat_kv copies K/V per
@@ -67,6 +67,7 @@ class HeadsDecode:
     def time_decode(self, checked, kind, T, path):
         self.decode(*self.inputs)
 
+    # pinned asv hash (9108790): the full T-step multi_head_decode of heads_inputs(kind, T) [4, T, 128], per path
     time_decode.version = "44c2be19a9a17b049dc00d90a12e1745196ac6ba32aa2676436ce51227f54246"
 
     def track_decode_peak_bytes(self, checked, kind, T, path):
@@ -80,10 +81,11 @@ class HeadsDecode:
         return self.peak_bytes
 
     track_decode_peak_bytes.unit = "bytes"
+    # pinned asv hash (9108790): tracemalloc's peak over the check's own decode
     track_decode_peak_bytes.version = "138e91b6a7d3a7ec68828bbdb138afab2bdfc3e8fea1aadd117a30c6813e3119"
 
 
-class HeadsCacheBytes:
+class HeadsCacheBytes(Benchmark):
     """Logical K/V cache bytes of the timed problem by ``kv_cache_bytes``: one layer, B = 4, D_head = 16, float64.
 
     The numbers behind the decode's peak bytes: 2 x 4 x H_kv x T x 16 x 8.
@@ -99,6 +101,7 @@ class HeadsCacheBytes:
         return self.nbytes
 
     track_kv_cache_bytes.unit = "bytes"
+    # pinned asv hash (9108790): kv_cache_bytes of one layer, 2 x 4 x H_kv x T x 16 x 8
     track_kv_cache_bytes.version = "27f1abfbb2b66e26af51c7bdb71b8024fcfb2079bd120139db2880029d6085ac"
 
 

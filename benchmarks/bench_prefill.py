@@ -3,7 +3,7 @@
 import functools
 import tracemalloc
 
-from .common import check_points, replay, timed_inputs
+from .common import Benchmark, check_points, replay, timed_inputs
 from .counts import Counts
 from .ratios import Ratios, Side
 from .prefill_inputs import (
@@ -19,7 +19,7 @@ from .prefill_inputs import (
 COUNT_LENGTH = 128  # T of PrefillCounts
 
 
-class ChunkedPrefill:
+class ChunkedPrefill(Benchmark):
     """``chunked_attention`` of one sequence ``x: [512, 64]``, float64, full causal, by chunk size.
 
     chunk_size 1 is decode (512 steps of one query), 512 a one-shot prefill (one
@@ -29,10 +29,8 @@ class ChunkedPrefill:
 
     params = [CHUNK_SIZES]
     param_names = ["chunk_size"]
-    rounds = 2  # two interleaved processes per point, each checking the prefill again
-    repeat = (5, 15, 0.3)
+    repeat = (5, 15, 0.3)  # in 2 rounds, each process checking the prefill again
     warmup_time = 0.02
-    timeout = 120
 
     def setup(self, chunk_size):
         self.prefill = verified_chunked(PREFILL_LENGTH, chunk_size)
@@ -60,7 +58,7 @@ class ChunkedPrefill:
     track_peak_bytes.version = "1"
 
 
-class WindowDecode:
+class WindowDecode(Benchmark):
     """Token-by-token decode (chunk_size 1) of ``x: [1024, 64]``, float64, with a sliding window or none.
 
     window: 64, 256, 256 with 4 attention sinks (a SlidingWindowCache of n_sink +
@@ -69,10 +67,8 @@ class WindowDecode:
 
     params = [list(WINDOWS)]
     param_names = ["window"]
-    rounds = 2
     repeat = (3, 6, 0.3)
     warmup_time = 0.02
-    timeout = 120
 
     def setup(self, window):
         self.decode = verified_chunked(WINDOW_LENGTH, 1, *WINDOWS[window])
@@ -84,7 +80,7 @@ class WindowDecode:
     time_decode.version = "1"
 
 
-class ChunkedCacheBytes:
+class ChunkedCacheBytes(Benchmark):
     """Logical K/V bytes of the StaticCache after the chunked prefill of ``x: [512, 64]``: the same at every chunk size.
 
     512 × (64 + 64) × 8 bytes. Every point's prefill is run and checked once, in ``setup_cache``.
@@ -92,7 +88,6 @@ class ChunkedCacheBytes:
 
     params = [CHUNK_SIZES]
     param_names = ["chunk_size"]
-    timeout = 120
 
     def setup_cache(self):
         return check_points(self.params, functools.partial(held_cache_bytes, PREFILL_LENGTH))
@@ -107,7 +102,7 @@ class ChunkedCacheBytes:
     track_kv_cache_bytes.version = "1"
 
 
-class WindowCacheBytes:
+class WindowCacheBytes(Benchmark):
     """Logical K/V bytes held after a token-by-token decode of T positions: the window cache stays flat.
 
     (n_sink + window) × 1024 bytes for a window cache once T passes them, T × 1024 for the full cache.
@@ -116,7 +111,6 @@ class WindowCacheBytes:
 
     params = [list(WINDOWS), BYTES_LENGTHS]
     param_names = ["window", "T"]
-    timeout = 120
 
     def setup_cache(self):
         return check_points(self.params, lambda window, t_len: held_cache_bytes(t_len, 1, *WINDOWS[window]))

@@ -1,6 +1,6 @@
 """Ragged experiment: 8 sequences of different lengths, padded vs compacted (dynamic exit) vs paged KV cache."""
 
-from .common import SkipNotImplemented, check_points, replay
+from .common import Benchmark, SkipNotImplemented, check_points, replay
 from .counts import Counts
 from .ratios import Ratios, Side
 from .ragged_inputs import (
@@ -26,7 +26,7 @@ def check_and_count(strategy, lengths):
     return stats.peak_reserved_slots, stats.row_steps
 
 
-class RaggedDecode:
+class RaggedDecode(Benchmark):
     """Full decode of 8 sequences ``x_b: [T_b, 64]``, float64, block_size 16, a pool for the whole batch.
 
     Every point is checked and its counts taken once, in ``setup_cache``; ``setup`` replays the outcome.
@@ -34,8 +34,7 @@ class RaggedDecode:
 
     params = [RAGGED_STRATEGIES, list(LENGTH_DISTRIBUTIONS)]
     param_names = ["strategy", "lengths"]
-    repeat = (5, 10, 0.25)  # in asv's 2 rounds: 10 to 20 samples, as CacheStrategy; RaggedCounts detects finely
-    timeout = 120
+    warmup_time = -1  # asv's own default (0.1 s), as before the base class; RaggedCounts detects finely
 
     def setup_cache(self):
         return check_points(self.params, check_and_count)
@@ -53,6 +52,7 @@ class RaggedDecode:
     def time_decode(self, checked, strategy, lengths):
         self.decode(*self.inputs)
 
+    # pinned asv hash (9108790): the whole ragged_decode of the 8 sequences, per strategy and lengths
     time_decode.version = "b14c0ae8caa1fe29a85b104c320af19812ab3daa0114dd4842f16106378703b5"
 
     def track_reserved_slots(self, checked, strategy, lengths):
@@ -60,6 +60,7 @@ class RaggedDecode:
         return self.counted()[0]
 
     track_reserved_slots.unit = "token slots"
+    # pinned asv hash (9108790): return_stats' peak_reserved_slots of that decode
     track_reserved_slots.version = "d926deaab3aef882eefbafa1f30234bfe06b11c748e64d904f8504e2a3699e2a"
 
     def track_row_steps(self, checked, strategy, lengths):
@@ -67,6 +68,7 @@ class RaggedDecode:
         return self.counted()[1]
 
     track_row_steps.unit = "row-steps"
+    # pinned asv hash (9108790): return_stats' row_steps of that decode
     track_row_steps.version = "5068cf4ee0f2d51db6946cbd8037cd176e62b52ab61f8ec1f383d22c100c44d1"
 
 

@@ -1,9 +1,10 @@
 """Serving experiment: 32 requests through continuous batching over the paged cache; prefix caching on or off, an ample or a tight pool."""
 
+from .common import Benchmark
 from .serve_inputs import CACHING, POOLS, checked_counts, verified_serve
 
 
-class Serve:
+class Serve(Benchmark):
     """The whole ``serve`` of the workload of ``serve_inputs``: 32 requests, block_size 16, 256 tokens per step.
 
     One round of 3 to 5 samples: a serve takes about 0.15 s, and the experiment
@@ -15,7 +16,6 @@ class Serve:
     rounds = 1
     repeat = (3, 5, 0.4)
     warmup_time = 0
-    timeout = 120
 
     def setup(self, prefix_caching, pool):
         self.serve, self.inputs, _ = verified_serve(prefix_caching, pool)
@@ -26,7 +26,7 @@ class Serve:
     time_serve.version = "1"
 
 
-class ServeCounts:
+class ServeCounts(Benchmark):
     """What the serve of each point did, counted: exact on any machine, and one checked serve per point in all.
 
     ``setup_cache`` serves each point once, through the correctness check, in
@@ -36,7 +36,6 @@ class ServeCounts:
 
     params = [list(CACHING), list(POOLS)]
     param_names = ["prefix_caching", "pool"]
-    timeout = 120
 
     def setup_cache(self):
         return {(caching, pool): checked_counts(caching, pool) for caching in CACHING for pool in POOLS}

@@ -1,5 +1,6 @@
 """Split-KV experiment: what the log-sum-exp merge costs in a decode, and what cascade attention saves."""
 
+from .common import Benchmark
 from .counts import Counts
 from .ratios import Ratios, Side
 from .split_inputs import (
@@ -12,7 +13,7 @@ from .split_inputs import (
 )
 
 
-class SplitDecode:
+class SplitDecode(Benchmark):
     """The last 16 steps of a 2048-position decode of one sequence ``x: [2048, 128]``, gqa (8 query, 2 K/V heads).
 
     Each timed call decodes positions 2032..2047 over a cache prefilled with the
@@ -23,10 +24,7 @@ class SplitDecode:
 
     params = [NUM_SPLITS]
     param_names = ["num_splits"]
-    rounds = 2
     repeat = (3, 10, 0.2)
-    warmup_time = 0.05
-    timeout = 120
 
     def setup(self, num_splits):
         self.decode, self.inputs = verified_split_decode(num_splits)
@@ -39,7 +37,7 @@ class SplitDecode:
     time_decode.version = "1"
 
 
-class CascadeAttention:
+class CascadeAttention(Benchmark):
     """One decode step of B = 8 sequences sharing a 1024-token prefix, each with a 64-token suffix, D = 64.
 
     concatenated: each sequence attends over its own copy of prefix and suffix,
@@ -49,9 +47,7 @@ class CascadeAttention:
 
     params = [CASCADE_STRATEGIES]
     param_names = ["strategy"]
-    rounds = 2
     repeat = (10, 30, 0.2)
-    warmup_time = 0.05
     timeout = 60
 
     def setup(self, strategy):

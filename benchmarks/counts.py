@@ -366,7 +366,7 @@ def main(argv):
             status.flush()
 
 
-class Counts(abc.ABC):
+class Counts(common.Benchmark, abc.ABC):
     """An experiment's count points: asv's ``params`` and ``param_names``, and ``prepare``.
 
     Every subclass shares this class's ``setup_cache``, so asv counts the whole
