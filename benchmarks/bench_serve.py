@@ -1,7 +1,7 @@
 """Serving experiment: 32 requests through continuous batching over the paged cache; prefix caching on or off, an ample or a tight pool."""
 
-from .common import Benchmark
-from .serve_inputs import CACHING, POOLS, checked_counts, verified_serve
+from .common import Benchmark, check_points, replay
+from .serve_inputs import CACHING, POOLS, serve_counts, verified_serve
 
 
 class Serve(Benchmark):
@@ -38,12 +38,10 @@ class ServeCounts(Benchmark):
     param_names = ["prefix_caching", "pool"]
 
     def setup_cache(self):
-        return {(caching, pool): checked_counts(caching, pool) for caching in CACHING for pool in POOLS}
+        return check_points(self.params, serve_counts)
 
     def setup(self, counts, prefix_caching, pool):
-        self.counts = counts[prefix_caching, pool]
-        if isinstance(self.counts, Exception):  # NotImplementedError: skipped; AssertionError: failed
-            raise self.counts
+        self.counts = replay(counts, (prefix_caching, pool))
 
     def track_steps(self, counts, prefix_caching, pool):
         """Scheduler steps to serve every request."""

@@ -77,40 +77,28 @@ def serve_inputs():
     return (requests, *arrays)
 
 
-_CHECKED = {}  # (caching, pool) -> (serve, inputs, the checked run's result), for the life of the process
-
-
+@functools.lru_cache(maxsize=None)  # for the life of the process; an outcome that raised is not kept
 def verified_serve(caching, pool):
     """``(serve, inputs, result)``: serve bound to the options, once every request matched :func:`serve_oracle`.
 
     ``result`` is the checked run's ``ServeResult``, whose counts the track_
     benchmarks report. Outcomes as :func:`common.verified_decode`.
     """
-    if (caching, pool) not in _CHECKED:
-        serve, inputs, runs = serve_function(caching, pool), serve_inputs(), []
+    serve, inputs, runs = serve_function(caching, pool), serve_inputs(), []
 
-        def outputs(requests, *arrays):
-            runs.append(serve(requests, *arrays))
-            return [runs[-1].outputs.get(r.request_id) for r in requests]
+    def outputs(requests, *arrays):
+        runs.append(serve(requests, *arrays))
+        return [runs[-1].outputs.get(r.request_id) for r in requests]
 
-        verified_decode(f"serve, prefix caching {caching}, {pool} pool", outputs, inputs,
-                        lambda *_: serve_oracle(*workload()))
-        _CHECKED[caching, pool] = serve, inputs, runs[-1] if runs else serve(*inputs)
-    return _CHECKED[caching, pool]
+    verified_decode(f"serve, prefix caching {caching}, {pool} pool", outputs, inputs,
+                    lambda *_: serve_oracle(*workload()))
+    return serve, inputs, runs[-1] if runs else serve(*inputs)
 
 
 COUNTS = ("steps", "preemptions", "recomputed_tokens", "prefix_hit_tokens", "peak_blocks")
 
 
-def checked_counts(caching, pool):
-    """The counts (:data:`COUNTS` -> int) of the checked serve of a point, or the exception that stopped it.
-
-    The exception (NotImplementedError: the commit lacks serve; AssertionError: it
-    is wrong) is returned, not raised, so that one point's outcome does not stop
-    the others in asv's ``setup_cache``; the benchmark's setup raises it.
-    """
-    try:
-        _, _, result = verified_serve(caching, pool)
-    except (NotImplementedError, AssertionError) as error:
-        return error
+def serve_counts(caching, pool):
+    """The counts (:data:`COUNTS` -> int) of the checked serve of a point; raises as :func:`verified_serve`."""
+    _, _, result = verified_serve(caching, pool)
     return {name: int(getattr(result.stats, name)) for name in COUNTS}

@@ -8,6 +8,7 @@ import pytest
 import kv_attention as kv
 from benchmarks import serve_inputs
 from benchmarks.bench_serve import Serve, ServeCounts
+from benchmarks.common import check_points
 
 from ..references import serve_reference
 
@@ -15,8 +16,9 @@ from ..references import serve_reference
 @pytest.fixture
 def one_thread(one_thread, monkeypatch):
     """conftest's one_thread, and a serving check that remembers no earlier run either."""
-    monkeypatch.setattr(serve_inputs, "_CHECKED", {})
+    serve_inputs.verified_serve.cache_clear()
     yield
+    serve_inputs.verified_serve.cache_clear()
 
 
 def test_the_workload_is_the_issues():
@@ -46,7 +48,7 @@ def test_the_check_passes_and_the_counts_show_what_each_point_is_for(one_thread,
     bench.setup(caching, pool)
     assert bench.serve.func is kv.serve and bench.serve.keywords["enable_prefix_caching"] == (caching == "on")
     counts = ServeCounts()
-    cache = {(caching, pool): serve_inputs.checked_counts(caching, pool)}  # setup_cache's value, for this point
+    cache = check_points([[caching], [pool]], serve_inputs.serve_counts)  # setup_cache's value, for this point
     counts.setup(cache, caching, pool)
     steps, preemptions, recomputed, hits, peak = (getattr(counts, f"track_{n}")(cache, caching, pool) for n in
                                                   serve_inputs.COUNTS)
@@ -86,6 +88,6 @@ def test_a_wrong_serve_fails_its_counts_too(one_thread, monkeypatch):
         outputs, stats = {}, None
 
     monkeypatch.setattr(kv, "serve", lambda *args, **kwargs: NoOutputs())
-    cache = {("on", "ample"): serve_inputs.checked_counts("on", "ample")}
+    cache = check_points([["on"], ["ample"]], serve_inputs.serve_counts)
     with pytest.raises(AssertionError, match="serve, prefix caching on, ample pool"):
         ServeCounts().setup(cache, "on", "ample")
