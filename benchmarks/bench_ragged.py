@@ -1,12 +1,11 @@
 """Ragged experiment: 8 sequences of different lengths, padded vs compacted (dynamic exit) vs paged KV cache."""
 
-from .common import Benchmark, SkipNotImplemented, check_points, replay
+from .common import STRATEGIES, Benchmark, SkipNotImplemented, check_points, replay
 from .counts import Counts
 from .ratios import Ratios, Side
 from .ragged_inputs import (
     COUNT_DISTRIBUTIONS,
     LENGTH_DISTRIBUTIONS,
-    RAGGED_STRATEGIES,
     ragged_inputs,
     ragged_stats,
     verified_ragged_decode,
@@ -32,7 +31,7 @@ class RaggedDecode(Benchmark):
     Every point is checked and its counts taken once, in ``setup_cache``; ``setup`` replays the outcome.
     """
 
-    params = [RAGGED_STRATEGIES, list(LENGTH_DISTRIBUTIONS)]
+    params = [list(STRATEGIES["ragged"]), list(LENGTH_DISTRIBUTIONS)]
     param_names = ["strategy", "lengths"]
     warmup_time = -1  # asv's own default (0.1 s), as before the base class; RaggedCounts detects finely
 
@@ -78,7 +77,7 @@ class RaggedCounts(Counts):
     The timed skewed batch at a quarter of its longest length: counting the timed one took 35 s under callgrind.
     """
 
-    params = [RAGGED_STRATEGIES, list(COUNT_DISTRIBUTIONS)]
+    params = [list(STRATEGIES["ragged"]), list(COUNT_DISTRIBUTIONS)]
     param_names = ["strategy", "lengths"]
 
     def prepare(self, strategy, lengths):
@@ -88,7 +87,7 @@ class RaggedCounts(Counts):
 class RaggedRatios(Ratios):
     """padded / paged and compacted / paged per length distribution: RaggedDecode's decodes timed in turns, paired."""
 
-    params = [[s for s in RAGGED_STRATEGIES if s != "paged"], list(LENGTH_DISTRIBUTIONS)]
+    params = [[s for s in STRATEGIES["ragged"] if s != "paged"], list(LENGTH_DISTRIBUTIONS)]
     param_names = ["strategy", "lengths"]
 
     def setup_cache(self):

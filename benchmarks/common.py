@@ -38,16 +38,19 @@ BATCH = 2  # B of the batch experiment
 SWEEP_LENGTH = 128  # T of the batch-size sweep
 SWEEP_BATCH_SIZES = [1, 2, 4, 8]
 
-# Experiment -> its strategies (asv parameter values, in the suite's order) -> what each
-# runs in kv_attention: a public function's name, or for heads and ragged the value of
-# the function's path= or strategy= option.
+# The suite's one registry of what each experiment compares, independent of kv_attention's
+# (see PUBLIC_FUNCTIONS). Experiment -> its strategies (asv parameter values, in the suite's
+# order) -> what each runs in kv_attention: a public function's name, or for ragged the value
+# of ragged_decode's strategy= option.
 STRATEGIES = {
     "cache": {"no_cache": "decode_without_cache", "concat": "cached_attention",
               "preallocated": "cached_attention_preallocated"},
     "batch": {"sequential": "sequential_cached_attention", "batched": "batched_cached_attention"},
-    "heads": {"repeat_kv": "repeat_kv", "grouped": "grouped"},  # multi_head_decode(path=...)
     "ragged": {"padded": "padded", "compacted": "compacted", "paged": "paged"},  # ragged_decode(strategy=...)
 }
+# The heads experiment's paths: multi_head_decode(path=...), the library's word and the asv
+# parameter's ("path"), so the suite never calls a path a strategy.
+HEADS_PATHS = ["repeat_kv", "grouped"]
 # Strategy name -> public function, for the cache and batch experiments. Looked up by name
 # rather than through kv_attention.STRATEGIES so that commits older than the registry stay
 # benchmarkable and a wrong registry entry cannot redirect a benchmark.

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from .common import SEED, STRATEGIES, library_function, oracle, read_only, verified_decode
+from .common import HEADS_PATHS, SEED, library_function, oracle, read_only, verified_decode
 
 HEADS_BATCH = 4  # B
 HEADS_D_MODEL = 128
@@ -19,7 +19,6 @@ HEADS_HEAD_DIM = 16  # D_head
 HEADS_N_HEADS = 8  # H_q; H_q·D_head = D_model
 KINDS = {"mha": 8, "gqa": 2, "mqa": 1}  # attention kind (asv parameter) -> n_kv_heads
 HEADS_LENGTHS = [64, 256, 1024]  # T
-HEADS_PATHS = list(STRATEGIES["heads"])
 
 
 @functools.lru_cache(maxsize=None)

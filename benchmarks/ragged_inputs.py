@@ -11,12 +11,11 @@ import math
 
 import numpy as np
 
-from .common import STRATEGIES, library_function, oracle, timed_inputs, verified_decode
+from .common import library_function, oracle, timed_inputs, verified_decode
 
 RAGGED_BATCH = 8  # B
 RAGGED_T_MAX = 256
 BLOCK_SIZE = 16  # tokens per block of the paged cache
-RAGGED_STRATEGIES = list(STRATEGIES["ragged"])
 LENGTH_DISTRIBUTIONS = {  # name (asv parameter value) -> T_b of the 8 sequences
     "equal": [256] * 8,
     "uniform": [16, 50, 85, 119, 153, 187, 222, 256],  # evenly spread over 16..256: 16 + b * 240 / 7, rounded

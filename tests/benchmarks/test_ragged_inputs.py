@@ -7,6 +7,7 @@ import pytest
 
 import kv_attention as kv
 from benchmarks import common, ragged_inputs
+from benchmarks.common import STRATEGIES
 from benchmarks.bench_ragged import RaggedDecode
 
 from ..references import blocks_per_step, naive_causal_attention
@@ -38,7 +39,7 @@ def test_ragged_oracle_matches_the_independent_reference():
 
 
 @pytest.mark.parametrize("distribution", sorted(ragged_inputs.LENGTH_DISTRIBUTIONS))
-@pytest.mark.parametrize("strategy", ragged_inputs.RAGGED_STRATEGIES)
+@pytest.mark.parametrize("strategy", list(STRATEGIES["ragged"]))
 def test_check_passes_every_strategy_on_every_distribution(one_thread, strategy, distribution):
     decode = ragged_inputs.verified_ragged_decode(strategy, distribution)
     assert decode.func is kv.ragged_decode and decode.keywords["strategy"] == strategy
@@ -80,7 +81,7 @@ def test_counts_are_skipped_when_the_decode_cannot_report_them():
 
 
 @pytest.mark.parametrize("distribution", sorted(ragged_inputs.LENGTH_DISTRIBUTIONS))
-@pytest.mark.parametrize("strategy", ragged_inputs.RAGGED_STRATEGIES)
+@pytest.mark.parametrize("strategy", list(STRATEGIES["ragged"]))
 def test_tracked_counts_are_the_issues_figures(one_thread, strategy, distribution):
     lengths = ragged_inputs.LENGTH_DISTRIBUTIONS[distribution]
     class OnePoint(RaggedDecode):

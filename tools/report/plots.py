@@ -20,13 +20,13 @@ import math
 import os
 
 from benchmarks import heads_inputs, ragged_inputs
-from benchmarks.common import SWEEP_LENGTH
+from benchmarks.common import STRATEGIES, SWEEP_LENGTH
 
 from .. import paths
 from ..common import UserError
 from ..results import is_number
 from . import lab as lab_figures
-from .tables import (BATCH_BENCHMARK, CACHE_BENCHMARK, CACHE_RATIOS, CACHE_STRATEGIES, HEADS_BENCHMARK,
+from .tables import (BATCH_BENCHMARK, CACHE_BENCHMARK, CACHE_RATIOS, HEADS_BENCHMARK,
                      RAGGED_BENCHMARK, batch_size_table, batch_table, cache_table, heads_table, ragged_table)
 
 LAB_STYLE = {"linestyle": "--", "marker": "s", "markersize": 4, "alpha": 0.8}
@@ -90,9 +90,9 @@ def _no_lab(fig):
 
 def _time_vs_t(plt, run, title, lab):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
-    panels = [(axes[0], cache_table(run), CACHE_BENCHMARK, CACHE_STRATEGIES, "cache: one sequence",
+    panels = [(axes[0], cache_table(run), CACHE_BENCHMARK, tuple(STRATEGIES["cache"]), "cache: one sequence",
                lab_figures.cache_seconds),
-              (axes[1], batch_table(run), BATCH_BENCHMARK, ("sequential", "batched"), "batch: B = 2 sequences",
+              (axes[1], batch_table(run), BATCH_BENCHMARK, tuple(STRATEGIES["batch"]), "batch: B = 2 sequences",
                lab_figures.batch_seconds)]
     for ax, table, benchmark, strategies, name, published in panels:
         lengths = [t for (t,), _ in table.rows if is_number(t)]
@@ -186,7 +186,7 @@ def _ragged(plt, run, title, lab):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     table = ragged_table(run)
     distributions = [key for (key,), _ in table.rows]
-    strategies = ragged_inputs.RAGGED_STRATEGIES
+    strategies = list(STRATEGIES["ragged"])
     width = 0.8 / len(strategies)
     for i, strategy in enumerate(strategies):
         x = [j + (i - (len(strategies) - 1) / 2) * width for j in range(len(distributions))]
