@@ -19,7 +19,7 @@ or skipped point leaves a gap in its line; the commit and machine are in every t
 import math
 import os
 
-from benchmarks import heads_inputs, ragged_inputs
+from benchmarks import bench_heads, bench_ragged
 from benchmarks.common import STRATEGIES, SWEEP_LENGTH
 
 from .. import paths
@@ -163,13 +163,13 @@ def _heads_vs_t(plt, run, title, lab):
         for path, style in (("repeat_kv", "--"), ("grouped", "-")):
             median, err = _series(run, HEADS_BENCHMARK, lengths, kind=kind, path=path)
             axes[0].errorbar(lengths, median, yerr=err, marker="o", capsize=3, linestyle=style,
-                             label=f"{kind} ({heads_inputs.KINDS.get(kind, '?')} K/V heads), {path}")
+                             label=f"{kind} ({bench_heads.KINDS.get(kind, '?')} K/V heads), {path}")
             every += median
         rows = [(t, cells["repeat_kv / grouped"]) for (k, t), cells in table.rows if k == kind]
         axes[1].plot([t for t, _ in rows], [r if is_number(r) else math.nan for _, r in rows], marker="o", label=kind)
     _finish(axes[0], lengths, every, log_y=True)
     axes[0].set(xlabel="T (tokens decoded)", ylabel="median decode time (ms)",
-                title=f"B = {heads_inputs.HEADS_BATCH}, {heads_inputs.HEADS_N_HEADS} query heads")
+                title=f"B = {bench_heads.HEADS_BATCH}, {bench_heads.HEADS_N_HEADS} query heads")
     axes[0].legend(fontsize=7)
     ratios = [r for (_, _), cells in table.rows for r in [cells["repeat_kv / grouped"]] if is_number(r)]
     _finish(axes[1], lengths, ratios or [math.nan])
@@ -203,7 +203,7 @@ def _ragged(plt, run, title, lab):
         if not table.rows:
             ax.text(0.5, 0.5, "no measured points", transform=ax.transAxes, ha="center")
     axes[0].set_title("decode time")
-    axes[1].set_title(f"K/V slots reserved (paged: block_size {ragged_inputs.BLOCK_SIZE})")
+    axes[1].set_title(f"K/V slots reserved (paged: block_size {bench_ragged.BLOCK_SIZE})")
     if lab:
         _no_lab(fig)
     fig.suptitle(f"Ragged batch: padded vs compacted vs paged — {title}")

@@ -30,7 +30,7 @@ in separate processes at different times, an :class:`Unpaired` shown marked:
 import datetime
 from dataclasses import dataclass
 
-from benchmarks import bench_batch, bench_cache, bench_heads, bench_ragged, heads_inputs, ragged_inputs
+from benchmarks import bench_batch, bench_cache, bench_heads, bench_ragged
 from benchmarks.common import BATCH, LENGTHS, STRATEGIES, SWEEP_BATCH_SIZES, SWEEP_LENGTH
 
 from ..common import UserError
@@ -191,8 +191,8 @@ def batch_size_table(run, t_len=SWEEP_LENGTH):
 def heads_table(run):
     """Heads experiment: repeat_kv vs grouped decode per kind and T, with the bytes each allocated."""
     rows = []
-    for kind in _keys(run, HEADS_BENCHMARK, "kind", heads_inputs.KINDS):
-        for t in _keys(run, HEADS_BENCHMARK, "T", heads_inputs.HEADS_LENGTHS):
+    for kind in _keys(run, HEADS_BENCHMARK, "kind", bench_heads.KINDS):
+        for t in _keys(run, HEADS_BENCHMARK, "T", bench_heads.HEADS_LENGTHS):
             rep = run.value(HEADS_BENCHMARK, kind=kind, T=t, path="repeat_kv")
             grp = run.value(HEADS_BENCHMARK, kind=kind, T=t, path="grouped")
             rows.append(((kind, t), {
@@ -206,8 +206,8 @@ def heads_table(run):
             }))
     kinds = {"repeat_kv / ms": "ms", "grouped / ms": "ms", "repeat_kv / grouped": "ratio3",
              "peak bytes, repeat_kv": "bytes", "peak bytes, grouped": "bytes", "KV cache bytes": "bytes"}
-    note = (f"B = {heads_inputs.HEADS_BATCH}, {heads_inputs.HEADS_N_HEADS} query heads of D_head = "
-            f"{heads_inputs.HEADS_HEAD_DIM}, K/V heads: " + ", ".join(f"{k} {n}" for k, n in heads_inputs.KINDS.items())
+    note = (f"B = {bench_heads.HEADS_BATCH}, {bench_heads.HEADS_N_HEADS} query heads of D_head = "
+            f"{bench_heads.HEADS_HEAD_DIM}, K/V heads: " + ", ".join(f"{k} {n}" for k, n in bench_heads.KINDS.items())
             + "; peak bytes are allocated during one decode (tracemalloc); 1 MiB = 2^20 bytes. "
             + f"Paired at T = {bench_heads.RATIO_LENGTH} only. " + PAIRED_NOTE)
     return Table("Heads experiment: MHA, GQA and MQA decode, repeat_kv vs grouped", ("kind", "T"), kinds, rows, note)
@@ -227,7 +227,7 @@ def _runs(values):
 def ragged_table(run):
     """Ragged experiment: padded vs compacted vs paged decode per length distribution, with their counts."""
     rows = []
-    for lengths in _keys(run, RAGGED_BENCHMARK, "lengths", ragged_inputs.LENGTH_DISTRIBUTIONS):
+    for lengths in _keys(run, RAGGED_BENCHMARK, "lengths", bench_ragged.LENGTH_DISTRIBUTIONS):
         ms = {s: run.value(RAGGED_BENCHMARK, strategy=s, lengths=lengths) for s in STRATEGIES["ragged"]}
         rows.append(((lengths,), {
             **{f"{s} / ms": v for s, v in ms.items()},
@@ -241,9 +241,9 @@ def ragged_table(run):
     kinds = ({f"{s} / ms": "ms" for s in STRATEGIES["ragged"]}
              | {f"{s} / paged": "ratio" for s in RAGGED_RATIOS}
              | dict.fromkeys(("rows, padded", "rows, compacted", "slots, compacted", "slots, paged"), "count"))
-    note = (f"B = {ragged_inputs.RAGGED_BATCH} sequences, T_b: " + "; ".join(
-        f"{name} {_runs(lens)}" for name, lens in ragged_inputs.LENGTH_DISTRIBUTIONS.items())
-            + f"; block_size {ragged_inputs.BLOCK_SIZE}. rows: query rows computed over the decode; "
+    note = (f"B = {bench_ragged.RAGGED_BATCH} sequences, T_b: " + "; ".join(
+        f"{name} {_runs(lens)}" for name, lens in bench_ragged.LENGTH_DISTRIBUTIONS.items())
+            + f"; block_size {bench_ragged.BLOCK_SIZE}. rows: query rows computed over the decode; "
             "slots: K/V token slots reserved at the peak (padded reserves as many as compacted). " + PAIRED_NOTE)
     return Table("Ragged experiment: padded vs compacted (dynamic exit) vs paged KV cache", ("lengths",), kinds,
                  rows, note)
