@@ -46,6 +46,7 @@ from ._validation import (
     _FAST_LIMIT_SQUARED,
     _as_array,
     _log10_max_norm,
+    _vdot,
     as_flag,
     as_size,
     check_finite_output,
@@ -190,6 +191,49 @@ def softmax(scores):
     return weights
 
 
+# A decode step over many keys (T_q <= 16 query rows, S > 2 blocks) is computed block by block: a block of
+# 256 keys (128 KiB of K or V at D = 128 in float32) fits in L2, and one dot over it streams it there first.
+# Measured on the 2-core EPYC of this repository (OpenBLAS SkylakeX, one thread), Llama-3-8B's step at
+# S = 16,384: the scores' matmul read K 7x slower than K.sum() does, blocked 2x slower (the output's: 3x, 1.6x).
+_KEY_BLOCK = 256
+
+
+def _is_long_step(q, k):
+    """True for few query rows against many keys: the step that :func:`scaled_scores` and :func:`weighted_values` block."""
+    return q.shape[-2] <= 16 and k.shape[-2] > 2 * _KEY_BLOCK
+
+
+def scaled_scores(q, k):
+    """q kᵀ / sqrt(D_k) of ``q: [..., T_q, D_k]`` and ``k: [..., S, D_k]``, S >= 1: ``[..., T_q, S]``."""
+    if not _is_long_step(q, k):
+        scores = q @ k.swapaxes(-1, -2)  # [..., T_q, S]
+    else:
+        scores_t = np.empty(k.shape[:-1] + q.shape[-2:-1], np.result_type(q, k))  # [..., S, T_q]
+        for i in np.ndindex(q.shape[:-2]):
+            q_t, k_i, scores_i = q[i].T, k[i], scores_t[i]  # [D_k, T_q], [S, D_k], [S, T_q]
+            for start in range(0, k.shape[-2], _KEY_BLOCK):
+                block = k_i[start : start + _KEY_BLOCK]  # [256, D_k]
+                _vdot(block, block)  # streams the block into cache, which the matmul then reads fast
+                np.matmul(block, q_t, out=scores_i[start : start + _KEY_BLOCK])  # [256, T_q]
+        scores = np.ascontiguousarray(scores_t.swapaxes(-1, -2))  # [..., T_q, S], rows contiguous for the softmax
+    scores *= 1.0 / math.sqrt(q.shape[-1])
+    return scores
+
+
+def weighted_values(weights, v):
+    """``weights: [..., T_q, S]`` times ``v: [..., S, D_v]``: ``[..., T_q, D_v]``, a long step block by block."""
+    if not _is_long_step(weights, v):
+        return weights @ v  # [..., T_q, D_v]
+    out = np.zeros(weights.shape[:-1] + v.shape[-1:], np.result_type(weights, v))  # [..., T_q, D_v]
+    for i in np.ndindex(weights.shape[:-2]):
+        weights_i, v_i, out_i = weights[i], v[i], out[i]  # [T_q, S], [S, D_v], [T_q, D_v]
+        for start in range(0, v.shape[-2], _KEY_BLOCK):
+            block = v_i[start : start + _KEY_BLOCK]  # [256, D_v]
+            _vdot(block, block)  # streams the block into cache, as in scaled_scores
+            out_i += weights_i[:, start : start + _KEY_BLOCK] @ block  # [T_q, D_v]
+    return out
+
+
 def attend(q, k, v, *, check_finite=True):
     """One attention step with no mask: softmax(q kᵀ / sqrt(D_k)) v, ``[..., T_q, D_v]``.
 
@@ -200,9 +244,7 @@ def attend(q, k, v, *, check_finite=True):
     q, k, v, dtype = check_attention_inputs(q, k, v, check_finite=as_flag("check_finite", check_finite))
     if k.shape[-2] == 0:  # no key: zeros, the identity of attention states (split.attention_state)
         return np.zeros(q.shape[:-1] + v.shape[-1:], dtype)  # [..., T_q, D_v]
-    scores = q @ k.swapaxes(-1, -2)  # [..., T_q, S]
-    scores *= 1.0 / math.sqrt(q.shape[-1])
-    return softmax(scores) @ v  # [..., T_q, D_v]
+    return weighted_values(softmax(scaled_scores(q, k)), v)  # [..., T_q, S] -> [..., T_q, D_v]
 
 
 def masked_attend(q, k, v, valid, *, check_finite=True):

@@ -38,7 +38,6 @@ tutorial, and cascade inference (``MultiLevelCascadeAttentionWrapper``; the Flas
 blog "Cascade Inference: Memory Bandwidth Efficient Shared Prefix Batch Decoding", 2024).
 """
 
-import math
 
 import numpy as np
 
@@ -51,7 +50,14 @@ from ._validation import (
     check_finite_array,
     check_finite_output,
 )
-from .attention import _NO_MASK, check_attention_inputs, check_scores_fit, finite_where_valid
+from .attention import (
+    _NO_MASK,
+    check_attention_inputs,
+    check_scores_fit,
+    finite_where_valid,
+    scaled_scores,
+    weighted_values,
+)
 
 
 # Checks of num_splits, attention states and cascade inputs
@@ -242,8 +248,7 @@ def attention_state(q, k, v, *, valid=None, check_finite=True):
     if k.shape[-2] == 0:
         return np.zeros(q.shape[:-1] + v.shape[-1:], dtype), np.full(q.shape[:-1], -np.inf, dtype)
     with np.errstate(over="ignore", invalid="ignore"):
-        scores = q @ k.swapaxes(-1, -2)  # [..., T_q, S]
-        scores *= 1.0 / math.sqrt(q.shape[-1])
+        scores = scaled_scores(q, k)  # [..., T_q, S]
         if valid is not None:
             scores = np.where(np.asarray(valid)[..., None, :], scores, -np.inf)  # by selection: weight exactly 0
         top = scores.max(axis=-1, keepdims=True)  # [..., T_q, 1]
@@ -254,7 +259,7 @@ def attention_state(q, k, v, *, valid=None, check_finite=True):
         with np.errstate(divide="ignore"):
             lse = (top + np.log(total))[..., 0]  # [..., T_q]
         weights /= total if valid is None else np.where(total > 0, total, 1.0)
-        out = weights @ v  # [..., T_q, D_v]
+        out = weighted_values(weights, v)  # [..., T_q, D_v]
     if check_finite:
         check_finite_output(out)
     return out, lse
