@@ -8,14 +8,12 @@ wherever there are queries and keys (a cache's or a pool's ``k_dim`` too); every
 array size (D_v, D_model, T, B, S, a cache's length or batch axes) may be 0 and gives
 empty arrays. A ``block_size`` or ``window`` (tokens a block or a window holds) is >= 1.
 
-Two kinds of rule live elsewhere. Whether an object is a cache at all is the
-``isinstance`` test of the ``Cache`` protocol (``cache.check_is_cache``: this
-module cannot import cache.py, which imports it). And a store running out of
-room is the store's own state, not bad input: ``StaticCache.update`` past
-max_seq_len, and ``paged.OutOfBlocksError``. (A decode checks a given cache's
-room up front, here, in :func:`check_cache_fits`.) A ``PagedKVCache`` given to a
-ragged decode and the ``Request`` objects given to ``serve`` are checked here,
-their classes imported inside the check (paged.py and scheduler.py import this module).
+The checks of one module's own arguments and state live in that module, beside
+what they guard: attention's, split-KV's and the heads' in ``attention.py``,
+``split.py`` and ``heads.py``; a cache's in ``cache.py`` and ``window.py`` (a cache
+given to a decode included); the paged cache's and the allocators' as their
+methods; a ragged decode's in ``ragged.py``, a serve's in ``scheduler.py``. This
+module keeps the primitives several of them share.
 """
 
 import contextlib
@@ -102,33 +100,6 @@ def as_float_dtype(dtype):
     return dtype
 
 
-def as_itemsize(dtype, named):
-    """Bytes per element of ``dtype``: a float or integer numpy dtype, or a name in ``named`` (name -> bytes).
-
-    A dtype whose name is in ``named`` (as ml_dtypes registers ``bfloat16``) counts
-    as that name, and one named ``<family>_<variant>`` whose family is in ``named``
-    with its size (``float8_e5m3fnu``, 1 byte) counts as the family. TypeError for
-    anything else, None included (``np.dtype(None)`` would silently mean float64).
-    """
-    if isinstance(dtype, str) and dtype in named:
-        return named[dtype]
-    names = f"a name in NAMED_ITEMSIZES ({', '.join(map(repr, list(named)[:3]))}, ...)"
-    if dtype is None:
-        raise TypeError(f"dtype must be a numeric numpy dtype such as np.float16 or {names}, got None")
-    try:
-        dtype = np.dtype(dtype)
-    except TypeError as error:
-        raise TypeError(f"dtype must be a numeric numpy dtype such as np.float16 or {names}, got {dtype!r}: {error}") from None
-    if dtype.name in named:
-        return named[dtype.name]
-    family = dtype.name.partition("_")[0]
-    if family in named and dtype.itemsize == named[family]:
-        return dtype.itemsize
-    if dtype.kind not in "fiu":
-        raise TypeError(f"dtype must be a float or integer dtype, got {dtype} (or {names})")
-    return dtype.itemsize
-
-
 def as_flag(name, value):
     """``value`` as a bool; TypeError unless it is one (numpy's included).
 
@@ -163,24 +134,14 @@ def _check_shapes(x, weights, x_ndims, matrix):
             raise ValueError(f"{name} has {w.shape[0]} rows but x has D_model={x.shape[-1]}: x {x.shape}, {name} {w.shape}")
 
 
-def _in_common_dtype(x, weights):
-    """The weights cast to ``dtype = np.result_type`` of all inputs (copied only if it differs), and dtype.
-
-    ``weights`` start with w_q, w_k, w_v: |q_h| <= |x|·|w_q|_F, so one overflow bound covers every head.
-    NaN/inf in x, w_q, w_k and w_v is found by the bound's norms (:func:`check_score_range`).
-    """
-    dtype = np.result_type(x, *weights)
-    check_score_range(x, *weights[:3], dtype)
-    return [w.astype(dtype, copy=False) for w in weights], dtype
-
-
-def check_projection_inputs(x, w_q, w_k, w_v, x_ndims):
+def check_projection_inputs(x, w_q, w_k, w_v, x_ndims, check_finite=True):
     """Validate ``x`` (``x_ndims`` axes, e.g. ``(2,)`` or ``(2, 3)``) and single-head weights.
 
     Returns ``(x, w_q, w_k, w_v, dtype)``, the weights in ``dtype``. ValueError also
     for D_k of w_q != D_k of w_k, or D_k == 0. Written for speed (it runs on every
     decode call): one test of the types and dtypes, one of every shape, and the
-    conversions or messages only when a test fails.
+    conversions or messages only when a test fails. ``check_finite``: also run
+    :func:`check_score_range` (NaN/inf and the overflow bound), which reads every element.
     """
     dtype = getattr(x, "dtype", None)
     if not (type(x) is type(w_q) is type(w_k) is type(w_v) is np.ndarray
@@ -193,7 +154,8 @@ def check_projection_inputs(x, w_q, w_k, w_v, x_ndims):
         if q_shape[1] != k_shape[1]:
             raise ValueError(f"w_q and w_k must share D_k: w_q {q_shape}, w_k {k_shape}")
         raise ValueError(f"D_k must be at least 1: w_q {q_shape}")
-    check_score_range(x, w_q, w_k, w_v, dtype)
+    if check_finite:
+        check_score_range(x, w_q, w_k, w_v, dtype)
     return x, w_q, w_k, w_v, dtype
 
 
@@ -202,63 +164,6 @@ def _in_common_dtype_converted(x, w_q, w_k, w_v):
     x, w_q, w_k, w_v = _as_array("x", x), _as_array("w_q", w_q), _as_array("w_k", w_k), _as_array("w_v", w_v)
     dtype = np.result_type(x, w_q, w_k, w_v)
     return x, w_q.astype(dtype, copy=False), w_k.astype(dtype, copy=False), w_v.astype(dtype, copy=False), dtype
-
-
-def check_head_counts(n_heads, n_kv_heads):
-    """Return ``(n_heads, n_kv_heads)`` as ints >= 1, with n_heads a multiple of n_kv_heads."""
-    n_heads = as_size("n_heads", n_heads, minimum=1)
-    n_kv_heads = as_size("n_kv_heads", n_kv_heads, minimum=1)
-    if n_heads % n_kv_heads:
-        raise ValueError(
-            f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: "
-            "every K/V head must serve the same number of query heads"
-        )
-    return n_heads, n_kv_heads
-
-
-def _head_dim(w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
-    """D_head = ``w_q.shape[1] // n_heads``; ValueError unless every weight's width is heads × D_head."""
-    head_dim, rest = divmod(w_q.shape[1], n_heads)
-    if rest or head_dim == 0:
-        raise ValueError(
-            f"w_q has {w_q.shape[1]} columns, which is not n_heads={n_heads} × head_dim "
-            f"for any head_dim >= 1: w_q {w_q.shape}"
-        )
-    for name, w in (("w_k", w_k), ("w_v", w_v)):
-        if w.shape[1] != n_kv_heads * head_dim:
-            raise ValueError(
-                f"{name} has {w.shape[1]} columns but n_kv_heads × head_dim = {n_kv_heads} × {head_dim} "
-                f"= {n_kv_heads * head_dim} (head_dim from w_q {w_q.shape}, n_heads={n_heads}): "
-                f"{name} {w.shape}"
-            )
-    if w_o.shape[0] != n_heads * head_dim:
-        raise ValueError(
-            f"w_o has {w_o.shape[0]} rows but n_heads × head_dim = {n_heads} × {head_dim} "
-            f"= {n_heads * head_dim}: w_o {w_o.shape}"
-        )
-    return head_dim
-
-
-def check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
-    """Validate ``x`` and the four weights of multi-head attention (counts already checked).
-
-    Returns ``(x, w_q, w_k, w_v, w_o, head_dim, dtype)``, the weights in ``dtype``.
-    """
-    x = _as_array("x", x)
-    weights = [_as_array(name, w) for name, w in zip(_WEIGHT_NAMES, (w_q, w_k, w_v))] + [as_float_array("w_o", w_o)]
-    _check_shapes(x, weights, (2, 3), "a matrix [rows, columns]")
-    head_dim = _head_dim(*weights, n_heads, n_kv_heads)
-    (w_q, w_k, w_v, w_o), dtype = _in_common_dtype(x, weights)
-    return x, w_q, w_k, w_v, w_o, head_dim, dtype
-
-
-def check_model_shape(n_layers, n_heads, n_kv_heads, head_dim):
-    """Raise unless every count is an integer >= 1 and n_kv_heads divides n_heads."""
-    counts = {"n_layers": n_layers, "n_heads": n_heads, "n_kv_heads": n_kv_heads, "head_dim": head_dim}
-    for name, n in counts.items():
-        as_size(name, n, minimum=1)
-    if n_heads % n_kv_heads:
-        raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}")
 
 
 # Overflow: the one silent failure of finite inputs
@@ -270,6 +175,23 @@ _LOG10_LIMIT = {dtype: math.log10(float(np.finfo(dtype).max) / 2) for dtype in S
 # The fast path's bound on squared norms, far inside either dtype's range: (float32 max / 64)².
 _FAST_LIMIT_SQUARED = (float(np.finfo(np.float32).max) / 64) ** 2
 _vdot = np.vdot  # one BLAS dot per array; unlike np.dot it raises no floating-point warning when a square overflows
+
+
+def sum_of_squares(a):
+    """Σ a² as a float, by BLAS dots: NaN or inf if ``a`` holds NaN/inf or a square overflows.
+
+    A view such as a cache's ``k_cache[..., :T, :]`` is read block by block (one
+    dot per ``[T, D]`` matrix), never copied whole as ``np.vdot`` would copy it.
+    """
+    if a.ndim < 3 or a.flags.c_contiguous:
+        return float(_vdot(a, a))
+    return float(sum(_vdot(m, m) for m in a.reshape((-1,) + a.shape[-2:])))
+
+
+def check_finite_array(name, a):
+    """Raise ValueError naming ``name`` if ``a`` holds NaN/inf: one BLAS pass, ``np.isfinite`` only when it is not finite."""
+    if not math.isfinite(sum_of_squares(a)) and not np.isfinite(a).all():
+        raise ValueError(f"{name} contains NaN or inf")
 
 
 def check_score_range(x, w_q, w_k, w_v, dtype, stored_k=None):
@@ -286,10 +208,10 @@ def check_score_range(x, w_q, w_k, w_v, dtype, stored_k=None):
     overflows, and then, or when the loose bound is not far inside float32's
     range, :func:`_check_score_range_exactly` decides without squaring anything large.
     """
-    x2 = float(_vdot(x, x))
-    q2, k2, v2 = x2 * float(_vdot(w_q, w_q)), x2 * float(_vdot(w_k, w_k)), x2 * float(_vdot(w_v, w_v))
+    x2 = sum_of_squares(x)
+    q2, k2, v2 = x2 * sum_of_squares(w_q), x2 * sum_of_squares(w_k), x2 * sum_of_squares(w_v)
     if stored_k is not None:
-        k2 += float(_vdot(stored_k, stored_k))
+        k2 += sum_of_squares(stored_k)
     limit = _FAST_LIMIT_SQUARED
     if not (q2 <= limit and k2 <= limit and v2 <= limit and q2 * k2 <= limit):  # NaN compares False
         _check_score_range_exactly(x, w_q, w_k, w_v, dtype, stored_k)
@@ -359,220 +281,7 @@ def check_finite_output(out):
         )
 
 
-# Caches: their own arguments, and a cache given to a decode
-
-
-def as_batch_shape(batch_shape):
-    """``batch_shape`` as a tuple of ints >= 0; TypeError unless it is a tuple or list."""
-    if not isinstance(batch_shape, (tuple, list)):
-        raise TypeError(f"batch_shape must be a tuple of ints such as () or (B,), got {batch_shape!r}")
-    if not batch_shape:
-        return ()
-    return tuple(as_size(f"batch_shape[{i}]", n) for i, n in enumerate(batch_shape))
-
-
-def check_new_positions(k, v, cache):
-    """``k: [..., T_new, D_k]`` and ``v: [..., T_new, D_v]`` as :func:`as_float_array` gives them, or raise
-    unless they fit ``cache``.
-
-    As every entry point: TypeError for a masked array, ValueError for NaN/inf; a
-    big-endian array is converted, and an np.matrix is taken as a plain array.
-    """
-    if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
-        raise TypeError(f"k and v must be numpy arrays, got {type(k).__name__}, {type(v).__name__}")
-    k_dtype, v_dtype = k.dtype.newbyteorder("="), v.dtype.newbyteorder("=")  # '>f8' counts as float64
-    if k_dtype not in SUPPORTED_DTYPES or v_dtype != k_dtype:
-        raise TypeError(f"k and v must both be float32 or both float64, got {k.dtype} and {v.dtype}")
-    k, v = as_float_array("k", k), as_float_array("v", v)
-    if k.ndim < 2 or k.ndim != v.ndim or k.shape[:-1] != v.shape[:-1]:
-        raise ValueError(
-            f"k and v must be [..., T_new, D_k] and [..., T_new, D_v] with the same "
-            f"leading axes, got k {k.shape}, v {v.shape}"
-        )
-    if cache.k_cache is None:
-        return k, v
-    expected_k = cache.k_cache.shape[:-2] + (k.shape[-2], cache.k_cache.shape[-1])
-    expected_v = cache.v_cache.shape[:-2] + (v.shape[-2], cache.v_cache.shape[-1])
-    if k.shape != expected_k or v.shape != expected_v:
-        raise ValueError(
-            f"k {k.shape} and v {v.shape} do not fit the cache's "
-            f"k_cache {cache.k_cache.shape} and v_cache {cache.v_cache.shape}"
-        )
-    if not np.can_cast(k.dtype, cache.k_cache.dtype, casting="safe"):
-        raise TypeError(f"k and v are {k.dtype}, which the cache's {cache.k_cache.dtype} cannot hold without loss")
-    return k, v
-
-
-def check_crop(length, stored):
-    """Return ``length`` as an int, or raise unless it is an integer in [0, stored]."""
-    length = as_size("crop length", length)
-    if length > stored:
-        raise ValueError(f"crop length must be in [0, {stored}], got {length}")
-    return length
-
-
-def check_cache_fits(cache, x, w_q, w_k, w_v, dtype, layout=None, window=None, n_sink=0):
-    """Raise unless a given cache fits ``x``'s leading axes, the widths, ``dtype`` and T more positions.
-
-    ``layout`` is ``(expected_k, expected_v, text)``: the shapes ``k_cache`` and
-    ``v_cache`` must have without their T axis, and the layout to name in the
-    error; by default ``x``'s leading axes with D_k and D_v (single head). Keys
-    already in the cache (a prefill) also enter the overflow bound of q·k. A
-    cache that keeps only a window must keep the call's ``window`` and ``n_sink``
-    (:func:`check_cache_window`).
-    """
-    check_cache_window(cache, window, n_sink)
-    k_cache, v_cache = getattr(cache, "k_cache", None), getattr(cache, "v_cache", None)
-    if k_cache is None:
-        return
-    if layout is None:
-        layout = (x.shape[:-2] + (w_k.shape[1],), x.shape[:-2] + (w_v.shape[1],),
-                  f"vs x {x.shape}, D_k={w_k.shape[1]}, D_v={w_v.shape[1]}")
-    expected_k, expected_v, text = layout
-    if k_cache.shape[:-2] + k_cache.shape[-1:] != expected_k or v_cache.shape[:-2] + v_cache.shape[-1:] != expected_v:
-        raise ValueError(f"cache does not fit x: k_cache {k_cache.shape} and v_cache {v_cache.shape} {text}")
-    if k_cache.dtype != dtype:
-        raise TypeError(f"cache holds {k_cache.dtype} but the computation is {dtype}")
-    stored, room = cache.get_seq_length(), getattr(cache, "max_seq_len", None)
-    if room is not None and stored + x.shape[-2] > room:
-        raise ValueError(
-            f"cache too short: {stored} of max_seq_len={room} positions used, x needs T={x.shape[-2]} more"
-        )
-    if stored:
-        check_score_range(x, w_q, w_k, w_v, dtype, stored_k=k_cache[..., :stored, :])
-
-
-def check_cache_window(cache, window, n_sink):
-    """Raise unless a cache that keeps a window (it has ``window``, e.g. SlidingWindowCache) keeps ``window`` and ``n_sink``.
-
-    Such a cache has dropped the keys outside its window, so it can serve only a
-    call with the same window and sinks; a cache without ``window`` holds every
-    position and serves any call.
-    """
-    kept = getattr(cache, "window", None)
-    if kept is None:
-        return
-    kept_sinks = getattr(cache, "n_sink", 0)
-    if (kept, kept_sinks) != (window, n_sink):
-        hint = "; full attention needs a cache of every position, e.g. StaticCache" if window is None else ""
-        raise ValueError(
-            f"cache keeps window={kept}, n_sink={kept_sinks} but the call has window={window}, "
-            f"n_sink={n_sink}{hint}"
-        )
-
-
-def check_head_cache_fits(cache, x, w_q, w_k, w_v, n_kv_heads, head_dim, dtype):
-    """:func:`check_cache_fits` for the multi-head layout ``[*x.shape[:-2], H_kv, T_max, D_head]``."""
-    expected = x.shape[:-2] + (n_kv_heads, head_dim)  # the cache's shape without its T_max axis
-    layout = ", ".join(map(str, x.shape[:-2] + (n_kv_heads, "T_max", head_dim)))
-    text = f"must be [{layout}] for x {x.shape}, n_kv_heads={n_kv_heads}, head_dim={head_dim}"
-    check_cache_fits(cache, x, w_q, w_k, w_v, dtype, layout=(expected, expected, text))
-
-
-# Windows, chunks and the sliding-window cache
-
-
-def check_window(window, n_sink):
-    """Return ``(window, n_sink)`` as ints: ``window`` None or >= 1, ``n_sink`` >= 0."""
-    if window is not None:
-        window = as_size("window", window, minimum=1)
-    return window, as_size("n_sink", n_sink)
-
-
-def check_window_crop(length, stored, first_held, window, n_sink):
-    """Raise unless a sliding-window cache cut to ``length`` (already in [0, stored]) still holds every key
-    position ``length`` would attend to: the sinks, and ``length - window + 1 .. length - 1``.
-
-    ``first_held`` is the oldest window position the ring still holds (>= n_sink).
-    """
-    lowest = max(n_sink, length - window + 1)  # the oldest window position that position `length` attends to
-    if lowest < min(length, first_held):
-        raise ValueError(
-            f"cannot crop the sliding-window cache (window={window}, n_sink={n_sink}) from {stored} to "
-            f"{length} positions: position {length} attends to positions from {length - window + 1}, but the "
-            f"ring has overwritten every position before {first_held}; crop to a length in "
-            f"[{first_held + window - 1}, {stored}] or in [0, {n_sink}]"
-        )
-
-
-# The paged cache: sequence ids and new positions
-
-
-def as_id_list(seq_ids):
-    """``seq_ids`` as a list; TypeError unless it is an ordered sequence (list, tuple, array, range)."""
-    if not isinstance(seq_ids, (list, tuple, np.ndarray, range)):
-        raise TypeError(
-            f"seq_ids must be a list, tuple or array of sequence ids (ordered: row i is seq_ids[i]), "
-            f"got {type(seq_ids).__name__} {seq_ids!r}"
-        )
-    return list(seq_ids)
-
-
-def check_hashable(seq_id):
-    try:
-        hash(seq_id)
-    except TypeError:
-        raise TypeError(f"a sequence id must be hashable, got {seq_id!r}") from None
-
-
-def check_new_id(seq_id, known):
-    """Raise unless ``seq_id`` is hashable and not among the ids ``known``."""
-    check_hashable(seq_id)
-    if seq_id in known:
-        raise ValueError(f"sequence {seq_id!r} is already in the cache")
-
-
-def check_known_ids(seq_ids, known):
-    """Raise unless every one of ``seq_ids`` is among the ids ``known``."""
-    for seq_id in seq_ids:
-        check_hashable(seq_id)
-        if seq_id not in known:
-            raise ValueError(f"sequence {seq_id!r} is not in the cache; known: {list(known)}")
-
-
-def check_update_ids(seq_ids, known):
-    """``seq_ids`` as a list of distinct ids, each among ``known``."""
-    seq_ids = as_id_list(seq_ids)
-    check_known_ids(seq_ids, known)
-    if len(set(seq_ids)) != len(seq_ids):
-        raise ValueError(f"seq_ids repeats a sequence: {seq_ids}")
-    return seq_ids
-
-
-def check_paged_positions(k, v, n_seqs, cache):
-    """Return k, v as arrays, or raise unless they are ``[N, T_new, D_k]``/``[N, T_new, D_v]`` for the pool."""
-    k, v = as_float_array("k", k), as_float_array("v", v)
-    expected_k = (n_seqs, k.shape[1] if k.ndim == 3 else "T_new", cache.k_cache.shape[-1])
-    expected_v = (n_seqs, expected_k[1], cache.v_cache.shape[-1])
-    if k.shape != expected_k or v.shape != expected_v:
-        raise ValueError(
-            f"k and v must be [N, T_new, D_k] and [N, T_new, D_v] for N={n_seqs} seq_ids, "
-            f"D_k={expected_k[2]}, D_v={expected_v[2]}: got k {k.shape}, v {v.shape}"
-        )
-    if v.dtype != k.dtype or not np.can_cast(k.dtype, cache.k_cache.dtype, casting="safe"):
-        raise TypeError(
-            f"k and v must both be float32 or both float64 and fit the pool's {cache.k_cache.dtype}: "
-            f"got {k.dtype} and {v.dtype}"
-        )
-    return k, v
-
-
-def check_pool_size(num_blocks, block_size, k_dim, v_dim, dtype, bookkeeping):
-    """The bytes a paged pool needs (``k_cache``, ``v_cache``, ``bookkeeping``); ValueError beyond physical memory."""
-    nbytes = num_blocks * block_size * (k_dim + v_dim) * dtype.itemsize + bookkeeping
-    return check_memory(nbytes, pool_description(num_blocks, block_size, k_dim, v_dim, dtype))
-
-
-def pool_description(num_blocks, block_size, k_dim, v_dim, dtype):
-    return f"a pool of num_blocks={num_blocks} blocks of block_size={block_size}, k_dim={k_dim}, v_dim={v_dim} in {dtype}"
-
-
-def check_buffer_size(what, batch_shape, slots, k_dim, v_dim, dtype):
-    """``(nbytes, text)``: the bytes of buffers ``[*batch_shape, slots, k_dim]`` and ``[*batch_shape, slots, v_dim]``
-    in ``dtype`` (a cache's), and ``what`` (e.g. "a StaticCache") with the sizes; ValueError beyond physical memory."""
-    nbytes = math.prod(batch_shape) * slots * (k_dim + v_dim) * dtype.itemsize
-    text = f"{what} of batch_shape={batch_shape}, {slots} positions, k_dim={k_dim}, v_dim={v_dim} in {dtype}"
-    return check_memory(nbytes, text), text
+# Memory: constructors that allocate from their sizes
 
 
 def check_memory(nbytes, what):
@@ -626,456 +335,3 @@ def named_allocation_failure(nbytes, what):
 def too_large_for_memory(nbytes, what, why):
     """The ValueError for ``what`` (text), which needs ``nbytes`` bytes that memory cannot hold (``why``)."""
     return ValueError(f"{what} needs {nbytes} bytes ({nbytes / 2**30:.3g} GiB), more than memory can hold ({why})")
-
-
-def _as_integer_array(name, values):
-    """``values`` as an int64 array of token ids; TypeError unless integers (an empty list counts),
-    ValueError for a negative id or one beyond int64."""
-    array = np.asarray(values)
-    if array.size == 0 and array.dtype.kind == "f":  # np.asarray([]) is float64
-        array = array.astype(np.int64)
-    if array.dtype.kind not in "iu":
-        raise TypeError(f"{name} must be integers, got dtype {array.dtype}")
-    if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
-        raise ValueError(f"{name} holds an id beyond int64: {array.max()}")
-    negative = np.argwhere(array < 0)
-    if negative.size:
-        j = tuple(negative[0].tolist())
-        index = ", ".join(map(str, j))
-        raise ValueError(f"{name}[{index}] = {array[j]} is negative: token ids are integers >= 0")
-    return array.astype(np.int64)
-
-
-def as_token_ids(name, token_ids):
-    """``token_ids`` as a 1-D int64 array; TypeError unless integers, ValueError unless 1-D."""
-    array = _as_integer_array(name, token_ids)
-    if array.ndim != 1:
-        raise ValueError(f"{name} must be a 1-D sequence of token ids, got shape {array.shape}")
-    return array
-
-
-def check_paged_token_ids(token_ids, n_seqs, t_new):
-    """The token ids of an update's new positions as ``[N, T_new]`` int64 (None stays None)."""
-    if token_ids is None:
-        return None
-    array = _as_integer_array("token_ids", token_ids)
-    if array.shape != (n_seqs, t_new):
-        raise ValueError(
-            f"token_ids must be [N, T_new] = [{n_seqs}, {t_new}], one per new position, got shape {array.shape}"
-        )
-    return array
-
-
-# Blocks of a paged pool
-
-
-def check_block_id(block, num_blocks):
-    """``block`` as an int in [0, num_blocks); TypeError unless an integer, ValueError out of range."""
-    if isinstance(block, bool) or not isinstance(block, (int, np.integer)):
-        raise TypeError(f"a block id must be an integer, got {block!r}")
-    if not 0 <= block < num_blocks:
-        raise ValueError(f"block {block} is out of range: the pool has blocks 0..{num_blocks - 1}")
-    return int(block)
-
-
-def check_blocks_held(blocks, ref_counts, action, cached=()):
-    """``blocks`` as a list of distinct ints in range; for an ``action``, each held (refcount >= 1) or in ``cached``.
-
-    ``action`` (``"free"``, ``"share"``, ``"cache"``) names the call in the message; None checks the range only.
-    """
-    blocks = [check_block_id(block, len(ref_counts)) for block in blocks]
-    if len(set(blocks)) != len(blocks):
-        raise ValueError(f"blocks repeat a block: {blocks}")
-    if action is not None:
-        for block in blocks:
-            if ref_counts[block] < 1 and block not in cached:
-                what = "Double free! " if action == "free" else ""
-                raise ValueError(f"{what}cannot {action} block {block}: it is free (refcount 0)")
-    return blocks
-
-
-
-def check_paged_cache_fits(cache, strategy, n_seqs, d_k, d_v, dtype, block_size, num_blocks):
-    """Raise unless a caller's ``cache`` is a PagedKVCache a ragged decode of ``n_seqs`` sequences can use.
-
-    It must be for ``strategy="paged"``, hold ``dtype`` with widths D_k and D_v,
-    match ``block_size`` when one is given, come without ``num_blocks`` (the
-    pool is the cache's) and not hold the decode's sequence ids 0..n_seqs-1.
-    """
-    from .paged import PagedKVCache  # paged.py imports this module
-
-    if not isinstance(cache, PagedKVCache):
-        raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
-    if strategy != "paged":
-        raise ValueError(f"cache= is for strategy='paged', got strategy={strategy!r}")
-    if num_blocks is not None:
-        raise ValueError(f"num_blocks={num_blocks} was given with a cache, whose pool has {cache.num_blocks} blocks")
-    if block_size is not None and block_size != cache.block_size:
-        raise ValueError(f"block_size={block_size} does not fit the cache's block_size={cache.block_size}")
-    widths = (cache.k_cache.shape[-1], cache.v_cache.shape[-1])
-    if widths != (d_k, d_v):
-        raise ValueError(
-            f"cache does not fit the weights: k_cache {cache.k_cache.shape} and v_cache {cache.v_cache.shape} "
-            f"need D_k={d_k}, D_v={d_v}"
-        )
-    if cache.k_cache.dtype != dtype:
-        raise TypeError(f"cache holds {cache.k_cache.dtype} but the computation is {dtype}")
-    held = set(cache.seq_ids)
-    taken = [s for s in range(n_seqs) if s in held]
-    if taken:
-        raise ValueError(f"cache already holds sequence(s) {taken}; the decode's sequences are 0..{n_seqs - 1}")
-
-
-# Ragged batches
-
-
-def _as_sequences(x, lengths):
-    """The sequences of ``x``: a list of ``[T_i, D_model]`` arrays and whether x came padded."""
-    if isinstance(x, (list, tuple)):
-        if lengths is not None:
-            raise ValueError("lengths is for a padded x [B, T_max, D_model]; a list of sequences carries its own")
-        seqs = [as_float_array(f"x[{i}]", seq) for i, seq in enumerate(x)]
-        for i, seq in enumerate(seqs):
-            if seq.ndim != 2:
-                raise ValueError(f"x[{i}] must be [T_i, D_model], got shape {seq.shape}")
-        return seqs, False
-    if not isinstance(x, np.ndarray):
-        raise TypeError(f"x must be a list of [T_i, D_model] arrays or an ndarray [B, T_max, D_model], got {type(x)}")
-    if x.ndim != 3:
-        raise ValueError(f"a padded x must be [B, T_max, D_model], got shape {x.shape}")
-    as_float_array("x", x[:, :0])  # the dtype, even when every length is 0
-    if lengths is None:
-        lengths = np.full(x.shape[0], x.shape[1])
-    else:
-        lengths = as_sizes_per_sequence("lengths", lengths, x.shape[0])
-    if lengths.size and lengths.max() > x.shape[1]:
-        raise ValueError(f"lengths must be at most T_max={x.shape[1]} of x {x.shape}, got {lengths.tolist()}")
-    # Only x[b, :T_b] is read (checked, copied): the padding may hold anything.
-    return [as_float_array(f"x[{b}, :{n}]", x[b, :n]) for b, n in enumerate(lengths)], True
-
-
-def check_ragged_inputs(x, w_q, w_k, w_v, lengths, start_steps):
-    """Validate a ragged decode's inputs.
-
-    Returns ``(seqs, padded, (w_q, w_k, w_v), dtype, start_steps)``: the
-    sequences as ``[T_i, D_model]`` arrays, whether ``x`` came padded, the weights
-    in ``dtype`` and ``start_steps`` as ``[B]`` int64.
-    """
-    seqs, padded = _as_sequences(x, lengths)
-    d_model = seqs[0].shape[1] if seqs else (np.shape(w_q)[:1] or (0,))[0]
-    for i, seq in enumerate(seqs):
-        if seq.shape[1] != d_model:
-            raise ValueError(f"every sequence must share D_model: x[0] has {d_model}, x[{i}] has shape {seq.shape}")
-    empty_dtype = x.dtype if isinstance(x, np.ndarray) else np.float64  # B = 0 keeps a padded x's dtype
-    flat = np.concatenate(seqs) if seqs else np.empty((0, d_model), empty_dtype)  # [sum T_i, D_model]
-    _, w_q, w_k, w_v, dtype = check_projection_inputs(flat, w_q, w_k, w_v, x_ndims=(2,))
-    n_seqs = len(seqs)
-    if start_steps is None:
-        start_steps = np.zeros(n_seqs, np.int64)
-    else:
-        start_steps = as_sizes_per_sequence("start_steps", start_steps, n_seqs)
-    return seqs, padded, (w_q, w_k, w_v), dtype, start_steps
-
-
-# Serving: requests and the scheduler's options
-
-
-def check_serve_inputs(requests, embedding, w_q, w_k, w_v, block_size, num_blocks, budget, max_num_seqs, caching):
-    """Validate the inputs of ``serve``.
-
-    Returns ``(specs, embedding, (w_q, w_k, w_v), dtype, (block_size, num_blocks,
-    budget, max_num_seqs, caching))``: one ``(request_id, token_ids [L] int64,
-    prompt_len, arrival_step)`` per request, and the embedding and weights in ``dtype``.
-    """
-    options = (
-        as_size("block_size", block_size, minimum=1),
-        as_size("num_blocks", num_blocks),
-        as_size("max_num_batched_tokens", budget, minimum=1),
-        None if max_num_seqs is None else as_size("max_num_seqs", max_num_seqs, minimum=1),
-        as_flag("enable_prefix_caching", caching),
-    )
-    embedding = as_float_array("embedding", embedding)
-    if embedding.ndim != 2:
-        raise ValueError(f"embedding must be [V, D_model], got shape {embedding.shape}")
-    w_q, w_k, w_v = (_as_array(name, w) for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)))  # before any shape
-    for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)):
-        if w.ndim == 2 and w.shape[0] != embedding.shape[1]:
-            raise ValueError(
-                f"{name} has {w.shape[0]} rows but embedding has D_model={embedding.shape[1]}: "
-                f"embedding {embedding.shape}, {name} {w.shape}"
-            )
-    # x = embedding[token_ids]: the bound on |q|·|k| over every embedding row covers every token.
-    embedding, w_q, w_k, w_v, dtype = check_projection_inputs(embedding, w_q, w_k, w_v, x_ndims=(2,))
-    specs = _check_requests(requests, len(embedding), options[0], options[1])
-    return specs, embedding.astype(dtype, copy=False), (w_q, w_k, w_v), dtype, options
-
-
-def _check_requests(requests, vocab_size, block_size, num_blocks):
-    """One ``(request_id, token_ids, prompt_len, arrival_step)`` per request, or raise naming the request."""
-    from .scheduler import Request  # scheduler.py imports this module
-
-    if not isinstance(requests, (list, tuple)):
-        raise TypeError(f"requests must be a list of Request, got {type(requests).__name__}")
-    specs, seen = [], {}
-    for i, request in enumerate(requests):
-        if not isinstance(request, Request):
-            raise TypeError(f"requests[{i}] must be a Request, got {type(request).__name__}")
-        try:
-            hash(request.request_id)
-        except TypeError:
-            raise TypeError(f"requests[{i}]: request_id must be hashable, got {request.request_id!r}") from None
-        if request.request_id != request.request_id:  # NaN: two of them would both pass as distinct keys
-            raise ValueError(f"requests[{i}]: request_id must equal itself to key the outputs, got "
-                             f"{request.request_id!r}")
-        name = f"request {request.request_id!r} (requests[{i}])"
-        if request.request_id in seen:
-            raise ValueError(f"{name} repeats the request_id of requests[{seen[request.request_id]}]")
-        seen[request.request_id] = i
-        specs.append(_check_request(name, request, vocab_size, block_size, num_blocks))
-    return specs
-
-
-def _check_request(name, request, vocab_size, block_size, num_blocks):
-    tokens = as_token_ids(f"{name}: token_ids", request.token_ids)
-    outside = np.flatnonzero((tokens < 0) | (tokens >= vocab_size))
-    if outside.size:
-        j = int(outside[0])
-        raise ValueError(
-            f"{name}: token_ids[{j}] = {tokens[j]} is not a row of the embedding: ids must be in [0, V={vocab_size})"
-        )
-    prompt_len = as_size(f"{name}: prompt_len", request.prompt_len, minimum=1)
-    if prompt_len > len(tokens):
-        raise ValueError(f"{name}: prompt_len must be in [1, len(token_ids)={len(tokens)}], got {prompt_len}")
-    arrival_step = as_size(f"{name}: arrival_step", request.arrival_step)
-    if arrival_step > _MAX_STEP:
-        raise ValueError(f"{name}: arrival_step={arrival_step} is too large: at most 2**62")
-    blocks = math.ceil(len(tokens) / block_size)
-    if blocks > num_blocks:
-        raise ValueError(
-            f"{name} can never fit the pool: its {len(tokens)} tokens need {blocks} blocks of "
-            f"block_size={block_size}, and num_blocks={num_blocks}"
-        )
-    return request.request_id, tokens, prompt_len, arrival_step
-
-
-# One attention step on given q, k, v (attention.py); attention states, split-KV and cascade attention (split.py)
-
-
-def as_num_splits(num_splits):
-    """``num_splits`` as an int >= 1; TypeError for a non-integer (bools included), ValueError below 1."""
-    return as_size("num_splits", num_splits, minimum=1)
-
-
-def as_lse(name, value):
-    """``value`` as a float32/float64 ndarray of log-sum-exps: each finite, or -inf for a state with no keys.
-
-    TypeError for another dtype or a masked array; ValueError for NaN or +inf.
-    """
-    array = _as_array(name, value)
-    if np.isnan(array).any() or np.isposinf(array).any():
-        raise ValueError(
-            f"{name} contains NaN or +inf: an lse is finite, or -inf for a state with no keys "
-            "(FlashAttention before its PR #978 wrote +inf there; pass -inf)"
-        )
-    return array
-
-
-def check_scores_fit(dtype, q, *keys):
-    """Raise ValueError if a score q·k, or any partial sum of it, could overflow ``dtype``.
-
-    Cauchy–Schwarz bounds every partial sum by |q_t|·|k_s|, the largest norms over
-    the last axis of ``q: [..., D_k]`` and of the ``keys`` arrays ``[..., D_k]``,
-    scaled before squaring and compared as in :func:`check_score_range`.
-    """
-    log_k = max((_log10_max_norm(k) for k in keys), default=-math.inf)
-    bounds = {"|q·k|": (_log10_max_norm(q) + log_k, "|q_t|·|k_s|")}
-    raise_if_too_large("q and k are", bounds, dtype, "rescale q or k")
-
-
-_NO_MASK = object()  # check_attention_inputs without valid= (attend's): None is a bad mask, not "no mask"
-
-
-def check_attention_inputs(q, k, v, valid=_NO_MASK):
-    """Validate ``q: [..., T_q, D_k]``, ``k: [..., S, D_k]``, ``v: [..., S, D_v]`` (the same leading axes).
-
-    Returns ``(q, k, v, dtype)``, each in ``dtype = np.result_type(q, k, v)``.
-    ``valid``, when given (masked_attend's; None is refused), is a key-padding mask:
-    a bool array ``[..., S]`` (k's shape without D_k). The checks of k and v then
-    take only the keys and values it marks: NaN/inf is refused there only, and the
-    overflow bounds take only those; a masked key or value holding NaN/inf is
-    returned as 0 (in a copy), so that its weight 0 leaves the output exactly as
-    for any finite content. ValueError also for D_k = 0, or a partial sum of q·k
-    (|q_t|·|k_s|) or of the output (|v_s|) that could overflow.
-    """
-    masked = valid is not _NO_MASK
-    read = _as_array if masked else as_float_array  # with a mask, only the valid keys and values must be finite
-    q, k, v = as_float_array("q", q), read("k", k), read("v", v)
-    shapes = f"q {q.shape}, k {k.shape}, v {v.shape}"
-    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim or not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
-        raise ValueError(
-            f"q, k and v must be [..., T_q, D_k], [..., S, D_k] and [..., S, D_v] "
-            f"with the same leading axes, got {shapes}"
-        )
-    if k.shape[-1] != q.shape[-1] or v.shape[-2] != k.shape[-2]:
-        raise ValueError(f"q and k must share D_k, and k and v the S axis: {shapes}")
-    if q.shape[-1] == 0:
-        raise ValueError(f"D_k must be at least 1: {shapes}")
-    keys, values = k, v
-    if masked:
-        valid = as_key_mask(valid, k)  # then only the valid keys and values must be finite
-        keys, values = k[valid], v[valid]  # [valid keys, D_k], [valid keys, D_v]
-        k, v = _finite_where_valid("k", k, keys, valid), _finite_where_valid("v", v, values, valid)
-    dtype = np.result_type(q, k, v)
-    check_scores_fit(dtype, q, keys)
-    raise_if_too_large("v is", {"|v|": (_log10_max_norm(values), "|v_s|")}, dtype, "rescale v")
-    return q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False), dtype
-
-
-def _finite_where_valid(name, array, held, valid, where="at a valid key"):
-    """``array: [..., S, D]`` itself if it is finite, else a copy with 0 at every key ``valid: [..., S]`` masks;
-    ValueError naming ``name`` (and ``where``) if ``held``, ``array[valid]``, holds NaN/inf.
-
-    0 · NaN is NaN, so a masked value holding NaN/inf would reach the output through
-    its weight 0; 0 · a finite value is 0, so zeros leave the output as any finite content does.
-    """
-    if np.isfinite(array).all():  # the common case: one pass, as as_float_array
-        return array
-    if not np.isfinite(held).all():
-        raise ValueError(f"{name} contains NaN or inf {where}")
-    return np.where(valid[..., None], array, 0.0).astype(array.dtype, copy=False)
-
-
-def as_key_mask(valid, k):
-    """``valid`` as a bool array ``[..., S]`` of ``k: [..., S, D_k]``'s shape without D_k; TypeError or ValueError.
-
-    TypeError also for None and for a masked array (whose mask np.asarray would drop).
-    """
-    expected = f"[..., S] = {list(k.shape[:-1])} for k {k.shape}"
-    if valid is None or isinstance(valid, np.ma.MaskedArray):
-        what = "None" if valid is None else "a masked array"
-        raise TypeError(f"valid must be a bool array {expected}, got {what}")
-    valid = np.asarray(valid)
-    if valid.dtype != np.bool_:
-        raise TypeError(f"valid must be a bool array, got dtype {valid.dtype}")
-    if valid.shape != k.shape[:-1]:
-        raise ValueError(f"valid must be {expected}, got shape {valid.shape}")
-    return valid
-
-
-def check_attention_states(states):
-    """Validate ``states``, a non-empty sequence of ``(out, lse)`` pairs of one shape.
-
-    ``out: [..., T_q, D_v]`` finite, ``lse: [..., T_q]`` finite or -inf. Returns
-    ``(outs, lses, dtype)``: two lists of arrays in ``dtype = np.result_type`` of them all.
-    """
-    if isinstance(states, (str, bytes, np.ndarray)) or not hasattr(states, "__iter__"):
-        raise TypeError(f"states must be a sequence of (out, lse) pairs, got {type(states).__name__}")
-    states = list(states)
-    if not states:
-        raise ValueError("states must hold at least one (out, lse) pair")
-    outs, lses = [], []
-    for i, state in enumerate(states):
-        if not isinstance(state, (tuple, list)) or len(state) != 2:
-            raise TypeError(f"states[{i}] must be an (out, lse) pair, got {type(state).__name__}")
-        out, lse = as_float_array(f"states[{i}] out", state[0]), as_lse(f"states[{i}] lse", state[1])
-        if out.ndim < 2 or lse.shape != out.shape[:-1]:
-            raise ValueError(
-                f"states[{i}] must be out [..., T_q, D_v] and lse [..., T_q], got out {out.shape}, lse {lse.shape}"
-            )
-        if outs and out.shape != outs[0].shape:
-            raise ValueError(
-                f"every state must have the shape of states[0]: out {outs[0].shape}, states[{i}] out {out.shape}"
-            )
-        outs.append(out)
-        lses.append(lse)
-    dtype = np.result_type(*outs, *lses)
-    return [o.astype(dtype, copy=False) for o in outs], [s.astype(dtype, copy=False) for s in lses], dtype
-
-
-def _padded(arrays, s_max, width):
-    """B arrays ``[S_i, width]`` as one ``[B, s_max, width]`` array, zero past each S_i."""
-    padded = np.zeros((len(arrays), s_max, width), np.result_type(*arrays) if arrays else np.float64)
-    for b, a in enumerate(arrays):
-        padded[b, : len(a)] = a
-    return padded
-
-
-def _as_suffixes(k_suffix, v_suffix, suffix_lengths, d_k, d_v):
-    """The suffixes padded, ``[B, S_max, D_k]`` and ``[B, S_max, D_v]``, and their lengths ``[B]`` (None: all S_max).
-
-    Lists of B arrays ``[S_i, D]`` are padded with zeros; arrays ``[B, S_max, D]``
-    come with ``suffix_lengths`` (default: every suffix S_max long), and only the keys
-    and values within the lengths must be finite: the padding may hold anything, and
-    padding that holds NaN/inf is returned as 0 (in a copy), as masked_attend takes a masked key.
-    """
-    if isinstance(k_suffix, (list, tuple)) and isinstance(v_suffix, (list, tuple)):
-        if suffix_lengths is not None:
-            raise ValueError("suffix_lengths is for padded suffixes [B, S_max, D]; lists of suffixes carry their own")
-        ks = [as_float_array(f"k_suffix[{i}]", k) for i, k in enumerate(k_suffix)]
-        vs = [as_float_array(f"v_suffix[{i}]", v) for i, v in enumerate(v_suffix)]
-        if len(ks) != len(vs):
-            raise ValueError(f"k_suffix has {len(ks)} suffixes but v_suffix has {len(vs)}")
-        for i, (k, v) in enumerate(zip(ks, vs)):
-            if k.ndim != 2 or v.ndim != 2 or len(k) != len(v) or k.shape[1] != d_k or v.shape[1] != d_v:
-                raise ValueError(
-                    f"k_suffix[{i}] and v_suffix[{i}] must be [S_i, D_k={d_k}] and [S_i, D_v={d_v}], "
-                    f"got {k.shape} and {v.shape}"
-                )
-        lengths = np.array([len(k) for k in ks], dtype=np.int64)
-        s_max = int(lengths.max(initial=0))
-        full = bool((lengths == s_max).all())
-        return _padded(ks, s_max, d_k), _padded(vs, s_max, d_v), None if full else lengths
-    if not isinstance(k_suffix, np.ndarray) or not isinstance(v_suffix, np.ndarray):
-        raise TypeError(
-            "k_suffix and v_suffix must both be lists of B arrays [S_i, D] or both arrays [B, S_max, D], "
-            f"got {type(k_suffix).__name__} and {type(v_suffix).__name__}"
-        )
-    read = as_float_array if suffix_lengths is None else _as_array  # with lengths, the padding is not checked
-    k_suffix, v_suffix = read("k_suffix", k_suffix), read("v_suffix", v_suffix)
-    if (k_suffix.ndim != 3 or v_suffix.ndim != 3 or k_suffix.shape[:2] != v_suffix.shape[:2]
-            or k_suffix.shape[2] != d_k or v_suffix.shape[2] != d_v):
-        raise ValueError(
-            f"k_suffix and v_suffix must be [B, S_max, D_k={d_k}] and [B, S_max, D_v={d_v}] (or lists of "
-            f"B arrays [S_i, D]), got k_suffix {k_suffix.shape}, v_suffix {v_suffix.shape}"
-        )
-    if suffix_lengths is None:
-        return k_suffix, v_suffix, None
-    lengths = as_sizes_per_sequence("suffix_lengths", suffix_lengths, k_suffix.shape[0])
-    if lengths.size and lengths.max() > k_suffix.shape[1]:
-        raise ValueError(f"suffix_lengths must be at most S_max={k_suffix.shape[1]}, got {lengths.tolist()}")
-    held = _held_suffix_keys(k_suffix, lengths)  # [B, S_max]
-    k_suffix = _finite_where_valid("k_suffix", k_suffix, k_suffix[held], held, "within suffix_lengths")
-    v_suffix = _finite_where_valid("v_suffix", v_suffix, v_suffix[held], held, "within suffix_lengths")
-    return k_suffix, v_suffix, lengths
-
-
-def _held_suffix_keys(k_suffix, lengths):
-    """``[B, S_max]`` bool: True at the keys of ``k_suffix: [B, S_max, D_k]`` within ``lengths`` (None: all)."""
-    return np.arange(k_suffix.shape[1]) < (k_suffix.shape[1] if lengths is None else lengths[:, None])
-
-
-def check_cascade_inputs(q, k_shared, v_shared, k_suffix, v_suffix, suffix_lengths):
-    """Validate cascade attention's inputs: ``q: [B, T_q, D_k]``, a shared prefix, B suffixes.
-
-    Returns ``(q, k_shared, v_shared, k_suffix, v_suffix, lengths, dtype)``: the
-    arrays in ``dtype = np.result_type`` of them all, the suffixes padded to
-    ``[B, S_max, D]``, ``lengths`` ``[B]`` int64 or None when every suffix is S_max long.
-    The overflow bound takes the suffix keys within the lengths only, as masked_attend takes its valid keys.
-    """
-    q = as_float_array("q", q)
-    k_shared, v_shared = as_float_array("k_shared", k_shared), as_float_array("v_shared", v_shared)
-    if q.ndim != 3 or q.shape[-1] == 0:
-        raise ValueError(f"q must be [B, T_q, D_k] with D_k >= 1, got shape {q.shape}")
-    if k_shared.ndim != 2 or v_shared.ndim != 2 or len(k_shared) != len(v_shared) or k_shared.shape[1] != q.shape[2]:
-        raise ValueError(
-            f"k_shared and v_shared must be [S_p, D_k={q.shape[2]}] and [S_p, D_v], "
-            f"got k_shared {k_shared.shape}, v_shared {v_shared.shape}"
-        )
-    k_suffix, v_suffix, lengths = _as_suffixes(k_suffix, v_suffix, suffix_lengths, q.shape[2], v_shared.shape[1])
-    if len(k_suffix) != len(q):
-        raise ValueError(f"q has B={len(q)} sequences but there are {len(k_suffix)} suffixes: q {q.shape}")
-    arrays = (q, k_shared, v_shared, k_suffix, v_suffix)
-    dtype = np.result_type(*arrays)
-    suffix_keys = k_suffix if lengths is None else k_suffix[_held_suffix_keys(k_suffix, lengths)]  # [..., D_k]
-    check_scores_fit(dtype, q, k_shared, suffix_keys)
-    return (*(a.astype(dtype, copy=False) for a in arrays), lengths, dtype)
