@@ -24,13 +24,13 @@ import math
 import numpy as np
 
 from ._validation import (
+    SUPPORTED_DTYPES,
     _as_array,
     as_float_dtype,
     as_size,
     check_memory,
     check_score_range,
     named_allocation_failure,
-    SUPPORTED_DTYPES,
 )
 
 
@@ -195,20 +195,16 @@ def check_new_positions(k, v, cache, check_finite=True):
 
     As every entry point: TypeError for a masked array, ValueError for NaN/inf
     (not looked for with ``check_finite=False``); a big-endian array is converted,
-    and an np.matrix is taken as a plain array.
+    and an np.matrix is taken as a plain array. The common case, plain arrays of
+    the cache's dtype and layout, is one test; the conversions and messages come after it.
     """
-    if not _fit_as_they_are(k, v, cache):
+    k_cache = cache.k_cache
+    if not (type(k) is type(v) is np.ndarray and k_cache is not None and k.shape[-2:-1] == v.shape[-2:-1]
+            and _layout(k, v) == _layout(k_cache, cache.v_cache)):
         return _as_new_positions(k, v, cache, check_finite)
     if check_finite:
         _refuse_non_finite(k, v)
     return k, v
-
-
-def _fit_as_they_are(k, v, cache):
-    """Whether ``k`` and ``v`` are plain arrays of the cache's dtype and layout: the common case, one test."""
-    k_cache, v_cache = cache.k_cache, cache.v_cache
-    return (type(k) is type(v) is np.ndarray and k_cache is not None and k.shape[-2:-1] == v.shape[-2:-1]
-            and _layout(k, v) == _layout(k_cache, v_cache))
 
 
 def _layout(k, v):
