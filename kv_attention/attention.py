@@ -95,24 +95,36 @@ def check_attention_inputs(q, k, v, valid=_NO_MASK, check_finite=True):
     skips every check that reads the elements (and the zeroing of masked keys).
     """
     q, k, v = _as_array("q", q), _as_array("k", k), _as_array("v", v)
-    shapes = f"q {q.shape}, k {k.shape}, v {v.shape}"
-    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim or not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
-        raise ValueError(
-            f"q, k and v must be [..., T_q, D_k], [..., S, D_k] and [..., S, D_v] "
-            f"with the same leading axes, got {shapes}"
-        )
-    if k.shape[-1] != q.shape[-1] or v.shape[-2] != k.shape[-2]:
-        raise ValueError(f"q and k must share D_k, and k and v the S axis: {shapes}")
-    if q.shape[-1] == 0:
-        raise ValueError(f"D_k must be at least 1: {shapes}")
+    q_shape, k_shape, v_shape = q.shape, k.shape, v.shape
+    if not (len(q_shape) >= 2 and len(k_shape) == len(v_shape) == len(q_shape)
+            and q_shape[:-2] == k_shape[:-2] == v_shape[:-2] and k_shape[-1] == q_shape[-1] > 0
+            and v_shape[-2] == k_shape[-2]):  # one test of every shape; the message only when it fails
+        _raise_for_shapes(q_shape, k_shape, v_shape)
     if valid is not _NO_MASK:
         valid = as_key_mask(valid, k)
         if check_finite:
             k, v = _check_masked_range(q, k, v, valid)
     elif check_finite:
         _check_range(q, k, v)
+    dtype = q.dtype
+    if k.dtype is dtype and v.dtype is dtype:
+        return q, k, v, dtype
     dtype = np.result_type(q, k, v)
     return q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False), dtype
+
+
+def _raise_for_shapes(q_shape, k_shape, v_shape):
+    """The ValueError of :func:`check_attention_inputs` for shapes that do not fit, naming them."""
+    shapes = f"q {q_shape}, k {k_shape}, v {v_shape}"
+    if (len(q_shape) < 2 or len(k_shape) != len(q_shape) or len(v_shape) != len(q_shape)
+            or not q_shape[:-2] == k_shape[:-2] == v_shape[:-2]):
+        raise ValueError(
+            f"q, k and v must be [..., T_q, D_k], [..., S, D_k] and [..., S, D_v] "
+            f"with the same leading axes, got {shapes}"
+        )
+    if k_shape[-1] != q_shape[-1] or v_shape[-2] != k_shape[-2]:
+        raise ValueError(f"q and k must share D_k, and k and v the S axis: {shapes}")
+    raise ValueError(f"D_k must be at least 1: {shapes}")
 
 
 def _check_range(q, k, v):

@@ -44,7 +44,10 @@ def test_the_attend_oracle_matches_the_independent_reference():
     np.testing.assert_allclose(bench_checks.attend_oracle(q, k, v), naive_attend(q, k, v), rtol=1e-12, atol=1e-12)
 
 
-def test_every_point_skips_at_a_commit_without_the_keyword(one_thread):
+def test_every_point_skips_at_a_commit_without_the_keyword(one_thread, monkeypatch):
+    for name, *_ in bench_checks.CALLS.values():
+        real = getattr(kv, name)
+        monkeypatch.setattr(kv, name, lambda *args, real=real: real(*args))  # as before the keyword
     measured = bench_checks.CheckFiniteRatios().setup_cache()
     for call in bench_checks.CALLS:
         with pytest.raises(NotImplementedError, match="has no check_finite"):
@@ -71,3 +74,14 @@ def test_a_wrong_call_fails_its_point(one_thread, monkeypatch):
     measured = bench_checks.CheckFiniteRatios().setup_cache()
     with pytest.raises(AssertionError, match="attend, check_finite=False"):
         bench_checks.CheckFiniteRatios().setup(measured, "attend")
+
+
+def test_at_a_commit_with_the_keyword_each_point_is_a_ratio_inside_its_interval(one_thread):
+    if not all(common.takes_check_finite(getattr(kv, name)) for name, *_ in bench_checks.CALLS.values()):
+        pytest.skip("this commit has no check_finite")
+    measured = bench_checks.CheckFiniteRatios().setup_cache()
+    for call in bench_checks.CALLS:
+        bench = bench_checks.CheckFiniteRatios()
+        bench.setup(measured, call)
+        low, ratio, high = (getattr(bench, f"track_{n}")(measured, call) for n in ("ratio_low", "ratio", "ratio_high"))
+        assert 0 < low <= ratio <= high and bench.measured["pairs"] >= 9
