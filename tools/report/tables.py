@@ -427,9 +427,11 @@ def describe(run, experiments=None):
                       if pt.benchmark in shown and pt.stats.get("repeat")})
     counts = f"{samples[0]}" if len(samples) == 1 else f"{samples[0]}–{samples[-1]}" if samples else "?"
     measured = (", measured " + _utc(run.measured)) if run.measured else ""
+    timed = any(name.rsplit(".", 1)[-1].startswith("time_") for name in shown)  # roofline's is a tracked value
     return [
         f"- commit `{run.commit[:8]}` (commit date {when}{measured})",
         f"- machine `{run.machine}`: {machine}{cpus}{ram}",
         f"- environment `{run.env_name}`: {packages}; thread variables {threads}",
-        f"- each time is asv's median of {counts} samples per point",
+        f"- each time is asv's median of {counts} samples per point" if timed else
+        "- no timing shown: each figure is a value asv tracked once for the commit",
     ]
