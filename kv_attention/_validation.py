@@ -1,4 +1,4 @@
-"""Every input check of the library, grouped by what it checks.
+"""The input checks several modules share: arrays, sizes, dtypes, flags and the overflow guard.
 
 Entry points call these before they compute or mutate anything, so bad input
 raises TypeError (a type or dtype) or ValueError (a value or a shape), naming
