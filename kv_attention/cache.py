@@ -28,9 +28,8 @@ from ._validation import (
     _as_array,
     as_float_dtype,
     as_size,
-    check_memory,
-    named_allocation_failure,
 )
+from ._memory import check_memory, named_allocation_failure
 
 
 class CacheFullError(Exception):
