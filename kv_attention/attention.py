@@ -259,12 +259,17 @@ def softmax(scores):
 # 256 keys (128 KiB of K or V at D = 128 in float32) fits in L2, and one dot over it streams it there first.
 # Measured on the 2-core EPYC of this repository (OpenBLAS SkylakeX, one thread), Llama-3-8B's step at
 # S = 16,384: the scores' matmul read K 7x slower than K.sum() does, blocked 2x slower (the output's: 3x, 1.6x).
+# Only where one head's K (or V) matrix outgrows L2 (1 MiB on that machine): a smaller one stays in cache
+# from the previous step, and blocking it costs Python loops (the suite's heads decode at T = 1024, 128 KiB
+# a head, was 2-4x slower blocked).
 _KEY_BLOCK = 256
+_LONG_STEP_BYTES = 2**20
 
 
 def _is_long_step(q, k):
     """True for few query rows against many keys: the step that :func:`scaled_scores` and :func:`weighted_values` block."""
-    return q.shape[-2] <= 16 and k.shape[-2] > 2 * _KEY_BLOCK
+    return (q.shape[-2] <= 16 and k.shape[-2] > 2 * _KEY_BLOCK
+            and k.shape[-2] * k.shape[-1] * k.itemsize > _LONG_STEP_BYTES)
 
 
 def scaled_scores(q, k):
