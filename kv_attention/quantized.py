@@ -14,7 +14,7 @@ al. 2024) do, with a contract a test can hold each position to:
     ``code = clip(round((x - min) / scale), 0, 2**nbits - 1)`` (round half to even),
     ``x̂ = code · scale + zero``; a constant group (scale 0) has code 0 and is held exactly.
     Hence ``|x̂ - x| <= scale / 2`` for every element, up to a few ULPs of the group's max |x|.
-*Float8* (``nbits=8``, ``format="float8_e4m3fn"`` or ``"float8_e5m2"``, ml_dtypes):
+*Float8* (``nbits=8``, ``format="float8_e4m3fn"`` or ``"float8_e5m2"``, the OCP formats of ml_dtypes):
     one scale per group, ``scale = max|x| / F`` (F the format's max: 448, 57344),
     ``x̂ = fp8(x / scale) · scale`` (round to nearest even; 0 for a group of zeros). Hence
     ``|x̂ - x| <= (ε/2)·|x| + scale·σ/2``, up to a few ULPs of |x|, with ε the format's
@@ -61,14 +61,41 @@ overflows the dtype, or a crop length that cuts a quantized block.
 import math
 from collections import namedtuple
 
-import ml_dtypes
 import numpy as np
 
 from ._validation import as_batch_shape, as_float_array, as_float_dtype, as_size, check_choice, check_crop
 from .attention import softmax
 
 AXES = ("channel", "token")
-FORMATS = {"float8_e4m3fn": ml_dtypes.float8_e4m3fn, "float8_e5m2": ml_dtypes.float8_e5m2}
+# name -> (exponent bits, mantissa bits, finite codes >= 0): the OCP 8-bit floats; e4m3fn's 0x7F is NaN (no inf),
+# e5m2's 0x7C.. are inf and NaN (IEEE)
+FORMATS = {"float8_e4m3fn": (4, 3, 127), "float8_e5m2": (5, 2, 124)}
+
+
+def float8_values(name):
+    """The finite values >= 0 of float8 format ``name``, ``[n]`` float64, increasing: code i (bits 0..6) is value i.
+
+    Written from the OCP format (sign, E exponent bits of bias 2**(E-1) - 1, M mantissa
+    bits; subnormals at exponent 0), without inf and NaN. Sign bit 7 negates. The library
+    needs no ml_dtypes (the tests compare with its formats).
+    """
+    exponent_bits, mantissa_bits, finite = FORMATS[name]
+    bias = 2 ** (exponent_bits - 1) - 1
+    codes = np.arange(128)
+    exponent, mantissa = codes >> mantissa_bits, codes & (2**mantissa_bits - 1)
+    normal = (1 + mantissa / 2**mantissa_bits) * 2.0 ** (exponent - bias)
+    values = np.where(exponent == 0, mantissa * 2.0 ** (1 - bias - mantissa_bits), normal)
+    return values[:finite]
+
+
+def _to_float8(y, values):
+    """Codes (uint8) of ``y`` (|y| <= values[-1]) rounded to the nearest float8 value, a tie to the even code."""
+    magnitude = np.abs(y)
+    upper = np.clip(np.searchsorted(values, magnitude), 1, len(values) - 1)
+    lower = upper - 1
+    below, above = magnitude - values[lower], values[upper] - magnitude
+    code = np.where((above < below) | ((above == below) & (upper % 2 == 0)), upper, lower)
+    return (code + 128 * np.signbit(y)).astype(np.uint8)
 
 _Part = namedtuple("_Part", "codes scale zero residual")
 """One tensor's state: packed codes ``[*batch, Q, bytes]``, scale and zero (None for float8)
@@ -80,7 +107,11 @@ class _Quantizer:
 
     def __init__(self, axis, dim, nbits, group_size, fmt, dtype):
         self.axis, self.dim, self.nbits, self.group_size, self.dtype = axis, dim, nbits, group_size, dtype
-        self.format = None if fmt is None else FORMATS[fmt]
+        self.format = fmt
+        if fmt is not None:
+            self.float8 = float8_values(fmt)
+            self.decoded = np.zeros(256, dtype)  # code -> value; the codes never written (NaN, inf) stay 0
+            self.decoded[: len(self.float8)], self.decoded[128 : 128 + len(self.float8)] = self.float8, -self.float8
         self.per_byte = 1 if self.format is not None else 8 // nbits
         self.row_bytes = -(-dim // self.per_byte)  # ceil(D·b/8)
         self.n_groups = -(-dim // group_size) if axis == "token" else dim  # scales per position (token) or per block
@@ -105,10 +136,10 @@ class _Quantizer:
         """``x: [..., Q, D]`` (Q a multiple of G) -> ``(codes, scale, zero)`` as :data:`_Part` holds them."""
         xg = self.grouped(x)  # groups on the last axis
         if self.format is not None:
-            fmax = float(ml_dtypes.finfo(self.format).max)
+            fmax = float(self.float8[-1])
             scale = np.abs(xg).max(axis=-1) / fmax
             safe = np.where(scale > 0, scale, 1)[..., None]
-            codes = np.clip(xg / safe, -fmax, fmax).astype(self.format)  # never past the max: e4m3fn has no inf
+            codes = _to_float8(np.clip(xg / safe, -fmax, fmax), self.float8)  # clipped: a rounding past the max
             return self.ungrouped(codes), scale, None
         levels = 2**self.nbits - 1
         lo, hi = xg.min(axis=-1), xg.max(axis=-1)
@@ -133,6 +164,8 @@ class _Quantizer:
 
     def codes(self, packed):
         """The codes of ``packed: [..., Q, bytes]`` as the dtype, ``[..., Q, D]``: integers, or float8 values."""
+        if self.format is not None:
+            return self.decoded[packed]  # [..., Q, D]
         if self.per_byte == 1:
             return packed.astype(self.dtype)
         shifts = np.arange(0, 8, self.nbits, dtype=np.uint8)
@@ -197,8 +230,7 @@ class QuantizedCache:
     def _empty(self):
         parts = []
         for quantizer in self._quantizers:
-            codes_dtype = np.uint8 if quantizer.format is None else quantizer.format
-            codes = np.zeros(self.batch_shape + (0, quantizer.row_bytes), codes_dtype)
+            codes = np.zeros(self.batch_shape + (0, quantizer.row_bytes), np.uint8)
             scale = np.zeros(self.batch_shape + (0, quantizer.n_groups), self.dtype)
             zero = None if quantizer.format is not None else scale.copy()
             parts.append(_Part(codes, scale, zero, np.zeros(self.batch_shape + (0, quantizer.dim), self.dtype)))

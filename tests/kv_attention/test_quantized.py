@@ -121,6 +121,18 @@ def test_two_bit_codes_take_a_quarter_byte():
     assert codes.dtype == np.uint8 and codes.shape == (4, 2)  # 8 channels of 2 bits: 2 bytes a position
 
 
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2"])
+def test_float8_values_and_rounding_are_ml_dtypes_formats(name):
+    fmt = getattr(ml_dtypes, name)
+    values = kv.quantized.float8_values(name)
+    table = np.arange(256, dtype=np.uint8).view(fmt).astype(np.float64)
+    np.testing.assert_array_equal(values, table[: len(values)])  # every finite value >= 0, in code order
+    assert values[-1] == float(ml_dtypes.finfo(fmt).max) and not np.isfinite(table[len(values)])
+    y = np.random.default_rng(0).uniform(-1, 1, 4000) * values[-1] * 2.0 ** -(np.arange(4000) % 40)  # subnormals too
+    y = np.concatenate([y, (values[1:] + values[:-1]) / 2])  # every tie between neighbours, too
+    np.testing.assert_array_equal(kv.quantized._to_float8(y, values), y.astype(fmt).view(np.uint8))
+
+
 # Decodes through the cache: attention over the K̂/V̂ the cache held at each step.
 
 def held_after(k, v, config, stop):
