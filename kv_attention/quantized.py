@@ -110,8 +110,12 @@ class _Quantizer:
         self.format = fmt
         if fmt is not None:
             self.float8 = float8_values(fmt)
-            self.decoded = np.zeros(256, dtype)  # code -> value; the codes never written (NaN, inf) stay 0
-            self.decoded[: len(self.float8)], self.decoded[128 : 128 + len(self.float8)] = self.float8, -self.float8
+            decoded = np.zeros(256)  # code -> value; the codes never written (NaN, inf) stay 0
+            decoded[: len(self.float8)], decoded[128 : 128 + len(self.float8)] = self.float8, -self.float8
+        else:
+            shifts = np.arange(0, 8, nbits)
+            decoded = (np.arange(256)[:, None] >> shifts) & (2**nbits - 1)  # byte -> its per_byte codes
+        self.table = decoded.reshape(256, -1).astype(dtype)  # [256, per_byte]: unpacking is one lookup
         self.per_byte = 1 if self.format is not None else 8 // nbits
         self.row_bytes = -(-dim // self.per_byte)  # ceil(D·b/8)
         self.n_groups = -(-dim // group_size) if axis == "token" else dim  # scales per position (token) or per block
@@ -164,13 +168,8 @@ class _Quantizer:
 
     def codes(self, packed):
         """The codes of ``packed: [..., Q, bytes]`` as the dtype, ``[..., Q, D]``: integers, or float8 values."""
-        if self.format is not None:
-            return self.decoded[packed]  # [..., Q, D]
-        if self.per_byte == 1:
-            return packed.astype(self.dtype)
-        shifts = np.arange(0, 8, self.nbits, dtype=np.uint8)
-        codes = (packed[..., None] >> shifts) & np.uint8(2**self.nbits - 1)  # [..., Q, bytes, per_byte]
-        return codes.reshape(packed.shape[:-1] + (self.row_bytes * self.per_byte,))[..., : self.dim].astype(self.dtype)
+        codes = self.table[packed]  # [..., Q, bytes, per_byte]
+        return codes.reshape(packed.shape[:-1] + (self.row_bytes * self.per_byte,))[..., : self.dim]
 
     def expanded(self, per_group):
         """A scale or zero per group -> one per element, ``[..., Q, D]``."""
@@ -269,6 +268,9 @@ class QuantizedCache:
         parts = []
         for part, quantizer, new in zip(self._parts, self._quantizers, (k, v)):
             residual = np.concatenate([part.residual, new], axis=-2)  # [..., T - Q + T_new, D]
+            if n_new == 0:
+                parts.append(part._replace(residual=residual))
+                continue
             codes, scale, zero = quantizer.quantize(residual[..., :n_new, :])  # may raise: nothing assigned yet
             parts.append(_Part(np.concatenate([part.codes, codes], axis=-2), np.concatenate([part.scale, scale], axis=-2),
                                _concat(part.zero, zero), residual[..., n_new:, :].copy()))
@@ -351,7 +353,7 @@ def attend_quantized(q, cache):
     Keys per channel: block j's scores are ``(q · scale_j) @ codes_jᵀ + q @ zero_jᵀ``, one
     batched matmul of scaled queries against the codes; values per token: group g's output
     is ``(p · scale_g) @ codes_g + p @ zero_g``; the residual is attended as it is. K̂ and V̂
-    are never formed (the codes are unpacked by shifts and cast to the dtype for the matmul).
+    are never formed (the codes are unpacked, as the dtype, by one lookup in a 256-entry table of a byte's codes).
     Equal to ``attend(q, *cache.dequantize())`` up to rounding. Needs a cache of keys per
     channel and values per token (KIVI's layout; ValueError otherwise) holding >= 1 position;
     TypeError for a q that is not an array of the cache's dtype, ValueError for its shape.
