@@ -6,13 +6,14 @@ each with group_size = residual_length = 32 (KIVI's group), decoding the suite's
 fixed problem (``timed_inputs``: x ``[T, 64]``, float64) through ``cached_attention``
 at T = 64 and 128 (32 and 96 positions quantized). Per point:
 
-- ``QuantizedDecode``: the decode's time; the cache's bytes per position after it; the
-  output's max abs error against the exact float64 attention (``common.oracle``);
+- ``QuantizedDecode``: the decode's time;
+- ``QuantizedAccuracy``: the cache's bytes per position after the decode, and the output's
+  max abs error against the exact float64 attention (``common.oracle``);
 - ``QuantizedRatios``: the decode through the quantized cache over the same decode
   through a DynamicCache, paired (``ratios``);
 - ``FusedRatios``: one attention step of the last query over the cache of T positions,
   :func:`attend_quantized` (scores from the codes) over dequantize-then-``attend``, paired;
-- ``QuantizedCounts``: instructions of those two steps at T = 128 (callgrind).
+- ``QuantizedCounts``: instructions of those two steps at T = 128, int4 (callgrind).
 
 Every point is checked once per commit, here, before anything is measured
 (:func:`verified_kind`): the decode's last position and ``attend_quantized`` against
@@ -103,7 +104,7 @@ def dequantize_then_attend(q, cache):
 
 
 class QuantizedDecode:
-    """Full T-step decode of ``x: [T, 64]`` through a new QuantizedCache per call, per kind; its bytes and error."""
+    """Full T-step decode of ``x: [T, 64]`` through a new QuantizedCache per call, per kind."""
 
     params = [LENGTHS, list(KINDS)]
     param_names = ["T", "kind"]
@@ -111,6 +112,26 @@ class QuantizedDecode:
     repeat = (2, 4, 0.1)
     warmup_time = 0.0
     number = 1
+    timeout = 60
+
+    def setup_cache(self):
+        return check_points(self.params, verified_kind)
+
+    def setup(self, checked, T, kind):
+        replay(checked, (T, kind))
+        self.decode, self.inputs = library_function("cached_attention"), timed_inputs(T)
+
+    def time_decode(self, checked, T, kind):
+        self.decode(*self.inputs, cache=quantized_cache(kind))
+
+    time_decode.version = "1"
+
+
+class QuantizedAccuracy:
+    """What one decode of ``x: [T, 64]`` leaves in the cache, in bytes per position, and its output's error."""
+
+    params = [LENGTHS, list(KINDS)]
+    param_names = ["T", "kind"]
     timeout = 60
 
     def setup_cache(self):
@@ -123,12 +144,6 @@ class QuantizedDecode:
 
     def setup(self, measured, T, kind):
         self.bytes_per_position, self.max_abs_error = replay(measured, (T, kind))
-        self.decode, self.inputs = library_function("cached_attention"), timed_inputs(T)
-
-    def time_decode(self, measured, T, kind):
-        self.decode(*self.inputs, cache=quantized_cache(kind))
-
-    time_decode.version = "1"
 
     def track_bytes_per_position(self, measured, T, kind):
         """The cache's nbytes after the decode over T: codes, scales, zeros and the exact residual (float: 1024)."""
@@ -173,7 +188,8 @@ class FusedRatios(Ratios):
 
     params = [LENGTHS, list(KINDS)]
     param_names = ["T", "kind"]
-    seconds = 0.1
+    seconds = 0.05  # MIN_PAIRS pairs of one sample (>= 2 ms) a side
+    burst = 1
 
     def setup_cache(self):
         return self.measure_points()
@@ -184,9 +200,12 @@ class FusedRatios(Ratios):
 
 
 class QuantizedCounts(Counts):
-    """Instructions of one attention step over a cache of 128 positions: from the codes, or dequantized first."""
+    """Instructions of one attention step over a cache of 128 positions: from the codes, or dequantized first.
 
-    params = [list(KINDS), ["fused", "dequantized"]]
+    int4 only: a count point costs 1-2 s of the shared callgrind process (its instrumentation), a kind 3 s.
+    """
+
+    params = [["int4"], ["fused", "dequantized"]]
     param_names = ["kind", "path"]
 
     def prepare(self, kind, path):
