@@ -4,7 +4,7 @@ Single head, softmax(q kᵀ / sqrt(D_k) + causal mask) v: five decode strategies
 each equal to :func:`causal_attention` position by position. Multi-head,
 grouped-query and multi-query decode (``heads``), the KV cache capacity formula
 (``capacity``), and ragged batches with a paged KV cache (``ragged``, ``paged``)
-build on the same caches, which follow the :class:`Cache` protocol. Chunked
+build on the same caches (one sequence's subclass the :class:`Cache` base class). Chunked
 prefill onto a cache, sliding windows and attention sinks (``chunked``,
 ``window``) are exact against the banded :func:`causal_attention`. Serving
 (``scheduler``) batches requests of token ids continuously over the paged cache,
@@ -14,11 +14,12 @@ states exactly by log-sum-exp.
 
 Inputs are float32 or float64 arrays, and a computation runs in their
 ``np.result_type``. Bad input raises TypeError or ValueError naming the argument
-and the shapes, and changes nothing; every check is in ``_validation``.
+and the shapes, and changes nothing; each check is beside what it guards, the
+shared ones in ``_validation``. A full cache raises :class:`CacheFullError`.
 """
 
 from .attention import attend, causal_attention, masked_attend
-from .cache import Cache, DynamicCache, StaticCache
+from .cache import Cache, CacheFullError, DynamicCache, StaticCache, StaticCacheFullError
 from .capacity import MODEL_SHAPES, NAMED_ITEMSIZES, ModelShape, kv_cache_bytes
 from .chunked import chunked_attention
 from .decode import (
@@ -52,6 +53,8 @@ __all__ = [
     "Cache",
     "DynamicCache",
     "StaticCache",
+    "CacheFullError",
+    "StaticCacheFullError",
     "Problem",
     "make_problem",
     "STRATEGIES",

@@ -15,7 +15,10 @@ rather than Python objects. It starts from block ``num_blocks - 1``, and a freed
 block is the next one taken, as in vLLM's ``NaiveBlockAllocator``.
 
 Invariants, after every call: every refcount is >= 0; a block is free (on the
-free list, once) exactly when its refcount is 0; free + held = num_blocks.
+free list, once) exactly when its refcount is 0; free + held = num_blocks. They
+are ``assert``-ed where vLLM's ``RefCounter`` and block pool assert them: a
+refcount never goes below 0, a block taken or put back on the free list has
+refcount 0, and the free list never holds more than num_blocks blocks.
 
 Errors: TypeError for a block id that is not an integer; ValueError for one out
 of range, listed twice in one call, or not held (a free of a free block, vLLM's
@@ -25,11 +28,16 @@ allocating more blocks than are free. A call that raises changes nothing.
 
 import numpy as np
 
-from ._validation import as_size, check_block_id, check_blocks_held
+from ._validation import as_size
+from .cache import CacheFullError
 
 
-class OutOfBlocksError(RuntimeError):
-    """The pool has fewer free blocks than an update needs; the cache was left unchanged."""
+class OutOfBlocksError(CacheFullError, RuntimeError):
+    """The pool has fewer free blocks than an update needs; the cache was left unchanged.
+
+    A RuntimeError, as it always was, and a :class:`~kv_attention.cache.CacheFullError`,
+    as a full StaticCache's error is.
+    """
 
 
 def index_dtype(num_blocks):
@@ -63,7 +71,7 @@ class BlockAllocator:
 
     def ref_count(self, block):
         """Block tables holding ``block`` (int); 0 for a free block."""
-        return int(self._ref_counts[check_block_id(block, self.num_blocks)])
+        return int(self._ref_counts[self._check_block_id(block)])
 
     def free_blocks(self):
         """The free blocks, the next one taken first (tuple of ints)."""
@@ -75,12 +83,13 @@ class BlockAllocator:
         if n > self.num_free_blocks:
             raise OutOfBlocksError(f"out of blocks: {n} needed, {self.num_free_blocks} of {self.num_blocks} free")
         blocks = self._take(n)
+        assert not self._ref_counts[blocks].any(), f"a block taken from the free list is held: {blocks}"
         self._ref_counts[blocks] = 1
         return blocks
 
     def share(self, blocks):
         """Add one holder to each of ``blocks`` (distinct, each held)."""
-        blocks = check_blocks_held(blocks, self._ref_counts, "share")
+        blocks = self._check_held(blocks, "share")
         self._ref_counts[blocks] += 1
 
     def free(self, blocks):
@@ -90,11 +99,34 @@ class BlockAllocator:
         that ``blocks[0]`` is taken first: a sequence freed and re-made gets its
         blocks back in the same order.
         """
-        blocks = check_blocks_held(blocks, self._ref_counts, "free")
+        blocks = self._check_held(blocks, "free")
         self._ref_counts[blocks] -= 1
+        assert (self._ref_counts[blocks] >= 0).all(), f"a refcount went below 0: {blocks}"
         released = [b for b in reversed(blocks) if self._ref_counts[b] == 0]
         self._release(released)
         return released[::-1]
+
+    def _check_block_id(self, block):
+        """``block`` as an int in [0, num_blocks); TypeError unless an integer, ValueError out of range."""
+        if isinstance(block, bool) or not isinstance(block, (int, np.integer)):
+            raise TypeError(f"a block id must be an integer, got {block!r}")
+        if not 0 <= block < self.num_blocks:
+            raise ValueError(f"block {block} is out of range: the pool has blocks 0..{self.num_blocks - 1}")
+        return int(block)
+
+    def _check_held(self, blocks, action, cached=()):
+        """``blocks`` as a list of distinct ints in range, each held (refcount >= 1) or in ``cached``.
+
+        ``action`` (``"free"``, ``"share"``, ``"cache"``) names the call in the message.
+        """
+        blocks = [self._check_block_id(block) for block in blocks]
+        if len(set(blocks)) != len(blocks):
+            raise ValueError(f"blocks repeat a block: {blocks}")
+        for block in blocks:
+            if self._ref_counts[block] < 1 and block not in cached:
+                what = "Double free! " if action == "free" else ""
+                raise ValueError(f"{what}cannot {action} block {block}: it is free (refcount 0)")
+        return blocks
 
     def _take(self, n):
         """Pop ``n`` blocks off the stack, the top first."""
@@ -104,5 +136,7 @@ class BlockAllocator:
 
     def _release(self, blocks):
         """Push ``blocks`` (refcount 0) onto the stack, the last one on top."""
+        assert not self._ref_counts[blocks].any(), f"a block put back on the free list is held: {blocks}"
+        assert self._num_free + len(blocks) <= self.num_blocks, "the free list would hold a block twice"
         self._free[self._num_free : self._num_free + len(blocks)] = blocks
         self._num_free += len(blocks)

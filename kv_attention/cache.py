@@ -1,98 +1,320 @@
-"""K/V caches: the :class:`Cache` protocol, grown by concatenation (dynamic) or preallocated (static).
+"""K/V caches: the :class:`Cache` base class, grown by concatenation (dynamic) or preallocated (static).
 
 A cache holds ``k_cache: [..., T, D_k]`` and ``v_cache: [..., T, D_v]``; the
 leading ``...`` axes are free (``[]`` one sequence, ``[B]`` a batch, ``[B, H_kv]``
 multi-head), and new positions are appended along axis -2. The interface is that
-of Hugging Face ``transformers`` ``cache_utils`` (``DynamicCache``, ``StaticCache``);
-the static cache is also gpt-fast's ``KVCache``.
+of Hugging Face ``transformers`` ``cache_utils`` (its ``Cache`` base class,
+``DynamicCache``, ``StaticCache``); the static cache is also gpt-fast's ``KVCache``.
 
 Errors: ``update`` raises TypeError for non-arrays or masked arrays, k and v not
 both float32 or both float64 (either byte order: a big-endian array is converted),
-or float64 into a float32 cache, and ValueError for NaN/inf or shapes that do not
-fit each other or the cache (or, static, writing past T_max); ``crop`` takes an
-integer in [0, get_seq_length()]; a constructor raises TypeError for a size that
-is not an integer or a dtype other than float32/float64 (None included), and
-ValueError for a negative size or buffers larger than memory (with the bytes they
-need). A call that raises leaves the cache unchanged.
+or float64 into a float32 cache, and ValueError for NaN/inf (unless
+``check_finite=False``) or shapes that do not fit each other or the cache; a
+static cache with no room for them raises :class:`StaticCacheFullError`, a
+ValueError and a :class:`CacheFullError`. ``crop`` takes an integer in [0,
+get_seq_length()]; a constructor raises TypeError for a size that is not an
+integer or a dtype other than float32/float64 (None included), and ValueError for
+a negative size or buffers larger than memory (with the bytes they need). A call
+that raises leaves the cache unchanged.
 """
 
-from typing import Protocol, runtime_checkable
+import abc
+import math
 
 import numpy as np
 
 from ._validation import (
-    as_batch_shape,
+    _as_array,
     as_float_dtype,
     as_size,
-    check_buffer_size,
-    check_crop,
-    check_new_positions,
+    check_memory,
+    check_score_range,
     named_allocation_failure,
+    SUPPORTED_DTYPES,
 )
 
 
-@runtime_checkable
-class Cache(Protocol):
-    """What a decode needs of a K/V cache; :class:`DynamicCache` and :class:`StaticCache` have it.
+class CacheFullError(Exception):
+    """A cache has no room for the positions a call brings; the cache was left unchanged.
 
-    A cache may also hold ``k_cache``/``v_cache`` (None while empty) and
-    ``max_seq_len``; a decode checks them against its inputs when they are there.
-    A cache that keeps only some positions (``SlidingWindowCache``) also has
-    ``window``, ``n_sink`` and ``key_positions(t_new)``: the position of each key
-    ``update`` returns (a full cache returns positions 0, 1, .. in order).
+    The common base of :class:`StaticCacheFullError` (also a ValueError, as a full
+    StaticCache always raised) and :class:`~kv_attention.paged.OutOfBlocksError`
+    (also a RuntimeError, as a full pool always raised): ``except CacheFullError``
+    catches either.
     """
 
+
+class StaticCacheFullError(CacheFullError, ValueError):
+    """A cache of ``max_seq_len`` positions cannot take the positions of an update or a decode."""
+
+
+class Cache(abc.ABC):
+    """What a decode needs of a K/V cache, written down once, as transformers' ``cache_utils.Cache``.
+
+    A subclass implements :meth:`update`, :meth:`get_seq_length` and :meth:`crop`.
+    The rest has the defaults of a cache of every position, which a subclass
+    overrides where it differs; a decode reads these and nothing else:
+
+    - ``k_cache``, ``v_cache``: the buffers ``[..., T, D_k]``, ``[..., T, D_v]``
+      (None while empty, or for a cache that does not expose them); a decode checks
+      a given cache's leading axes, widths and dtype against them.
+    - ``max_seq_len``: the capacity in positions, None when unbounded.
+    - ``window``, ``n_sink``: a cache that keeps only the last ``window`` positions
+      and ``n_sink`` sinks (``SlidingWindowCache``); None and 0 for a full cache.
+    - :meth:`key_positions`: the position of each key ``update`` returns.
+    - :meth:`snapshot` / :meth:`restore`: what :class:`rolled_back_on_error` puts back
+      after a failed decode; by default the length, restored by :meth:`crop`.
+
+    The paged cache is not one: it holds many sequences, and its ``update`` takes their ids.
+    """
+
+    k_cache = v_cache = None
+    max_seq_len = None
+    window = None
+    n_sink = 0
+
+    @abc.abstractmethod
     def update(self, k, v):
-        """Store ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]``; return ``(k_cache, v_cache)`` so far."""
+        """Store ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]``; return ``(k, v)`` to attend to, these included."""
 
+    @abc.abstractmethod
     def get_seq_length(self):
-        """Number of positions stored."""
+        """Number of positions stored (int)."""
 
+    @abc.abstractmethod
     def crop(self, length):
         """Keep only the first ``length`` positions."""
 
+    def key_positions(self, t_new):
+        """The positions of the keys :meth:`update` returns for ``t_new`` new positions (int64 ``[S]``).
 
-def check_is_cache(cache):
-    """Raise TypeError unless ``cache`` is a :class:`Cache` instance (a class is not).
+        A full cache returns every position in order: ``0 .. get_seq_length() + t_new - 1``.
+        """
+        return np.arange(self.get_seq_length() + as_size("t_new", t_new))
 
-    The library's own caches pass at once; the Protocol's ``isinstance`` (a scan of its methods) is for any other.
+    def snapshot(self):
+        """What :meth:`restore` needs to undo later updates: by default the length."""
+        return self.get_seq_length()
+
+    def restore(self, snapshot):
+        """Put back a :meth:`snapshot` of this cache: by default ``crop`` to its length."""
+        self.crop(snapshot)
+
+
+class _UserCache(Cache):
+    """A user's cache that has update(), get_seq_length() and crop() but does not subclass :class:`Cache`.
+
+    Used through those three methods only, as a cache of every position: no other
+    attribute of it is read, so one named ``window`` changes nothing.
     """
-    if type(cache) in _OWN_CACHES:
-        return
-    if isinstance(cache, type) or not isinstance(cache, Cache):
+
+    def __init__(self, cache):
+        self.cache = cache
+
+    def update(self, k, v):
+        return self.cache.update(k, v)
+
+    def get_seq_length(self):
+        return self.cache.get_seq_length()
+
+    def crop(self, length):
+        self.cache.crop(length)
+
+
+def as_cache(cache):
+    """``cache`` as a :class:`Cache`: itself if it subclasses Cache, a :class:`_UserCache` if it has its three methods.
+
+    TypeError for anything else, a class included.
+    """
+    if isinstance(cache, Cache):
+        return cache
+    methods = ("update", "get_seq_length", "crop")
+    if isinstance(cache, type) or not all(callable(getattr(cache, name, None)) for name in methods):
         raise TypeError(
             "cache must be a cache instance with update(), get_seq_length() and crop() "
             f"(e.g. DynamicCache() or StaticCache(...)), got {cache!r}"
         )
+    return _UserCache(cache)
 
 
 class rolled_back_on_error:
-    """Context manager: on any error in the block, crop ``cache`` back to the length it had; the error propagates.
+    """Context manager: on any error in the block, ``cache.restore`` its :meth:`~Cache.snapshot`; the error propagates.
 
-    A cache whose updates a crop cannot undo (a ring buffer overwrites, or a
-    ``PagedKVCache``, which has no one length) gives a ``_snapshot()`` of its state
-    instead, put back by its ``_restore``. "Any error" includes the GeneratorExit of
-    a generator closed inside the block, so a decode abandoned midway rolls back too.
-    A class, as ``contextlib.suppress`` is: it runs on every decode call, and a
-    generator-based one would execute four times as many Python lines.
+    "Any error" includes the GeneratorExit of a generator closed inside the block,
+    so a decode abandoned midway rolls back too. A class, as ``contextlib.suppress``
+    is: it runs on every decode call, and a generator-based one would execute four
+    times as many Python lines.
     """
 
     def __init__(self, cache):
         # One line, so that a decode executes as many Python lines as before (bench_work counts them).
-        self.cache, self.saved = cache, getattr(cache, "_snapshot", cache.get_seq_length)()
+        self.cache, self.saved = cache, cache.snapshot()
 
     def __enter__(self):
         return self.cache
 
     def __exit__(self, error_type, error, traceback):
         if error_type is not None:
-            if hasattr(self.cache, "_snapshot"):
-                self.cache._restore(self.saved)
-            else:
-                self.cache.crop(self.saved)
+            self.cache.restore(self.saved)
 
 
-class DynamicCache:
+# The checks of a cache's own arguments, and of a cache given to a decode
+
+
+def as_batch_shape(batch_shape):
+    """``batch_shape`` as a tuple of ints >= 0; TypeError unless it is a tuple or list."""
+    if not isinstance(batch_shape, (tuple, list)):
+        raise TypeError(f"batch_shape must be a tuple of ints such as () or (B,), got {batch_shape!r}")
+    if not batch_shape:
+        return ()
+    return tuple(as_size(f"batch_shape[{i}]", n) for i, n in enumerate(batch_shape))
+
+
+def check_buffer_size(what, batch_shape, slots, k_dim, v_dim, dtype):
+    """``(nbytes, text)``: the bytes of buffers ``[*batch_shape, slots, k_dim]`` and ``[*batch_shape, slots, v_dim]``
+    in ``dtype`` (a cache's), and ``what`` (e.g. "a StaticCache") with the sizes; ValueError beyond physical memory."""
+    nbytes = math.prod(batch_shape) * slots * (k_dim + v_dim) * dtype.itemsize
+    text = _Described(what, batch_shape, slots, k_dim, v_dim, dtype)
+    return check_memory(nbytes, text), text
+
+
+class _Described:
+    """The text naming a cache's sizes, formatted only when an error shows it (formatting a dtype takes microseconds)."""
+
+    def __init__(self, what, batch_shape, slots, k_dim, v_dim, dtype):
+        self.sizes = what, batch_shape, slots, k_dim, v_dim, dtype
+
+    def __str__(self):
+        what, batch_shape, slots, k_dim, v_dim, dtype = self.sizes
+        return f"{what} of batch_shape={batch_shape}, {slots} positions, k_dim={k_dim}, v_dim={v_dim} in {dtype}"
+
+
+def check_new_positions(k, v, cache, check_finite=True):
+    """``k: [..., T_new, D_k]`` and ``v: [..., T_new, D_v]`` as native float arrays, or raise
+    unless they fit ``cache``.
+
+    As every entry point: TypeError for a masked array, ValueError for NaN/inf
+    (not looked for with ``check_finite=False``); a big-endian array is converted,
+    and an np.matrix is taken as a plain array.
+    """
+    if not _fit_as_they_are(k, v, cache):
+        return _as_new_positions(k, v, cache, check_finite)
+    if check_finite:
+        _refuse_non_finite(k, v)
+    return k, v
+
+
+def _fit_as_they_are(k, v, cache):
+    """Whether ``k`` and ``v`` are plain arrays of the cache's dtype and layout: the common case, one test."""
+    k_cache, v_cache = cache.k_cache, cache.v_cache
+    return (type(k) is type(v) is np.ndarray and k_cache is not None and k.shape[-2:-1] == v.shape[-2:-1]
+            and _layout(k, v) == _layout(k_cache, v_cache))
+
+
+def _layout(k, v):
+    """Axes, leading sizes, widths and dtypes of ``k: [..., T, D_k]``, ``v: [..., T, D_v]``: all but T."""
+    return k.ndim, v.ndim, k.shape[:-2], v.shape[:-2], k.shape[-1], v.shape[-1], k.dtype, v.dtype
+
+
+def _refuse_non_finite(k, v):
+    for name, array in (("k", k), ("v", v)):
+        if not np.isfinite(array).all():
+            raise ValueError(f"{name} contains NaN or inf")
+
+
+def _as_new_positions(k, v, cache, check_finite):
+    """:func:`check_new_positions` for any other input: convert what can be, or raise naming what does not fit."""
+    if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
+        raise TypeError(f"k and v must be numpy arrays, got {type(k).__name__}, {type(v).__name__}")
+    k_dtype, v_dtype = k.dtype.newbyteorder("="), v.dtype.newbyteorder("=")  # '>f8' counts as float64
+    if k_dtype not in SUPPORTED_DTYPES or v_dtype != k_dtype:
+        raise TypeError(f"k and v must both be float32 or both float64, got {k.dtype} and {v.dtype}")
+    k, v = _as_array("k", k), _as_array("v", v)
+    if check_finite:
+        _refuse_non_finite(k, v)
+    if k.ndim < 2 or k.ndim != v.ndim or k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(
+            f"k and v must be [..., T_new, D_k] and [..., T_new, D_v] with the same "
+            f"leading axes, got k {k.shape}, v {v.shape}"
+        )
+    if cache.k_cache is None:
+        return k, v
+    expected_k = cache.k_cache.shape[:-2] + (k.shape[-2], cache.k_cache.shape[-1])
+    expected_v = cache.v_cache.shape[:-2] + (v.shape[-2], cache.v_cache.shape[-1])
+    if k.shape != expected_k or v.shape != expected_v:
+        raise ValueError(
+            f"k {k.shape} and v {v.shape} do not fit the cache's "
+            f"k_cache {cache.k_cache.shape} and v_cache {cache.v_cache.shape}"
+        )
+    if not np.can_cast(k.dtype, cache.k_cache.dtype, casting="safe"):
+        raise TypeError(f"k and v are {k.dtype}, which the cache's {cache.k_cache.dtype} cannot hold without loss")
+    return k, v
+
+
+def check_crop(length, stored):
+    """Return ``length`` as an int, or raise unless it is an integer in [0, stored]."""
+    length = as_size("crop length", length)
+    if length > stored:
+        raise ValueError(f"crop length must be in [0, {stored}], got {length}")
+    return length
+
+
+def check_cache_fits(cache, x, w_q, w_k, w_v, dtype, layout=None, window=None, n_sink=0):
+    """Raise unless a given :class:`Cache` fits ``x``'s leading axes, the widths, ``dtype`` and T more positions.
+
+    ``layout`` is ``(expected_k, expected_v, text)``: the shapes ``k_cache`` and
+    ``v_cache`` must have without their T axis, and the layout to name in the
+    error; by default ``x``'s leading axes with D_k and D_v (single head). Keys
+    already in the cache (a prefill) also enter the overflow bound of q·k. A
+    cache that keeps only a window must keep the call's ``window`` and ``n_sink``
+    (:func:`check_cache_window`).
+    """
+    check_cache_window(cache, window, n_sink)
+    k_cache, v_cache = cache.k_cache, cache.v_cache
+    if k_cache is None:
+        return
+    if layout is None:
+        layout = (x.shape[:-2] + (w_k.shape[1],), x.shape[:-2] + (w_v.shape[1],),
+                  f"vs x {x.shape}, D_k={w_k.shape[1]}, D_v={w_v.shape[1]}")
+    expected_k, expected_v, text = layout
+    if k_cache.shape[:-2] + k_cache.shape[-1:] != expected_k or v_cache.shape[:-2] + v_cache.shape[-1:] != expected_v:
+        raise ValueError(f"cache does not fit x: k_cache {k_cache.shape} and v_cache {v_cache.shape} {text}")
+    if k_cache.dtype != dtype:
+        raise TypeError(f"cache holds {k_cache.dtype} but the computation is {dtype}")
+    stored, room = cache.get_seq_length(), cache.max_seq_len
+    if room is not None and stored + x.shape[-2] > room:
+        raise StaticCacheFullError(
+            f"cache too short: {stored} of max_seq_len={room} positions used, x needs T={x.shape[-2]} more"
+        )
+    if stored:
+        check_score_range(x, w_q, w_k, w_v, dtype, stored_k=k_cache[..., :stored, :])
+
+
+def check_cache_window(cache, window, n_sink):
+    """Raise unless a cache that keeps a window (``cache.window`` not None) keeps the call's ``window`` and ``n_sink``.
+
+    Such a cache has dropped the keys outside its window, so it can serve only a
+    call with the same window and sinks; a cache of every position serves any call.
+    """
+    if cache.window is None:
+        return
+    if (cache.window, cache.n_sink) != (window, n_sink):
+        hint = "; full attention needs a cache of every position, e.g. StaticCache" if window is None else ""
+        raise ValueError(
+            f"cache keeps window={cache.window}, n_sink={cache.n_sink} but the call has window={window}, "
+            f"n_sink={n_sink}{hint}"
+        )
+
+
+def check_head_cache_fits(cache, x, w_q, w_k, w_v, n_kv_heads, head_dim, dtype):
+    """:func:`check_cache_fits` for the multi-head layout ``[*x.shape[:-2], H_kv, T_max, D_head]``."""
+    expected = x.shape[:-2] + (n_kv_heads, head_dim)  # the cache's shape without its T_max axis
+    layout = ", ".join(map(str, x.shape[:-2] + (n_kv_heads, "T_max", head_dim)))
+    text = f"must be [{layout}] for x {x.shape}, n_kv_heads={n_kv_heads}, head_dim={head_dim}"
+    check_cache_fits(cache, x, w_q, w_k, w_v, dtype, layout=(expected, expected, text))
+
+
+class DynamicCache(Cache):
     """A K/V cache that grows by ``np.concatenate`` at every update.
 
     Each update allocates new ``k_cache``/``v_cache`` arrays and copies all
@@ -113,16 +335,13 @@ class DynamicCache:
         return (f"DynamicCache(k_cache={list(self.k_cache.shape)}, v_cache={list(self.v_cache.shape)}, "
                 f"dtype={self.k_cache.dtype}, seq_length={self.get_seq_length()})")
 
-    def update(self, k, v):
+    def update(self, k, v, *, check_finite=True):
         """Append ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]``; return ``(k_cache, v_cache)``.
 
         The returned arrays are the cache's own: do not write to them.
+        ``check_finite=False`` skips the scan for NaN/inf (a decode's own keys, finite by its overflow guard).
         """
-        k, v = check_new_positions(k, v, self)
-        return self._append(k, v)
-
-    def _append(self, k, v):
-        """:meth:`update` of positions known to fit (a decode's own cache): no check."""
+        k, v = check_new_positions(k, v, self, check_finite)
         if self.k_cache is None:
             self.k_cache, self.v_cache = k.copy(), v.copy()
         else:
@@ -152,7 +371,7 @@ class DynamicCache:
         return 0 if self.k_cache is None else self.k_cache.nbytes + self.v_cache.nbytes
 
 
-class StaticCache:
+class StaticCache(Cache):
     """A K/V cache whose buffers are allocated once and written in place.
 
     ``batch_shape`` is the leading axes, e.g. ``()``, ``(B,)`` or ``(B, H_kv)``; the
@@ -169,18 +388,8 @@ class StaticCache:
         dtype = as_float_dtype(dtype)
         nbytes, what = check_buffer_size("a StaticCache", batch_shape, max_seq_len, k_dim, v_dim, dtype)
         with named_allocation_failure(nbytes, what):
-            self._allocate(batch_shape, max_seq_len, k_dim, v_dim, dtype)
-
-    @classmethod
-    def _of(cls, batch_shape, max_seq_len, k_dim, v_dim, dtype):
-        """A cache of sizes and dtype already validated (a decode's own): no check."""
-        cache = cls.__new__(cls)
-        cache._allocate(batch_shape, max_seq_len, k_dim, v_dim, dtype)
-        return cache
-
-    def _allocate(self, batch_shape, max_seq_len, k_dim, v_dim, dtype):
-        self.k_cache = np.zeros(batch_shape + (max_seq_len, k_dim), dtype)  # [*batch_shape, T_max, D_k]
-        self.v_cache = np.zeros(batch_shape + (max_seq_len, v_dim), dtype)  # [*batch_shape, T_max, D_v]
+            self.k_cache = np.zeros(batch_shape + (max_seq_len, k_dim), dtype)  # [*batch_shape, T_max, D_k]
+            self.v_cache = np.zeros(batch_shape + (max_seq_len, v_dim), dtype)  # [*batch_shape, T_max, D_v]
         self._length = 0
 
     def __repr__(self):
@@ -193,22 +402,20 @@ class StaticCache:
         """T_max, the capacity in positions (int)."""
         return self.k_cache.shape[-2]
 
-    def update(self, k, v):
+    def update(self, k, v, *, check_finite=True):
         """Write ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]`` after the stored positions.
 
         Returns views ``[..., T, D_k]``, ``[..., T, D_v]`` of the buffers; do not write to them.
+        :class:`StaticCacheFullError` (a ValueError) past ``max_seq_len``. ``check_finite=False``
+        skips the scan for NaN/inf (a decode's own keys, finite by its overflow guard).
         """
-        k, v = check_new_positions(k, v, self)
-        if self._length + k.shape[-2] > self.max_seq_len:  # the cache's own state, as paged's OutOfBlocksError
-            raise ValueError(
+        k, v = check_new_positions(k, v, self, check_finite)
+        start, stop = self._length, self._length + k.shape[-2]
+        if stop > self.k_cache.shape[-2]:  # max_seq_len: the cache's own state, as paged's OutOfBlocksError
+            raise StaticCacheFullError(
                 f"cache is full: {self._length} of max_seq_len={self.max_seq_len} positions "
                 f"used, cannot write {k.shape[-2]} more"
             )
-        return self._append(k, v)
-
-    def _append(self, k, v):
-        """:meth:`update` of positions known to fit, room included (a decode's own cache): no check."""
-        start, stop = self._length, self._length + k.shape[-2]
         self.k_cache[..., start:stop, :] = k
         self.v_cache[..., start:stop, :] = v
         self._length = stop
@@ -231,5 +438,3 @@ class StaticCache:
         per_position = (self.k_cache.nbytes + self.v_cache.nbytes) // max(self.max_seq_len, 1)
         return per_position * self._length
 
-
-_OWN_CACHES = (DynamicCache, StaticCache)

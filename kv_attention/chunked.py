@@ -41,20 +41,13 @@ import numpy as np
 
 from ._validation import (
     as_size,
-    check_cache_fits,
     check_finite_output,
     check_projection_inputs,
     check_window,
 )
 from .attention import _attend, band_mask, softmax
-from .cache import StaticCache, check_is_cache, rolled_back_on_error
+from .cache import StaticCache, as_cache, check_cache_fits, rolled_back_on_error
 from .window import SlidingWindowCache
-
-
-def _key_positions(cache, start, stop):
-    """Positions ``[S]`` of the keys ``cache.update`` returns for new positions ``start..stop-1``, in its order."""
-    positions = getattr(cache, "key_positions", None)
-    return np.arange(stop) if positions is None else positions(stop - start)  # a full cache: 0..start-1, the chunk
 
 
 def _blocked(start, stop, k_positions, window, n_sink):
@@ -77,7 +70,7 @@ def _prefill(x, w_q, w_k, w_v, chunk_size, window, n_sink, cache):
     """The chunk loop over validated ``x: [..., T, D_model]`` through ``cache``."""
     out = np.empty(x.shape[:-1] + (w_v.shape[1],), dtype=np.result_type(x, w_v))  # [..., T, D_v]
     # A decode step through a cache of the call's window (None: every position) gets exactly the keys it attends to.
-    exact_steps = getattr(cache, "window", None) == window
+    exact_steps = cache.window == window
     with rolled_back_on_error(cache), np.errstate(over="ignore", invalid="ignore"):
         for begin in range(0, x.shape[-2], chunk_size):
             x_c = x[..., begin : begin + chunk_size, :]  # [..., C, D_model]
@@ -86,7 +79,7 @@ def _prefill(x, w_q, w_k, w_v, chunk_size, window, n_sink, cache):
             if exact_steps and stop - start == 1:
                 blocked = None
             else:
-                blocked = _blocked(start, stop, _key_positions(cache, start, stop), window, n_sink)  # [C, S] or None
+                blocked = _blocked(start, stop, cache.key_positions(stop - start), window, n_sink)  # [C, S] or None
             k, v = cache.update(x_c @ w_k, x_c @ w_v)  # [..., S, D_k], [..., S, D_v]
             out[..., begin : begin + x_c.shape[-2], :] = _attend_chunk(x_c @ w_q, k, v, blocked)  # [..., C, D_v]
         check_finite_output(out)
@@ -110,6 +103,6 @@ def chunked_attention(x, w_q, w_k, w_v, *, chunk_size, window=None, n_sink=0, ca
         else:
             cache = SlidingWindowCache(lead, window, d_k, d_v, n_sink, dtype)
     else:
-        check_is_cache(cache)
+        cache = as_cache(cache)
         check_cache_fits(cache, x, w_q, w_k, w_v, dtype, window=window, n_sink=n_sink)
     return _prefill(x, w_q, w_k, w_v, chunk_size, window, n_sink, cache)

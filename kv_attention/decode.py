@@ -22,19 +22,21 @@ shapes that do not fit (named in the message), NaN/inf, a cache that does not fi
 or is too short, or scores that overflow. A failed call leaves a given cache unchanged.
 """
 
+import functools
+
 import numpy as np
 
-from ._validation import check_cache_fits, check_finite_output, check_projection_inputs
+from ._validation import check_finite_output, check_projection_inputs
 from .attention import _attend, _causal_attention
-from .cache import DynamicCache, StaticCache, check_is_cache, rolled_back_on_error
+from .cache import DynamicCache, StaticCache, as_cache, check_cache_fits, rolled_back_on_error
 
 
 def _decode(x, w_q, w_k, w_v, cache, update):
     """The decode loop over validated ``x: [..., T, D_model]`` through ``cache``, writing with ``update``.
 
-    Bare, for a cache the decode made (``update`` its unchecked ``_append``): its
-    positions come from validated inputs, and the overflow guard proves every
-    score and output finite. A caller's cache goes through :func:`_decode_given`.
+    Bare, for a cache the decode made (``update`` its ``update`` with
+    ``check_finite=False``): its positions come from validated inputs, and the
+    overflow guard proves every score and output finite. A caller's cache goes through :func:`_decode_given`.
     """
     out = np.empty(x.shape[:-1] + (w_v.shape[1],), dtype=np.result_type(x, w_v))  # [..., T, D_v]
     for t in range(x.shape[-2]):
@@ -51,7 +53,7 @@ def _decode_given(x, w_q, w_k, w_v, cache):
     ours to check) may hold anything, so the output is checked, and on any error
     the cache is cropped back to its length.
     """
-    check_is_cache(cache)
+    cache = as_cache(cache)
     check_cache_fits(cache, x, w_q, w_k, w_v, np.result_type(x, w_v))
     with rolled_back_on_error(cache), np.errstate(over="ignore", invalid="ignore"):
         out = _decode(x, w_q, w_k, w_v, cache, cache.update)
@@ -64,15 +66,15 @@ def _decode_cached(x, w_q, w_k, w_v, cache):
     if cache is not None:
         return _decode_given(x, w_q, w_k, w_v, cache)
     cache = DynamicCache()
-    return _decode(x, w_q, w_k, w_v, cache, cache._append)
+    return _decode(x, w_q, w_k, w_v, cache, functools.partial(cache.update, check_finite=False))
 
 
 def _decode_preallocated(x, w_q, w_k, w_v, dtype, cache=None):
     """The preallocated path for validated ``x: [..., T, D_model]``: a StaticCache of T positions by default."""
     if cache is not None:
         return _decode_given(x, w_q, w_k, w_v, cache)
-    cache = StaticCache._of(x.shape[:-2], x.shape[-2], w_k.shape[1], w_v.shape[1], dtype)  # sizes from validated inputs
-    return _decode(x, w_q, w_k, w_v, cache, cache._append)
+    cache = StaticCache(x.shape[:-2], x.shape[-2], w_k.shape[1], w_v.shape[1], dtype)
+    return _decode(x, w_q, w_k, w_v, cache, functools.partial(cache.update, check_finite=False))
 
 
 def decode_without_cache(x, w_q, w_k, w_v):

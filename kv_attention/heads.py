@@ -33,12 +33,11 @@ from ._validation import (
     as_num_splits,
     check_choice,
     check_finite_output,
-    check_head_cache_fits,
     check_head_counts,
     check_head_inputs,
 )
 from .attention import _attend, _causal_attention
-from .cache import StaticCache, check_is_cache, rolled_back_on_error
+from .cache import StaticCache, as_cache, check_head_cache_fits, rolled_back_on_error
 from .split import _split_kv_attention
 
 PATHS = ("repeat_kv", "grouped")
@@ -99,7 +98,7 @@ _STEPS = {"repeat_kv": _attend_repeat_kv, "grouped": _attend_grouped}
 def _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache, update):
     """The decode loop over validated ``x: [..., T, D_model]`` through ``cache``, writing with ``update``.
 
-    ``update`` is a caller's ``cache.update``, or the unchecked ``cache._append`` of the decode's own cache.
+    ``update`` is a caller's ``cache.update``, or the decode's own cache's with ``check_finite=False``.
     """
     lead = x.shape[:-2]
     group = w_q.shape[1] // (n_kv_heads * head_dim)
@@ -157,7 +156,8 @@ def multi_head_decode(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, path="group
     x, w_q, w_k, w_v, w_o, head_dim, dtype = check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads)
     if cache is None:
         cache = StaticCache(x.shape[:-2] + (n_kv_heads,), x.shape[-2], head_dim, head_dim, dtype)
-        return _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache, cache._append)
-    check_is_cache(cache)
+        update = functools.partial(cache.update, check_finite=False)
+        return _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache, update)
+    cache = as_cache(cache)
     check_head_cache_fits(cache, x, w_q, w_k, w_v, n_kv_heads, head_dim, dtype)
     return _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache, cache.update)

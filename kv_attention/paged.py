@@ -33,7 +33,11 @@ not in the cache (or, for ``add_sequence`` and a fork's child, already in it),
 NaN/inf, a negative token id, a size below its minimum, or a pool larger than memory
 (with the bytes it needs); :class:`OutOfBlocksError` when an update needs more
 blocks than are free. On any error the pool, the free list, the refcounts and
-every block table are unchanged.
+every block table are unchanged. :meth:`PagedKVCache.rolled_back_on_error` extends
+that to a block of calls (a ragged decode on a caller's cache).
+
+Invariants: each block table lists only blocks its sequence holds (asserted as
+they are added); the allocator asserts its own (:mod:`~kv_attention.block_allocator`).
 """
 
 import copy
@@ -41,23 +45,69 @@ import math
 
 import numpy as np
 
-from ._validation import (
-    as_flag,
-    as_float_dtype,
-    as_id_list,
-    as_size,
-    as_token_ids,
-    check_known_ids,
-    check_new_id,
-    check_paged_positions,
-    check_paged_token_ids,
-    check_pool_size,
-    check_update_ids,
-    named_allocation_failure,
-    pool_description,
-)
+from ._validation import as_flag, as_float_array, as_float_dtype, as_size, check_memory, named_allocation_failure
 from .block_allocator import BlockAllocator, OutOfBlocksError
 from .prefix_caching import PrefixCachingAllocator, hash_block_tokens
+
+
+def as_id_list(seq_ids):
+    """``seq_ids`` as a list; TypeError unless it is an ordered sequence (list, tuple, array, range)."""
+    if not isinstance(seq_ids, (list, tuple, np.ndarray, range)):
+        raise TypeError(
+            f"seq_ids must be a list, tuple or array of sequence ids (ordered: row i is seq_ids[i]), "
+            f"got {type(seq_ids).__name__} {seq_ids!r}"
+        )
+    return list(seq_ids)
+
+
+def _check_hashable(seq_id):
+    try:
+        hash(seq_id)
+    except TypeError:
+        raise TypeError(f"a sequence id must be hashable, got {seq_id!r}") from None
+
+
+def _as_integer_array(name, values):
+    """``values`` as an int64 array of token ids; TypeError unless integers (an empty list counts),
+    ValueError for a negative id or one beyond int64."""
+    array = np.asarray(values)
+    if array.size == 0 and array.dtype.kind == "f":  # np.asarray([]) is float64
+        array = array.astype(np.int64)
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integers, got dtype {array.dtype}")
+    if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} holds an id beyond int64: {array.max()}")
+    negative = np.argwhere(array < 0)
+    if negative.size:
+        j = tuple(negative[0].tolist())
+        index = ", ".join(map(str, j))
+        raise ValueError(f"{name}[{index}] = {array[j]} is negative: token ids are integers >= 0")
+    return array.astype(np.int64)
+
+
+def as_token_ids(name, token_ids):
+    """``token_ids`` as a 1-D int64 array; TypeError unless integers, ValueError unless 1-D."""
+    array = _as_integer_array(name, token_ids)
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D sequence of token ids, got shape {array.shape}")
+    return array
+
+
+def _as_update_token_ids(token_ids, n_seqs, t_new):
+    """The token ids of an update's new positions as ``[N, T_new]`` int64 (None stays None)."""
+    if token_ids is None:
+        return None
+    array = _as_integer_array("token_ids", token_ids)
+    if array.shape != (n_seqs, t_new):
+        raise ValueError(
+            f"token_ids must be [N, T_new] = [{n_seqs}, {t_new}], one per new position, got shape {array.shape}"
+        )
+    return array
+
+
+def _pool_description(num_blocks, block_size, k_dim, v_dim, dtype):
+    return f"a pool of num_blocks={num_blocks} blocks of block_size={block_size}, k_dim={k_dim}, v_dim={v_dim} in {dtype}"
+
 
 class PagedKVCache:
     """K/V of many sequences in one pool of fixed-size blocks, taken from a free list as they grow.
@@ -83,10 +133,12 @@ class PagedKVCache:
         k_dim, v_dim = as_size("k_dim", k_dim, minimum=1), as_size("v_dim", v_dim)  # the library's rule for widths
         block_size = as_size("block_size", block_size, minimum=1)
         dtype = as_float_dtype(dtype)
-        caching = as_flag("enable_prefix_caching", enable_prefix_caching)
-        nbytes = check_pool_size(num_blocks, block_size, k_dim, v_dim, dtype, BlockAllocator.nbytes_for(num_blocks))
-        allocator = PrefixCachingAllocator if caching else BlockAllocator
-        with named_allocation_failure(nbytes, pool_description(num_blocks, block_size, k_dim, v_dim, dtype)):
+        enable_prefix_caching = as_flag("enable_prefix_caching", enable_prefix_caching)
+        what = _pool_description(num_blocks, block_size, k_dim, v_dim, dtype)
+        nbytes = num_blocks * block_size * (k_dim + v_dim) * dtype.itemsize + BlockAllocator.nbytes_for(num_blocks)
+        check_memory(nbytes, what)
+        allocator = PrefixCachingAllocator if enable_prefix_caching else BlockAllocator
+        with named_allocation_failure(nbytes, what):
             self.k_cache = np.zeros((num_blocks, block_size, k_dim), dtype)
             self.v_cache = np.zeros((num_blocks, block_size, v_dim), dtype)
             self.allocator = allocator(num_blocks)
@@ -95,6 +147,7 @@ class PagedKVCache:
         self._block_hashes = {}  # prefix caching: seq_id -> hashes of its full blocks, or None once a write had no ids
         self._partial_tokens = {}  # prefix caching: seq_id -> token ids in its last, partial block
         self._peak_blocks = 0
+        self._journal = None  # inside rolled_back_on_error: block -> its (k, v) before its first write there
 
     def __repr__(self):
         return (f"PagedKVCache(num_blocks={self.num_blocks}, block_size={self.block_size}, "
@@ -131,7 +184,7 @@ class PagedKVCache:
         Else returns 0. A caller that must compute a token's output passes the
         tokens before it only (a fully cached prompt still computes its last token).
         """
-        check_new_id(seq_id, self._block_tables)
+        self._check_new(seq_id)
         token_ids = None if token_ids is None else as_token_ids("token_ids", token_ids)
         blocks, hashes = self._cached_prefix(token_ids)
         self.allocator.share(blocks)
@@ -154,8 +207,8 @@ class PagedKVCache:
         either into the shared last partial block copies that block for the
         writer (copy-on-write); full blocks stay shared until both are freed.
         """
-        check_known_ids([parent_id], self._block_tables)
-        check_new_id(child_id, self._block_tables)
+        self._check_known([parent_id])
+        self._check_new(child_id)
         blocks = self._block_tables[parent_id][: self._blocks_for(self._lengths[parent_id])]
         self.allocator.share(blocks)
         self._block_tables[child_id] = list(blocks)
@@ -171,7 +224,7 @@ class PagedKVCache:
         Their contents stay; with prefix caching, a cached block stays findable
         by its hash until it is evicted.
         """
-        check_known_ids([seq_id], self._block_tables)
+        self._check_known([seq_id])
         self.allocator.free(self._block_tables.pop(seq_id))
         del self._lengths[seq_id]
         self._block_hashes.pop(seq_id, None)
@@ -179,18 +232,18 @@ class PagedKVCache:
 
     def get_seq_length(self, seq_id):
         """Tokens stored for ``seq_id`` (int)."""
-        check_known_ids([seq_id], self._block_tables)
+        self._check_known([seq_id])
         return self._lengths[seq_id]
 
     def get_seq_lengths(self, seq_ids):
         """Tokens stored for each of ``seq_ids``: ``[N]`` int64."""
         seq_ids = as_id_list(seq_ids)
-        check_known_ids(seq_ids, self._block_tables)
+        self._check_known(seq_ids)
         return np.array([self._lengths[s] for s in seq_ids], dtype=np.int64)
 
     def block_table(self, seq_id):
         """The physical blocks of ``seq_id``, logical block 0 first (tuple of ints)."""
-        check_known_ids([seq_id], self._block_tables)
+        self._check_known([seq_id])
         return tuple(self._block_tables[seq_id])
 
     def ref_count(self, block):
@@ -205,7 +258,7 @@ class PagedKVCache:
         nothing: :class:`OutOfBlocksError` if fewer are free. vLLM's
         ``allocate_slots``: a scheduler reserves a prompt's blocks when it admits it.
         """
-        check_known_ids([seq_id], self._block_tables)
+        self._check_known([seq_id])
         num_tokens = as_size("num_tokens", num_tokens)
         needed = self._blocks_needed([seq_id], num_tokens)
         if needed > self.allocator.num_free_blocks:
@@ -227,16 +280,21 @@ class PagedKVCache:
         Returns slot_mapping, ``[N, T_new]`` int64: the pool slot each new
         position was written to, ``physical_block * block_size + offset``.
         """
-        seq_ids = check_update_ids(seq_ids, self._block_tables)
-        k, v = check_paged_positions(k, v, len(seq_ids), self)
+        seq_ids = as_id_list(seq_ids)
+        self._check_known(seq_ids)
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"seq_ids repeats a sequence: {seq_ids}")
+        k, v = self._check_positions(k, v, len(seq_ids))
         t_new = k.shape[1]
-        token_ids = check_paged_token_ids(token_ids, len(seq_ids), t_new)
+        token_ids = _as_update_token_ids(token_ids, len(seq_ids), t_new)
         needed = self._blocks_needed(seq_ids, t_new)
         if needed > self.allocator.num_free_blocks:
             raise self._out_of_blocks(len(seq_ids), needed)
         for seq_id in seq_ids:
             self._make_room(seq_id, t_new)
         slot_mapping = self._slot_mapping(seq_ids, t_new)  # [N, T_new]
+        if self._journal is not None:
+            self._keep(np.unique(slot_mapping // self.block_size).tolist())
         slots, new = self.num_blocks * self.block_size, slot_mapping.size  # explicit: reshape(-1, 0) is ambiguous
         self.k_cache.reshape(slots, k.shape[-1])[slot_mapping.ravel()] = k.reshape(new, k.shape[-1])
         self.v_cache.reshape(slots, v.shape[-1])[slot_mapping.ravel()] = v.reshape(new, v.shape[-1])
@@ -322,17 +380,54 @@ class PagedKVCache:
         per_slot = (self.k_cache.nbytes + self.v_cache.nbytes) // max(self.num_blocks * self.block_size, 1)
         return per_slot * self.slots_used
 
-    def _snapshot(self):
-        """A copy of the whole state, for ``cache.rolled_back_on_error`` (a ragged decode in a caller's cache)."""
-        state = (self.allocator, self._block_tables, self._lengths, self._block_hashes, self._partial_tokens)
-        return self.k_cache.copy(), self.v_cache.copy(), copy.deepcopy(state), self._peak_blocks
+    def rolled_back_on_error(self):
+        """Context manager: on any error in the block, the cache is put back exactly as it was; the error propagates.
 
-    def _restore(self, snapshot):
-        """Put back a :meth:`_snapshot` of this cache, the pool into the same buffers."""
-        k_cache, v_cache, state, self._peak_blocks = snapshot
-        self.allocator, self._block_tables, self._lengths, self._block_hashes, self._partial_tokens = state
-        self.k_cache[...] = k_cache
-        self.v_cache[...] = v_cache
+        The pool, the free list, the refcounts, every block table, the prefix
+        cache's hashes and ``peak_blocks`` are put back. It copies only what the
+        block could change: the bookkeeping (integers, a few bytes per block) on
+        entry, and each block's keys and values before the block's first write
+        in it, so a failed decode in a large pool copies the blocks it wrote,
+        not the pool. "Any error" includes the GeneratorExit of a generator closed
+        inside the block (a ragged decode abandoned midway).
+        """
+        return _RolledBack(self)
+
+    def _keep(self, blocks):
+        """Inside :meth:`rolled_back_on_error`: keep the contents of each of ``blocks`` before its first write."""
+        for block in blocks:
+            if block not in self._journal:
+                self._journal[block] = self.k_cache[block].copy(), self.v_cache[block].copy()
+
+    def _check_new(self, seq_id):
+        """Raise unless ``seq_id`` is hashable and not in the cache."""
+        _check_hashable(seq_id)
+        if seq_id in self._block_tables:
+            raise ValueError(f"sequence {seq_id!r} is already in the cache")
+
+    def _check_known(self, seq_ids):
+        """Raise unless every one of ``seq_ids`` is in the cache."""
+        for seq_id in seq_ids:
+            _check_hashable(seq_id)
+            if seq_id not in self._block_tables:
+                raise ValueError(f"sequence {seq_id!r} is not in the cache; known: {list(self._block_tables)}")
+
+    def _check_positions(self, k, v, n_seqs):
+        """Return k, v as arrays, or raise unless they are ``[N, T_new, D_k]``/``[N, T_new, D_v]`` for the pool."""
+        k, v = as_float_array("k", k), as_float_array("v", v)
+        expected_k = (n_seqs, k.shape[1] if k.ndim == 3 else "T_new", self.k_cache.shape[-1])
+        expected_v = (n_seqs, expected_k[1], self.v_cache.shape[-1])
+        if k.shape != expected_k or v.shape != expected_v:
+            raise ValueError(
+                f"k and v must be [N, T_new, D_k] and [N, T_new, D_v] for N={n_seqs} seq_ids, "
+                f"D_k={expected_k[2]}, D_v={expected_v[2]}: got k {k.shape}, v {v.shape}"
+            )
+        if v.dtype != k.dtype or not np.can_cast(k.dtype, self.k_cache.dtype, casting="safe"):
+            raise TypeError(
+                f"k and v must both be float32 or both float64 and fit the pool's {self.k_cache.dtype}: "
+                f"got {k.dtype} and {v.dtype}"
+            )
+        return k, v
 
     def _blocks_for(self, length):
         return math.ceil(length / self.block_size)
@@ -359,13 +454,16 @@ class PagedKVCache:
         table, length = self._block_tables[seq_id], self._lengths[seq_id]
         if t_new and length % self.block_size and self.allocator.ref_count(table[length // self.block_size]) > 1:
             j = length // self.block_size
-            (copy,) = self.allocator.allocate(1)
-            self.k_cache[copy], self.v_cache[copy] = self.k_cache[table[j]], self.v_cache[table[j]]
+            (fresh,) = self.allocator.allocate(1)
+            if self._journal is not None:
+                self._keep([fresh])
+            self.k_cache[fresh], self.v_cache[fresh] = self.k_cache[table[j]], self.v_cache[table[j]]
             self.allocator.free([table[j]])  # the other holders keep it
-            table[j] = copy
+            table[j] = fresh
         new = self._blocks_for(length + t_new) - len(table)
         if new > 0:
             table.extend(self.allocator.allocate(new))
+            assert all(self.allocator.ref_count(b) == 1 for b in table[-new:]), "a new block table entry is not held"
 
     def _out_of_blocks(self, n_seqs, needed):
         return OutOfBlocksError(
@@ -411,3 +509,31 @@ class PagedKVCache:
             table, start = self._block_tables[seq_id], self._lengths[seq_id]
             slots.append([table[p // size] * size + p % size for p in range(start, start + t_new)])
         return np.array(slots, dtype=np.int64).reshape(len(seq_ids), t_new)
+
+
+class _RolledBack:
+    """The context manager of :meth:`PagedKVCache.rolled_back_on_error`.
+
+    A class, as ``cache.rolled_back_on_error`` is: a generator-based one would execute more Python lines.
+    """
+
+    def __init__(self, cache):
+        self.cache = cache
+
+    def __enter__(self):
+        cache = self.cache
+        state = (cache.allocator, cache._block_tables, cache._lengths, cache._block_hashes, cache._partial_tokens)
+        self.saved, self.outer, cache._journal = (copy.deepcopy(state), cache._peak_blocks), cache._journal, {}
+        return cache
+
+    def __exit__(self, error_type, error, traceback):
+        cache, journal = self.cache, self.cache._journal
+        cache._journal = self.outer
+        if self.outer is not None:  # nested: the outer block must be able to undo this one's writes too
+            for block, kept in journal.items():
+                self.outer.setdefault(block, kept)
+        if error_type is not None:
+            state, cache._peak_blocks = self.saved
+            cache.allocator, cache._block_tables, cache._lengths, cache._block_hashes, cache._partial_tokens = state
+            for block, (k, v) in journal.items():
+                cache.k_cache[block], cache.v_cache[block] = k, v

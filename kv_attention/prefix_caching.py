@@ -32,7 +32,6 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ._validation import check_blocks_held
 from .block_allocator import BlockAllocator
 
 
@@ -75,7 +74,7 @@ class PrefixCachingAllocator(BlockAllocator):
         vLLM likewise keeps the first block cached under a hash and leaves a
         duplicate uncached, so that block tables stay append-only.
         """
-        (block,) = check_blocks_held([block], self._ref_counts, "cache")
+        (block,) = self._check_held([block], "cache")
         if block_hash in self._block_of_hash or block in self._hash_of_block:
             return False
         self._block_of_hash[block_hash], self._hash_of_block[block] = block, block_hash
@@ -86,13 +85,14 @@ class PrefixCachingAllocator(BlockAllocator):
         blocks = super()._take(min(n, self._num_free))
         for _ in range(n - len(blocks)):
             block, _ = self._evictable.popitem(last=False)
+            assert self._ref_counts[block] == 0, f"evictable block {block} is held"
             del self._block_of_hash[self._hash_of_block.pop(block)]
             blocks.append(block)
         return blocks
 
     def share(self, blocks):
         """Add one holder to each of ``blocks``: held ones (a fork) or cached ones of refcount 0 (a hit)."""
-        blocks = check_blocks_held(blocks, self._ref_counts, "share", cached=self._evictable)
+        blocks = self._check_held(blocks, "share", cached=self._evictable)
         for block in blocks:
             self._evictable.pop(block, None)
         self._ref_counts[blocks] += 1
@@ -101,5 +101,6 @@ class PrefixCachingAllocator(BlockAllocator):
         """Cached blocks go to the evictable list's most recent end; the others to the free list."""
         for block in blocks:
             if block in self._hash_of_block:
+                assert block not in self._evictable, f"block {block} is on the evictable list twice"
                 self._evictable[block] = None
         super()._release([b for b in blocks if b not in self._hash_of_block])

@@ -63,8 +63,9 @@ from collections import namedtuple
 
 import numpy as np
 
-from ._validation import as_batch_shape, as_float_array, as_float_dtype, as_size, check_choice, check_crop
+from ._validation import _as_array, as_float_array, as_float_dtype, as_size, check_choice
 from .attention import softmax
+from .cache import Cache, as_batch_shape, check_crop
 
 AXES = ("channel", "token")
 # name -> (exponent bits, mantissa bits, finite codes >= 0): the OCP 8-bit floats; e4m3fn's 0x7F is NaN (no inf),
@@ -150,7 +151,7 @@ class _Quantizer:
         with np.errstate(over="ignore"):
             scale = (hi - lo) / levels
         if not np.isfinite(scale).all():
-            raise ValueError(f"k or v too large to quantize in {self.dtype}: max - min of a group overflows")
+            raise ValueError(f"k or v too large to quantize in {self.dtype}: max - min of a group overflows (or is NaN)")
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = (xg - lo[..., None]) / scale[..., None]
         codes = np.where(scale[..., None] > 0, np.clip(np.rint(ratio), 0, levels), 0).astype(np.uint8)
@@ -189,7 +190,7 @@ def _concat(old, new):
     return None if old is None else np.concatenate([old, new], axis=-2)
 
 
-class QuantizedCache:
+class QuantizedCache(Cache):
     """A K/V cache of ``[*batch_shape, T, k_dim]`` keys and ``[*batch_shape, T, v_dim]`` values held quantized.
 
     The contract (groups, rounding, float8, residual, packing, crop) is the module's.
@@ -242,11 +243,12 @@ class QuantizedCache:
                 f"value_axis={self.value_axis!r}, dtype={self.dtype}, seq_length={self.get_seq_length()}, "
                 f"num_quantized={self.num_quantized})")
 
-    def _check_new(self, k, v):
+    def _check_new(self, k, v, check_finite):
         """``k: [*batch_shape, T_new, k_dim]``, ``v: [*batch_shape, T_new, v_dim]`` as arrays of the cache's dtype."""
         if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
             raise TypeError(f"k and v must be numpy arrays, got {type(k).__name__}, {type(v).__name__}")
-        k, v = as_float_array("k", k), as_float_array("v", v)
+        as_array = as_float_array if check_finite else _as_array
+        k, v = as_array("k", k), as_array("v", v)
         for name, array in (("k", k), ("v", v)):
             if not np.can_cast(array.dtype, self.dtype, casting="safe"):
                 raise TypeError(f"{name} is {array.dtype}, which the cache's {self.dtype} cannot hold without loss")
@@ -260,9 +262,9 @@ class QuantizedCache:
             )
         return k.astype(self.dtype, copy=False), v.astype(self.dtype, copy=False)
 
-    def store(self, k, v):
+    def store(self, k, v, *, check_finite=True):
         """:meth:`update` without returning K̂/V̂ (for :func:`attend_quantized`); returns None."""
-        k, v = self._check_new(k, v)
+        k, v = self._check_new(k, v, check_finite)
         held = self._parts[0].residual.shape[-2] + k.shape[-2]
         n_new = self.group_size * math.ceil(max(0, held - self.residual_length) / self.group_size)
         parts = []
@@ -276,12 +278,14 @@ class QuantizedCache:
                                _concat(part.zero, zero), residual[..., n_new:, :].copy()))
         self._parts = tuple(parts)
 
-    def update(self, k, v):
+    def update(self, k, v, *, check_finite=True):
         """Store ``k: [*batch_shape, T_new, k_dim]``, ``v: [*batch_shape, T_new, v_dim]``; return ``(K̂, V̂)`` so far.
 
         ``K̂: [*batch_shape, T, k_dim]``, ``V̂: [*batch_shape, T, v_dim]`` in the cache's dtype, new arrays.
+        ``check_finite=False`` skips the scan for NaN/inf (a NaN then spoils its whole group, and
+        a quantized group with one is refused as too large).
         """
-        self.store(k, v)
+        self.store(k, v, check_finite=check_finite)
         return self.dequantize()
 
     def dequantize(self):
@@ -333,12 +337,16 @@ class QuantizedCache:
                                part.residual[..., :0, :].copy()))
         self._parts = tuple(parts)
 
-    def _snapshot(self):
-        """The state, for ``rolled_back_on_error``: its arrays are replaced, never written, so references suffice."""
+    def snapshot(self):
+        """The state, for ``rolled_back_on_error``: its arrays are replaced, never written, so references suffice.
+
+        (The base's default, a crop back to the length, cannot undo a block quantized since.)
+        """
         return self._parts
 
-    def _restore(self, parts):
-        self._parts = parts
+    def restore(self, snapshot):
+        """Put back a :meth:`snapshot`."""
+        self._parts = snapshot
 
     @property
     def nbytes(self):

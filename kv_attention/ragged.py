@@ -55,9 +55,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import as_flag, as_size, check_choice, check_finite_output, check_paged_cache_fits, check_ragged_inputs
+from ._validation import (
+    as_float_array,
+    as_flag,
+    as_size,
+    as_sizes_per_sequence,
+    check_choice,
+    check_finite_output,
+    check_projection_inputs,
+)
 from .attention import _masked_attend
-from .cache import rolled_back_on_error
 from .paged import PagedKVCache
 
 RAGGED_STRATEGIES = ("padded", "compacted", "paged")
@@ -203,7 +210,7 @@ class _PagedBatch:
 
     def rolled_back(self):
         """For a caller's cache: on an error or GeneratorExit in the block, the cache put back as it was."""
-        return rolled_back_on_error(self.cache) if self.callers else contextlib.nullcontext()
+        return self.cache.rolled_back_on_error() if self.callers else contextlib.nullcontext()
 
     def join(self, seq):
         self.cache.add_sequence(seq)
@@ -235,6 +242,87 @@ class _PagedBatch:
 
 
 _BATCHES = {"padded": _PaddedBatch, "compacted": _CompactedBatch, "paged": _PagedBatch}
+
+
+# Input checks, all before the first step
+
+
+def check_paged_cache_fits(cache, strategy, n_seqs, d_k, d_v, dtype, block_size, num_blocks):
+    """Raise unless a caller's ``cache`` is a PagedKVCache a ragged decode of ``n_seqs`` sequences can use.
+
+    It must be for ``strategy="paged"``, hold ``dtype`` with widths D_k and D_v,
+    match ``block_size`` when one is given, come without ``num_blocks`` (the
+    pool is the cache's) and not hold the decode's sequence ids 0..n_seqs-1.
+    """
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
+    if strategy != "paged":
+        raise ValueError(f"cache= is for strategy='paged', got strategy={strategy!r}")
+    if num_blocks is not None:
+        raise ValueError(f"num_blocks={num_blocks} was given with a cache, whose pool has {cache.num_blocks} blocks")
+    if block_size is not None and block_size != cache.block_size:
+        raise ValueError(f"block_size={block_size} does not fit the cache's block_size={cache.block_size}")
+    widths = (cache.k_cache.shape[-1], cache.v_cache.shape[-1])
+    if widths != (d_k, d_v):
+        raise ValueError(
+            f"cache does not fit the weights: k_cache {cache.k_cache.shape} and v_cache {cache.v_cache.shape} "
+            f"need D_k={d_k}, D_v={d_v}"
+        )
+    if cache.k_cache.dtype != dtype:
+        raise TypeError(f"cache holds {cache.k_cache.dtype} but the computation is {dtype}")
+    held = set(cache.seq_ids)
+    taken = [s for s in range(n_seqs) if s in held]
+    if taken:
+        raise ValueError(f"cache already holds sequence(s) {taken}; the decode's sequences are 0..{n_seqs - 1}")
+
+
+def _as_sequences(x, lengths):
+    """The sequences of ``x``: a list of ``[T_i, D_model]`` arrays and whether x came padded."""
+    if isinstance(x, (list, tuple)):
+        if lengths is not None:
+            raise ValueError("lengths is for a padded x [B, T_max, D_model]; a list of sequences carries its own")
+        seqs = [as_float_array(f"x[{i}]", seq) for i, seq in enumerate(x)]
+        for i, seq in enumerate(seqs):
+            if seq.ndim != 2:
+                raise ValueError(f"x[{i}] must be [T_i, D_model], got shape {seq.shape}")
+        return seqs, False
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"x must be a list of [T_i, D_model] arrays or an ndarray [B, T_max, D_model], got {type(x)}")
+    if x.ndim != 3:
+        raise ValueError(f"a padded x must be [B, T_max, D_model], got shape {x.shape}")
+    as_float_array("x", x[:, :0])  # the dtype, even when every length is 0
+    if lengths is None:
+        lengths = np.full(x.shape[0], x.shape[1])
+    else:
+        lengths = as_sizes_per_sequence("lengths", lengths, x.shape[0])
+    if lengths.size and lengths.max() > x.shape[1]:
+        raise ValueError(f"lengths must be at most T_max={x.shape[1]} of x {x.shape}, got {lengths.tolist()}")
+    # Only x[b, :T_b] is read (checked, copied): the padding may hold anything.
+    return [as_float_array(f"x[{b}, :{n}]", x[b, :n]) for b, n in enumerate(lengths)], True
+
+
+def check_ragged_inputs(x, w_q, w_k, w_v, lengths, start_steps):
+    """Validate a ragged decode's inputs.
+
+    Returns ``(seqs, padded, (w_q, w_k, w_v), dtype, start_steps)``: the
+    sequences as ``[T_i, D_model]`` arrays, whether ``x`` came padded, the weights
+    in ``dtype`` and ``start_steps`` as ``[B]`` int64.
+    """
+    seqs, padded = _as_sequences(x, lengths)
+    d_model = seqs[0].shape[1] if seqs else (np.shape(w_q)[:1] or (0,))[0]
+    for i, seq in enumerate(seqs):
+        if seq.shape[1] != d_model:
+            raise ValueError(f"every sequence must share D_model: x[0] has {d_model}, x[{i}] has shape {seq.shape}")
+    empty_dtype = x.dtype if isinstance(x, np.ndarray) else np.float64  # B = 0 keeps a padded x's dtype
+    flat = np.concatenate(seqs) if seqs else np.empty((0, d_model), empty_dtype)  # [sum T_i, D_model]
+    _, w_q, w_k, w_v, dtype = check_projection_inputs(flat, w_q, w_k, w_v, x_ndims=(2,))
+    n_seqs = len(seqs)
+    if start_steps is None:
+        start_steps = np.zeros(n_seqs, np.int64)
+    else:
+        start_steps = as_sizes_per_sequence("start_steps", start_steps, n_seqs)
+    return seqs, padded, (w_q, w_k, w_v), dtype, start_steps
+
 
 
 def _make_problem(x, w_q, w_k, w_v, lengths, start_steps):

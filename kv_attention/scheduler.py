@@ -66,9 +66,17 @@ from typing import Any
 
 import numpy as np
 
-from ._validation import check_finite_output, check_serve_inputs
+from ._validation import (
+    _MAX_STEP,
+    _as_array,
+    as_flag,
+    as_float_array,
+    as_size,
+    check_finite_output,
+    check_projection_inputs,
+)
 from .attention import _masked_attend
-from .paged import OutOfBlocksError, PagedKVCache
+from .paged import OutOfBlocksError, PagedKVCache, as_token_ids
 
 
 @dataclass(frozen=True)
@@ -178,11 +186,13 @@ class _Sequence:
 class _Scheduler:
     """The queues (arrivals, waiting, running), the paged cache, and the counts of one serve."""
 
-    def __init__(self, seqs, embedding, weights, dtype, block_size, num_blocks, budget, max_num_seqs, caching):
+    def __init__(self, seqs, embedding, weights, dtype, block_size, num_blocks, max_num_batched_tokens, max_num_seqs,
+                 enable_prefix_caching):
         w_k, w_v = weights[1:]
-        self.embedding, self.weights, self.budget, self.max_num_seqs = embedding, weights, budget, max_num_seqs
+        self.embedding, self.weights = embedding, weights
+        self.max_num_batched_tokens, self.max_num_seqs = max_num_batched_tokens, max_num_seqs
         d_k, d_v = w_k.shape[1], w_v.shape[1]
-        self.cache = PagedKVCache(num_blocks, block_size, d_k, d_v, dtype, enable_prefix_caching=caching)
+        self.cache = PagedKVCache(num_blocks, block_size, d_k, d_v, dtype, enable_prefix_caching=enable_prefix_caching)
         self.arrivals = deque(sorted(seqs, key=lambda s: s.arrival_step))  # stable: FCFS among equal steps
         self.waiting, self.running = deque(), []  # running: in order of admission
         self.preemptions = self.recomputed_tokens = self.prefix_hit_tokens = 0
@@ -203,9 +213,9 @@ class _Scheduler:
 
     def schedule(self):
         """This step's work: the decoding requests (a token each), and ``(request, chunk)`` for the prefilling."""
-        budget, decodes, prefills, preemptions_before = self.budget, [], [], self.preemptions
+        token_budget, decodes, prefills, preemptions_before = self.max_num_batched_tokens, [], [], self.preemptions
         for seq in [s for s in self.running if not s.prefilling]:
-            if budget == 0:
+            if token_budget == 0:
                 break
             if not seq.running:  # preempted to make room for an earlier one
                 continue
@@ -213,17 +223,17 @@ class _Scheduler:
             if full and not self.make_room(seq):  # it was the latest admitted: none after it is left
                 break
             decodes.append(seq)
-            budget -= 1
+            token_budget -= 1
         preempted = self.preemptions > preemptions_before  # vLLM V1: no admission in a step that preempted
         for seq in [s for s in self.running if s.prefilling]:
-            if budget == 0:
+            if token_budget == 0:
                 break
-            prefills.append((seq, min(seq.num_tokens - seq.num_computed, budget)))
-            budget -= prefills[-1][1]
-        while not preempted and budget and self.waiting and self.has_seat() and self.admit(self.waiting[0]):
+            prefills.append((seq, min(seq.num_tokens - seq.num_computed, token_budget)))
+            token_budget -= prefills[-1][1]
+        while not preempted and token_budget and self.waiting and self.has_seat() and self.admit(self.waiting[0]):
             seq = self.waiting.popleft()
-            prefills.append((seq, min(seq.num_tokens - seq.num_computed, budget)))
-            budget -= prefills[-1][1]
+            prefills.append((seq, min(seq.num_tokens - seq.num_computed, token_budget)))
+            token_budget -= prefills[-1][1]
         return decodes, prefills
 
     def make_room(self, seq):
@@ -279,8 +289,8 @@ class _Scheduler:
         starts = [s.num_computed for s in seqs]
         tokens = np.stack([s.token_ids[a : a + n] for s, a in zip(seqs, starts)])  # [N, n]
         x = self.embedding[tokens]  # [N, n, D_model]
-        caching = tokens if self.cache.enable_prefix_caching else None
-        self.cache.update([s.request_id for s in seqs], x @ w_k, x @ w_v, token_ids=caching)  # [N, n, D_k], [N, n, D_v]
+        token_ids = tokens if self.cache.enable_prefix_caching else None
+        self.cache.update([s.request_id for s in seqs], x @ w_k, x @ w_v, token_ids=token_ids)  # [N, n, D_k], [N, n, D_v]
         for seq, start in zip(seqs, starts):
             self.recomputed_tokens += max(0, min(start + n, seq.high_water) - start)
             seq.num_computed = start + n
@@ -320,6 +330,88 @@ class _Scheduler:
         return ServeResult({s.request_id: s.outputs for s in seqs}, stats)
 
 
+# Input checks, all before anything runs
+
+
+def check_serve_inputs(requests, embedding, w_q, w_k, w_v, block_size, num_blocks, max_num_batched_tokens, max_num_seqs,
+                       enable_prefix_caching):
+    """Validate the inputs of ``serve``.
+
+    Returns ``(specs, embedding, (w_q, w_k, w_v), dtype, (block_size, num_blocks,
+    max_num_batched_tokens, max_num_seqs, enable_prefix_caching))``: one ``(request_id, token_ids [L] int64,
+    prompt_len, arrival_step)`` per request, and the embedding and weights in ``dtype``.
+    """
+    options = (
+        as_size("block_size", block_size, minimum=1),
+        as_size("num_blocks", num_blocks),
+        as_size("max_num_batched_tokens", max_num_batched_tokens, minimum=1),
+        None if max_num_seqs is None else as_size("max_num_seqs", max_num_seqs, minimum=1),
+        as_flag("enable_prefix_caching", enable_prefix_caching),
+    )
+    embedding = as_float_array("embedding", embedding)
+    if embedding.ndim != 2:
+        raise ValueError(f"embedding must be [V, D_model], got shape {embedding.shape}")
+    w_q, w_k, w_v = (_as_array(name, w) for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)))  # before any shape
+    for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)):
+        if w.ndim == 2 and w.shape[0] != embedding.shape[1]:
+            raise ValueError(
+                f"{name} has {w.shape[0]} rows but embedding has D_model={embedding.shape[1]}: "
+                f"embedding {embedding.shape}, {name} {w.shape}"
+            )
+    # x = embedding[token_ids]: the bound on |q|·|k| over every embedding row covers every token.
+    embedding, w_q, w_k, w_v, dtype = check_projection_inputs(embedding, w_q, w_k, w_v, x_ndims=(2,))
+    specs = _check_requests(requests, len(embedding), options[0], options[1])
+    return specs, embedding.astype(dtype, copy=False), (w_q, w_k, w_v), dtype, options
+
+
+def _check_requests(requests, vocab_size, block_size, num_blocks):
+    """One ``(request_id, token_ids, prompt_len, arrival_step)`` per request, or raise naming the request."""
+    if not isinstance(requests, (list, tuple)):
+        raise TypeError(f"requests must be a list of Request, got {type(requests).__name__}")
+    specs, seen = [], {}
+    for i, request in enumerate(requests):
+        if not isinstance(request, Request):
+            raise TypeError(f"requests[{i}] must be a Request, got {type(request).__name__}")
+        try:
+            hash(request.request_id)
+        except TypeError:
+            raise TypeError(f"requests[{i}]: request_id must be hashable, got {request.request_id!r}") from None
+        if request.request_id != request.request_id:  # NaN: two of them would both pass as distinct keys
+            raise ValueError(f"requests[{i}]: request_id must equal itself to key the outputs, got "
+                             f"{request.request_id!r}")
+        name = f"request {request.request_id!r} (requests[{i}])"
+        if request.request_id in seen:
+            raise ValueError(f"{name} repeats the request_id of requests[{seen[request.request_id]}]")
+        seen[request.request_id] = i
+        specs.append(_check_request(name, request, vocab_size, block_size, num_blocks))
+    return specs
+
+
+def _check_request(name, request, vocab_size, block_size, num_blocks):
+    tokens = as_token_ids(f"{name}: token_ids", request.token_ids)
+    outside = np.flatnonzero((tokens < 0) | (tokens >= vocab_size))
+    if outside.size:
+        j = int(outside[0])
+        raise ValueError(
+            f"{name}: token_ids[{j}] = {tokens[j]} is not a row of the embedding: ids must be in [0, V={vocab_size})"
+        )
+    prompt_len = as_size(f"{name}: prompt_len", request.prompt_len, minimum=1)
+    if prompt_len > len(tokens):
+        raise ValueError(f"{name}: prompt_len must be in [1, len(token_ids)={len(tokens)}], got {prompt_len}")
+    arrival_step = as_size(f"{name}: arrival_step", request.arrival_step)
+    if arrival_step > _MAX_STEP:
+        raise ValueError(f"{name}: arrival_step={arrival_step} is too large: at most 2**62")
+    blocks = math.ceil(len(tokens) / block_size)
+    if blocks > num_blocks:
+        raise ValueError(
+            f"{name} can never fit the pool: its {len(tokens)} tokens need {blocks} blocks of "
+            f"block_size={block_size}, and num_blocks={num_blocks}"
+        )
+    return request.request_id, tokens, prompt_len, arrival_step
+
+
+
+
 def serve(
     requests,
     embedding,
@@ -346,11 +438,11 @@ def serve(
 
     Outputs are in ``np.result_type`` of embedding and weights.
     """
-    specs, embedding, weights, dtype, (block_size, num_blocks, budget, max_num_seqs, caching) = check_serve_inputs(
+    specs, embedding, weights, dtype, options = check_serve_inputs(
         requests, embedding, w_q, w_k, w_v, block_size, num_blocks, max_num_batched_tokens, max_num_seqs,
         enable_prefix_caching,
     )
     seqs = [_Sequence(*spec, weights[2].shape[1], dtype) for spec in specs]
-    scheduler = _Scheduler(seqs, embedding, weights, dtype, block_size, num_blocks, budget, max_num_seqs, caching)
+    scheduler = _Scheduler(seqs, embedding, weights, dtype, *options)
     scheduler.run()
     return scheduler.result(seqs)

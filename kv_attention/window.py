@@ -30,19 +30,11 @@ raises leaves the cache unchanged.
 
 import numpy as np
 
-from ._validation import (
-    as_batch_shape,
-    as_float_dtype,
-    as_size,
-    check_buffer_size,
-    check_crop,
-    check_new_positions,
-    check_window_crop,
-    named_allocation_failure,
-)
+from ._validation import as_float_dtype, as_size, named_allocation_failure
+from .cache import Cache, as_batch_shape, check_buffer_size, check_crop, check_new_positions
 
 
-class SlidingWindowCache:
+class SlidingWindowCache(Cache):
     """A K/V cache of ``n_sink`` sink slots and a ring of ``window`` slots, allocated once.
 
     ``batch_shape`` is the leading axes, e.g. ``()``, ``(B,)`` or ``(B, H_kv)``;
@@ -108,7 +100,7 @@ class SlidingWindowCache:
         newest_slot = self.n_sink + (newest - self.n_sink) % self.window
         return np.where(slots < self.n_sink, slots, newest - (newest_slot - slots) % self.window)
 
-    def update(self, k, v):
+    def update(self, k, v, *, check_finite=True):
         """Add ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]``; return every key and value they may attend to.
 
         The positions of what it returns are :meth:`key_positions` ``(T_new)``,
@@ -121,8 +113,9 @@ class SlidingWindowCache:
         first, over the one position it never attends to (p - W), and the
         buffers' filled slots are returned as views, in slot order: exactly the
         keys it attends to, without a copy. Do not write to the views.
+        ``check_finite=False`` skips the scan for NaN/inf (a decode's own keys, finite by its overflow guard).
         """
-        k, v = check_new_positions(k, v, self)
+        k, v = check_new_positions(k, v, self, check_finite)
         start, stop = self._length, self._length + k.shape[-2]
         if stop - start == 1:
             self._write(k, v, start, stop)
@@ -165,7 +158,7 @@ class SlidingWindowCache:
         further raises ValueError, as does a length outside [0, get_seq_length()].
         """
         length = check_crop(length, self._length)
-        check_window_crop(length, self._length, self._first, self.window, self.n_sink)
+        self._check_crop(length)
         first = max(length, self._first)  # the dropped window positions: first.._length-1
         for slots in self._ring(first, max(self._length - first, 0)):
             self.k_cache[..., slots, :] = 0
@@ -175,12 +168,25 @@ class SlidingWindowCache:
         self._length = length
         self._first = max(min(self._first, length), self.n_sink)  # with length <= n_sink the ring holds nothing
 
-    def _snapshot(self):
-        """A copy of the whole state, for ``rolled_back_on_error``: a crop cannot undo overwritten slots."""
+    def _check_crop(self, length):
+        """Raise unless the cache cut to ``length`` (already in [0, get_seq_length()]) still holds every key
+        position ``length`` would attend to: the sinks, and ``length - window + 1 .. length - 1``."""
+        lowest = max(self.n_sink, length - self.window + 1)  # the oldest window position `length` attends to
+        if lowest < min(length, self._first):
+            raise ValueError(
+                f"cannot crop the sliding-window cache (window={self.window}, n_sink={self.n_sink}) from "
+                f"{self._length} to {length} positions: position {length} attends to positions from "
+                f"{length - self.window + 1}, but the ring has overwritten every position before {self._first}; "
+                f"crop to a length in [{self._first + self.window - 1}, {self._length}] or in [0, {self.n_sink}]"
+            )
+
+    def snapshot(self):
+        """A copy of the whole state (``n_sink + window`` slots), for ``rolled_back_on_error``: a crop cannot
+        undo overwritten slots."""
         return self.k_cache.copy(), self.v_cache.copy(), self._length, self._first
 
-    def _restore(self, snapshot):
-        """Put back a :meth:`_snapshot` of this cache, into the same buffers."""
+    def restore(self, snapshot):
+        """Put back a :meth:`snapshot` of this cache, into the same buffers."""
         k_cache, v_cache, self._length, self._first = snapshot
         self.k_cache[...] = k_cache
         self.v_cache[...] = v_cache

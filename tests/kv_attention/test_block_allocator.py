@@ -137,3 +137,45 @@ def test_a_hash_or_a_block_is_cached_once():
     assert allocator.free_blocks()[0] == b  # uncached: back on the plain free list
     with pytest.raises(ValueError, match="cannot cache block"):
         allocator.cache(b, b"h2")
+
+
+# --- the invariants are asserted where vLLM asserts them: state corrupted by hand trips them ---------
+
+
+def test_a_free_block_that_is_held_trips_the_allocate_assert(allocator_class):
+    allocator = allocator_class(3)
+    allocator._ref_counts[2] = 1  # block 2, the top of the free list, corrupted into "held"
+    with pytest.raises(AssertionError, match=r"a block taken from the free list is held: \[2\]"):
+        allocator.allocate(1)
+
+
+def test_putting_a_held_block_on_the_free_list_trips_the_release_assert(allocator_class):
+    allocator = allocator_class(3)
+    (block,) = allocator.allocate(1)
+    with pytest.raises(AssertionError, match="a block put back on the free list is held"):
+        allocator._release([block])  # what free() must never do: the block still has refcount 1
+
+
+def test_a_free_list_of_more_than_num_blocks_trips_the_duplicate_assert():
+    allocator = BlockAllocator(2)
+    allocator._ref_counts[:] = 0  # every block free, and already on the free list
+    with pytest.raises(AssertionError, match="the free list would hold a block twice"):
+        allocator._release([0])
+
+
+def test_an_evicted_block_that_is_held_trips_the_evict_assert():
+    allocator = PrefixCachingAllocator(1)
+    (block,) = allocator.allocate(1)
+    allocator.cache(block, b"h")
+    allocator.free([block])  # cached, refcount 0: evictable
+    allocator._ref_counts[block] = 1  # corrupted
+    with pytest.raises(AssertionError, match=f"evictable block {block} is held"):
+        allocator.allocate(1)
+
+
+def test_a_block_table_entry_that_is_not_held_trips_the_paged_assert(monkeypatch):
+    cache = kv.PagedKVCache(4, 2, 3, 5)
+    cache.add_sequence("a")
+    monkeypatch.setattr(cache.allocator, "allocate", lambda n: [0] * n)  # hands out block 0, refcount 0
+    with pytest.raises(AssertionError, match="a new block table entry is not held"):
+        cache.update(["a"], np.zeros((1, 1, 3)), np.zeros((1, 1, 5)))

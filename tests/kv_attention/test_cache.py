@@ -8,6 +8,8 @@ import pytest
 
 import kv_attention as kv
 
+from ..references import naive_causal_attention, naive_multi_head
+
 
 def positions(t_new, lead=(), d=3, start=0.0):
     """[*lead, t_new, d] of distinct values, so a misplaced position shows."""
@@ -243,3 +245,147 @@ def test_an_allocation_error_other_than_out_of_memory_propagates_as_it_is(monkey
     monkeypatch.setattr("kv_attention.cache.np.zeros", refuses)
     with pytest.raises(ValueError, match="^some other refusal$"):
         kv.StaticCache((2,), 10, 4, 2)
+
+
+# --- the Cache base class, and a user's cache that does not subclass it ---------------------------
+
+
+class ListCache:
+    """A user's cache, not a Cache subclass: lists of positions, with a ``window`` attribute no decode may read."""
+
+    window, n_sink, max_seq_len = 2, 1, 1  # meaningless here: none of them may change a decode
+
+    def __init__(self):
+        self.k, self.v, self.crops = [], [], []
+
+    def update(self, k, v):
+        self.k.append(k)
+        self.v.append(v)
+        return np.concatenate(self.k, axis=-2), np.concatenate(self.v, axis=-2)
+
+    def get_seq_length(self):
+        return sum(k.shape[-2] for k in self.k)
+
+    def crop(self, length):
+        self.crops.append(length)
+        while self.get_seq_length() > length:
+            self.k.pop(), self.v.pop()
+
+
+def user_problem(t_len, rng_seed=3):
+    rng = np.random.default_rng(rng_seed)
+    return rng.standard_normal((t_len, 4)), *(rng.standard_normal((4, d)) / 2 for d in (3, 3, 5))
+
+
+@pytest.mark.parametrize("decode", ["cached", "preallocated", "chunked"])
+def test_a_users_cache_is_used_through_its_three_methods_as_a_full_cache(decode):
+    # Its window=2, n_sink=1 and max_seq_len=1 would mask, or refuse, were they read: full attention is expected.
+    args, cache = user_problem(7), ListCache()
+    run = {
+        "cached": lambda: kv.cached_attention(*args, cache=cache),
+        "preallocated": lambda: kv.cached_attention_preallocated(*args, cache=cache),
+        "chunked": lambda: kv.chunked_attention(*args, chunk_size=3, cache=cache),
+    }[decode]
+    out = run()
+    np.testing.assert_allclose(out, naive_causal_attention(*args), rtol=1e-10, atol=1e-10)
+    assert cache.get_seq_length() == 7 and cache.crops == []
+    np.testing.assert_allclose(np.concatenate(cache.k), args[0] @ args[2], rtol=1e-13, atol=1e-15)  # row by row
+
+
+def test_a_users_cache_is_cropped_back_after_a_failed_decode():
+    args, cache = user_problem(5), ListCache()
+    cache.update(np.zeros((2, 3)), np.zeros((2, 5)))
+    cache.v[0][0, 0] = np.inf  # a stored value the decode cannot check: the output shows it
+    with pytest.raises(ValueError, match="not finite"):
+        kv.cached_attention(*args, cache=cache)
+    assert cache.crops == [2] and cache.get_seq_length() == 2
+
+
+def test_a_users_cache_continues_from_its_positions_through_the_heads_decode():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 6, 8))
+    w_q, w_k, w_v, w_o = (rng.standard_normal(shape) / 3 for shape in ((8, 8), (8, 4), (8, 4), (8, 8)))
+    expected = naive_multi_head(x, w_q, w_k, w_v, w_o, 4, 2)
+    cache = ListCache()
+    first = kv.multi_head_decode(x[:, :2], w_q, w_k, w_v, w_o, n_heads=4, n_kv_heads=2, cache=cache)
+    rest = kv.multi_head_decode(x[:, 2:], w_q, w_k, w_v, w_o, n_heads=4, n_kv_heads=2, cache=cache)
+    np.testing.assert_allclose(np.concatenate([first, rest], axis=1), expected, rtol=1e-10, atol=1e-10)
+    assert cache.get_seq_length() == 6
+
+
+@pytest.mark.parametrize("missing", ["update", "get_seq_length", "crop"])
+def test_an_object_without_one_of_the_three_methods_is_not_a_cache(missing):
+    cache = ListCache()
+    setattr(cache, missing, None)  # not callable
+    with pytest.raises(TypeError, match="^cache must be a cache instance with update"):
+        kv.cached_attention(*user_problem(3), cache=cache)
+    assert cache.k == []
+
+
+class MinimalCache(kv.Cache):
+    """A Cache subclass of the three abstract methods only: the base class supplies the rest."""
+
+    def __init__(self):
+        self.inner = kv.DynamicCache()
+
+    def update(self, k, v):
+        return self.inner.update(k, v)
+
+    def get_seq_length(self):
+        return self.inner.get_seq_length()
+
+    def crop(self, length):
+        self.inner.crop(length)
+
+
+def test_the_base_class_gives_a_full_cache_s_defaults():
+    cache = MinimalCache()
+    assert (cache.k_cache, cache.v_cache, cache.max_seq_len, cache.window, cache.n_sink) == (None, None, None, None, 0)
+    cache.update(np.ones((3, 2)), np.ones((3, 1)))
+    np.testing.assert_array_equal(cache.key_positions(2), [0, 1, 2, 3, 4])
+    saved = cache.snapshot()
+    cache.update(np.ones((4, 2)), np.ones((4, 1)))
+    cache.restore(saved)
+    assert cache.get_seq_length() == 3
+    with pytest.raises(TypeError, match="Can't instantiate abstract class"):
+        kv.Cache()
+
+
+def test_the_library_s_caches_subclass_the_base_class():
+    for cache in (kv.DynamicCache(), kv.StaticCache((), 2, 1, 1), kv.SlidingWindowCache((), 2, 1, 1)):
+        assert isinstance(cache, kv.Cache)
+    assert not isinstance(ListCache(), kv.Cache)
+    assert kv.StaticCache((), 2, 1, 1).max_seq_len == 2 and kv.DynamicCache().max_seq_len is None
+    assert kv.SlidingWindowCache((), 3, 1, 1, n_sink=2).window == 3 and kv.DynamicCache().window is None
+
+
+def test_a_full_static_cache_and_a_full_pool_share_cache_full_error():
+    static = kv.StaticCache((), 2, 3, 2)
+    with pytest.raises(kv.CacheFullError, match="cache is full: 0 of max_seq_len=2") as full:
+        static.update(positions(3), positions(3, d=2))
+    assert isinstance(full.value, ValueError) and isinstance(full.value, kv.StaticCacheFullError)
+    pool = kv.PagedKVCache(1, 2, 3, 2)
+    pool.add_sequence("a")
+    with pytest.raises(kv.CacheFullError, match="out of blocks") as out:
+        pool.update(["a"], positions(3, (1,)), positions(3, (1,), d=2))
+    assert isinstance(out.value, RuntimeError) and isinstance(out.value, kv.OutOfBlocksError)
+    assert static.get_seq_length() == 0 and pool.get_seq_length("a") == 0
+
+
+def test_a_decode_into_a_static_cache_without_room_raises_cache_full_error():
+    args, cache = user_problem(3), kv.StaticCache((), 2, 3, 5)
+    with pytest.raises(kv.StaticCacheFullError, match="cache too short: 0 of max_seq_len=2"):
+        kv.cached_attention_preallocated(*args, cache=cache)
+
+
+@pytest.mark.parametrize("make", sorted(CACHES) + ["window"])
+def test_update_without_the_finite_scan_still_checks_types_and_shapes(make):
+    cache = kv.SlidingWindowCache((), 4, 3, 2) if make == "window" else CACHES[make]()
+    cache.update(positions(1), positions(1, d=2), check_finite=False)
+    with pytest.raises(ValueError, match=r"do not fit the cache's"):
+        cache.update(positions(1, d=4), positions(1, d=2), check_finite=False)
+    with pytest.raises(TypeError, match="^k and v must both be float32 or both float64, got float32 and float64$"):
+        cache.update(positions(1).astype(np.float32), positions(1, d=2), check_finite=False)
+    with pytest.raises(ValueError, match="k contains NaN or inf"):
+        cache.update(np.full((1, 3), np.nan), positions(1, d=2))  # the default scans
+    assert cache.get_seq_length() == 1

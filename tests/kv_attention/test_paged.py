@@ -649,3 +649,62 @@ def test_repr_gives_the_pool_and_its_use_not_the_arrays():
     cache.add_sequence("b")
     cache.update(["a"], np.ones((1, 33, 128), np.float32), np.ones((1, 33, 64), np.float32))  # ceil(33 / 16) = 3 blocks
     assert repr(cache).endswith("blocks_in_use=3, sequences=2)")
+
+
+# --- rolled_back_on_error: a failed block puts everything back, a finished one keeps its writes ---------
+
+
+@pytest.mark.parametrize("caching", [False, True])
+def test_a_failed_block_puts_back_writes_into_old_shared_and_cached_blocks(caching):
+    rng = np.random.default_rng(60)
+    cache = kv.PagedKVCache(12, 2, D_K, D_V, enable_prefix_caching=caching)
+    cache.add_sequence("a")
+    cache.update(["a"], *random_kv(rng, 1, 3), token_ids=[[1, 2, 3]])  # a partial last block, written below
+    cache.fork("a", "b")  # its partial block shared: the write below copies it
+    cache.add_sequence("gone")
+    cache.update(["gone"], *random_kv(rng, 1, 2), token_ids=[[5, 6]])
+    cache.free("gone")  # with caching, an evictable cached block, evicted below
+    before = snapshot(cache), cache.allocator.free_blocks(), cache.find_cached_blocks([5, 6])
+    with pytest.raises(RuntimeError, match="injected"):
+        with cache.rolled_back_on_error():
+            cache.update(["a"], *random_kv(rng, 1, 1))  # into a's old partial block, now its own
+            cache.update(["b"], *random_kv(rng, 1, 1))  # copy-on-write into a fresh block
+            cache.add_sequence("c")
+            cache.update(["c"], *random_kv(rng, 1, 2 * cache.num_free_blocks))  # every free block, evicting
+            cache.free("a")
+            raise RuntimeError("injected")
+    assert_same_snapshot(before[0], snapshot(cache))
+    assert (cache.allocator.free_blocks(), cache.find_cached_blocks([5, 6])) == before[1:]
+    assert [cache.ref_count(b) for b in cache.block_table("a")] == [2, 2]
+
+
+def test_a_finished_block_keeps_its_writes_and_a_nested_failure_undoes_only_its_own():
+    rng = np.random.default_rng(61)
+    cache = kv.PagedKVCache(8, 2, D_K, D_V)
+    cache.add_sequence("a")
+    with cache.rolled_back_on_error():
+        k1, v1 = random_kv(rng, 1, 3)
+        cache.update(["a"], k1, v1)
+        middle = snapshot(cache)
+        with pytest.raises(ZeroDivisionError):
+            with cache.rolled_back_on_error():
+                cache.update(["a"], *random_kv(rng, 1, 2))
+                1 / 0
+        assert_same_snapshot(middle, snapshot(cache))
+    k, v, lengths = cache.gather(["a"])
+    np.testing.assert_array_equal(k[0, :3], k1[0])
+    assert lengths.tolist() == [3] and cache._journal is None
+
+
+def test_an_outer_failure_undoes_a_nested_block_that_finished():
+    rng = np.random.default_rng(62)
+    cache = kv.PagedKVCache(8, 2, D_K, D_V)
+    cache.add_sequence("a")
+    cache.update(["a"], *random_kv(rng, 1, 1))
+    before = snapshot(cache)
+    with pytest.raises(ZeroDivisionError):
+        with cache.rolled_back_on_error():
+            with cache.rolled_back_on_error():
+                cache.update(["a"], *random_kv(rng, 1, 4))  # into a's first block and two fresh ones
+            1 / 0
+    assert_same_snapshot(before, snapshot(cache))

@@ -314,6 +314,29 @@ def test_bad_update_is_refused_and_changes_nothing(change, error, message):
     assert_unchanged(cache, before)
 
 
+def test_a_failed_decode_puts_back_the_state_even_across_a_quantized_block():
+    cache, k, v = filled(dict(nbits=2, format=None, group_size=2, residual_length=2), (), 3)
+    cache.update(k[:3], v[:3])  # 0..1 quantized, 2 exact
+    assert isinstance(cache, kv.Cache)
+    before = (cache.dequantize(), cache.nbytes, cache.num_quantized)
+    with pytest.raises(RuntimeError, match="midway"):
+        with kv.cache.rolled_back_on_error(cache):
+            cache.update(k[:3], v[:3])  # quantizes 2..5: a crop back to 3 could not undo it
+            raise RuntimeError("the decode failed midway")
+    assert_unchanged(cache, before)
+
+
+def test_check_finite_false_skips_the_scan_and_a_nan_group_is_still_refused():
+    cache = kv.QuantizedCache((), 2, 2, group_size=2, residual_length=2)
+    k = np.ones((4, 2))
+    k[0, 0] = np.nan
+    cache.update(k[2:], k[2:])
+    cache.update(k[:1], k[:1], check_finite=False)  # held in the residual as given: nothing scanned it
+    assert np.isnan(cache.dequantize()[0][2, 0])
+    with pytest.raises(ValueError, match="max - min of a group overflows"):
+        cache.update(k[1:3], k[1:3], check_finite=False)  # positions 2..3 quantized, the NaN among them
+
+
 def test_a_float32_cache_refuses_float64_and_holds_float32():
     cache = kv.QuantizedCache((), 3, 3, group_size=2, residual_length=2, dtype=np.float32)
     with pytest.raises(TypeError, match="k is float64, which the cache's float32 cannot hold without loss"):

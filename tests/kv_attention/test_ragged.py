@@ -1,6 +1,7 @@
 """ragged_decode: every sequence equals its solo decode, at every step, whatever joins and leaves."""
 
 import math
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -586,3 +587,24 @@ def test_return_stats_must_be_true_or_false(flag):
         kv.ragged_decode(seqs, *ws, return_stats=flag)
     out, stats = kv.ragged_decode(seqs, *ws, return_stats=np.True_)
     assert stats.steps == 3 and stats.row_steps == 5
+
+
+def test_a_failed_decode_in_a_large_pool_copies_the_blocks_it_wrote_not_the_pool():
+    # 20,000 blocks of 2 x (16 + 16) float64: a 10 MB pool, all but 2 blocks held by "other". The decode
+    # writes 2 blocks, then runs out; putting it back needs those 2 blocks and the bookkeeping, not the pool.
+    rng = np.random.default_rng(49)
+    seqs, ws = sequences(rng, [8, 8, 8]), weights(rng, d_k=16, d_v=16)
+    cache = kv.PagedKVCache(20_000, 2, 16, 16)
+    cache.add_sequence("other")
+    cache.update(["other"], rng.standard_normal((1, 39_996, 16)), rng.standard_normal((1, 39_996, 16)))
+    before = cache_state(cache)
+    tracemalloc.start()
+    try:
+        with pytest.raises(kv.OutOfBlocksError):
+            kv.ragged_decode(seqs, *ws, strategy="paged", cache=cache)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    pool_bytes = cache.k_cache.nbytes + cache.v_cache.nbytes
+    assert peak < pool_bytes / 4, (peak, pool_bytes)  # a copy of the pool alone would be pool_bytes
+    assert_same_state(before, cache_state(cache))
