@@ -98,6 +98,7 @@ def _to_float8(y, values):
     code = np.where((above < below) | ((above == below) & (upper % 2 == 0)), upper, lower)
     return (code + 128 * np.signbit(y)).astype(np.uint8)
 
+
 _Part = namedtuple("_Part", "codes scale zero residual")
 """One tensor's state: packed codes ``[*batch, Q, bytes]``, scale and zero (None for float8)
 ``[*batch, Q/G, D]`` (channel) or ``[*batch, Q, ceil(D/G)]`` (token), and the exact residual ``[*batch, T - Q, D]``."""
