@@ -14,8 +14,11 @@ states exactly by log-sum-exp.
 
 Inputs are float32 or float64 arrays, and a computation runs in their
 ``np.result_type``. Bad input raises TypeError or ValueError naming the argument
-and the shapes, and changes nothing; each check is beside what it guards, the
-shared ones in ``_validation``. A full cache raises :class:`CacheFullError`.
+and the shapes, and changes nothing; each check sits in the module it guards, the
+shared primitives (sizes, dtypes, flags, arrays, the overflow guard) in ``_validation``.
+The attention functions take ``check_finite=True`` (as ``scipy.linalg`` does): with
+False, the checks that read every element (NaN/inf, the overflow bound) are skipped.
+A full cache raises :class:`CacheFullError`.
 """
 
 from .attention import attend, causal_attention, masked_attend

@@ -1,4 +1,4 @@
-"""The input checks the library's modules share: arrays, sizes, dtypes, flags, memory and the overflow guard.
+"""Every input check of the library, grouped by what it checks.
 
 Entry points call these before they compute or mutate anything, so bad input
 raises TypeError (a type or dtype) or ValueError (a value or a shape), naming
@@ -9,9 +9,11 @@ array size (D_v, D_model, T, B, S, a cache's length or batch axes) may be 0 and 
 empty arrays. A ``block_size`` or ``window`` (tokens a block or a window holds) is >= 1.
 
 The checks of one module's own arguments and state live in that module, beside
-what they guard: a cache's in ``cache.py`` and ``window.py`` (a cache given to a
-decode included), the paged cache's and the allocators' as their methods, a
-ragged decode's in ``ragged.py``, a serve's in ``scheduler.py``.
+what they guard: attention's, split-KV's and the heads' in ``attention.py``,
+``split.py`` and ``heads.py``; a cache's in ``cache.py`` and ``window.py`` (a cache
+given to a decode included); the paged cache's and the allocators' as their
+methods; a ragged decode's in ``ragged.py``, a serve's in ``scheduler.py``. This
+module keeps the primitives several of them share.
 """
 
 import contextlib
@@ -98,33 +100,6 @@ def as_float_dtype(dtype):
     return dtype
 
 
-def as_itemsize(dtype, named):
-    """Bytes per element of ``dtype``: a float or integer numpy dtype, or a name in ``named`` (name -> bytes).
-
-    A dtype whose name is in ``named`` (as ml_dtypes registers ``bfloat16``) counts
-    as that name, and one named ``<family>_<variant>`` whose family is in ``named``
-    with its size (``float8_e5m3fnu``, 1 byte) counts as the family. TypeError for
-    anything else, None included (``np.dtype(None)`` would silently mean float64).
-    """
-    if isinstance(dtype, str) and dtype in named:
-        return named[dtype]
-    names = f"a name in NAMED_ITEMSIZES ({', '.join(map(repr, list(named)[:3]))}, ...)"
-    if dtype is None:
-        raise TypeError(f"dtype must be a numeric numpy dtype such as np.float16 or {names}, got None")
-    try:
-        dtype = np.dtype(dtype)
-    except TypeError as error:
-        raise TypeError(f"dtype must be a numeric numpy dtype such as np.float16 or {names}, got {dtype!r}: {error}") from None
-    if dtype.name in named:
-        return named[dtype.name]
-    family = dtype.name.partition("_")[0]
-    if family in named and dtype.itemsize == named[family]:
-        return dtype.itemsize
-    if dtype.kind not in "fiu":
-        raise TypeError(f"dtype must be a float or integer dtype, got {dtype} (or {names})")
-    return dtype.itemsize
-
-
 def as_flag(name, value):
     """``value`` as a bool; TypeError unless it is one (numpy's included).
 
@@ -159,24 +134,14 @@ def _check_shapes(x, weights, x_ndims, matrix):
             raise ValueError(f"{name} has {w.shape[0]} rows but x has D_model={x.shape[-1]}: x {x.shape}, {name} {w.shape}")
 
 
-def _in_common_dtype(x, weights):
-    """The weights cast to ``dtype = np.result_type`` of all inputs (copied only if it differs), and dtype.
-
-    ``weights`` start with w_q, w_k, w_v: |q_h| <= |x|·|w_q|_F, so one overflow bound covers every head.
-    NaN/inf in x, w_q, w_k and w_v is found by the bound's norms (:func:`check_score_range`).
-    """
-    dtype = np.result_type(x, *weights)
-    check_score_range(x, *weights[:3], dtype)
-    return [w.astype(dtype, copy=False) for w in weights], dtype
-
-
-def check_projection_inputs(x, w_q, w_k, w_v, x_ndims):
+def check_projection_inputs(x, w_q, w_k, w_v, x_ndims, check_finite=True):
     """Validate ``x`` (``x_ndims`` axes, e.g. ``(2,)`` or ``(2, 3)``) and single-head weights.
 
     Returns ``(x, w_q, w_k, w_v, dtype)``, the weights in ``dtype``. ValueError also
     for D_k of w_q != D_k of w_k, or D_k == 0. Written for speed (it runs on every
     decode call): one test of the types and dtypes, one of every shape, and the
-    conversions or messages only when a test fails.
+    conversions or messages only when a test fails. ``check_finite``: also run
+    :func:`check_score_range` (NaN/inf and the overflow bound), which reads every element.
     """
     dtype = getattr(x, "dtype", None)
     if not (type(x) is type(w_q) is type(w_k) is type(w_v) is np.ndarray
@@ -189,7 +154,8 @@ def check_projection_inputs(x, w_q, w_k, w_v, x_ndims):
         if q_shape[1] != k_shape[1]:
             raise ValueError(f"w_q and w_k must share D_k: w_q {q_shape}, w_k {k_shape}")
         raise ValueError(f"D_k must be at least 1: w_q {q_shape}")
-    check_score_range(x, w_q, w_k, w_v, dtype)
+    if check_finite:
+        check_score_range(x, w_q, w_k, w_v, dtype)
     return x, w_q, w_k, w_v, dtype
 
 
@@ -198,63 +164,6 @@ def _in_common_dtype_converted(x, w_q, w_k, w_v):
     x, w_q, w_k, w_v = _as_array("x", x), _as_array("w_q", w_q), _as_array("w_k", w_k), _as_array("w_v", w_v)
     dtype = np.result_type(x, w_q, w_k, w_v)
     return x, w_q.astype(dtype, copy=False), w_k.astype(dtype, copy=False), w_v.astype(dtype, copy=False), dtype
-
-
-def check_head_counts(n_heads, n_kv_heads):
-    """Return ``(n_heads, n_kv_heads)`` as ints >= 1, with n_heads a multiple of n_kv_heads."""
-    n_heads = as_size("n_heads", n_heads, minimum=1)
-    n_kv_heads = as_size("n_kv_heads", n_kv_heads, minimum=1)
-    if n_heads % n_kv_heads:
-        raise ValueError(
-            f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: "
-            "every K/V head must serve the same number of query heads"
-        )
-    return n_heads, n_kv_heads
-
-
-def _head_dim(w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
-    """D_head = ``w_q.shape[1] // n_heads``; ValueError unless every weight's width is heads × D_head."""
-    head_dim, rest = divmod(w_q.shape[1], n_heads)
-    if rest or head_dim == 0:
-        raise ValueError(
-            f"w_q has {w_q.shape[1]} columns, which is not n_heads={n_heads} × head_dim "
-            f"for any head_dim >= 1: w_q {w_q.shape}"
-        )
-    for name, w in (("w_k", w_k), ("w_v", w_v)):
-        if w.shape[1] != n_kv_heads * head_dim:
-            raise ValueError(
-                f"{name} has {w.shape[1]} columns but n_kv_heads × head_dim = {n_kv_heads} × {head_dim} "
-                f"= {n_kv_heads * head_dim} (head_dim from w_q {w_q.shape}, n_heads={n_heads}): "
-                f"{name} {w.shape}"
-            )
-    if w_o.shape[0] != n_heads * head_dim:
-        raise ValueError(
-            f"w_o has {w_o.shape[0]} rows but n_heads × head_dim = {n_heads} × {head_dim} "
-            f"= {n_heads * head_dim}: w_o {w_o.shape}"
-        )
-    return head_dim
-
-
-def check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
-    """Validate ``x`` and the four weights of multi-head attention (counts already checked).
-
-    Returns ``(x, w_q, w_k, w_v, w_o, head_dim, dtype)``, the weights in ``dtype``.
-    """
-    x = _as_array("x", x)
-    weights = [_as_array(name, w) for name, w in zip(_WEIGHT_NAMES, (w_q, w_k, w_v))] + [as_float_array("w_o", w_o)]
-    _check_shapes(x, weights, (2, 3), "a matrix [rows, columns]")
-    head_dim = _head_dim(*weights, n_heads, n_kv_heads)
-    (w_q, w_k, w_v, w_o), dtype = _in_common_dtype(x, weights)
-    return x, w_q, w_k, w_v, w_o, head_dim, dtype
-
-
-def check_model_shape(n_layers, n_heads, n_kv_heads, head_dim):
-    """Raise unless every count is an integer >= 1 and n_kv_heads divides n_heads."""
-    counts = {"n_layers": n_layers, "n_heads": n_heads, "n_kv_heads": n_kv_heads, "head_dim": head_dim}
-    for name, n in counts.items():
-        as_size(name, n, minimum=1)
-    if n_heads % n_kv_heads:
-        raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}")
 
 
 # Overflow: the one silent failure of finite inputs
@@ -266,6 +175,23 @@ _LOG10_LIMIT = {dtype: math.log10(float(np.finfo(dtype).max) / 2) for dtype in S
 # The fast path's bound on squared norms, far inside either dtype's range: (float32 max / 64)².
 _FAST_LIMIT_SQUARED = (float(np.finfo(np.float32).max) / 64) ** 2
 _vdot = np.vdot  # one BLAS dot per array; unlike np.dot it raises no floating-point warning when a square overflows
+
+
+def sum_of_squares(a):
+    """Σ a² as a float, by BLAS dots: NaN or inf if ``a`` holds NaN/inf or a square overflows.
+
+    A view such as a cache's ``k_cache[..., :T, :]`` is read block by block (one
+    dot per ``[T, D]`` matrix), never copied whole as ``np.vdot`` would copy it.
+    """
+    if a.ndim < 3 or a.flags.c_contiguous:
+        return float(_vdot(a, a))
+    return float(sum(_vdot(m, m) for m in a.reshape((-1,) + a.shape[-2:])))
+
+
+def check_finite_array(name, a):
+    """Raise ValueError naming ``name`` if ``a`` holds NaN/inf: one BLAS pass, ``np.isfinite`` only when it is not finite."""
+    if not math.isfinite(sum_of_squares(a)) and not np.isfinite(a).all():
+        raise ValueError(f"{name} contains NaN or inf")
 
 
 def check_score_range(x, w_q, w_k, w_v, dtype, stored_k=None):
@@ -282,10 +208,10 @@ def check_score_range(x, w_q, w_k, w_v, dtype, stored_k=None):
     overflows, and then, or when the loose bound is not far inside float32's
     range, :func:`_check_score_range_exactly` decides without squaring anything large.
     """
-    x2 = float(_vdot(x, x))
-    q2, k2, v2 = x2 * float(_vdot(w_q, w_q)), x2 * float(_vdot(w_k, w_k)), x2 * float(_vdot(w_v, w_v))
+    x2 = sum_of_squares(x)
+    q2, k2, v2 = x2 * sum_of_squares(w_q), x2 * sum_of_squares(w_k), x2 * sum_of_squares(w_v)
     if stored_k is not None:
-        k2 += float(_vdot(stored_k, stored_k))
+        k2 += sum_of_squares(stored_k)
     limit = _FAST_LIMIT_SQUARED
     if not (q2 <= limit and k2 <= limit and v2 <= limit and q2 * k2 <= limit):  # NaN compares False
         _check_score_range_exactly(x, w_q, w_k, w_v, dtype, stored_k)
@@ -355,16 +281,6 @@ def check_finite_output(out):
         )
 
 
-# Windows
-
-
-def check_window(window, n_sink):
-    """Return ``(window, n_sink)`` as ints: ``window`` None or >= 1, ``n_sink`` >= 0."""
-    if window is not None:
-        window = as_size("window", window, minimum=1)
-    return window, as_size("n_sink", n_sink)
-
-
 # Memory: constructors that allocate from their sizes
 
 
@@ -419,226 +335,3 @@ def named_allocation_failure(nbytes, what):
 def too_large_for_memory(nbytes, what, why):
     """The ValueError for ``what`` (text), which needs ``nbytes`` bytes that memory cannot hold (``why``)."""
     return ValueError(f"{what} needs {nbytes} bytes ({nbytes / 2**30:.3g} GiB), more than memory can hold ({why})")
-
-
-# One attention step on given q, k, v (attention.py); attention states, split-KV and cascade attention (split.py)
-
-
-def as_num_splits(num_splits):
-    """``num_splits`` as an int >= 1; TypeError for a non-integer (bools included), ValueError below 1."""
-    return as_size("num_splits", num_splits, minimum=1)
-
-
-def as_lse(name, value):
-    """``value`` as a float32/float64 ndarray of log-sum-exps: each finite, or -inf for a state with no keys.
-
-    TypeError for another dtype or a masked array; ValueError for NaN or +inf.
-    """
-    array = _as_array(name, value)
-    if np.isnan(array).any() or np.isposinf(array).any():
-        raise ValueError(
-            f"{name} contains NaN or +inf: an lse is finite, or -inf for a state with no keys "
-            "(FlashAttention before its PR #978 wrote +inf there; pass -inf)"
-        )
-    return array
-
-
-def check_scores_fit(dtype, q, *keys):
-    """Raise ValueError if a score q·k, or any partial sum of it, could overflow ``dtype``.
-
-    Cauchy–Schwarz bounds every partial sum by |q_t|·|k_s|, the largest norms over
-    the last axis of ``q: [..., D_k]`` and of the ``keys`` arrays ``[..., D_k]``,
-    scaled before squaring and compared as in :func:`check_score_range`.
-    """
-    log_k = max((_log10_max_norm(k) for k in keys), default=-math.inf)
-    bounds = {"|q·k|": (_log10_max_norm(q) + log_k, "|q_t|·|k_s|")}
-    raise_if_too_large("q and k are", bounds, dtype, "rescale q or k")
-
-
-_NO_MASK = object()  # check_attention_inputs without valid= (attend's): None is a bad mask, not "no mask"
-
-
-def check_attention_inputs(q, k, v, valid=_NO_MASK):
-    """Validate ``q: [..., T_q, D_k]``, ``k: [..., S, D_k]``, ``v: [..., S, D_v]`` (the same leading axes).
-
-    Returns ``(q, k, v, dtype)``, each in ``dtype = np.result_type(q, k, v)``.
-    ``valid``, when given (masked_attend's; None is refused), is a key-padding mask:
-    a bool array ``[..., S]`` (k's shape without D_k). The checks of k and v then
-    take only the keys and values it marks: NaN/inf is refused there only, and the
-    overflow bounds take only those; a masked key or value holding NaN/inf is
-    returned as 0 (in a copy), so that its weight 0 leaves the output exactly as
-    for any finite content. ValueError also for D_k = 0, or a partial sum of q·k
-    (|q_t|·|k_s|) or of the output (|v_s|) that could overflow.
-    """
-    masked = valid is not _NO_MASK
-    read = _as_array if masked else as_float_array  # with a mask, only the valid keys and values must be finite
-    q, k, v = as_float_array("q", q), read("k", k), read("v", v)
-    shapes = f"q {q.shape}, k {k.shape}, v {v.shape}"
-    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim or not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
-        raise ValueError(
-            f"q, k and v must be [..., T_q, D_k], [..., S, D_k] and [..., S, D_v] "
-            f"with the same leading axes, got {shapes}"
-        )
-    if k.shape[-1] != q.shape[-1] or v.shape[-2] != k.shape[-2]:
-        raise ValueError(f"q and k must share D_k, and k and v the S axis: {shapes}")
-    if q.shape[-1] == 0:
-        raise ValueError(f"D_k must be at least 1: {shapes}")
-    keys, values = k, v
-    if masked:
-        valid = as_key_mask(valid, k)  # then only the valid keys and values must be finite
-        keys, values = k[valid], v[valid]  # [valid keys, D_k], [valid keys, D_v]
-        k, v = _finite_where_valid("k", k, keys, valid), _finite_where_valid("v", v, values, valid)
-    dtype = np.result_type(q, k, v)
-    check_scores_fit(dtype, q, keys)
-    raise_if_too_large("v is", {"|v|": (_log10_max_norm(values), "|v_s|")}, dtype, "rescale v")
-    return q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False), dtype
-
-
-def _finite_where_valid(name, array, held, valid, where="at a valid key"):
-    """``array: [..., S, D]`` itself if it is finite, else a copy with 0 at every key ``valid: [..., S]`` masks;
-    ValueError naming ``name`` (and ``where``) if ``held``, ``array[valid]``, holds NaN/inf.
-
-    0 · NaN is NaN, so a masked value holding NaN/inf would reach the output through
-    its weight 0; 0 · a finite value is 0, so zeros leave the output as any finite content does.
-    """
-    if np.isfinite(array).all():  # the common case: one pass, as as_float_array
-        return array
-    if not np.isfinite(held).all():
-        raise ValueError(f"{name} contains NaN or inf {where}")
-    return np.where(valid[..., None], array, 0.0).astype(array.dtype, copy=False)
-
-
-def as_key_mask(valid, k):
-    """``valid`` as a bool array ``[..., S]`` of ``k: [..., S, D_k]``'s shape without D_k; TypeError or ValueError.
-
-    TypeError also for None and for a masked array (whose mask np.asarray would drop).
-    """
-    expected = f"[..., S] = {list(k.shape[:-1])} for k {k.shape}"
-    if valid is None or isinstance(valid, np.ma.MaskedArray):
-        what = "None" if valid is None else "a masked array"
-        raise TypeError(f"valid must be a bool array {expected}, got {what}")
-    valid = np.asarray(valid)
-    if valid.dtype != np.bool_:
-        raise TypeError(f"valid must be a bool array, got dtype {valid.dtype}")
-    if valid.shape != k.shape[:-1]:
-        raise ValueError(f"valid must be {expected}, got shape {valid.shape}")
-    return valid
-
-
-def check_attention_states(states):
-    """Validate ``states``, a non-empty sequence of ``(out, lse)`` pairs of one shape.
-
-    ``out: [..., T_q, D_v]`` finite, ``lse: [..., T_q]`` finite or -inf. Returns
-    ``(outs, lses, dtype)``: two lists of arrays in ``dtype = np.result_type`` of them all.
-    """
-    if isinstance(states, (str, bytes, np.ndarray)) or not hasattr(states, "__iter__"):
-        raise TypeError(f"states must be a sequence of (out, lse) pairs, got {type(states).__name__}")
-    states = list(states)
-    if not states:
-        raise ValueError("states must hold at least one (out, lse) pair")
-    outs, lses = [], []
-    for i, state in enumerate(states):
-        if not isinstance(state, (tuple, list)) or len(state) != 2:
-            raise TypeError(f"states[{i}] must be an (out, lse) pair, got {type(state).__name__}")
-        out, lse = as_float_array(f"states[{i}] out", state[0]), as_lse(f"states[{i}] lse", state[1])
-        if out.ndim < 2 or lse.shape != out.shape[:-1]:
-            raise ValueError(
-                f"states[{i}] must be out [..., T_q, D_v] and lse [..., T_q], got out {out.shape}, lse {lse.shape}"
-            )
-        if outs and out.shape != outs[0].shape:
-            raise ValueError(
-                f"every state must have the shape of states[0]: out {outs[0].shape}, states[{i}] out {out.shape}"
-            )
-        outs.append(out)
-        lses.append(lse)
-    dtype = np.result_type(*outs, *lses)
-    return [o.astype(dtype, copy=False) for o in outs], [s.astype(dtype, copy=False) for s in lses], dtype
-
-
-def _padded(arrays, s_max, width):
-    """B arrays ``[S_i, width]`` as one ``[B, s_max, width]`` array, zero past each S_i."""
-    padded = np.zeros((len(arrays), s_max, width), np.result_type(*arrays) if arrays else np.float64)
-    for b, a in enumerate(arrays):
-        padded[b, : len(a)] = a
-    return padded
-
-
-def _as_suffixes(k_suffix, v_suffix, suffix_lengths, d_k, d_v):
-    """The suffixes padded, ``[B, S_max, D_k]`` and ``[B, S_max, D_v]``, and their lengths ``[B]`` (None: all S_max).
-
-    Lists of B arrays ``[S_i, D]`` are padded with zeros; arrays ``[B, S_max, D]``
-    come with ``suffix_lengths`` (default: every suffix S_max long), and only the keys
-    and values within the lengths must be finite: the padding may hold anything, and
-    padding that holds NaN/inf is returned as 0 (in a copy), as masked_attend takes a masked key.
-    """
-    if isinstance(k_suffix, (list, tuple)) and isinstance(v_suffix, (list, tuple)):
-        if suffix_lengths is not None:
-            raise ValueError("suffix_lengths is for padded suffixes [B, S_max, D]; lists of suffixes carry their own")
-        ks = [as_float_array(f"k_suffix[{i}]", k) for i, k in enumerate(k_suffix)]
-        vs = [as_float_array(f"v_suffix[{i}]", v) for i, v in enumerate(v_suffix)]
-        if len(ks) != len(vs):
-            raise ValueError(f"k_suffix has {len(ks)} suffixes but v_suffix has {len(vs)}")
-        for i, (k, v) in enumerate(zip(ks, vs)):
-            if k.ndim != 2 or v.ndim != 2 or len(k) != len(v) or k.shape[1] != d_k or v.shape[1] != d_v:
-                raise ValueError(
-                    f"k_suffix[{i}] and v_suffix[{i}] must be [S_i, D_k={d_k}] and [S_i, D_v={d_v}], "
-                    f"got {k.shape} and {v.shape}"
-                )
-        lengths = np.array([len(k) for k in ks], dtype=np.int64)
-        s_max = int(lengths.max(initial=0))
-        full = bool((lengths == s_max).all())
-        return _padded(ks, s_max, d_k), _padded(vs, s_max, d_v), None if full else lengths
-    if not isinstance(k_suffix, np.ndarray) or not isinstance(v_suffix, np.ndarray):
-        raise TypeError(
-            "k_suffix and v_suffix must both be lists of B arrays [S_i, D] or both arrays [B, S_max, D], "
-            f"got {type(k_suffix).__name__} and {type(v_suffix).__name__}"
-        )
-    read = as_float_array if suffix_lengths is None else _as_array  # with lengths, the padding is not checked
-    k_suffix, v_suffix = read("k_suffix", k_suffix), read("v_suffix", v_suffix)
-    if (k_suffix.ndim != 3 or v_suffix.ndim != 3 or k_suffix.shape[:2] != v_suffix.shape[:2]
-            or k_suffix.shape[2] != d_k or v_suffix.shape[2] != d_v):
-        raise ValueError(
-            f"k_suffix and v_suffix must be [B, S_max, D_k={d_k}] and [B, S_max, D_v={d_v}] (or lists of "
-            f"B arrays [S_i, D]), got k_suffix {k_suffix.shape}, v_suffix {v_suffix.shape}"
-        )
-    if suffix_lengths is None:
-        return k_suffix, v_suffix, None
-    lengths = as_sizes_per_sequence("suffix_lengths", suffix_lengths, k_suffix.shape[0])
-    if lengths.size and lengths.max() > k_suffix.shape[1]:
-        raise ValueError(f"suffix_lengths must be at most S_max={k_suffix.shape[1]}, got {lengths.tolist()}")
-    held = _held_suffix_keys(k_suffix, lengths)  # [B, S_max]
-    k_suffix = _finite_where_valid("k_suffix", k_suffix, k_suffix[held], held, "within suffix_lengths")
-    v_suffix = _finite_where_valid("v_suffix", v_suffix, v_suffix[held], held, "within suffix_lengths")
-    return k_suffix, v_suffix, lengths
-
-
-def _held_suffix_keys(k_suffix, lengths):
-    """``[B, S_max]`` bool: True at the keys of ``k_suffix: [B, S_max, D_k]`` within ``lengths`` (None: all)."""
-    return np.arange(k_suffix.shape[1]) < (k_suffix.shape[1] if lengths is None else lengths[:, None])
-
-
-def check_cascade_inputs(q, k_shared, v_shared, k_suffix, v_suffix, suffix_lengths):
-    """Validate cascade attention's inputs: ``q: [B, T_q, D_k]``, a shared prefix, B suffixes.
-
-    Returns ``(q, k_shared, v_shared, k_suffix, v_suffix, lengths, dtype)``: the
-    arrays in ``dtype = np.result_type`` of them all, the suffixes padded to
-    ``[B, S_max, D]``, ``lengths`` ``[B]`` int64 or None when every suffix is S_max long.
-    The overflow bound takes the suffix keys within the lengths only, as masked_attend takes its valid keys.
-    """
-    q = as_float_array("q", q)
-    k_shared, v_shared = as_float_array("k_shared", k_shared), as_float_array("v_shared", v_shared)
-    if q.ndim != 3 or q.shape[-1] == 0:
-        raise ValueError(f"q must be [B, T_q, D_k] with D_k >= 1, got shape {q.shape}")
-    if k_shared.ndim != 2 or v_shared.ndim != 2 or len(k_shared) != len(v_shared) or k_shared.shape[1] != q.shape[2]:
-        raise ValueError(
-            f"k_shared and v_shared must be [S_p, D_k={q.shape[2]}] and [S_p, D_v], "
-            f"got k_shared {k_shared.shape}, v_shared {v_shared.shape}"
-        )
-    k_suffix, v_suffix, lengths = _as_suffixes(k_suffix, v_suffix, suffix_lengths, q.shape[2], v_shared.shape[1])
-    if len(k_suffix) != len(q):
-        raise ValueError(f"q has B={len(q)} sequences but there are {len(k_suffix)} suffixes: q {q.shape}")
-    arrays = (q, k_shared, v_shared, k_suffix, v_suffix)
-    dtype = np.result_type(*arrays)
-    suffix_keys = k_suffix if lengths is None else k_suffix[_held_suffix_keys(k_suffix, lengths)]  # [..., D_k]
-    check_scores_fit(dtype, q, k_shared, suffix_keys)
-    return (*(a.astype(dtype, copy=False) for a in arrays), lengths, dtype)

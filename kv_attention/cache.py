@@ -28,7 +28,6 @@ from ._validation import (
     as_float_dtype,
     as_size,
     check_memory,
-    check_score_range,
     named_allocation_failure,
     SUPPORTED_DTYPES,
 )
@@ -259,20 +258,20 @@ def check_crop(length, stored):
     return length
 
 
-def check_cache_fits(cache, x, w_q, w_k, w_v, dtype, layout=None, window=None, n_sink=0):
+def check_cache_fits(cache, x, w_k, w_v, dtype, layout=None, window=None, n_sink=0):
     """Raise unless a given :class:`Cache` fits ``x``'s leading axes, the widths, ``dtype`` and T more positions.
 
     ``layout`` is ``(expected_k, expected_v, text)``: the shapes ``k_cache`` and
     ``v_cache`` must have without their T axis, and the layout to name in the
-    error; by default ``x``'s leading axes with D_k and D_v (single head). Keys
-    already in the cache (a prefill) also enter the overflow bound of q·k. A
+    error; by default ``x``'s leading axes with D_k and D_v (single head). A
     cache that keeps only a window must keep the call's ``window`` and ``n_sink``
-    (:func:`check_cache_window`).
+    (:func:`check_cache_window`). Returns the keys already in the cache
+    ``[..., S, D_k]`` (a prefill), which enter the overflow bound of q·k, or None.
     """
     check_cache_window(cache, window, n_sink)
     k_cache, v_cache = cache.k_cache, cache.v_cache
     if k_cache is None:
-        return
+        return None
     if layout is None:
         layout = (x.shape[:-2] + (w_k.shape[1],), x.shape[:-2] + (w_v.shape[1],),
                   f"vs x {x.shape}, D_k={w_k.shape[1]}, D_v={w_v.shape[1]}")
@@ -286,8 +285,7 @@ def check_cache_fits(cache, x, w_q, w_k, w_v, dtype, layout=None, window=None, n
         raise StaticCacheFullError(
             f"cache too short: {stored} of max_seq_len={room} positions used, x needs T={x.shape[-2]} more"
         )
-    if stored:
-        check_score_range(x, w_q, w_k, w_v, dtype, stored_k=k_cache[..., :stored, :])
+    return k_cache[..., :stored, :] if stored else None
 
 
 def check_cache_window(cache, window, n_sink):
@@ -306,12 +304,12 @@ def check_cache_window(cache, window, n_sink):
         )
 
 
-def check_head_cache_fits(cache, x, w_q, w_k, w_v, n_kv_heads, head_dim, dtype):
-    """:func:`check_cache_fits` for the multi-head layout ``[*x.shape[:-2], H_kv, T_max, D_head]``."""
+def check_head_cache_fits(cache, x, n_kv_heads, head_dim, dtype):
+    """:func:`check_cache_fits` for the multi-head layout ``[*x.shape[:-2], H_kv, T_max, D_head]``; its stored keys."""
     expected = x.shape[:-2] + (n_kv_heads, head_dim)  # the cache's shape without its T_max axis
     layout = ", ".join(map(str, x.shape[:-2] + (n_kv_heads, "T_max", head_dim)))
     text = f"must be [{layout}] for x {x.shape}, n_kv_heads={n_kv_heads}, head_dim={head_dim}"
-    check_cache_fits(cache, x, w_q, w_k, w_v, dtype, layout=(expected, expected, text))
+    return check_cache_fits(cache, x, None, None, dtype, layout=(expected, expected, text))
 
 
 class DynamicCache(Cache):

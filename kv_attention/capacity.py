@@ -20,7 +20,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from ._validation import as_itemsize, as_size, check_model_shape
+from ._validation import as_size
 
 
 # Cache element types of real servers that numpy has no dtype for, by name, with their bytes per
@@ -35,6 +35,42 @@ NAMED_ITEMSIZES = MappingProxyType({
     **{f"float8_{variant}": 1 for variant in (
         "e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz", "e4m3b11fnuz", "e4m3", "e3m4", "e5m3fnu", "e8m0fnu")},
 })
+
+
+def as_itemsize(dtype, named):
+    """Bytes per element of ``dtype``: a float or integer numpy dtype, or a name in ``named`` (name -> bytes).
+
+    A dtype whose name is in ``named`` (as ml_dtypes registers ``bfloat16``) counts
+    as that name, and one named ``<family>_<variant>`` whose family is in ``named``
+    with its size (``float8_e5m3fnu``, 1 byte) counts as the family. TypeError for
+    anything else, None included (``np.dtype(None)`` would silently mean float64).
+    """
+    if isinstance(dtype, str) and dtype in named:
+        return named[dtype]
+    names = f"a name in NAMED_ITEMSIZES ({', '.join(map(repr, list(named)[:3]))}, ...)"
+    if dtype is None:
+        raise TypeError(f"dtype must be a numeric numpy dtype such as np.float16 or {names}, got None")
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError as error:
+        raise TypeError(f"dtype must be a numeric numpy dtype such as np.float16 or {names}, got {dtype!r}: {error}") from None
+    if dtype.name in named:
+        return named[dtype.name]
+    family = dtype.name.partition("_")[0]
+    if family in named and dtype.itemsize == named[family]:
+        return dtype.itemsize
+    if dtype.kind not in "fiu":
+        raise TypeError(f"dtype must be a float or integer dtype, got {dtype} (or {names})")
+    return dtype.itemsize
+
+
+def check_model_shape(n_layers, n_heads, n_kv_heads, head_dim):
+    """Raise unless every count is an integer >= 1 and n_kv_heads divides n_heads."""
+    counts = {"n_layers": n_layers, "n_heads": n_heads, "n_kv_heads": n_kv_heads, "head_dim": head_dim}
+    for name, n in counts.items():
+        as_size(name, n, minimum=1)
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}")
 
 
 def kv_cache_bytes(*, batch, seq_len, n_layers, n_kv_heads, head_dim, dtype):

@@ -32,21 +32,18 @@ an integer, a non-cache or a cache of another dtype; ValueError for
 ``chunk_size < 1``, ``window < 1``, ``n_sink < 0``, shapes that do not fit (named in
 the message), NaN/inf in x or the weights, a cache that does not fit, is too
 short or keeps another window or sink count, or scores that overflow. A failed
-call leaves a given cache exactly as it was.
+call leaves a given cache exactly as it was. ``check_finite`` (keyword, default
+True) is ``decode``'s: False skips the checks that read every element.
 """
 
 import math
 
 import numpy as np
 
-from ._validation import (
-    as_size,
-    check_finite_output,
-    check_projection_inputs,
-    check_window,
-)
-from .attention import _attend, band_mask, softmax
-from .cache import StaticCache, as_cache, check_cache_fits, rolled_back_on_error
+from ._validation import as_flag, as_size, check_finite_output
+from .attention import attend, band_mask, check_window, softmax
+from .cache import StaticCache, rolled_back_on_error
+from .decode import check_decode_inputs
 from .window import SlidingWindowCache
 
 
@@ -59,14 +56,14 @@ def _blocked(start, stop, k_positions, window, n_sink):
 def _attend_chunk(q, k, v, blocked):
     """``q: [..., C, D_k]`` over ``k: [..., S, D_k]``, ``v: [..., S, D_v]``, no weight where ``blocked: [C, S]``."""
     if blocked is None:
-        return _attend(q, k, v)  # [..., C, D_v]
+        return attend(q, k, v, check_finite=False)  # [..., C, D_v]
     scores = q @ k.swapaxes(-1, -2)  # [..., C, S]
     scores *= 1.0 / math.sqrt(q.shape[-1])
     scores[..., blocked] = -np.inf  # a query always attends its own position, so no row is all -inf
     return softmax(scores) @ v  # [..., C, D_v]
 
 
-def _prefill(x, w_q, w_k, w_v, chunk_size, window, n_sink, cache):
+def _prefill(x, w_q, w_k, w_v, chunk_size, window, n_sink, cache, check_finite):
     """The chunk loop over validated ``x: [..., T, D_model]`` through ``cache``."""
     out = np.empty(x.shape[:-1] + (w_v.shape[1],), dtype=np.result_type(x, w_v))  # [..., T, D_v]
     # A decode step through a cache of the call's window (None: every position) gets exactly the keys it attends to.
@@ -82,11 +79,12 @@ def _prefill(x, w_q, w_k, w_v, chunk_size, window, n_sink, cache):
                 blocked = _blocked(start, stop, cache.key_positions(stop - start), window, n_sink)  # [C, S] or None
             k, v = cache.update(x_c @ w_k, x_c @ w_v)  # [..., S, D_k], [..., S, D_v]
             out[..., begin : begin + x_c.shape[-2], :] = _attend_chunk(x_c @ w_q, k, v, blocked)  # [..., C, D_v]
-        check_finite_output(out)
+        if check_finite:
+            check_finite_output(out)
     return out
 
 
-def chunked_attention(x, w_q, w_k, w_v, *, chunk_size, window=None, n_sink=0, cache=None):
+def chunked_attention(x, w_q, w_k, w_v, *, chunk_size, window=None, n_sink=0, cache=None, check_finite=True):
     """Causal (banded, with ``window``/``n_sink``) attention over ``x``, ``chunk_size`` positions at a time.
 
     Equals ``causal_attention(x, w_q, w_k, w_v, window=window, n_sink=n_sink)``
@@ -95,14 +93,13 @@ def chunked_attention(x, w_q, w_k, w_v, *, chunk_size, window=None, n_sink=0, ca
     """
     chunk_size = as_size("chunk_size", chunk_size, minimum=1)
     window, n_sink = check_window(window, n_sink)
-    x, w_q, w_k, w_v, dtype = check_projection_inputs(x, w_q, w_k, w_v, x_ndims=(2, 3))
+    check_finite = as_flag("check_finite", check_finite)
+    x, w_q, w_k, w_v, dtype, cache = check_decode_inputs(x, w_q, w_k, w_v, (2, 3), cache, check_finite,
+                                                         window=window, n_sink=n_sink)
     lead, d_k, d_v = x.shape[:-2], w_k.shape[1], w_v.shape[1]
     if cache is None:
         if window is None:
             cache = StaticCache(lead, x.shape[-2], d_k, d_v, dtype)
         else:
             cache = SlidingWindowCache(lead, window, d_k, d_v, n_sink, dtype)
-    else:
-        cache = as_cache(cache)
-        check_cache_fits(cache, x, w_q, w_k, w_v, dtype, window=window, n_sink=n_sink)
-    return _prefill(x, w_q, w_k, w_v, chunk_size, window, n_sink, cache)
+    return _prefill(x, w_q, w_k, w_v, chunk_size, window, n_sink, cache, check_finite)

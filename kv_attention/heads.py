@@ -15,6 +15,9 @@ float64, and integer counts H_q, H_kv >= 1 with H_kv dividing H_q. The output
 Bad input raises before anything is computed: TypeError for an input that is not
 a float32/float64 array or a count that is not an integer; ValueError for a bad
 count, shapes that do not fit (named in the message), NaN/inf, or overflow.
+``check_finite`` (keyword, default True) is ``attention``'s: the NaN/inf scan of x
+and the weights, the overflow bound (a given cache's stored keys included) and the
+output test run once per call; with False they are skipped.
 
 MHA (H_kv = H_q) is Vaswani et al. 2017, section 3.2.2; MQA (H_kv = 1) is Shazeer
 2019, "Fast Transformer Decoding: One Write-Head is All You Need"; GQA (1 < H_kv
@@ -30,39 +33,116 @@ import functools
 import numpy as np
 
 from ._validation import (
-    as_num_splits,
+    _WEIGHT_NAMES,
+    _as_array,
+    _check_shapes,
+    as_flag,
+    as_size,
     check_choice,
+    check_finite_array,
     check_finite_output,
-    check_head_counts,
-    check_head_inputs,
+    check_score_range,
 )
-from .attention import _attend, _causal_attention
+from .attention import attend, causal_attention
 from .cache import StaticCache, as_cache, check_head_cache_fits, rolled_back_on_error
-from .split import _split_kv_attention
+from .split import as_num_splits, split_kv_attention
 
 PATHS = ("repeat_kv", "grouped")
 
 
-def multi_head_attention(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads):
+# Checks of the head counts, x and the four weights, and a given cache
+
+
+def check_head_counts(n_heads, n_kv_heads):
+    """Return ``(n_heads, n_kv_heads)`` as ints >= 1, with n_heads a multiple of n_kv_heads."""
+    n_heads = as_size("n_heads", n_heads, minimum=1)
+    n_kv_heads = as_size("n_kv_heads", n_kv_heads, minimum=1)
+    if n_heads % n_kv_heads:
+        raise ValueError(
+            f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: "
+            "every K/V head must serve the same number of query heads"
+        )
+    return n_heads, n_kv_heads
+
+
+def _head_dim(w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
+    """D_head = ``w_q.shape[1] // n_heads``; ValueError unless every weight's width is heads × D_head."""
+    head_dim, rest = divmod(w_q.shape[1], n_heads)
+    if rest or head_dim == 0:
+        raise ValueError(
+            f"w_q has {w_q.shape[1]} columns, which is not n_heads={n_heads} × head_dim "
+            f"for any head_dim >= 1: w_q {w_q.shape}"
+        )
+    for name, w in (("w_k", w_k), ("w_v", w_v)):
+        if w.shape[1] != n_kv_heads * head_dim:
+            raise ValueError(
+                f"{name} has {w.shape[1]} columns but n_kv_heads × head_dim = {n_kv_heads} × {head_dim} "
+                f"= {n_kv_heads * head_dim} (head_dim from w_q {w_q.shape}, n_heads={n_heads}): "
+                f"{name} {w.shape}"
+            )
+    if w_o.shape[0] != n_heads * head_dim:
+        raise ValueError(
+            f"w_o has {w_o.shape[0]} rows but n_heads × head_dim = {n_heads} × {head_dim} "
+            f"= {n_heads * head_dim}: w_o {w_o.shape}"
+        )
+    return head_dim
+
+
+def check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
+    """Validate the types, dtypes and shapes of ``x`` and the four weights (counts already checked); reads no element.
+
+    Returns ``(x, w_q, w_k, w_v, w_o, head_dim, dtype)``, the weights in ``dtype = np.result_type`` of all five.
+    """
+    x = _as_array("x", x)
+    weights = [_as_array(name, w) for name, w in zip(_WEIGHT_NAMES, (w_q, w_k, w_v, w_o))]
+    _check_shapes(x, weights, (2, 3), "a matrix [rows, columns]")
+    head_dim = _head_dim(*weights, n_heads, n_kv_heads)
+    dtype = np.result_type(x, *weights)
+    w_q, w_k, w_v, w_o = (w.astype(dtype, copy=False) for w in weights)
+    return x, w_q, w_k, w_v, w_o, head_dim, dtype
+
+
+def check_head_range(x, w_q, w_k, w_v, w_o, dtype, stored_k=None):
+    """The scan of ``check_finite``: NaN/inf in x or a weight, and the overflow bound (``stored_k``: a cache's keys).
+
+    |q_h| <= |x|·|w_q|_F for every head h, so one bound covers every head; w_o enters no bound.
+    """
+    check_score_range(x, w_q, w_k, w_v, dtype, stored_k)
+    check_finite_array("w_o", w_o)
+
+
+# The reference and the decode
+
+
+def multi_head_attention(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, check_finite=True):
     """Causal multi-head attention over the whole sequence at once: the reference.
 
     Query head h is :func:`causal_attention` with its columns of ``w_q`` and K/V
     head ``h // G``'s of ``w_k`` and ``w_v``; the heads are concatenated in order and
     projected by ``w_o``. One head and ``w_o`` the identity give :func:`causal_attention`.
     """
+    check_finite = as_flag("check_finite", check_finite)
     n_heads, n_kv_heads = check_head_counts(n_heads, n_kv_heads)
-    x, w_q, w_k, w_v, w_o, head_dim, _ = check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads)
+    x, w_q, w_k, w_v, w_o, head_dim, dtype = check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads)
+    if check_finite:
+        check_head_range(x, w_q, w_k, w_v, w_o, dtype)
     group = n_heads // n_kv_heads
     heads = []
     with np.errstate(over="ignore", invalid="ignore"):
         for h in range(n_heads):
             q_cols = slice(h * head_dim, (h + 1) * head_dim)
             kv_cols = slice((h // group) * head_dim, (h // group + 1) * head_dim)  # K/V head h // G
-            head = _causal_attention(x, w_q[:, q_cols], w_k[:, kv_cols], w_v[:, kv_cols])  # [..., T, D_head]
-            heads.append(head)
+            head = causal_attention(x, w_q[:, q_cols], w_k[:, kv_cols], w_v[:, kv_cols], check_finite=False)
+            heads.append(head)  # [..., T, D_head]
         out = np.concatenate(heads, axis=-1) @ w_o  # [..., T, H_q·D_head] -> [..., T, D_out]
-    check_finite_output(out)
+    if check_finite:
+        check_finite_output(out)
     return out
+
+
+def _unchecked_attend(q, k, v):
+    """:func:`~kv_attention.attention.attend` on the decode's own projections and cache views, checked once per call."""
+    return attend(q, k, v, check_finite=False)
 
 
 def _attend_repeat_kv(q, k, v, attention=None):
@@ -78,7 +158,7 @@ def _attend_repeat_kv(q, k, v, attention=None):
         k = np.repeat(k, group, axis=-3)  # [..., H_q, S, D_head], K/V head j -> query heads jG..jG+G-1
         v = np.repeat(v, group, axis=-3)  # [..., H_q, S, D_head]
     q = q.reshape((*lead, n_kv_heads * group, 1, head_dim))  # [..., H_q, 1, D_head]
-    return (attention or _attend)(q, k, v)  # [..., H_q, 1, D_head]
+    return (attention or _unchecked_attend)(q, k, v)  # [..., H_q, 1, D_head]
 
 
 def _attend_grouped(q, k, v, attention=None):
@@ -89,13 +169,13 @@ def _attend_grouped(q, k, v, attention=None):
     one query position (``seqlenq_ngroups_swapped`` in ``flash_api.cpp``: q
     ``(b, 1, H_kv·G, d)`` viewed as ``(b, G, H_kv, d)``).
     """
-    return (attention or _attend)(q, k, v)  # scores [..., H_kv, G, S] -> [..., H_kv, G, D_head]
+    return (attention or _unchecked_attend)(q, k, v)  # scores [..., H_kv, G, S] -> [..., H_kv, G, D_head]
 
 
 _STEPS = {"repeat_kv": _attend_repeat_kv, "grouped": _attend_grouped}
 
 
-def _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache, update):
+def _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache, update, check_finite):
     """The decode loop over validated ``x: [..., T, D_model]`` through ``cache``, writing with ``update``.
 
     ``update`` is a caller's ``cache.update``, or the decode's own cache's with ``check_finite=False``.
@@ -115,16 +195,21 @@ def _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache, upda
             q_t = (x_t @ w_q).reshape(q_shape)  # [..., H_kv, G, D_head]
             heads = step(q_t, k, v)  # [..., H_kv, G, D_head] or [..., H_q, 1, D_head]
             out[..., t, :] = heads.reshape(heads_shape) @ w_o  # [..., D_out]
-        check_finite_output(out)
+        if check_finite:
+            check_finite_output(out)
     return out
 
 
 def _split_kv_step(path, num_splits):
     """The step of ``path`` with each head's attention split over the cache: S into ``num_splits`` parts, merged."""
-    return functools.partial(_STEPS[path], attention=lambda q, k, v: _split_kv_attention(q, k, v, num_splits)[0])
+    def attention(q, k, v):
+        return split_kv_attention(q, k, v, num_splits=num_splits, check_finite=False)
+
+    return functools.partial(_STEPS[path], attention=attention)
 
 
-def multi_head_decode(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, path="grouped", cache=None, num_splits=None):
+def multi_head_decode(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, path="grouped", cache=None, num_splits=None,
+                      check_finite=True):
     """Decode token by token through a ``[B, H_kv, T_max, D_head]`` K/V cache.
 
     At step t only ``x[..., t, :]`` is projected: its H_kv keys and values go into
@@ -152,12 +237,17 @@ def multi_head_decode(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, path="group
     """
     check_choice("path", path, PATHS)
     step = _STEPS[path] if num_splits is None else _split_kv_step(path, as_num_splits(num_splits))
+    check_finite = as_flag("check_finite", check_finite)
     n_heads, n_kv_heads = check_head_counts(n_heads, n_kv_heads)
     x, w_q, w_k, w_v, w_o, head_dim, dtype = check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads)
+    stored_k = None
+    if cache is not None:
+        cache = as_cache(cache)
+        stored_k = check_head_cache_fits(cache, x, n_kv_heads, head_dim, dtype)
+    if check_finite:
+        check_head_range(x, w_q, w_k, w_v, w_o, dtype, stored_k)  # once per call, the stored keys included
     if cache is None:
         cache = StaticCache(x.shape[:-2] + (n_kv_heads,), x.shape[-2], head_dim, head_dim, dtype)
         update = functools.partial(cache.update, check_finite=False)
-        return _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache, update)
-    cache = as_cache(cache)
-    check_head_cache_fits(cache, x, w_q, w_k, w_v, n_kv_heads, head_dim, dtype)
-    return _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache, cache.update)
+        return _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache, update, check_finite)
+    return _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache, cache.update, check_finite)

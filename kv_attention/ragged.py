@@ -95,7 +95,7 @@ class RaggedDecodeStats:
 
 
 @dataclass(frozen=True)
-class _Problem:
+class _RaggedBatch:
     """Validated inputs: ``x: [B, T_max + 1, D_model]`` zero past each length, ``lengths``,
     ``start_steps`` (``[B]`` int64), ``weights = (w_q, w_k, w_v)`` and the computation's dtype."""
 
@@ -326,7 +326,7 @@ def check_ragged_inputs(x, w_q, w_k, w_v, lengths, start_steps):
 
 
 def _make_problem(x, w_q, w_k, w_v, lengths, start_steps):
-    """The validated :class:`_Problem`, and the output's T_max for a padded x (None for a list)."""
+    """The validated :class:`_RaggedBatch`, and the output's T_max for a padded x (None for a list)."""
     seqs, padded, weights, dtype, start_steps = check_ragged_inputs(x, w_q, w_k, w_v, lengths, start_steps)
     lengths = np.array([len(seq) for seq in seqs], dtype=np.int64)
     t_max = int(lengths.max(initial=0))
@@ -334,7 +334,7 @@ def _make_problem(x, w_q, w_k, w_v, lengths, start_steps):
     for b, seq in enumerate(seqs):
         x_pad[b, : len(seq)] = seq
     out_len = x.shape[1] if padded else None
-    return _Problem(x_pad, lengths, start_steps, weights, dtype), out_len
+    return _RaggedBatch(x_pad, lengths, start_steps, weights, dtype), out_len
 
 
 def _steps(batch, problem):

@@ -25,7 +25,9 @@ an input that is not a float32/float64 array, a state that is not an ``(out, lse
 pair, a ``num_splits`` that is not an integer, or a ``return_lse`` other than
 True/False; ValueError for shapes that do not fit (named in the message), NaN/inf
 in an input, an lse of NaN or +inf, ``num_splits`` below 1, or scores that could
-overflow the dtype.
+overflow the dtype. ``check_finite`` (keyword, default True) is ``attention``'s: with
+False the checks that read every element (NaN/inf, lse values, the overflow bound,
+the output) are skipped, and padding past ``suffix_lengths`` must then be finite.
 
 Sources: Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context inference"
 (Stanford CRFM blog); FlashAttention's ``flash_attn_with_kvcache(..., num_splits)`` and
@@ -36,45 +38,181 @@ tutorial, and cascade inference (``MultiLevelCascadeAttentionWrapper``; the Flas
 blog "Cascade Inference: Memory Bandwidth Efficient Shared Prefix Batch Decoding", 2024).
 """
 
-import math
 
 import numpy as np
 
 from ._validation import (
+    _as_array,
     as_flag,
-    as_num_splits,
-    check_attention_inputs,
-    check_attention_states,
-    check_cascade_inputs,
+    as_float_array,
+    as_size,
+    as_sizes_per_sequence,
+    check_finite_array,
     check_finite_output,
+)
+from .attention import (
+    _NO_MASK,
+    check_attention_inputs,
+    check_scores_fit,
+    finite_where_valid,
+    scaled_scores,
+    weighted_values,
 )
 
 
-def _attention_state(q, k, v, valid=None):
-    """Unchecked core of :func:`attention_state`; ``valid``, broadcast to ``[..., T_q, S]``, masks keys out.
+# Checks of num_splits, attention states and cascade inputs
 
-    A row with no key to attend to (S = 0, or nothing valid) gets the identity: zeros and -inf.
+
+def as_num_splits(num_splits):
+    """``num_splits`` as an int >= 1; TypeError for a non-integer (bools included), ValueError below 1."""
+    return as_size("num_splits", num_splits, minimum=1)
+
+
+def check_lse(name, array):
+    """Raise ValueError unless every log-sum-exp of ``array`` is finite, or -inf for a state with no keys."""
+    if np.isnan(array).any() or np.isposinf(array).any():
+        raise ValueError(
+            f"{name} contains NaN or +inf: an lse is finite, or -inf for a state with no keys "
+            "(FlashAttention before its PR #978 wrote +inf there; pass -inf)"
+        )
+
+
+def check_attention_states(states, check_finite=True):
+    """Validate ``states``, a non-empty sequence of ``(out, lse)`` pairs of one shape.
+
+    ``out: [..., T_q, D_v]`` finite, ``lse: [..., T_q]`` finite or -inf (values read
+    only with ``check_finite``). Returns ``(outs, lses, dtype)``: two lists of arrays
+    in ``dtype = np.result_type`` of them all.
     """
-    dtype = np.result_type(q, k, v)
-    if k.shape[-2] == 0:
-        return np.zeros(q.shape[:-1] + v.shape[-1:], dtype), np.full(q.shape[:-1], -np.inf, dtype)
-    scores = q @ k.swapaxes(-1, -2)  # [..., T_q, S]
-    scores *= 1.0 / math.sqrt(q.shape[-1])
-    if valid is not None:
-        scores = np.where(valid, scores, -np.inf)  # by selection: a masked key gets weight exactly 0
-    top = scores.max(axis=-1, keepdims=True)  # [..., T_q, 1]
-    if valid is not None:
-        top[np.isneginf(top)] = 0.0  # a row with nothing valid: exp(-inf - 0) = 0, total 0, lse -inf
-    weights = np.exp(scores - top)  # [..., T_q, S], the largest 1
-    total = weights.sum(axis=-1, keepdims=True)  # [..., T_q, 1], in [1, S] (0 for a fully masked row)
-    with np.errstate(divide="ignore"):
-        lse = (top + np.log(total))[..., 0]  # [..., T_q]
-    weights /= total if valid is None else np.where(total > 0, total, 1.0)
-    return weights @ v, lse  # [..., T_q, D_v], [..., T_q]
+    if isinstance(states, (str, bytes, np.ndarray)) or not hasattr(states, "__iter__"):
+        raise TypeError(f"states must be a sequence of (out, lse) pairs, got {type(states).__name__}")
+    states = list(states)
+    if not states:
+        raise ValueError("states must hold at least one (out, lse) pair")
+    outs, lses = [], []
+    for i, state in enumerate(states):
+        if not isinstance(state, (tuple, list)) or len(state) != 2:
+            raise TypeError(f"states[{i}] must be an (out, lse) pair, got {type(state).__name__}")
+        out, lse = _as_array(f"states[{i}] out", state[0]), _as_array(f"states[{i}] lse", state[1])
+        if check_finite:
+            check_finite_array(f"states[{i}] out", out)
+            check_lse(f"states[{i}] lse", lse)
+        if out.ndim < 2 or lse.shape != out.shape[:-1]:
+            raise ValueError(
+                f"states[{i}] must be out [..., T_q, D_v] and lse [..., T_q], got out {out.shape}, lse {lse.shape}"
+            )
+        if outs and out.shape != outs[0].shape:
+            raise ValueError(
+                f"every state must have the shape of states[0]: out {outs[0].shape}, states[{i}] out {out.shape}"
+            )
+        outs.append(out)
+        lses.append(lse)
+    dtype = np.result_type(*outs, *lses)
+    return [o.astype(dtype, copy=False) for o in outs], [s.astype(dtype, copy=False) for s in lses], dtype
+
+
+def _padded(arrays, s_max, width):
+    """B arrays ``[S_i, width]`` as one ``[B, s_max, width]`` array, zero past each S_i."""
+    padded = np.zeros((len(arrays), s_max, width), np.result_type(*arrays) if arrays else np.float64)
+    for b, a in enumerate(arrays):
+        padded[b, : len(a)] = a
+    return padded
+
+
+def _as_suffixes(k_suffix, v_suffix, suffix_lengths, d_k, d_v, check_finite):
+    """The suffixes padded, ``[B, S_max, D_k]`` and ``[B, S_max, D_v]``, and their lengths ``[B]`` (None: all S_max).
+
+    Lists of B arrays ``[S_i, D]`` are padded with zeros; arrays ``[B, S_max, D]``
+    come with ``suffix_lengths`` (default: every suffix S_max long), and only the keys
+    and values within the lengths must be finite: the padding may hold anything, and
+    padding that holds NaN/inf is returned as 0 (in a copy), as masked_attend takes a masked key.
+    ``check_finite=False`` reads no element: nothing is checked or zeroed.
+    """
+    read = as_float_array if check_finite else _as_array
+    if isinstance(k_suffix, (list, tuple)) and isinstance(v_suffix, (list, tuple)):
+        if suffix_lengths is not None:
+            raise ValueError("suffix_lengths is for padded suffixes [B, S_max, D]; lists of suffixes carry their own")
+        ks = [read(f"k_suffix[{i}]", k) for i, k in enumerate(k_suffix)]
+        vs = [read(f"v_suffix[{i}]", v) for i, v in enumerate(v_suffix)]
+        if len(ks) != len(vs):
+            raise ValueError(f"k_suffix has {len(ks)} suffixes but v_suffix has {len(vs)}")
+        for i, (k, v) in enumerate(zip(ks, vs)):
+            if k.ndim != 2 or v.ndim != 2 or len(k) != len(v) or k.shape[1] != d_k or v.shape[1] != d_v:
+                raise ValueError(
+                    f"k_suffix[{i}] and v_suffix[{i}] must be [S_i, D_k={d_k}] and [S_i, D_v={d_v}], "
+                    f"got {k.shape} and {v.shape}"
+                )
+        lengths = np.array([len(k) for k in ks], dtype=np.int64)
+        s_max = int(lengths.max(initial=0))
+        full = bool((lengths == s_max).all())
+        return _padded(ks, s_max, d_k), _padded(vs, s_max, d_v), None if full else lengths
+    if not isinstance(k_suffix, np.ndarray) or not isinstance(v_suffix, np.ndarray):
+        raise TypeError(
+            "k_suffix and v_suffix must both be lists of B arrays [S_i, D] or both arrays [B, S_max, D], "
+            f"got {type(k_suffix).__name__} and {type(v_suffix).__name__}"
+        )
+    if suffix_lengths is not None:
+        read = _as_array  # with lengths, the padding is not checked
+    k_suffix, v_suffix = read("k_suffix", k_suffix), read("v_suffix", v_suffix)
+    if (k_suffix.ndim != 3 or v_suffix.ndim != 3 or k_suffix.shape[:2] != v_suffix.shape[:2]
+            or k_suffix.shape[2] != d_k or v_suffix.shape[2] != d_v):
+        raise ValueError(
+            f"k_suffix and v_suffix must be [B, S_max, D_k={d_k}] and [B, S_max, D_v={d_v}] (or lists of "
+            f"B arrays [S_i, D]), got k_suffix {k_suffix.shape}, v_suffix {v_suffix.shape}"
+        )
+    if suffix_lengths is None:
+        return k_suffix, v_suffix, None
+    lengths = as_sizes_per_sequence("suffix_lengths", suffix_lengths, k_suffix.shape[0])
+    if lengths.size and lengths.max() > k_suffix.shape[1]:
+        raise ValueError(f"suffix_lengths must be at most S_max={k_suffix.shape[1]}, got {lengths.tolist()}")
+    if not check_finite:
+        return k_suffix, v_suffix, lengths
+    held = _held_suffix_keys(k_suffix, lengths)  # [B, S_max]
+    k_suffix = finite_where_valid("k_suffix", k_suffix, k_suffix[held], held, "within suffix_lengths")
+    v_suffix = finite_where_valid("v_suffix", v_suffix, v_suffix[held], held, "within suffix_lengths")
+    return k_suffix, v_suffix, lengths
+
+
+def _held_suffix_keys(k_suffix, lengths):
+    """``[B, S_max]`` bool: True at the keys of ``k_suffix: [B, S_max, D_k]`` within ``lengths`` (None: all)."""
+    return np.arange(k_suffix.shape[1]) < (k_suffix.shape[1] if lengths is None else lengths[:, None])
+
+
+def check_cascade_inputs(q, k_shared, v_shared, k_suffix, v_suffix, suffix_lengths, check_finite=True):
+    """Validate cascade attention's inputs: ``q: [B, T_q, D_k]``, a shared prefix, B suffixes.
+
+    Returns ``(q, k_shared, v_shared, k_suffix, v_suffix, lengths, dtype)``: the
+    arrays in ``dtype = np.result_type`` of them all, the suffixes padded to
+    ``[B, S_max, D]``, ``lengths`` ``[B]`` int64 or None when every suffix is S_max long.
+    The overflow bound takes the suffix keys within the lengths only, as masked_attend takes its valid keys.
+    """
+    read = as_float_array if check_finite else _as_array
+    q = read("q", q)
+    k_shared, v_shared = read("k_shared", k_shared), read("v_shared", v_shared)
+    if q.ndim != 3 or q.shape[-1] == 0:
+        raise ValueError(f"q must be [B, T_q, D_k] with D_k >= 1, got shape {q.shape}")
+    if k_shared.ndim != 2 or v_shared.ndim != 2 or len(k_shared) != len(v_shared) or k_shared.shape[1] != q.shape[2]:
+        raise ValueError(
+            f"k_shared and v_shared must be [S_p, D_k={q.shape[2]}] and [S_p, D_v], "
+            f"got k_shared {k_shared.shape}, v_shared {v_shared.shape}"
+        )
+    k_suffix, v_suffix, lengths = _as_suffixes(k_suffix, v_suffix, suffix_lengths, q.shape[2], v_shared.shape[1],
+                                               check_finite)
+    if len(k_suffix) != len(q):
+        raise ValueError(f"q has B={len(q)} sequences but there are {len(k_suffix)} suffixes: q {q.shape}")
+    arrays = (q, k_shared, v_shared, k_suffix, v_suffix)
+    dtype = np.result_type(*arrays)
+    if check_finite:
+        suffix_keys = k_suffix if lengths is None else k_suffix[_held_suffix_keys(k_suffix, lengths)]  # [..., D_k]
+        check_scores_fit(dtype, q, k_shared, suffix_keys)
+    return (*(a.astype(dtype, copy=False) for a in arrays), lengths, dtype)
+
+
+# The computation
 
 
 def _merge(outs, lses):
-    """Unchecked core of :func:`merge_attention_states`: N states ``out [..., T_q, D_v]``, ``lse [..., T_q]``."""
+    """The merge of N states ``out [..., T_q, D_v]``, ``lse [..., T_q]``, inputs already checked."""
     lse = np.stack(lses)  # [N, ..., T_q]
     top = lse.max(axis=0)  # [..., T_q]
     shift = np.where(np.isneginf(top), 0.0, top)  # rows of identities only: exp(-inf - 0) = 0, never NaN
@@ -96,29 +234,38 @@ def _split_bounds(s_len, num_splits):
     return [i * s_len // num_splits for i in range(num_splits + 1)]
 
 
-def _split_kv_attention(q, k, v, num_splits):
-    """Unchecked core of :func:`split_kv_attention`: ``(out, lse)``."""
-    bounds = _split_bounds(k.shape[-2], num_splits)
-    parts = [_attention_state(q, k[..., a:b, :], v[..., a:b, :]) for a, b in zip(bounds, bounds[1:])]
-    outs, lses = zip(*parts)  # each part [..., T_q, D_v] and [..., T_q]
-    return _merge(outs, lses)
-
-
-def attention_state(q, k, v):
+def attention_state(q, k, v, *, valid=None, check_finite=True):
     """The attention state ``(out, lse)`` of ``q: [..., T_q, D_k]`` over ``k: [..., S, D_k]``, ``v: [..., S, D_v]``.
 
     ``out: [..., T_q, D_v]`` is ``attend(q, k, v)`` bit for bit and ``lse: [..., T_q]``
     the natural log-sum-exp of the scaled scores. S = 0 gives the identity of the
-    merge: ``out`` zeros and ``lse`` -inf, never NaN.
+    merge: ``out`` zeros and ``lse`` -inf, never NaN. ``valid: [..., S]`` (bool,
+    default None: every key) masks keys out as :func:`~kv_attention.attention.masked_attend`
+    does; a row with no valid key gets the identity.
     """
-    q, k, v, _ = check_attention_inputs(q, k, v)
+    check_finite = as_flag("check_finite", check_finite)
+    q, k, v, dtype = check_attention_inputs(q, k, v, _NO_MASK if valid is None else valid, check_finite)
+    if k.shape[-2] == 0:
+        return np.zeros(q.shape[:-1] + v.shape[-1:], dtype), np.full(q.shape[:-1], -np.inf, dtype)
     with np.errstate(over="ignore", invalid="ignore"):
-        out, lse = _attention_state(q, k, v)
-    check_finite_output(out)
+        scores = scaled_scores(q, k)  # [..., T_q, S]
+        if valid is not None:
+            scores = np.where(np.asarray(valid)[..., None, :], scores, -np.inf)  # by selection: weight exactly 0
+        top = scores.max(axis=-1, keepdims=True)  # [..., T_q, 1]
+        if valid is not None:
+            top[np.isneginf(top)] = 0.0  # a row with nothing valid: exp(-inf - 0) = 0, total 0, lse -inf
+        weights = np.exp(scores - top)  # [..., T_q, S], the largest 1
+        total = weights.sum(axis=-1, keepdims=True)  # [..., T_q, 1], in [1, S] (0 for a fully masked row)
+        with np.errstate(divide="ignore"):
+            lse = (top + np.log(total))[..., 0]  # [..., T_q]
+        weights /= total if valid is None else np.where(total > 0, total, 1.0)
+        out = weighted_values(weights, v)  # [..., T_q, D_v]
+    if check_finite:
+        check_finite_output(out)
     return out, lse
 
 
-def merge_attention_states(states):
+def merge_attention_states(states, *, check_finite=True):
     """Merge a sequence of attention states ``(out, lse)`` over disjoint key sets into the state over their union.
 
     Every ``out`` is ``[..., T_q, D_v]`` and every ``lse`` ``[..., T_q]``, finite or
@@ -126,14 +273,16 @@ def merge_attention_states(states):
     lse)`` of the same shapes. A state whose lse is -inf changes nothing; only such
     states give zeros and -inf.
     """
-    outs, lses, _ = check_attention_states(states)
+    check_finite = as_flag("check_finite", check_finite)
+    outs, lses, _ = check_attention_states(states, check_finite)
     with np.errstate(over="ignore", invalid="ignore"):
         out, lse = _merge(outs, lses)
-    check_finite_output(out)
+    if check_finite:
+        check_finite_output(out)
     return out, lse
 
 
-def split_kv_attention(q, k, v, *, num_splits, return_lse=False):
+def split_kv_attention(q, k, v, *, num_splits, return_lse=False, check_finite=True):
     """``attend(q, k, v)`` computed as flash-decoding does: S split into ``num_splits`` parts, their states merged.
 
     Shapes as :func:`attention_state`. Part i holds keys ``i·S // num_splits`` to
@@ -143,14 +292,19 @@ def split_kv_attention(q, k, v, *, num_splits, return_lse=False):
     the lse ``[..., T_q]``, as FlashAttention's ``return_softmax_lse``.
     """
     num_splits, return_lse = as_num_splits(num_splits), as_flag("return_lse", return_lse)
-    q, k, v, _ = check_attention_inputs(q, k, v)
+    check_finite = as_flag("check_finite", check_finite)
+    q, k, v, _ = check_attention_inputs(q, k, v, check_finite=check_finite)
+    bounds = _split_bounds(k.shape[-2], num_splits)
     with np.errstate(over="ignore", invalid="ignore"):
-        out, lse = _split_kv_attention(q, k, v, num_splits)
-    check_finite_output(out)
+        parts = [attention_state(q, k[..., a:b, :], v[..., a:b, :], check_finite=False) for a, b in zip(bounds, bounds[1:])]
+        out, lse = _merge(*zip(*parts))  # each part [..., T_q, D_v] and [..., T_q]
+    if check_finite:
+        check_finite_output(out)
     return (out, lse) if return_lse else out
 
 
-def cascade_attention(q, k_shared, v_shared, k_suffix, v_suffix, *, suffix_lengths=None, return_lse=False):
+def cascade_attention(q, k_shared, v_shared, k_suffix, v_suffix, *, suffix_lengths=None, return_lse=False,
+                      check_finite=True):
     """Attention of B sequences over one shared prefix and their own suffixes, the prefix read once for all.
 
     ``q: [B, T_q, D_k]``; the prefix ``k_shared: [S_p, D_k]``, ``v_shared: [S_p, D_v]``;
@@ -168,17 +322,19 @@ def cascade_attention(q, k_shared, v_shared, k_suffix, v_suffix, *, suffix_lengt
     two-level cascade). Also raises ValueError for a q that is not 3-D, a number of
     suffixes other than B, or suffix_lengths with lists.
     """
-    return_lse = as_flag("return_lse", return_lse)
+    return_lse, check_finite = as_flag("return_lse", return_lse), as_flag("check_finite", check_finite)
     q, k_shared, v_shared, k_suffix, v_suffix, lengths, _ = check_cascade_inputs(
-        q, k_shared, v_shared, k_suffix, v_suffix, suffix_lengths
+        q, k_shared, v_shared, k_suffix, v_suffix, suffix_lengths, check_finite
     )
     batch, t_q, d_k = q.shape
     d_v = v_shared.shape[1]
     with np.errstate(over="ignore", invalid="ignore"):
-        shared_out, shared_lse = _attention_state(q.reshape(batch * t_q, d_k), k_shared, v_shared)  # [B·T_q, D_v]
+        shared_out, shared_lse = attention_state(q.reshape(batch * t_q, d_k), k_shared, v_shared,
+                                                 check_finite=False)  # [B·T_q, D_v], [B·T_q]
         shared = (shared_out.reshape(batch, t_q, d_v), shared_lse.reshape(batch, t_q))  # [B, T_q, D_v], [B, T_q]
-        valid = None if lengths is None else (np.arange(k_suffix.shape[1]) < lengths[:, None])[:, None, :]
-        suffix = _attention_state(q, k_suffix, v_suffix, valid)  # valid: [B, 1, S_max]
+        valid = None if lengths is None else _held_suffix_keys(k_suffix, lengths)  # [B, S_max]
+        suffix = attention_state(q, k_suffix, v_suffix, valid=valid, check_finite=False)
         out, lse = _merge((shared[0], suffix[0]), (shared[1], suffix[1]))
-    check_finite_output(out)
+    if check_finite:
+        check_finite_output(out)
     return (out, lse) if return_lse else out

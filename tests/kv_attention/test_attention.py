@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import kv_attention as kv
+from kv_attention import attention as attention_module
 from kv_attention.attention import band_mask
 
 from ..references import naive_attend, naive_causal_attention, problem
@@ -287,3 +288,35 @@ def test_masked_attend_refuses_none_or_a_masked_array_as_the_mask_naming_valid(v
         kv.masked_attend(*step_inputs(), valid)
     with pytest.raises(TypeError, match=r"valid must be a bool array \[\.\.\., S\] = \[3\] for k \(3, 4\), got None"):
         kv.masked_attend(np.ones((1, 4)), np.ones((3, 4)), np.ones((3, 2)), None)
+
+
+# --- a long step: few query rows against many keys, computed block by block ------------------------
+
+
+@pytest.mark.parametrize("s_len", [2 * 256 + 1, 3 * 256, 4 * 256 + 7])
+@pytest.mark.parametrize("t_q", [1, 4, 16])
+def test_a_long_step_block_by_block_matches_naive(s_len, t_q):
+    # S > 2 blocks of 256 keys and T_q <= 16: scores and output are computed a block of keys at a time,
+    # the last block shorter; against the loop-by-loop reference, independent of the blocking.
+    q, k, v = step_inputs(lead=(2,), t_q=t_q, s=s_len, d_k=8, d_v=3)
+    assert attention_module._is_long_step(q, k)
+    np.testing.assert_allclose(kv.attend(q, k, v), naive_attend(q, k, v), rtol=1e-12, atol=1e-12)
+    out, lse = kv.attention_state(q, k, v)
+    np.testing.assert_array_equal(out, kv.attend(q, k, v))  # the same computation: bit for bit
+    scores = np.einsum("...td,...sd->...ts", q, k) / np.sqrt(8)
+    np.testing.assert_allclose(lse, np.log(np.exp(scores).sum(axis=-1)), rtol=1e-12)
+
+
+def test_a_long_step_over_a_caches_view_matches_the_contiguous_keys():
+    # A StaticCache's k_cache[..., :T, :] is not contiguous across heads; the blocks are its rows.
+    q, k, v = step_inputs(lead=(2, 3), t_q=4, s=700, d_k=8, d_v=3)
+    k_buffer, v_buffer = np.zeros((2, 3, 701, 8)), np.zeros((2, 3, 701, 3))
+    k_buffer[..., :700, :], v_buffer[..., :700, :] = k, v
+    out = kv.attend(q, k_buffer[..., :700, :], v_buffer[..., :700, :])
+    np.testing.assert_allclose(out, naive_attend(q, k, v), rtol=1e-12, atol=1e-12)
+
+
+def test_a_short_step_or_many_query_rows_is_one_product():
+    q, k, v = step_inputs(t_q=17, s=2000)
+    assert not attention_module._is_long_step(q, k)  # many query rows: one matmul reads K well
+    assert not attention_module._is_long_step(q[..., :1, :], k[..., :512, :])  # two blocks or fewer
