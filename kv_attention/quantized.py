@@ -63,7 +63,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from ._validation import _as_array, as_float_array, as_float_dtype, as_size, check_choice
+from ._validation import _as_array, as_flag, as_float_array, as_float_dtype, as_size, check_choice
 from .attention import softmax
 from .cache import Cache, as_batch_shape, check_crop
 
@@ -248,7 +248,7 @@ class QuantizedCache(Cache):
         """``k: [*batch_shape, T_new, k_dim]``, ``v: [*batch_shape, T_new, v_dim]`` as arrays of the cache's dtype."""
         if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
             raise TypeError(f"k and v must be numpy arrays, got {type(k).__name__}, {type(v).__name__}")
-        as_array = as_float_array if check_finite else _as_array
+        as_array = as_float_array if as_flag("check_finite", check_finite) else _as_array
         k, v = as_array("k", k), as_array("v", v)
         for name, array in (("k", k), ("v", v)):
             if not np.can_cast(array.dtype, self.dtype, casting="safe"):
@@ -355,7 +355,7 @@ class QuantizedCache(Cache):
         return sum(a.nbytes for part in self._parts for a in part if a is not None)
 
 
-def attend_quantized(q, cache):
+def attend_quantized(q, cache, *, check_finite=True):
     """``softmax(q K̂ᵀ / sqrt(D_k)) V̂`` over every position of ``cache``, read from its codes.
 
     ``q: [*batch_shape, C, k_dim]`` in the cache's dtype -> ``[*batch_shape, C, v_dim]``.
@@ -367,6 +367,7 @@ def attend_quantized(q, cache):
     channel and values per token (KIVI's layout; ValueError otherwise) holding >= 1 position;
     TypeError for a q that is not an array of the cache's dtype, ValueError for its shape.
     No mask: every held position is attended to (a decode step's query is the last position).
+    ``check_finite`` (default True): refuse NaN/inf in q (ValueError); False skips that scan.
     """
     if not isinstance(cache, QuantizedCache):
         raise TypeError(f"cache must be a QuantizedCache, got {type(cache).__name__}")
@@ -375,7 +376,7 @@ def attend_quantized(q, cache):
                          f"{cache.key_axis!r}, value_axis={cache.value_axis!r}; attend over cache.dequantize() instead")
     if cache.get_seq_length() == 0:
         raise ValueError("attend_quantized needs a cache holding at least one position, got an empty cache")
-    q = as_float_array("q", q)
+    q = (as_float_array if as_flag("check_finite", check_finite) else _as_array)("q", q)
     if q.dtype != cache.dtype:
         raise TypeError(f"q is {q.dtype} but the cache holds {cache.dtype}")
     if q.ndim < 2 or q.shape[:-2] != cache.batch_shape or q.shape[-1] != cache.k_dim:

@@ -216,6 +216,9 @@ def test_attend_quantized_refuses_what_it_cannot_read():
         kv.attend_quantized(np.ones((1, 3), np.float32), cache)
     with pytest.raises(TypeError, match="cache must be a QuantizedCache"):
         kv.attend_quantized(np.ones((1, 3)), kv.DynamicCache())
+    with pytest.raises(ValueError, match="q contains NaN or inf"):
+        kv.attend_quantized(np.full((1, 3), np.nan), cache)
+    assert np.isnan(kv.attend_quantized(np.full((1, 3), np.nan), cache, check_finite=False)).all()  # unscanned
     other = kv.QuantizedCache((), 3, 3, group_size=2, residual_length=2, key_axis="token")
     other.update(np.ones((4, 3)), np.ones((4, 3)))
     with pytest.raises(ValueError, match="keys per channel and values per token"):
