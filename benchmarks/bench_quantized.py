@@ -11,14 +11,15 @@ at T = 64 and 128 (32 and 96 positions quantized). Per point:
   max abs error against the exact float64 attention (``common.oracle``);
 - ``QuantizedRatios``: the decode through the quantized cache over the same decode
   through a DynamicCache, paired (``ratios``);
-- ``FusedRatios``: one attention step of the last query over the cache of T positions,
-  :func:`attend_quantized` (scores from the codes) over dequantize-then-``attend``, paired;
-- ``QuantizedCounts``: instructions of those two steps at T = 128, int4 (callgrind).
+- ``FusedRatios``: one attention step of the last query over a cache given the T = 128 or
+  1024 positions in one update, :func:`attend_quantized` (scores from the codes) over
+  dequantize-then-``attend``, paired;
+- ``QuantizedCounts``: instructions of those two steps at T = 1024, int4 (callgrind).
 
 Where the commit has ``check_finite`` (issue 21), both sides of every ratio, the timings and
 the counts run with ``check_finite=False``: the mechanism, not its NaN scans. Every point is
-checked once per commit, here, before anything is measured
-(:func:`verified_kind`): the decode's last position and ``attend_quantized`` against
+checked once per commit, here, before anything is measured (:func:`verified_kind`,
+:func:`prefilled`): the decode's last position and both attention steps against
 attention over the cache's own K̂/V̂, written here, to 1e-12. Commits without
 ``QuantizedCache`` skip (NotImplementedError).
 """
@@ -48,6 +49,7 @@ from .ratios import Ratios, Side
 KINDS = {"int2": dict(nbits=2), "int4": dict(nbits=4), "int8": dict(nbits=8),
          "float8_e4m3fn": dict(nbits=8, format="float8_e4m3fn"), "float8_e5m2": dict(nbits=8, format="float8_e5m2")}
 LENGTHS = [64, 128]
+STEP_LENGTHS = [128, 1024]  # one attention step is cheap: a long cache, where reading the codes pays
 GROUP_SIZE = RESIDUAL_LENGTH = 32
 
 
@@ -91,12 +93,20 @@ def verified_kind(kind, t_len):
 
 
 def prefilled(kind, t_len):
-    """``(q, cache)``: the fixed problem's last query, and a cache given its T keys and values in one update."""
-    verified_kind(kind, t_len)
+    """``(q, cache)``: the last query of ``timed_inputs(t_len)`` and a cache given its T keys and values in one update,
+    once both attention steps (:func:`steps`) matched attention over the cache's own K̂/V̂ (1e-12), checked here."""
+    cache = quantized_cache(kind)  # NotImplementedError (a skip) at a commit without it
     x, w_q, w_k, w_v = timed_inputs(t_len)
-    cache = quantized_cache(kind)
     cache.update(x @ w_k, x @ w_v)
-    return x[-1:] @ w_q, cache
+    q = x[-1:] @ w_q  # [1, D_k]
+    key = f"quantized step {kind} at T={t_len}"
+    if key not in common.VERIFIED:
+        check_single_threaded()
+        expected = attention(q, *cache.dequantize())
+        for name, step in steps().items():
+            assert_float64_close(step(q, cache), expected, f"{key}: {name}", rtol=0, atol=1e-12)
+        common.VERIFIED.add(key)
+    return q, cache
 
 
 def unscanned(function):
@@ -199,7 +209,7 @@ class QuantizedRatios(Ratios):
 class FusedRatios(Ratios):
     """One attention step over a cache of T positions: attend_quantized over dequantize-then-attend, paired."""
 
-    params = [LENGTHS, list(KINDS)]
+    params = [STEP_LENGTHS, list(KINDS)]
     param_names = ["T", "kind"]
     seconds = 0.05  # MIN_PAIRS pairs of one sample (>= 2 ms) a side
     burst = 1
@@ -214,7 +224,7 @@ class FusedRatios(Ratios):
 
 
 class QuantizedCounts(Counts):
-    """Instructions of one attention step over a cache of 128 positions: from the codes, or dequantized first.
+    """Instructions of one attention step over a cache of 1024 positions: from the codes, or dequantized first.
 
     int4 only: a count point costs 1-2 s of the shared callgrind process (its instrumentation), a kind 3 s.
     """
@@ -223,5 +233,5 @@ class QuantizedCounts(Counts):
     param_names = ["kind", "path"]
 
     def prepare(self, kind, path):
-        q, cache = prefilled(kind, 128)
+        q, cache = prefilled(kind, 1024)
         return steps()[path], (q, cache)
