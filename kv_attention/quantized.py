@@ -296,12 +296,12 @@ class QuantizedCache(Cache):
     @property
     def k_cache(self):
         """K̂ ``[*batch_shape, T, k_dim]``, dequantized at each access (a decode reads its shape and dtype)."""
-        return self.dequantize()[0]
+        return self._quantizers[0].dequantize(self._parts[0])
 
     @property
     def v_cache(self):
         """V̂ ``[*batch_shape, T, v_dim]``, dequantized at each access."""
-        return self.dequantize()[1]
+        return self._quantizers[1].dequantize(self._parts[1])
 
     def get_seq_length(self):
         """Number of positions held, quantized and residual (int)."""

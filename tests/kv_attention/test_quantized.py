@@ -119,6 +119,9 @@ def test_two_bit_codes_take_a_quarter_byte():
     cache.update(np.arange(64.0).reshape(8, 8), np.arange(64.0).reshape(8, 8))  # 4 positions quantized
     codes = cache._parts[0].codes
     assert codes.dtype == np.uint8 and codes.shape == (4, 2)  # 8 channels of 2 bits: 2 bytes a position
+    k_hat, v_hat = cache.dequantize()
+    np.testing.assert_array_equal(cache.k_cache, k_hat)  # what a decode checks a given cache against
+    np.testing.assert_array_equal(cache.v_cache, v_hat)
 
 
 @pytest.mark.parametrize("name", ["float8_e4m3fn", "float8_e5m2"])
