@@ -1,21 +1,17 @@
 """Batch experiment: B sequences decoded one after another vs together, and a batch-size sweep."""
 
-from .common import BATCH, LENGTHS, STRATEGIES, SWEEP_BATCH_SIZES, SWEEP_LENGTH, timed_inputs, verified_strategy
+from .common import BATCH, Benchmark, LENGTHS, STRATEGIES, SWEEP_BATCH_SIZES, SWEEP_LENGTH, timed_inputs, verified_strategy
 from .counts import Counts
 from .ratios import Ratios, Side
 
 COUNT_LENGTH = 32  # T of BatchSizeCounts
 
 
-class BatchStrategy:
+class BatchStrategy(Benchmark):
     """Full T-step decode of B = 2 sequences ``x: [2, T, 64]`` (both sequences in one timing)."""
 
     params = [LENGTHS, list(STRATEGIES["batch"])]
     param_names = ["T", "strategy"]
-    rounds = 2  # as CacheStrategy: the counts (BatchCounts) carry the fine detection
-    repeat = (5, 10, 0.25)
-    warmup_time = 0.05
-    timeout = 120
 
     def setup(self, T, strategy):
         self.decode = verified_strategy(strategy, T, BATCH)
@@ -24,23 +20,21 @@ class BatchStrategy:
     def time_decode(self, T, strategy):
         self.decode(*self.inputs)
 
+    # pinned asv hash (9108790): both sequences' full T-step decode of timed_inputs(T, 2), per strategy
     time_decode.version = "35da4ba066b844095cf42b91e92a485c42f958e7af5eba597af326416e3a2bef"
 
     def peakmem_decode(self, T, strategy):
         self.decode(*self.inputs)
 
+    # pinned asv hash (9108790): peak RSS of a process after that decode (its check's oracle included)
     peakmem_decode.version = "399a37d87e58616d89852053a83467415d54424d173f4a5e13a488640335febf"
 
 
-class BatchSize:
+class BatchSize(Benchmark):
     """Batched decode at T = 128 for B in {1, 2, 4, 8}: positions/s = B x 128 / time."""
 
     params = [SWEEP_BATCH_SIZES]
     param_names = ["B"]
-    rounds = 2
-    repeat = (5, 10, 0.25)
-    warmup_time = 0.05
-    timeout = 120
 
     def setup(self, B):
         self.decode = verified_strategy("batched", SWEEP_LENGTH, B)
@@ -49,6 +43,7 @@ class BatchSize:
     def time_batched_decode(self, B):
         self.decode(*self.inputs)
 
+    # pinned asv hash (9108790): the batched decode of timed_inputs(128, B)
     time_batched_decode.version = "891d42ca3c02f3595412aacc6e9a1a3996daf02aec134cf565af2c998689844b"
 
 

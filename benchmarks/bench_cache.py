@@ -2,20 +2,16 @@
 
 import inspect
 
-from .common import D_K, D_V, LENGTHS, STRATEGIES, SkipNotImplemented, timed_inputs, verified_strategy
+from .common import Benchmark, D_K, D_V, LENGTHS, STRATEGIES, SkipNotImplemented, timed_inputs, verified_strategy
 from .counts import Counts
 from .ratios import Ratios, Side
 
 
-class CacheStrategy:
+class CacheStrategy(Benchmark):
     """Full T-step decode of one sequence ``x: [T, 64]``, float64, per strategy."""
 
     params = [LENGTHS, list(STRATEGIES["cache"])]
     param_names = ["T", "strategy"]
-    rounds = 2  # two interleaved processes per point: the counts (CacheCounts) carry the fine detection
-    repeat = (5, 10, 0.25)  # 5 to 10 samples per round, within ~0.25 s: 10 to 20 samples hold the 1.10 factor
-    warmup_time = 0.05
-    timeout = 120
 
     def setup(self, T, strategy):
         self.decode = verified_strategy(strategy, T)
@@ -24,11 +20,13 @@ class CacheStrategy:
     def time_decode(self, T, strategy):
         self.decode(*self.inputs)
 
+    # pinned asv hash (9108790): the full T-step decode of timed_inputs(T) [T, 64], per strategy
     time_decode.version = "3c37fe9c71a7cc9ebb27833f6c36452f56b398037d275a14d1c9bc0b858713a2"
 
     def peakmem_decode(self, T, strategy):
         self.decode(*self.inputs)
 
+    # pinned asv hash (9108790): peak RSS of a process after that decode (its check's oracle included)
     peakmem_decode.version = "a3c142f7db9cd014d80d93fe796abe10ce38cd81c5b8d19b814ded9813e00513"
 
     def track_kv_cache_bytes(self, T, strategy):
@@ -48,6 +46,7 @@ class CacheStrategy:
         return cache.nbytes
 
     track_kv_cache_bytes.unit = "bytes"
+    # pinned asv hash (9108790): the cache's nbytes after that decode, 2 x T x 64 x 8 (0 for no_cache)
     track_kv_cache_bytes.version = "b59bea7c73594a61808a03b85d444da953a7d75d9367ab1541de0f62885b52f8"
 
 

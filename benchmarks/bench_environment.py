@@ -11,6 +11,7 @@ def track_blas_threads():
 
 
 track_blas_threads.unit = "threads"
+# pinned asv hash (9108790): the largest BLAS/OpenMP pool of a benchmark process
 track_blas_threads.version = "944f4b140301e1847ae0c9ef2bd3974000055c61c3a6078f216d03abedb0626a"
 
 
@@ -30,4 +31,5 @@ def peakmem_reference():
     check_single_threaded()
 
 
+# pinned asv hash (9108790): peak RSS of a process that loaded what the checks load
 peakmem_reference.version = "3d86f98a60583af5bc88ec64d157930e37c65d2f53dda71d60c43df912e57b95"

@@ -17,21 +17,20 @@ at T = 64 and 128 (32 and 96 positions quantized). Per point:
 - ``QuantizedCounts``: instructions of those two steps at T = 1024, int4 (callgrind).
 
 Where the commit has ``check_finite`` (issue 21), both sides of every ratio, the timings and
-the counts run with ``check_finite=False``: the mechanism, not its NaN scans. Every point is
+the counts run with ``check_finite=False`` (``common.library_function``): the mechanism, not its scans. Every point is
 checked once per commit, here, before anything is measured (:func:`verified_kind`,
 :func:`prefilled`): the decode's last position and both attention steps against
 attention over the cache's own K̂/V̂, written here, to 1e-12. Commits without
 ``QuantizedCache`` skip (NotImplementedError).
 """
 
-import functools
-import inspect
 import math
 
 import numpy as np
 
 from . import common
 from .common import (
+    Benchmark,
     D_K,
     D_V,
     assert_float64_close,
@@ -109,23 +108,17 @@ def prefilled(kind, t_len):
     return q, cache
 
 
-def unscanned(function):
-    """``{"check_finite": False}`` where ``function`` has the option (issue 21), else ``{}``: the mechanism, not its scans."""
-    return {"check_finite": False} if "check_finite" in inspect.signature(function).parameters else {}
-
-
 def steps():
     """``{"fused": attend_quantized, "dequantized": attend over cache.dequantize()}``: one step each, ``(q, cache)``.
 
-    The path ``update`` offers against the scores from the codes, both unscanned where the commit can.
+    The path ``update`` offers against the scores from the codes, both unscanned where the commit can
+    (``library_function`` binds ``check_finite=False``).
     """
     attend_quantized, attend = library_function("attend_quantized"), library_function("attend")
-    attend = functools.partial(attend, **unscanned(attend))
-    return {"fused": functools.partial(attend_quantized, **unscanned(attend_quantized)),
-            "dequantized": lambda q, cache: attend(q, *cache.dequantize())}
+    return {"fused": attend_quantized, "dequantized": lambda q, cache: attend(q, *cache.dequantize())}
 
 
-class QuantizedDecode:
+class QuantizedDecode(Benchmark):
     """Full T-step decode of ``x: [T, 64]`` through a new QuantizedCache per call, per kind."""
 
     params = [LENGTHS, list(KINDS)]
@@ -142,15 +135,14 @@ class QuantizedDecode:
     def setup(self, checked, T, kind):
         replay(checked, (T, kind))
         self.decode, self.inputs = library_function("cached_attention"), timed_inputs(T)
-        self.options = unscanned(self.decode)
 
     def time_decode(self, checked, T, kind):
-        self.decode(*self.inputs, cache=quantized_cache(kind), **self.options)
+        self.decode(*self.inputs, cache=quantized_cache(kind))
 
-    time_decode.version = "1"
+    time_decode.version = "1"  # 1: the T-step decode of timed_inputs(T) through a new cache of the kind
 
 
-class QuantizedAccuracy:
+class QuantizedAccuracy(Benchmark):
     """What one decode of ``x: [T, 64]`` leaves in the cache, in bytes per position, and its output's error."""
 
     params = [LENGTHS, list(KINDS)]
@@ -173,14 +165,14 @@ class QuantizedAccuracy:
         return self.bytes_per_position
 
     track_bytes_per_position.unit = "bytes"
-    track_bytes_per_position.version = "1"
+    track_bytes_per_position.version = "1"  # 1: nbytes / T after that decode
 
     def track_max_abs_error(self, measured, T, kind):
         """max |decode output - exact float64 causal attention| over the T x 64 outputs."""
         return self.max_abs_error
 
     track_max_abs_error.unit = "abs error"
-    track_max_abs_error.version = "1"
+    track_max_abs_error.version = "1"  # 1: against common.oracle, the exact float64 attention
 
 
 def fresh(cache):
@@ -202,8 +194,8 @@ class QuantizedRatios(Ratios):
         verified_kind(kind, T)
         decode, inputs = verified_strategy("concat", T), timed_inputs(T)
         quantized, dynamic = quantized_cache(kind), library_function("DynamicCache")()
-        return (Side(decode, inputs, after=fresh(quantized), cache=quantized, **unscanned(decode)),
-                Side(decode, inputs, after=fresh(dynamic), cache=dynamic, **unscanned(decode)))
+        return (Side(decode, inputs, after=fresh(quantized), cache=quantized),
+                Side(decode, inputs, after=fresh(dynamic), cache=dynamic))
 
 
 class FusedRatios(Ratios):

@@ -1,10 +1,112 @@
-"""Serving experiment: 32 requests through continuous batching over the paged cache; prefix caching on or off, an ample or a tight pool."""
+"""Serving experiment: 32 requests through continuous batching over the paged cache; prefix caching on or off, an ample or a tight pool.
 
-from .serve_inputs import CACHING, POOLS, checked_counts, verified_serve
+The workload (32 requests sharing a 64-token system prompt), its oracle and
+its check live here, in the suite, not in ``kv_attention``, for the reason given in
+``common.py``. Everything is drawn from its own ``default_rng(42)``, in this
+order: the embedding ``[512, 64]`` (standard normal), w_q, w_k, w_v ``[64, 64]``
+(variance 1/64), the system prompt's 64 token ids, then for each request its
+user prompt's length (16..64), its decoded length (16..64) and their token
+ids. Request i arrives at scheduler step i // 2, so arrivals spread over the
+first 16 steps. Each step has a budget of 256 tokens; blocks hold 16.
+"""
+
+import functools
+import math
+
+import numpy as np
+
+from .common import Benchmark, check_points, library_function, oracle, read_only, replay, verified_decode
+
+SEED = 42
+VOCAB, D_MODEL = 512, 64  # V, and D_model = D_k = D_v as in the rest of the suite
+N_REQUESTS, SYSTEM_LEN = 32, 64
+USER_LENGTHS = DECODE_LENGTHS = (16, 64)  # inclusive ranges
+BLOCK_SIZE, BUDGET = 16, 256  # tokens per block; max_num_batched_tokens
+CACHING = {"off": False, "on": True}  # asv parameter value -> enable_prefix_caching
+TIGHT_POOL = 64  # blocks: a fifth of the ample pool, so that requests are preempted with and without caching
 
 
-class Serve:
-    """The whole ``serve`` of the workload of ``serve_inputs``: 32 requests, block_size 16, 256 tokens per step.
+@functools.lru_cache(maxsize=None)
+def workload():
+    """``(specs, embedding, w_q, w_k, w_v)``: specs a tuple of ``(token_ids, prompt_len, arrival_step)``, read-only."""
+    rng = np.random.default_rng(SEED)
+    embedding = rng.standard_normal((VOCAB, D_MODEL))
+    weights = [rng.standard_normal((D_MODEL, D_MODEL)) / math.sqrt(D_MODEL) for _ in range(3)]
+    system = rng.integers(0, VOCAB, SYSTEM_LEN).tolist()
+    specs = []
+    for i in range(N_REQUESTS):
+        user, decoded = (int(rng.integers(low, high + 1)) for low, high in (USER_LENGTHS, DECODE_LENGTHS))
+        token_ids = system + rng.integers(0, VOCAB, user + decoded).tolist()
+        specs.append((tuple(token_ids), SYSTEM_LEN + user, i // 2))
+    return (tuple(specs), *read_only(embedding, *weights))
+
+
+def pool_blocks(pool):
+    """``"ample"``: every request at full length at once, sum of ceil(L / 16); ``"tight"``: TIGHT_POOL."""
+    if pool == "tight":
+        return TIGHT_POOL
+    return sum(math.ceil(len(token_ids) / BLOCK_SIZE) for token_ids, _, _ in workload()[0])
+
+
+POOLS = {"ample": pool_blocks("ample"), "tight": TIGHT_POOL}  # asv parameter value -> num_blocks
+
+
+def serve_oracle(specs, embedding, w_q, w_k, w_v):
+    """Each request alone through the suite's full causal attention, from its last prompt position on."""
+    return [oracle(embedding[list(token_ids)], w_q, w_k, w_v)[prompt_len - 1 :] for token_ids, prompt_len, _ in specs]
+
+
+def serve_function(caching, pool):
+    """The commit's ``serve`` bound to the experiment's options; NotImplementedError if it has none."""
+    import kv_attention
+
+    serve = library_function("serve")
+    if not hasattr(kv_attention, "Request"):
+        raise NotImplementedError("kv_attention has no Request at this commit")
+    options = {"block_size": BLOCK_SIZE, "num_blocks": POOLS[pool], "max_num_batched_tokens": BUDGET}
+    return functools.partial(serve, enable_prefix_caching=CACHING[caching], **options)
+
+
+@functools.lru_cache(maxsize=None)
+def serve_inputs():
+    """``(requests, embedding, w_q, w_k, w_v)``: the workload as the commit's ``Request`` objects."""
+    import kv_attention
+
+    specs, *arrays = workload()
+    requests = [kv_attention.Request(i, list(ids), prompt_len, arrival) for i, (ids, prompt_len, arrival) in
+                enumerate(specs)]
+    return (requests, *arrays)
+
+
+@functools.lru_cache(maxsize=None)  # for the life of the process; an outcome that raised is not kept
+def verified_serve(caching, pool):
+    """``(serve, inputs, result)``: serve bound to the options, once every request matched :func:`serve_oracle`.
+
+    ``result`` is the checked run's ``ServeResult``, whose counts the track_
+    benchmarks report. Outcomes as :func:`common.verified_decode`.
+    """
+    serve, inputs, runs = serve_function(caching, pool), serve_inputs(), []
+
+    def outputs(requests, *arrays):
+        runs.append(serve(requests, *arrays))
+        return [runs[-1].outputs.get(r.request_id) for r in requests]
+
+    verified_decode(f"serve, prefix caching {caching}, {pool} pool", outputs, inputs,
+                    lambda *_: serve_oracle(*workload()))
+    return serve, inputs, runs[-1] if runs else serve(*inputs)
+
+
+COUNTS = ("steps", "preemptions", "recomputed_tokens", "prefix_hit_tokens", "peak_blocks")
+
+
+def serve_counts(caching, pool):
+    """The counts (:data:`COUNTS` -> int) of the checked serve of a point; raises as :func:`verified_serve`."""
+    _, _, result = verified_serve(caching, pool)
+    return {name: int(getattr(result.stats, name)) for name in COUNTS}
+
+
+class Serve(Benchmark):
+    """The whole ``serve`` of the workload (:func:`workload`): 32 requests, block_size 16, 256 tokens per step.
 
     One round of 3 to 5 samples: a serve takes about 0.15 s, and the experiment
     must add at most 10 s per commit.
@@ -15,7 +117,6 @@ class Serve:
     rounds = 1
     repeat = (3, 5, 0.4)
     warmup_time = 0
-    timeout = 120
 
     def setup(self, prefix_caching, pool):
         self.serve, self.inputs, _ = verified_serve(prefix_caching, pool)
@@ -26,7 +127,7 @@ class Serve:
     time_serve.version = "1"
 
 
-class ServeCounts:
+class ServeCounts(Benchmark):
     """What the serve of each point did, counted: exact on any machine, and one checked serve per point in all.
 
     ``setup_cache`` serves each point once, through the correctness check, in
@@ -36,15 +137,12 @@ class ServeCounts:
 
     params = [list(CACHING), list(POOLS)]
     param_names = ["prefix_caching", "pool"]
-    timeout = 120
 
     def setup_cache(self):
-        return {(caching, pool): checked_counts(caching, pool) for caching in CACHING for pool in POOLS}
+        return check_points(self.params, serve_counts)
 
     def setup(self, counts, prefix_caching, pool):
-        self.counts = counts[prefix_caching, pool]
-        if isinstance(self.counts, Exception):  # NotImplementedError: skipped; AssertionError: failed
-            raise self.counts
+        self.counts = replay(counts, (prefix_caching, pool))
 
     def track_steps(self, counts, prefix_caching, pool):
         """Scheduler steps to serve every request."""

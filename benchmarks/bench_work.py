@@ -1,7 +1,9 @@
-"""Zero-noise metrics: how much work one decode does, counted rather than timed.
+"""Traced allocations and lines: bytes allocated and Python lines executed by one decode, traced rather than timed.
 
-A timing moves with the machine's load; these counts do not. They are taken
-with the standard library only, on the same timed problem the correctness check verifies:
+"Work" in this suite means the counted channel, callgrind's instructions
+(``counts.py``, the gate's work channel). This module is the *tracer*: exact
+counts, taken with the standard library only, on the same timed problem the
+correctness check verifies:
 
 - bytes allocated: :mod:`tracemalloc` traces numpy's array buffers and
   Python's objects; a :func:`sys.settrace` line hook adds up, line by line,
@@ -12,21 +14,25 @@ with the standard library only, on the same timed problem the correctness check 
   and numpy's own Python code), the interpreter overhead the batch removes.
 
 Both are exact counts of the same code path, identical from run to run (to a
-few bytes of interpreter bookkeeping), so a step on the dashboard is a change
-in work, not noise. Each count is taken on the second of two traced decodes,
-so that first-call caches are warm. Every point is checked and counted once, in
-its class's ``setup_cache``, which both tracked values share.
+few bytes of interpreter bookkeeping). Each is taken on the second of two
+traced decodes, so that first-call caches are warm. Every point is checked and
+traced once, in its class's ``setup_cache``, which both tracked values share.
+
+The asv names (``bench_work.CacheWork``, ``bench_work.BatchWork``) are older
+than that rule and stay: asv keys every stored result by module.Class.method,
+and an explicit ``benchmark_name`` would have to be set on each class's own
+copy of the two methods, which the classes share through :class:`_Traced`.
 """
 
 import sys
 import tracemalloc
 
-from .common import BATCH, STRATEGIES, check_points, replay, timed_inputs, verified_strategy
+from .common import BATCH, STRATEGIES, Benchmark, check_points, replay, timed_inputs, verified_strategy
 
-WORK_LENGTHS = [16, 64, 256]  # T: enough to tell O(T) from O(T²) growth
+TRACED_LENGTHS = [16, 64, 256]  # T: enough to tell O(T) from O(T²) growth
 
 
-def count_work(decode, inputs):
+def trace_decode(decode, inputs):
     """Trace one ``decode(*inputs)``: ``(bytes allocated, Python lines executed)``.
 
     Bytes are the sum over executed lines of the rise of tracemalloc's traced
@@ -54,19 +60,17 @@ def count_work(decode, inputs):
     return state["bytes"], state["lines"]
 
 
-class _Work:
-    """Shared by the cache and batch experiments: counts for one decode of the timed problem."""
-
-    timeout = 120
+class _Traced(Benchmark):
+    """Shared by the cache and batch experiments: the traced bytes and lines of one decode of the timed problem."""
 
     batch = None  # B of the timed problem; None for one sequence [T, 64]
 
-    def count(self, T, strategy):
+    def trace(self, T, strategy):
         """``(bytes allocated, lines)`` of the point's checked decode, on its second traced call."""
         decode = verified_strategy(strategy, T, self.batch)
         inputs = timed_inputs(T, self.batch)
-        count_work(decode, inputs)  # warm: first-call caches allocate once
-        return count_work(decode, inputs)
+        trace_decode(decode, inputs)  # warm: first-call caches allocate once
+        return trace_decode(decode, inputs)
 
     def setup(self, counted, T, strategy):
         self.allocated, self.lines = replay(counted, (T, strategy))
@@ -76,6 +80,7 @@ class _Work:
         return self.allocated
 
     track_allocated_bytes.unit = "bytes"
+    # pinned asv hash (9108790): tracemalloc's line high-water marks summed over one decode
     track_allocated_bytes.version = "5906da7072382f287da496886fd5a099853eddafcb3477ef01577bb549e6193c"
 
     def track_lines_per_step(self, counted, T, strategy):
@@ -83,25 +88,26 @@ class _Work:
         return self.lines / T
 
     track_lines_per_step.unit = "lines"
+    # pinned asv hash (9108790): Python lines executed per decode step (sys.settrace)
     track_lines_per_step.version = "6c807854c22a91f3dc37198d3d8f330652fe5f4a9512468190a847c5337bdfdc"
 
 
-class CacheWork(_Work):
-    """One sequence ``x: [T, 64]``: the work of each cache strategy's full T-step decode."""
+class CacheWork(_Traced):
+    """One sequence ``x: [T, 64]``: the traced bytes and lines of each cache strategy's full T-step decode."""
 
-    params = [WORK_LENGTHS, list(STRATEGIES["cache"])]
+    params = [TRACED_LENGTHS, list(STRATEGIES["cache"])]
     param_names = ["T", "strategy"]
 
     def setup_cache(self):  # one per class: asv shares a setup_cache by where it is defined
-        return check_points(self.params, self.count)
+        return check_points(self.params, self.trace)
 
 
-class BatchWork(_Work):
-    """B = 2 sequences ``x: [2, T, 64]``: the work of the sequential loop vs the batched decode."""
+class BatchWork(_Traced):
+    """B = 2 sequences ``x: [2, T, 64]``: the traced bytes and lines of the sequential loop vs the batched decode."""
 
-    params = [WORK_LENGTHS, list(STRATEGIES["batch"])]
+    params = [TRACED_LENGTHS, list(STRATEGIES["batch"])]
     param_names = ["T", "strategy"]
     batch = BATCH
 
     def setup_cache(self):  # as CacheWork's
-        return check_points(self.params, self.count)
+        return check_points(self.params, self.trace)

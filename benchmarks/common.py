@@ -11,13 +11,16 @@ checks the one-thread BLAS pin, runs the commit's decode once on the timed
 problem and compares it with an oracle written here. The outcomes are asv's:
 NotImplementedError when the commit lacks the function (asv skips the point,
 n/a) and AssertionError when it is wrong (asv fails it). Where the check costs
-more than the samples (HeadsDecode, RaggedDecode, the work counts), the class's
-``setup_cache`` checks every point once per commit (:func:`check_points`) and
-``setup()`` replays the outcome (:func:`replay`), so no process asv starts for
-a sample runs the oracle again.
+more than the samples, the class's ``setup_cache`` checks every point once per
+commit (:func:`check_points`) and ``setup()`` replays the outcome (:func:`replay`),
+so no process asv starts for a sample runs the oracle again. It is the suite's one
+check-once scheme: HeadsDecode, RaggedDecode, the cache-bytes and work classes,
+ServeCounts, every ``Ratios`` class, and ``Counts`` (whose counting process returns
+its outcomes in the same form) use it.
 """
 
 import functools
+import inspect
 import itertools
 import math
 
@@ -35,16 +38,19 @@ BATCH = 2  # B of the batch experiment
 SWEEP_LENGTH = 128  # T of the batch-size sweep
 SWEEP_BATCH_SIZES = [1, 2, 4, 8]
 
-# Experiment -> its strategies (asv parameter values, in the suite's order) -> what each
-# runs in kv_attention: a public function's name, or for heads and ragged the value of
-# the function's path= or strategy= option.
+# The suite's one registry of what each experiment compares, independent of kv_attention's
+# (see PUBLIC_FUNCTIONS). Experiment -> its strategies (asv parameter values, in the suite's
+# order) -> what each runs in kv_attention: a public function's name, or for ragged the value
+# of ragged_decode's strategy= option.
 STRATEGIES = {
     "cache": {"no_cache": "decode_without_cache", "concat": "cached_attention",
               "preallocated": "cached_attention_preallocated"},
     "batch": {"sequential": "sequential_cached_attention", "batched": "batched_cached_attention"},
-    "heads": {"repeat_kv": "repeat_kv", "grouped": "grouped"},  # multi_head_decode(path=...)
     "ragged": {"padded": "padded", "compacted": "compacted", "paged": "paged"},  # ragged_decode(strategy=...)
 }
+# The heads experiment's paths: multi_head_decode(path=...), the library's word and the asv
+# parameter's ("path"), so the suite never calls a path a strategy.
+HEADS_PATHS = ["repeat_kv", "grouped"]
 # Strategy name -> public function, for the cache and batch experiments. Looked up by name
 # rather than through kv_attention.STRATEGIES so that commits older than the registry stay
 # benchmarkable and a wrong registry entry cannot redirect a benchmark.
@@ -54,6 +60,22 @@ PUBLIC_FUNCTIONS = {**STRATEGIES["cache"], **STRATEGIES["batch"]}
 # -> why. A point that had a value at BASE and is n/a at HEAD fails the gate and the main job
 # (exit 2) unless its benchmark is here, so a strategy cannot disappear unnoticed.
 RETIRED = {}
+
+
+class Benchmark:
+    """The suite's timing defaults, as numpy's ``benchmarks/common.py`` ``Benchmark``: a class sets its own to differ.
+
+    2 rounds (two interleaved processes per point) of 5 to 10 samples within about 0.25 s
+    each, after a 0.05 s warm-up: 10 to 20 samples hold the 1.10 factor, now that the
+    instruction counts (``counts.py``) carry the fine detection. asv reads ``rounds``,
+    ``repeat`` and ``warmup_time`` for ``time_`` benchmarks only; ``timeout`` (seconds, also
+    a ``setup_cache``'s) for every kind.
+    """
+
+    rounds = 2
+    repeat = (5, 10, 0.25)
+    warmup_time = 0.05
+    timeout = 120
 
 
 @functools.lru_cache(maxsize=None)
@@ -86,14 +108,31 @@ def oracle(x, w_q, w_k, w_v):
     return (weights / weights.sum(axis=-1, keepdims=True)) @ v
 
 
-def library_function(name):
-    """The commit's ``kv_attention.<name>``; NotImplementedError (asv skips) if it has none."""
+def library_function(name, check_finite=False):
+    """The commit's ``kv_attention.<name>``; NotImplementedError (asv skips) if it has none.
+
+    The suite times and counts the mechanism, not the library's scans of every
+    element: a function that takes ``check_finite`` (:func:`takes_check_finite`)
+    comes with ``check_finite=False`` bound, unless ``check_finite`` is True (the
+    library's default, as ``bench_checks`` measures it). A commit without the
+    keyword gives the function itself, which runs its checks as it always did.
+    """
     import kv_attention
 
     function = getattr(kv_attention, name, None)
     if function is None:
         raise NotImplementedError(f"kv_attention has no {name} at this commit")
+    if not check_finite and takes_check_finite(function):
+        return functools.partial(function, check_finite=False)
     return function
+
+
+@functools.lru_cache(maxsize=None)
+def takes_check_finite(function):
+    """Whether the commit's ``function`` has a ``check_finite`` keyword: read once per function."""
+    if not inspect.isfunction(function):  # a class (a cache) is constructed as it is
+        return False
+    return "check_finite" in inspect.signature(function).parameters
 
 
 def check_single_threaded():
@@ -187,5 +226,5 @@ def replay(outcomes, point):
         raise NotImplementedError(outcome["skipped"])
     if "failed" in outcome:
         raise AssertionError(outcome["failed"])
-    VERIFIED.update(outcome["verified"])
+    VERIFIED.update(outcome.get("verified", ()))
     return outcome["value"]

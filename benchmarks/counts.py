@@ -271,7 +271,8 @@ def count_classes(classes):
     """Count every parameter combination of ``classes`` (subclasses of :class:`Counts`) in ONE callgrind process.
 
     Returns ``{"unavailable": reason}`` or ``{"points": {(class_key, params): outcome}}``,
-    each outcome ``{"events": {...}}``, ``{"skipped": why}`` or ``{"failed": why}``.
+    each outcome as :func:`common.check_points` gives it: ``{"value": {event: count}}``,
+    ``{"skipped": why}`` or ``{"failed": why}``, for :func:`common.replay`.
     """
     reason = why_uncountable()
     if reason is not None:
@@ -303,7 +304,7 @@ def count_classes(classes):
         if "skipped" in status or "failed" in status:
             outcome = {k: status[k] for k in ("skipped", "failed") if k in status}
         elif label(class_index, index) in dumps:
-            outcome = {"events": dumps[label(class_index, index)]}
+            outcome = {"value": dumps[label(class_index, index)]}
         else:
             outcome = {"failed": f"not counted: the counting process stopped ({ended or 'no dump'})"}
         points[(class_key(classes[class_index]), params)] = outcome
@@ -366,7 +367,7 @@ def main(argv):
             status.flush()
 
 
-class Counts(abc.ABC):
+class Counts(common.Benchmark, abc.ABC):
     """An experiment's count points: asv's ``params`` and ``param_names``, and ``prepare``.
 
     Every subclass shares this class's ``setup_cache``, so asv counts the whole
@@ -385,13 +386,7 @@ class Counts(abc.ABC):
     def setup(self, counted, *params):
         if "unavailable" in counted:
             raise NotImplementedError(counted["unavailable"])
-        outcome = counted["points"].get((class_key(type(self)), tuple(params)),
-                                        {"failed": f"{class_key(type(self))}{params} was not counted"})
-        if "skipped" in outcome:
-            raise NotImplementedError(outcome["skipped"])
-        if "failed" in outcome:
-            raise AssertionError(outcome["failed"])
-        self.events = outcome["events"]
+        self.events = common.replay(counted["points"], (class_key(type(self)), tuple(params)))
 
     def track_instructions(self, counted, *params):
         """Instructions executed by one decode (callgrind's Ir)."""

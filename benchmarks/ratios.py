@@ -48,7 +48,7 @@ import math
 import time
 
 from . import pairs
-from .common import SkipNotImplemented, check_points, replay
+from .common import Benchmark, SkipNotImplemented, check_points, replay
 
 MIN_PAIRS = 9  # the fewest ratios whose 95 % interval is not [min, max]: [x_(2), x_(8)]
 MAX_PAIRS = 200
@@ -93,12 +93,12 @@ def paired_ratio(numerator, denominator, seconds, burst=pairs.BURST, factor=1.0)
             "burst": burst}
 
 
-class Ratios(abc.ABC):
+class Ratios(Benchmark, abc.ABC):
     """A paired ratio per parameter combination, measured once per commit (see the module docstring)."""
 
     seconds = 0.25  # of pairs per point, about (pairs_within sizes them by wall time)
     burst = pairs.BURST  # samples of each side per pair, where no single call fills a sample
-    timeout = 120  # also setup_cache's: every point of the class is measured there
+    # timeout: Benchmark's 120 s, also setup_cache's, where every point of the class is measured
 
     @abc.abstractmethod
     def sides(self, *point):

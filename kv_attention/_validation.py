@@ -1,4 +1,4 @@
-"""Every input check of the library, grouped by what it checks.
+"""The input checks several modules share: arrays, sizes, dtypes, flags and the overflow guard.
 
 Entry points call these before they compute or mutate anything, so bad input
 raises TypeError (a type or dtype) or ValueError (a value or a shape), naming
@@ -9,16 +9,15 @@ array size (D_v, D_model, T, B, S, a cache's length or batch axes) may be 0 and 
 empty arrays. A ``block_size`` or ``window`` (tokens a block or a window holds) is >= 1.
 
 The checks of one module's own arguments and state live in that module, beside
-what they guard: attention's, split-KV's and the heads' in ``attention.py``,
-``split.py`` and ``heads.py``; a cache's in ``cache.py`` and ``window.py`` (a cache
-given to a decode included); the paged cache's and the allocators' as their
-methods; a ragged decode's in ``ragged.py``, a serve's in ``scheduler.py``. This
-module keeps the primitives several of them share.
+what they guard: attention's (x and the projection weights included), split-KV's
+and the heads' in ``attention.py``, ``split.py`` and ``heads.py``; a cache's in
+``cache.py`` and ``window.py`` (a cache given to a decode included); the paged
+cache's and the allocators' as their methods; a ragged decode's in ``ragged.py``,
+a serve's in ``scheduler.py``; memory in ``_memory.py``. This module keeps the
+primitives several of them share: arrays, sizes, dtypes, flags and the overflow guard.
 """
 
-import contextlib
 import math
-import os
 
 import numpy as np
 
@@ -114,56 +113,6 @@ def check_choice(what, value, known):
     """Raise ValueError unless ``value`` is one of the names ``known``."""
     if not isinstance(value, str) or value not in known:
         raise ValueError(f"unknown {what} {value!r}; known: {', '.join(known)}")
-
-
-# x and the projection weights
-
-_X_LAYOUTS = {2: "[T, D_model]", 3: "[B, T, D_model]"}
-_WEIGHT_NAMES = ("w_q", "w_k", "w_v", "w_o")
-
-
-def _check_shapes(x, weights, x_ndims, matrix):
-    """Raise ValueError unless x has ``x_ndims`` axes and each weight is 2-D with D_model rows (w_o: any rows)."""
-    if x.ndim not in x_ndims:
-        layouts = " or ".join(_X_LAYOUTS[n] for n in x_ndims)
-        raise ValueError(f"x must be {layouts}, got shape {x.shape}")
-    for name, w in zip(_WEIGHT_NAMES, weights):
-        if w.ndim != 2:
-            raise ValueError(f"{name} must be {matrix}, got shape {w.shape}")
-        if w.shape[0] != x.shape[-1] and name != "w_o":
-            raise ValueError(f"{name} has {w.shape[0]} rows but x has D_model={x.shape[-1]}: x {x.shape}, {name} {w.shape}")
-
-
-def check_projection_inputs(x, w_q, w_k, w_v, x_ndims, check_finite=True):
-    """Validate ``x`` (``x_ndims`` axes, e.g. ``(2,)`` or ``(2, 3)``) and single-head weights.
-
-    Returns ``(x, w_q, w_k, w_v, dtype)``, the weights in ``dtype``. ValueError also
-    for D_k of w_q != D_k of w_k, or D_k == 0. Written for speed (it runs on every
-    decode call): one test of the types and dtypes, one of every shape, and the
-    conversions or messages only when a test fails. ``check_finite``: also run
-    :func:`check_score_range` (NaN/inf and the overflow bound), which reads every element.
-    """
-    dtype = getattr(x, "dtype", None)
-    if not (type(x) is type(w_q) is type(w_k) is type(w_v) is np.ndarray
-            and w_q.dtype is w_k.dtype is w_v.dtype is dtype and (dtype is _FLOAT64 or dtype is _FLOAT32)):
-        x, w_q, w_k, w_v, dtype = _in_common_dtype_converted(x, w_q, w_k, w_v)  # anything but 4 arrays of one dtype
-    x_shape, q_shape, k_shape, v_shape = x.shape, w_q.shape, w_k.shape, w_v.shape
-    if not (len(x_shape) in x_ndims and len(q_shape) == len(k_shape) == len(v_shape) == 2
-            and x_shape[-1] == q_shape[0] == k_shape[0] == v_shape[0] and q_shape[1] == k_shape[1] > 0):
-        _check_shapes(x, (w_q, w_k, w_v), x_ndims, "[D_model, D]")
-        if q_shape[1] != k_shape[1]:
-            raise ValueError(f"w_q and w_k must share D_k: w_q {q_shape}, w_k {k_shape}")
-        raise ValueError(f"D_k must be at least 1: w_q {q_shape}")
-    if check_finite:
-        check_score_range(x, w_q, w_k, w_v, dtype)
-    return x, w_q, w_k, w_v, dtype
-
-
-def _in_common_dtype_converted(x, w_q, w_k, w_v):
-    """``x`` and the weights as float arrays, the weights cast to ``dtype = np.result_type`` of all four, and dtype."""
-    x, w_q, w_k, w_v = _as_array("x", x), _as_array("w_q", w_q), _as_array("w_k", w_k), _as_array("w_v", w_v)
-    dtype = np.result_type(x, w_q, w_k, w_v)
-    return x, w_q.astype(dtype, copy=False), w_k.astype(dtype, copy=False), w_v.astype(dtype, copy=False), dtype
 
 
 # Overflow: the one silent failure of finite inputs
@@ -279,59 +228,3 @@ def check_finite_output(out):
             f"attention overflowed {out.dtype}: the projections, scores or a given "
             "cache's keys/values are too large for the dtype (or not finite)"
         )
-
-
-# Memory: constructors that allocate from their sizes
-
-
-def check_memory(nbytes, what):
-    """``nbytes``, the bytes ``what`` (text, e.g. "a pool of ...") needs; ValueError beyond physical memory.
-
-    Every constructor that allocates from its sizes checks them here first, so that
-    a size too large for the machine is a ValueError naming the bytes, not a MemoryError.
-    """
-    memory = physical_memory()
-    if memory is not None and nbytes > memory:
-        raise too_large_for_memory(nbytes, what, f"this machine has {memory} bytes")
-    return nbytes
-
-
-def physical_memory():
-    """This machine's physical memory in bytes, or None where the OS does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
-_NUMPY_SHAPE_REFUSALS = ("array is too big", "Maximum allowed dimension exceeded")  # numpy's ValueErrors for a shape
-
-
-@contextlib.contextmanager
-def named_allocation_failure(nbytes, what):
-    """Context manager for the allocation of ``what`` (text naming the sizes), which :func:`check_memory` passed.
-
-    A MemoryError in the block becomes the ValueError of :func:`too_large_for_memory`.
-    numpy's own refusal of a shape (a size, or the product of the nonzero ones
-    in bytes, beyond 2**63 - 1) becomes a ValueError naming ``what``: out of
-    memory only if the arrays hold bytes (``StaticCache((0, 10**30), 4, 1, 1)`` holds 0).
-    Any other error propagates as it is.
-    """
-    try:
-        yield
-    except MemoryError:
-        raise too_large_for_memory(nbytes, what, "the allocation failed") from None
-    except ValueError as error:
-        if not str(error).startswith(_NUMPY_SHAPE_REFUSALS):
-            raise
-        if nbytes:
-            raise too_large_for_memory(nbytes, what, f"numpy: {error}") from None
-        raise ValueError(
-            f"{what} holds 0 bytes, but numpy cannot make arrays of these sizes ({error}): every size, "
-            "and the product of the nonzero ones in bytes, must be at most 2**63 - 1"
-        ) from None
-
-
-def too_large_for_memory(nbytes, what, why):
-    """The ValueError for ``what`` (text), which needs ``nbytes`` bytes that memory cannot hold (``why``)."""
-    return ValueError(f"{what} needs {nbytes} bytes ({nbytes / 2**30:.3g} GiB), more than memory can hold ({why})")

@@ -44,16 +44,68 @@ import numpy as np
 
 from ._validation import (
     _FAST_LIMIT_SQUARED,
+    _FLOAT32,
+    _FLOAT64,
     _as_array,
     _log10_max_norm,
     _vdot,
     as_flag,
     as_size,
     check_finite_output,
-    check_projection_inputs,
+    check_score_range,
     raise_if_too_large,
     sum_of_squares,
 )
+
+
+# Checks of x and the projection weights (every mechanism that projects x: decode, heads, ragged, serve)
+
+_X_LAYOUTS = {2: "[T, D_model]", 3: "[B, T, D_model]"}
+_WEIGHT_NAMES = ("w_q", "w_k", "w_v", "w_o")
+
+
+def _check_shapes(x, weights, x_ndims, matrix):
+    """Raise ValueError unless x has ``x_ndims`` axes and each weight is 2-D with D_model rows (w_o: any rows)."""
+    if x.ndim not in x_ndims:
+        layouts = " or ".join(_X_LAYOUTS[n] for n in x_ndims)
+        raise ValueError(f"x must be {layouts}, got shape {x.shape}")
+    for name, w in zip(_WEIGHT_NAMES, weights):
+        if w.ndim != 2:
+            raise ValueError(f"{name} must be {matrix}, got shape {w.shape}")
+        if w.shape[0] != x.shape[-1] and name != "w_o":
+            raise ValueError(f"{name} has {w.shape[0]} rows but x has D_model={x.shape[-1]}: x {x.shape}, {name} {w.shape}")
+
+
+def check_projection_inputs(x, w_q, w_k, w_v, x_ndims, check_finite=True):
+    """Validate ``x`` (``x_ndims`` axes, e.g. ``(2,)`` or ``(2, 3)``) and single-head weights.
+
+    Returns ``(x, w_q, w_k, w_v, dtype)``, the weights in ``dtype``. ValueError also
+    for D_k of w_q != D_k of w_k, or D_k == 0. Written for speed (it runs on every
+    decode call): one test of the types and dtypes, one of every shape, and the
+    conversions or messages only when a test fails. ``check_finite``: also run
+    :func:`check_score_range` (NaN/inf and the overflow bound), which reads every element.
+    """
+    dtype = getattr(x, "dtype", None)
+    if not (type(x) is type(w_q) is type(w_k) is type(w_v) is np.ndarray
+            and w_q.dtype is w_k.dtype is w_v.dtype is dtype and (dtype is _FLOAT64 or dtype is _FLOAT32)):
+        x, w_q, w_k, w_v, dtype = _in_common_dtype_converted(x, w_q, w_k, w_v)  # anything but 4 arrays of one dtype
+    x_shape, q_shape, k_shape, v_shape = x.shape, w_q.shape, w_k.shape, w_v.shape
+    if not (len(x_shape) in x_ndims and len(q_shape) == len(k_shape) == len(v_shape) == 2
+            and x_shape[-1] == q_shape[0] == k_shape[0] == v_shape[0] and q_shape[1] == k_shape[1] > 0):
+        _check_shapes(x, (w_q, w_k, w_v), x_ndims, "[D_model, D]")
+        if q_shape[1] != k_shape[1]:
+            raise ValueError(f"w_q and w_k must share D_k: w_q {q_shape}, w_k {k_shape}")
+        raise ValueError(f"D_k must be at least 1: w_q {q_shape}")
+    if check_finite:
+        check_score_range(x, w_q, w_k, w_v, dtype)
+    return x, w_q, w_k, w_v, dtype
+
+
+def _in_common_dtype_converted(x, w_q, w_k, w_v):
+    """``x`` and the weights as float arrays, the weights cast to ``dtype = np.result_type`` of all four, and dtype."""
+    x, w_q, w_k, w_v = _as_array("x", x), _as_array("w_q", w_q), _as_array("w_k", w_k), _as_array("w_v", w_v)
+    dtype = np.result_type(x, w_q, w_k, w_v)
+    return x, w_q.astype(dtype, copy=False), w_k.astype(dtype, copy=False), w_v.astype(dtype, copy=False), dtype
 
 
 # Checks of q, k, v, the key mask and the window
@@ -95,24 +147,36 @@ def check_attention_inputs(q, k, v, valid=_NO_MASK, check_finite=True):
     skips every check that reads the elements (and the zeroing of masked keys).
     """
     q, k, v = _as_array("q", q), _as_array("k", k), _as_array("v", v)
-    shapes = f"q {q.shape}, k {k.shape}, v {v.shape}"
-    if q.ndim < 2 or k.ndim != q.ndim or v.ndim != q.ndim or not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
-        raise ValueError(
-            f"q, k and v must be [..., T_q, D_k], [..., S, D_k] and [..., S, D_v] "
-            f"with the same leading axes, got {shapes}"
-        )
-    if k.shape[-1] != q.shape[-1] or v.shape[-2] != k.shape[-2]:
-        raise ValueError(f"q and k must share D_k, and k and v the S axis: {shapes}")
-    if q.shape[-1] == 0:
-        raise ValueError(f"D_k must be at least 1: {shapes}")
+    q_shape, k_shape, v_shape = q.shape, k.shape, v.shape
+    if not (len(q_shape) >= 2 and len(k_shape) == len(v_shape) == len(q_shape)
+            and q_shape[:-2] == k_shape[:-2] == v_shape[:-2] and k_shape[-1] == q_shape[-1] > 0
+            and v_shape[-2] == k_shape[-2]):  # one test of every shape; the message only when it fails
+        _raise_for_shapes(q_shape, k_shape, v_shape)
     if valid is not _NO_MASK:
         valid = as_key_mask(valid, k)
         if check_finite:
             k, v = _check_masked_range(q, k, v, valid)
     elif check_finite:
         _check_range(q, k, v)
+    dtype = q.dtype
+    if k.dtype is dtype and v.dtype is dtype:
+        return q, k, v, dtype
     dtype = np.result_type(q, k, v)
     return q.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False), dtype
+
+
+def _raise_for_shapes(q_shape, k_shape, v_shape):
+    """The ValueError of :func:`check_attention_inputs` for shapes that do not fit, naming them."""
+    shapes = f"q {q_shape}, k {k_shape}, v {v_shape}"
+    if (len(q_shape) < 2 or len(k_shape) != len(q_shape) or len(v_shape) != len(q_shape)
+            or not q_shape[:-2] == k_shape[:-2] == v_shape[:-2]):
+        raise ValueError(
+            f"q, k and v must be [..., T_q, D_k], [..., S, D_k] and [..., S, D_v] "
+            f"with the same leading axes, got {shapes}"
+        )
+    if k_shape[-1] != q_shape[-1] or v_shape[-2] != k_shape[-2]:
+        raise ValueError(f"q and k must share D_k, and k and v the S axis: {shapes}")
+    raise ValueError(f"D_k must be at least 1: {shapes}")
 
 
 def _check_range(q, k, v):
@@ -262,11 +326,7 @@ def masked_attend(q, k, v, valid, *, check_finite=True):
     q, k, v, dtype = check_attention_inputs(q, k, v, valid, as_flag("check_finite", check_finite))
     if k.shape[-2] == 0:
         return np.zeros(q.shape[:-1] + v.shape[-1:], dtype)  # [..., T_q, D_v]
-    return _masked_attend(q, k, v, np.asarray(valid))
-
-
-def _masked_attend(q, k, v, valid):
-    """Unchecked core of :func:`masked_attend`; ``valid: [..., S]``, S >= 1."""
+    valid = np.asarray(valid)
     if valid.all():
         return attend(q, k, v, check_finite=False)
     with np.errstate(over="ignore", invalid="ignore"):

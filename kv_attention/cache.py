@@ -24,13 +24,12 @@ import math
 import numpy as np
 
 from ._validation import (
+    SUPPORTED_DTYPES,
     _as_array,
     as_float_dtype,
     as_size,
-    check_memory,
-    named_allocation_failure,
-    SUPPORTED_DTYPES,
 )
+from ._memory import check_memory, named_allocation_failure
 
 
 class CacheFullError(Exception):
@@ -194,25 +193,24 @@ def check_new_positions(k, v, cache, check_finite=True):
 
     As every entry point: TypeError for a masked array, ValueError for NaN/inf
     (not looked for with ``check_finite=False``); a big-endian array is converted,
-    and an np.matrix is taken as a plain array.
+    and an np.matrix is taken as a plain array. The common case, plain arrays of
+    the cache's dtype and layout, is one test; the conversions and messages come after it.
     """
-    if not _fit_as_they_are(k, v, cache):
+    if not _fits_as_it_is(k, v, cache.k_cache, cache.v_cache):
         return _as_new_positions(k, v, cache, check_finite)
     if check_finite:
         _refuse_non_finite(k, v)
     return k, v
 
 
-def _fit_as_they_are(k, v, cache):
-    """Whether ``k`` and ``v`` are plain arrays of the cache's dtype and layout: the common case, one test."""
-    k_cache, v_cache = cache.k_cache, cache.v_cache
-    return (type(k) is type(v) is np.ndarray and k_cache is not None and k.shape[-2:-1] == v.shape[-2:-1]
-            and _layout(k, v) == _layout(k_cache, v_cache))
-
-
-def _layout(k, v):
-    """Axes, leading sizes, widths and dtypes of ``k: [..., T, D_k]``, ``v: [..., T, D_v]``: all but T."""
-    return k.ndim, v.ndim, k.shape[:-2], v.shape[:-2], k.shape[-1], v.shape[-1], k.dtype, v.dtype
+def _fits_as_it_is(k, v, k_cache, v_cache):
+    """Whether ``k``, ``v`` are plain arrays of the cache's dtype, axes, leading sizes and widths (one test)."""
+    if type(k) is not np.ndarray or type(v) is not np.ndarray or k_cache is None:
+        return False
+    k_shape, v_shape, c_shape = k.shape, v.shape, k_cache.shape  # each .shape builds a tuple: read once
+    layout = k.dtype, len(k_shape), k_shape[:-2]  # dtype, axes and leading sizes: k's, v's and the cache's agree
+    same = layout == (v.dtype, len(v_shape), v_shape[:-2]) == (k_cache.dtype, len(c_shape), c_shape[:-2])
+    return same and (k_shape[-2], k_shape[-1], v_shape[-1]) == (v_shape[-2], c_shape[-1], v_cache.shape[-1])
 
 
 def _refuse_non_finite(k, v):

@@ -31,8 +31,8 @@ import functools
 
 import numpy as np
 
-from ._validation import as_flag, check_finite_output, check_projection_inputs, check_score_range
-from .attention import attend, causal_attention
+from ._validation import as_flag, check_finite_output, check_score_range
+from .attention import attend, causal_attention, check_projection_inputs
 from .cache import DynamicCache, StaticCache, as_cache, check_cache_fits, rolled_back_on_error
 
 

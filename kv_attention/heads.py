@@ -33,9 +33,7 @@ import functools
 import numpy as np
 
 from ._validation import (
-    _WEIGHT_NAMES,
     _as_array,
-    _check_shapes,
     as_flag,
     as_size,
     check_choice,
@@ -43,7 +41,7 @@ from ._validation import (
     check_finite_output,
     check_score_range,
 )
-from .attention import attend, causal_attention
+from .attention import _WEIGHT_NAMES, _check_shapes, attend, causal_attention
 from .cache import StaticCache, as_cache, check_head_cache_fits, rolled_back_on_error
 from .split import as_num_splits, split_kv_attention
 

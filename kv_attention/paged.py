@@ -45,7 +45,8 @@ import math
 
 import numpy as np
 
-from ._validation import as_flag, as_float_array, as_float_dtype, as_size, check_memory, named_allocation_failure
+from ._memory import check_memory, named_allocation_failure
+from ._validation import as_flag, as_float_array, as_float_dtype, as_size
 from .block_allocator import BlockAllocator, OutOfBlocksError
 from .prefix_caching import PrefixCachingAllocator, hash_block_tokens
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import as_float_dtype, as_size, check_memory, named_allocation_failure
+from ._memory import check_memory, named_allocation_failure
+from ._validation import as_float_dtype, as_size
 
 
 @dataclass(frozen=True)

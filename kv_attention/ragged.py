@@ -62,9 +62,8 @@ from ._validation import (
     as_sizes_per_sequence,
     check_choice,
     check_finite_output,
-    check_projection_inputs,
 )
-from .attention import _masked_attend
+from .attention import check_projection_inputs, masked_attend
 from .paged import PagedKVCache
 
 RAGGED_STRATEGIES = ("padded", "compacted", "paged")
@@ -153,7 +152,7 @@ class _PaddedBatch(_ContiguousCache):
         self.lengths[self.in_batch] += 1
         span = int(self.lengths[self.in_batch].max())
         valid = (np.arange(span) < self.lengths[:, None]) & self.in_batch[:, None]  # [B, S]
-        out = _masked_attend(q, self.k_cache[:, :span], self.v_cache[:, :span], valid)  # [B, 1, D_v]
+        out = masked_attend(q, self.k_cache[:, :span], self.v_cache[:, :span], valid, check_finite=False)  # [B, 1, D_v]
         return live, positions, out[self.in_batch, 0], len(rows)
 
 
@@ -193,7 +192,7 @@ class _CompactedBatch(_ContiguousCache):
         self.lengths[:n] += 1
         span = int(positions.max()) + 1
         valid = np.arange(span) < self.lengths[:n, None]  # [N, S]
-        out = _masked_attend(q, self.k_cache[:n, :span], self.v_cache[:n, :span], valid)  # [N, 1, D_v]
+        out = masked_attend(q, self.k_cache[:n, :span], self.v_cache[:n, :span], valid, check_finite=False)  # [N, 1, D_v]
         return seqs, positions, out[:, 0], n
 
 
@@ -229,7 +228,7 @@ class _PagedBatch:
         k_seq, v_seq, lengths = self.cache.gather(self.seqs)  # [N, S, D_k], [N, S, D_v], [N]
         span = int(lengths.max())
         valid = np.arange(span) < lengths[:, None]  # [N, S]
-        out = _masked_attend(q, k_seq[:, :span], v_seq[:, :span], valid)  # [N, 1, D_v]
+        out = masked_attend(q, k_seq[:, :span], v_seq[:, :span], valid, check_finite=False)  # [N, 1, D_v]
         return seqs, positions, out[:, 0], len(seqs)
 
     @property

@@ -73,9 +73,8 @@ from ._validation import (
     as_float_array,
     as_size,
     check_finite_output,
-    check_projection_inputs,
 )
-from .attention import _masked_attend
+from .attention import check_projection_inputs, masked_attend
 from .paged import OutOfBlocksError, PagedKVCache, as_token_ids
 
 
@@ -306,7 +305,7 @@ class _Scheduler:
         span = int(lengths.max())
         valid = np.arange(span) < lengths[:, None]  # [N, S]
         with np.errstate(over="ignore", invalid="ignore"):
-            out = _masked_attend(q, k[:, :span], v[:, :span], valid)[:, 0]  # [N, D_v]
+            out = masked_attend(q, k[:, :span], v[:, :span], valid, check_finite=False)[:, 0]  # [N, D_v]
         check_finite_output(out)
         for seq, row in zip(seqs, out):
             seq.outputs[seq.num_emitted] = row

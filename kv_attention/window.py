@@ -30,7 +30,8 @@ raises leaves the cache unchanged.
 
 import numpy as np
 
-from ._validation import as_float_dtype, as_size, named_allocation_failure
+from ._memory import named_allocation_failure
+from ._validation import as_float_dtype, as_size
 from .cache import Cache, as_batch_shape, check_buffer_size, check_crop, check_new_positions
 
 

@@ -85,14 +85,14 @@ def outcome_of(counted, point):
 
 def test_setup_skips_fails_or_reports_as_the_counting_process_found():
     key = counts.class_key(TinyCounts)
-    counted = {"points": {(key, (8,)): {"events": EVENTS}, (key, ("missing",)): {"skipped": "no such strategy"},
+    counted = {"points": {(key, (8,)): {"value": EVENTS}, (key, ("missing",)): {"skipped": "no such strategy"},
                           (key, ("wrong",)): {"failed": "AssertionError: not equal"}}}
     assert outcome_of(counted, 8) == (1000, counts.estimated_cycles(EVENTS))
     with pytest.raises(NotImplementedError, match="no such strategy"):
         outcome_of(counted, "missing")
     with pytest.raises(AssertionError, match="not equal"):
         outcome_of(counted, "wrong")
-    with pytest.raises(AssertionError, match="was not counted"):
+    with pytest.raises(AssertionError, match="was not checked"):
         outcome_of(counted, 16)
 
 
@@ -122,7 +122,7 @@ def test_one_callgrind_process_counts_each_point_and_keeps_the_outcomes(counted)
     points = {params: outcome for (_, params), outcome in counted["points"].items()}
     assert points[("missing",)] == {"skipped": "kv_attention has no such strategy at this commit"}
     assert points[("wrong",)] == {"failed": "AssertionError: preallocated at T=8: not equal to the oracle"}
-    small, large = points[(8,)]["events"], points[(16,)]["events"]
+    small, large = points[(8,)]["value"], points[(16,)]["value"]
     assert set(small) == set(EVENTS)
     # The preallocated decode's work is nearly linear in T (per-step Python and numpy calls dominate at d = 64):
     # twice the steps, about twice the instructions, and far from the millions a whole process's start-up costs.
@@ -192,7 +192,7 @@ def test_the_counts_are_of_the_installed_commit_not_of_the_working_tree(tmp_path
     from worksuite.points import WorkCounts
 
     counted = counts.count_classes([WorkCounts])
-    events = counted["points"][(counts.class_key(WorkCounts), (1,))]["events"]
+    events = counted["points"][(counts.class_key(WorkCounts), (1,))]["value"]
     assert events["Ir"] > 1_000_000  # 100,000 iterations of sum's loop; commit 1's 100 cost a few thousand
 
 
@@ -212,4 +212,4 @@ def test_the_counts_do_not_move_with_the_length_of_the_callers_tmpdir(tmp_path, 
             patch.setenv("TMPDIR", str(tmp_path / name))
             patch.setattr(counts.tempfile, "tempdir", None)  # tempfile reads TMPDIR once, then caches it
             runs.append(next(iter(counts.count_classes([ShortCounts])["points"].values())))
-    assert runs[0]["events"]["Ir"] > 100_000 and runs[0] == runs[1]
+    assert runs[0]["value"]["Ir"] > 100_000 and runs[0] == runs[1]

@@ -215,7 +215,7 @@ def test_a_failed_static_allocation_is_a_value_error_with_the_bytes_it_needs(mon
     def no_memory(*args, **kwargs):
         raise MemoryError()
 
-    monkeypatch.setattr("kv_attention._validation.physical_memory", lambda: None)
+    monkeypatch.setattr("kv_attention._memory.physical_memory", lambda: None)
     monkeypatch.setattr("kv_attention.cache.np.zeros", no_memory)
     with pytest.raises(ValueError, match=r"^a StaticCache of batch_shape=\(2,\), 10 positions, k_dim=4, v_dim=2 in "
                                          r"float64 needs 960 bytes .*the allocation failed"):

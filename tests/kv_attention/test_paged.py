@@ -634,7 +634,7 @@ def test_a_failed_allocation_is_a_value_error_with_the_bytes_it_needs(monkeypatc
     def no_memory(*args, **kwargs):
         raise MemoryError()
 
-    monkeypatch.setattr("kv_attention._validation.physical_memory", lambda: None)
+    monkeypatch.setattr("kv_attention._memory.physical_memory", lambda: None)
     monkeypatch.setattr("kv_attention.paged.np.zeros", no_memory)
     with pytest.raises(ValueError, match=r"needs 8800 bytes .*the allocation failed"):
         kv.PagedKVCache(100, 2, 3, 2, dtype=np.float64)  # 100 × 2 × 5 × 8, + 100 × (4 + 4) of bookkeeping

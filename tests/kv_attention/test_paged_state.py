@@ -1,5 +1,7 @@
 """PagedKVCache under random sequences of add / update / fork / free / allocate_slots (hypothesis stateful testing).
 
+Some of them run inside ``rolled_back_on_error`` and then fail: the cache must be exactly as before.
+
 After every operation: refcounts are the number of block tables holding each
 block (so never negative); the free list holds each free block once, no block is
 both free and held, and free + held = num_blocks; blocks_in_use counts a shared
@@ -152,6 +154,40 @@ class PagedCacheMachine(RuleBasedStateMachine):
             return
         size = self.cache.block_size
         assert len(self.cache.block_table(seq_id)) >= math.ceil((len(self.tokens[seq_id]) + n) / size)
+
+    @rule(data=st.data(), steps=st.integers(1, 4))
+    def a_failed_block_of_calls_changes_nothing(self, data, steps):
+        """Any of the rules above, then an error, inside rolled_back_on_error: everything observable is as before."""
+        before, model = self.observed(), (dict(self.tokens), list(self.history))
+        rules = {
+            "add": lambda: self.add(data.draw(token_lists)),
+            "update": lambda: self.update(data, data.draw(st.integers(0, 4))),
+            "fork": lambda: self.fork(data),
+            "free": lambda: self.free(data),
+        }
+        try:
+            with self.cache.rolled_back_on_error():
+                for _ in range(steps):
+                    name = data.draw(st.sampled_from(sorted(rules) if self.tokens else ["add"]))
+                    rules[name]()
+                raise RuntimeError("undo")
+        except RuntimeError as error:
+            assert str(error) == "undo"
+        self.tokens, self.history = model
+        after = self.observed()
+        np.testing.assert_array_equal(after[0], before[0])  # the pool, put back from copies: bit for bit
+        np.testing.assert_array_equal(after[1], before[1])
+        assert after[2:] == before[2:]
+
+    def observed(self):
+        """The pool, every table and length, the free list in order, the refcounts, the peak and the cached prefixes."""
+        cache, ids = self.cache, self.cache.seq_ids
+        return (
+            cache.k_cache.copy(), cache.v_cache.copy(), ids, [cache.block_table(s) for s in ids],
+            [cache.get_seq_length(s) for s in ids], cache.allocator.free_blocks(),
+            [cache.ref_count(b) for b in range(cache.num_blocks)], cache.peak_blocks,
+            [cache.find_cached_blocks(tokens) for tokens in self.history],
+        )
 
     @invariant()
     def refcounts_count_the_tables_holding_each_block(self):

@@ -129,7 +129,7 @@ def test_a_zero_noise_track_step_is_a_regression(project, capsys):
     project.write(project.base, track=1000.0)
     project.write(project.head, track=1500.0)
     code, out = gate(project, capsys)
-    assert code == 1 and "REGRESSION 1.50x  bench_x.track_bytes  (work changed)" in out
+    assert code == 1 and "REGRESSION 1.50x  bench_x.track_bytes  (exact value changed)" in out
 
 
 def test_a_failed_benchmark_exits_2_and_still_prints_the_rest(project, capsys):

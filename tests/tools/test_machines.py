@@ -249,11 +249,11 @@ def test_tables_of_two_machines_read_from_one_results_directory_and_mark_counts_
                             "--experiment", "ragged", capsys=capsys)
     assert code == 0, err
     ragged = {(r[0], r[1]): r[2:] for r in table_rows(out, "Ragged experiment")}
-    assert ragged[("equal", "rows, padded")] == ["same work", "2,048", "2,048", "1.000x"]
+    assert ragged[("equal", "rows, padded")] == ["exact", "2,048", "2,048", "1.000x"]
     assert ragged[("skewed", "padded / ms")][0] == "machine-bound" and ragged[("skewed", "padded / ms")][3] == "1.500x"
     assert ragged[("skewed", "padded / paged")][0] == "comparable"
     assert ragged[("skewed", "padded / paged")][3] == "1.000x"
-    assert set(ACROSS_MACHINES.values()) == {"comparable", "same work", "machine-bound"}
+    assert set(ACROSS_MACHINES.values()) == {"comparable", "exact", "machine-bound"}
 
 
 def test_tables_of_two_machines_without_a_commit_in_common_is_a_one_line_error(two, capsys):

@@ -220,6 +220,18 @@ RAGGED_TITLE = "Ragged experiment: padded vs compacted (dynamic exit) vs paged K
 # --- tables -----------------------------------------------------------------------------------------
 
 
+def test_every_experiment_is_defined_once_with_its_table_and_the_suites_benchmark():
+    from benchmarks.common import STRATEGIES
+    from tools.commands import report as command
+    from tools.report import EXPERIMENTS, samples, tables
+
+    assert list(tables.TABLES) == list(EXPERIMENTS) and command.EXPERIMENTS is EXPERIMENTS
+    assert EXPERIMENTS == {"cache": CACHE, "batch": BATCH, "batch_size": SWEEP, "heads": HEADS, "ragged": RAGGED}
+    assert [samples._experiment(timing) for timing in EXPERIMENTS.values()] == list(EXPERIMENTS)
+    assert samples._experiment("bench_split.SplitDecode.time_decode") == "split"
+    assert set(STRATEGIES) == {"cache", "batch", "ragged"}  # heads has paths (common.HEADS_PATHS), not strategies
+
+
 def test_tables_show_the_lab_figures_computed_from_the_medians(repo, capsys):
     path, hashes = repo
     write_run(path / ".asv/results", hashes[2])

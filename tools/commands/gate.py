@@ -14,10 +14,11 @@ Two channels, each point judged by asv's own rule (:func:`tools.results.head_is_
   ``track_`` and ``peakmem_`` values are single values and never paired.
 
 Each flagged point says which channel moved (:func:`channel`): "work changed"
-when the counts of its work moved (a count point itself, any ``track_`` count,
-or a timing whose strategy's count points moved beyond the count factor), "time
-changed, work did not" when they did not (likely the machine), "time changed,
-work not counted" where no count point covers it. Exit codes: 0 nothing got
+when the counts of its work moved (a count point itself, or a timing whose
+strategy's count points moved beyond the count factor), "exact value changed"
+for any other ``track_`` value (bytes, steps: exact, but not the work channel),
+"time changed, work did not" when the counts did not (likely the machine), "time
+changed, work not counted" where no count point covers it. Exit codes: 0 nothing got
 worse; 1 something did, each point named with its ratio and channel; 2 a point
 failed or a commit has no results (also when something got worse too), or the
 command line or a commit name was wrong.
@@ -54,6 +55,7 @@ CYCLES_FACTOR = 1.015
 RATIO_BENCHMARKS = ("track_ratio", "track_ratio_low", "track_ratio_high")
 LENGTH_PARAMS = ("T",)  # a count point stands for its strategy's work at every length
 WORK_CHANGED = "work changed"
+VALUE_CHANGED = "exact value changed"  # a track_ value that is not a count point: exact, not the work channel
 TIME_ONLY = "time changed, work did not"
 NOT_COUNTED = "time changed, work not counted"
 VANISHED = "(vanished: a value at BASE, n/a at HEAD)"
@@ -140,8 +142,10 @@ def covers(count_label, count_params, label, params):
 
 def channel(label, params, counts):
     """Which channel moved for a flagged point; ``counts``: ``[(label, params, moved)]`` of the compared counts."""
-    if method_of(label).startswith("track_"):
+    if method_of(label) in COUNT_BENCHMARKS:
         return WORK_CHANGED
+    if method_of(label).startswith("track_"):
+        return VALUE_CHANGED
     covering = [moved for count_label, count_params, moved in counts
                 if covers(count_label, count_params, label, params)]
     if any(covering):
@@ -274,7 +278,7 @@ def compare(args, commits):
     if regressions:
         print(f"gate: exit 1 ({len(regressions)} point(s) worse: {channel_counts(regressions)}; counts beyond "
               f"{args.count_factor}x, timings beyond {args.factor}x{' paired' if paired else ''} and significant)")
-        if any(moved != WORK_CHANGED for _, _, moved in regressions):
+        if any(moved not in (WORK_CHANGED, VALUE_CHANGED) for _, _, moved in regressions):
             print("a timing flagged in pairs was measured beside its base, on the same machine at the same time: "
                   "re-running this gate measures the pairs again" if paired else
                   f"to check a timing is not noise, measure HEAD again: delete "

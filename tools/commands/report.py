@@ -10,10 +10,10 @@ import sys
 
 from ..common import BRANCH, UserError
 from ..machine import chosen_argument
+from ..report import EXPERIMENTS
 from ..results import RESULT_FILE, ResultsDir, not_regular
 
 DEFAULT_CONFIG = "asv.conf.json"
-EXPERIMENTS = ("cache", "batch", "batch_size", "heads", "ragged")  # tools.report.tables.TABLES, without importing it
 
 
 def _load_config(path):

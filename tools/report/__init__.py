@@ -6,3 +6,14 @@ sample as CSV) and ``plots`` (matplotlib figures); the command line is
 Nothing here times anything: every figure comes from ``.asv/results``, read
 through :mod:`tools.results`.
 """
+
+# The lab's experiments, defined once: name (a table of ``report tables``, ``--experiment NAME``, the
+# ``experiment`` column of ``report csv``) -> the timing its table shows. Here, not in tables.py, so
+# that the command line lists them without importing the suite.
+EXPERIMENTS = {
+    "cache": "bench_cache.CacheStrategy.time_decode",
+    "batch": "bench_batch.BatchStrategy.time_decode",
+    "batch_size": "bench_batch.BatchSize.time_batched_decode",
+    "heads": "bench_heads.HeadsDecode.time_decode",
+    "ragged": "bench_ragged.RaggedDecode.time_decode",
+}

@@ -20,15 +20,15 @@ or skipped point leaves a gap in its line; the commit and machine are in every t
 import math
 import os
 
-from benchmarks import heads_inputs, ragged_inputs
-from benchmarks.common import SWEEP_LENGTH
+from benchmarks import bench_heads, bench_ragged
+from benchmarks.common import STRATEGIES, SWEEP_LENGTH
 
 from .. import paths
 from ..common import UserError
 from ..results import is_number
 from . import lab as lab_figures
 from .quantized import error_vs_bytes
-from .tables import (BATCH_BENCHMARK, CACHE_BENCHMARK, CACHE_RATIOS, CACHE_STRATEGIES, HEADS_BENCHMARK,
+from .tables import (BATCH_BENCHMARK, CACHE_BENCHMARK, CACHE_RATIOS, HEADS_BENCHMARK,
                      RAGGED_BENCHMARK, batch_size_table, batch_table, cache_table, heads_table, ragged_table)
 
 LAB_STYLE = {"linestyle": "--", "marker": "s", "markersize": 4, "alpha": 0.8}
@@ -92,9 +92,9 @@ def _no_lab(fig):
 
 def _time_vs_t(plt, run, title, lab):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
-    panels = [(axes[0], cache_table(run), CACHE_BENCHMARK, CACHE_STRATEGIES, "cache: one sequence",
+    panels = [(axes[0], cache_table(run), CACHE_BENCHMARK, tuple(STRATEGIES["cache"]), "cache: one sequence",
                lab_figures.cache_seconds),
-              (axes[1], batch_table(run), BATCH_BENCHMARK, ("sequential", "batched"), "batch: B = 2 sequences",
+              (axes[1], batch_table(run), BATCH_BENCHMARK, tuple(STRATEGIES["batch"]), "batch: B = 2 sequences",
                lab_figures.batch_seconds)]
     for ax, table, benchmark, strategies, name, published in panels:
         lengths = [t for (t,), _ in table.rows if is_number(t)]
@@ -165,13 +165,13 @@ def _heads_vs_t(plt, run, title, lab):
         for path, style in (("repeat_kv", "--"), ("grouped", "-")):
             median, err = _series(run, HEADS_BENCHMARK, lengths, kind=kind, path=path)
             axes[0].errorbar(lengths, median, yerr=err, marker="o", capsize=3, linestyle=style,
-                             label=f"{kind} ({heads_inputs.KINDS.get(kind, '?')} K/V heads), {path}")
+                             label=f"{kind} ({bench_heads.KINDS.get(kind, '?')} K/V heads), {path}")
             every += median
         rows = [(t, cells["repeat_kv / grouped"]) for (k, t), cells in table.rows if k == kind]
         axes[1].plot([t for t, _ in rows], [r if is_number(r) else math.nan for _, r in rows], marker="o", label=kind)
     _finish(axes[0], lengths, every, log_y=True)
     axes[0].set(xlabel="T (tokens decoded)", ylabel="median decode time (ms)",
-                title=f"B = {heads_inputs.HEADS_BATCH}, {heads_inputs.HEADS_N_HEADS} query heads")
+                title=f"B = {bench_heads.HEADS_BATCH}, {bench_heads.HEADS_N_HEADS} query heads")
     axes[0].legend(fontsize=7)
     ratios = [r for (_, _), cells in table.rows for r in [cells["repeat_kv / grouped"]] if is_number(r)]
     _finish(axes[1], lengths, ratios or [math.nan])
@@ -188,7 +188,7 @@ def _ragged(plt, run, title, lab):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
     table = ragged_table(run)
     distributions = [key for (key,), _ in table.rows]
-    strategies = ragged_inputs.RAGGED_STRATEGIES
+    strategies = list(STRATEGIES["ragged"])
     width = 0.8 / len(strategies)
     for i, strategy in enumerate(strategies):
         x = [j + (i - (len(strategies) - 1) / 2) * width for j in range(len(distributions))]
@@ -205,7 +205,7 @@ def _ragged(plt, run, title, lab):
         if not table.rows:
             ax.text(0.5, 0.5, "no measured points", transform=ax.transAxes, ha="center")
     axes[0].set_title("decode time")
-    axes[1].set_title(f"K/V slots reserved (paged: block_size {ragged_inputs.BLOCK_SIZE})")
+    axes[1].set_title(f"K/V slots reserved (paged: block_size {bench_ragged.BLOCK_SIZE})")
     if lab:
         _no_lab(fig)
     fig.suptitle(f"Ragged batch: padded vs compacted vs paged — {title}")

@@ -18,17 +18,18 @@ from benchmarks.common import BATCH, SWEEP_LENGTH
 
 from .. import paths
 from ..results import is_number
-from .tables import BATCH_BENCHMARK, CACHE_BENCHMARK, SWEEP_BENCHMARK
+from . import EXPERIMENTS
+from .tables import BATCH_BENCHMARK, SWEEP_BENCHMARK
 
 COLUMNS = ["commit", "machine", "benchmark", "experiment", "strategy", "T", "B",
            "sample", "seconds", "statistic", "params", "env"]
-EXPERIMENTS = {CACHE_BENCHMARK: "cache", BATCH_BENCHMARK: "batch", SWEEP_BENCHMARK: "batch_size"}
 FIXED = {BATCH_BENCHMARK: {"B": BATCH}, SWEEP_BENCHMARK: {"T": SWEEP_LENGTH, "strategy": "batched"}}
 STATISTICS = ("q_25", "q_75", "ci_99_a", "ci_99_b")
 
 
 def _experiment(benchmark):
-    return EXPERIMENTS.get(benchmark, benchmark.split(".")[0].removeprefix("bench_"))
+    named = [name for name, timing in EXPERIMENTS.items() if timing == benchmark]
+    return named[0] if named else benchmark.split(".")[0].removeprefix("bench_")
 
 
 def point_rows(run, point):

@@ -30,19 +30,16 @@ in separate processes at different times, an :class:`Unpaired` shown marked:
 import datetime
 from dataclasses import dataclass
 
-from benchmarks import bench_batch, bench_cache, bench_heads, bench_ragged, heads_inputs, ragged_inputs
+from benchmarks import bench_batch, bench_cache, bench_heads, bench_ragged
 from benchmarks.common import BATCH, LENGTHS, STRATEGIES, SWEEP_BATCH_SIZES, SWEEP_LENGTH
 
 from ..common import UserError
 from ..results import FAILED, SKIPPED, is_number, param_sort_key, short
+from . import EXPERIMENTS
 
-CACHE_BENCHMARK = "bench_cache.CacheStrategy.time_decode"
-BATCH_BENCHMARK = "bench_batch.BatchStrategy.time_decode"
-SWEEP_BENCHMARK = "bench_batch.BatchSize.time_batched_decode"
-HEADS_BENCHMARK = "bench_heads.HeadsDecode.time_decode"
+CACHE_BENCHMARK, BATCH_BENCHMARK, SWEEP_BENCHMARK, HEADS_BENCHMARK, RAGGED_BENCHMARK = EXPERIMENTS.values()
 HEADS_PEAK = "bench_heads.HeadsDecode.track_decode_peak_bytes"
 HEADS_CACHE = "bench_heads.HeadsCacheBytes.track_kv_cache_bytes"
-RAGGED_BENCHMARK = "bench_ragged.RaggedDecode.time_decode"
 RAGGED_SLOTS = "bench_ragged.RaggedDecode.track_reserved_slots"
 RAGGED_ROWS = "bench_ragged.RaggedDecode.track_row_steps"
 CACHE_PAIRED = "bench_cache.CacheRatios.track_ratio"  # each paired ratio; its interval: + "_low", + "_high"
@@ -55,7 +52,6 @@ PAIRED_BENCHMARKS = {CACHE_PAIRED: bench_cache.CacheRatios, BATCH_PAIRED: bench_
                      RAGGED_PAIRED: bench_ragged.RaggedRatios}
 PAIRED_NOTE = ("Ratios: the median of per-pair ratios of the two decodes timed in turns in one process, "
                "[its 95 % interval]; (unpaired): the ratio of asv's medians, taken in separate processes.")
-CACHE_STRATEGIES = tuple(STRATEGIES["cache"])
 CACHE_RATIOS = ("no_cache", "concat")  # each over preallocated: what recomputing, and what concatenating, costs
 RAGGED_RATIOS = ("padded", "compacted")  # each over paged
 # Used where asv's benchmarks.json is missing or does not fit a result file.
@@ -139,12 +135,12 @@ def cache_table(run):
     """Cache experiment: one sequence ``[T, 64]``, median ms per strategy, no_cache and concat / preallocated."""
     rows = []
     for t in _keys(run, CACHE_BENCHMARK, "T", LENGTHS):
-        cells = {f"{s} / ms": run.value(CACHE_BENCHMARK, T=t, strategy=s) for s in CACHE_STRATEGIES}
+        cells = {f"{s} / ms": run.value(CACHE_BENCHMARK, T=t, strategy=s) for s in STRATEGIES["cache"]}
         for s in CACHE_RATIOS:
             unpaired = _combine(lambda a, b: a / b, cells[f"{s} / ms"], cells["preallocated / ms"])
             cells[f"{s} / preallocated"] = paired(run, CACHE_PAIRED, unpaired, T=t, strategy=s)
         rows.append(((t,), cells))
-    kinds = {f"{s} / ms": "ms" for s in CACHE_STRATEGIES} | {f"{s} / preallocated": "ratio" for s in CACHE_RATIOS}
+    kinds = {f"{s} / ms": "ms" for s in STRATEGIES["cache"]} | {f"{s} / preallocated": "ratio" for s in CACHE_RATIOS}
     return Table("Cache experiment: full decode of one sequence", ("T",), kinds, rows, PAIRED_NOTE)
 
 
@@ -195,8 +191,8 @@ def batch_size_table(run, t_len=SWEEP_LENGTH):
 def heads_table(run):
     """Heads experiment: repeat_kv vs grouped decode per kind and T, with the bytes each allocated."""
     rows = []
-    for kind in _keys(run, HEADS_BENCHMARK, "kind", heads_inputs.KINDS):
-        for t in _keys(run, HEADS_BENCHMARK, "T", heads_inputs.HEADS_LENGTHS):
+    for kind in _keys(run, HEADS_BENCHMARK, "kind", bench_heads.KINDS):
+        for t in _keys(run, HEADS_BENCHMARK, "T", bench_heads.HEADS_LENGTHS):
             rep = run.value(HEADS_BENCHMARK, kind=kind, T=t, path="repeat_kv")
             grp = run.value(HEADS_BENCHMARK, kind=kind, T=t, path="grouped")
             rows.append(((kind, t), {
@@ -210,8 +206,8 @@ def heads_table(run):
             }))
     kinds = {"repeat_kv / ms": "ms", "grouped / ms": "ms", "repeat_kv / grouped": "ratio3",
              "peak bytes, repeat_kv": "bytes", "peak bytes, grouped": "bytes", "KV cache bytes": "bytes"}
-    note = (f"B = {heads_inputs.HEADS_BATCH}, {heads_inputs.HEADS_N_HEADS} query heads of D_head = "
-            f"{heads_inputs.HEADS_HEAD_DIM}, K/V heads: " + ", ".join(f"{k} {n}" for k, n in heads_inputs.KINDS.items())
+    note = (f"B = {bench_heads.HEADS_BATCH}, {bench_heads.HEADS_N_HEADS} query heads of D_head = "
+            f"{bench_heads.HEADS_HEAD_DIM}, K/V heads: " + ", ".join(f"{k} {n}" for k, n in bench_heads.KINDS.items())
             + "; peak bytes are allocated during one decode (tracemalloc); 1 MiB = 2^20 bytes. "
             + f"Paired at T = {bench_heads.RATIO_LENGTH} only. " + PAIRED_NOTE)
     return Table("Heads experiment: MHA, GQA and MQA decode, repeat_kv vs grouped", ("kind", "T"), kinds, rows, note)
@@ -231,8 +227,8 @@ def _runs(values):
 def ragged_table(run):
     """Ragged experiment: padded vs compacted vs paged decode per length distribution, with their counts."""
     rows = []
-    for lengths in _keys(run, RAGGED_BENCHMARK, "lengths", ragged_inputs.LENGTH_DISTRIBUTIONS):
-        ms = {s: run.value(RAGGED_BENCHMARK, strategy=s, lengths=lengths) for s in ragged_inputs.RAGGED_STRATEGIES}
+    for lengths in _keys(run, RAGGED_BENCHMARK, "lengths", bench_ragged.LENGTH_DISTRIBUTIONS):
+        ms = {s: run.value(RAGGED_BENCHMARK, strategy=s, lengths=lengths) for s in STRATEGIES["ragged"]}
         rows.append(((lengths,), {
             **{f"{s} / ms": v for s, v in ms.items()},
             **{f"{s} / paged": paired(run, RAGGED_PAIRED, _combine(lambda a, b: a / b, ms[s], ms["paged"]),
@@ -242,21 +238,19 @@ def ragged_table(run):
             "slots, compacted": run.value(RAGGED_SLOTS, strategy="compacted", lengths=lengths),
             "slots, paged": run.value(RAGGED_SLOTS, strategy="paged", lengths=lengths),
         }))
-    kinds = ({f"{s} / ms": "ms" for s in ragged_inputs.RAGGED_STRATEGIES}
+    kinds = ({f"{s} / ms": "ms" for s in STRATEGIES["ragged"]}
              | {f"{s} / paged": "ratio" for s in RAGGED_RATIOS}
              | dict.fromkeys(("rows, padded", "rows, compacted", "slots, compacted", "slots, paged"), "count"))
-    note = (f"B = {ragged_inputs.RAGGED_BATCH} sequences, T_b: " + "; ".join(
-        f"{name} {_runs(lens)}" for name, lens in ragged_inputs.LENGTH_DISTRIBUTIONS.items())
-            + f"; block_size {ragged_inputs.BLOCK_SIZE}. rows: query rows computed over the decode; "
+    note = (f"B = {bench_ragged.RAGGED_BATCH} sequences, T_b: " + "; ".join(
+        f"{name} {_runs(lens)}" for name, lens in bench_ragged.LENGTH_DISTRIBUTIONS.items())
+            + f"; block_size {bench_ragged.BLOCK_SIZE}. rows: query rows computed over the decode; "
             "slots: K/V token slots reserved at the peak (padded reserves as many as compacted). " + PAIRED_NOTE)
     return Table("Ragged experiment: padded vs compacted (dynamic exit) vs paged KV cache", ("lengths",), kinds,
                  rows, note)
 
 
 TABLES = {"cache": cache_table, "batch": batch_table, "batch_size": batch_size_table, "heads": heads_table,
-          "ragged": ragged_table}
-TIMINGS = {"cache": CACHE_BENCHMARK, "batch": BATCH_BENCHMARK, "batch_size": SWEEP_BENCHMARK,
-           "heads": HEADS_BENCHMARK, "ragged": RAGGED_BENCHMARK}  # the timing each table shows
+          "ragged": ragged_table}  # one per experiment of EXPERIMENTS, in its order
 
 
 def all_tables(run, experiments=None):
@@ -330,7 +324,7 @@ def render_compare(base_table, head_table, base_label, head_label):
 
 
 # What a figure of each cell kind says when two machines are compared (report tables --machine A --machine B).
-ACROSS_MACHINES = {"ratio": "comparable", "ratio3": "comparable", "count": "same work", "bytes": "same work",
+ACROSS_MACHINES = {"ratio": "comparable", "ratio3": "comparable", "count": "exact", "bytes": "exact",
                    "ms": "machine-bound", "us": "machine-bound", "rate": "machine-bound"}
 MACHINES_NOTE = ("Each row is one figure of the lab's tables at the same commit, one column per machine, and each "
                  "later machine's figure over the first's. Only the dimensionless figures (`comparable`: "
@@ -338,7 +332,7 @@ MACHINES_NOTE = ("Each row is one figure of the lab's tables at the same commit,
                  "padded / paged, compacted / paged) compare the mechanisms across machines: there, 1.000x "
                  "means the mechanism gains as much on both. Absolute times and rates (`machine-bound`: ms, µs, "
                  "positions / s) are NOT comparable across machines: their ratio measures the machines (CPU, "
-                 "load, samples), not the mechanism. Counts and bytes (`same work`) are the work itself: equal "
+                 "load, samples), not the mechanism. Counts and bytes (`exact`) are what the code did: equal "
                  "on machines that run the same code with the same numpy.")
 
 
@@ -381,7 +375,7 @@ def describe(run, experiments=None):
     packages = ", ".join(f"{k} {v}" for k, v in p.items()
                          if k not in {"arch", "cpu", "machine", "num_cpu", "os", "ram"})
     threads = ", ".join(f"{k}={v}" for k, v in sorted(run.env_vars.items())) or "none set"
-    shown = {TIMINGS[name] for name in (experiments or TABLES)}
+    shown = {EXPERIMENTS[name] for name in (experiments or TABLES)}
     samples = sorted({pt.stats.get("repeat") for pt in run.points.values()
                       if pt.benchmark in shown and pt.stats.get("repeat")})
     counts = f"{samples[0]}" if len(samples) == 1 else f"{samples[0]}–{samples[-1]}" if samples else "?"

@@ -6,14 +6,15 @@ import numpy as np
 import pytest
 
 import kv_attention as kv
-from benchmarks import common, ragged_inputs
+from benchmarks import bench_ragged, common
+from benchmarks.common import STRATEGIES
 from benchmarks.bench_ragged import RaggedDecode
 
 from ..references import blocks_per_step, naive_causal_attention
 
 
 def test_length_distributions_are_the_issues():
-    lengths = ragged_inputs.LENGTH_DISTRIBUTIONS
+    lengths = bench_ragged.LENGTH_DISTRIBUTIONS
     assert lengths["equal"] == [256] * 8
     assert lengths["skewed"] == [256] + [16] * 7
     uniform = lengths["uniform"]
@@ -22,9 +23,9 @@ def test_length_distributions_are_the_issues():
 
 
 def test_inputs_are_read_only_prefixes_of_the_timed_problem():
-    seqs, w_q, w_k, w_v = ragged_inputs.ragged_inputs("uniform")
+    seqs, w_q, w_k, w_v = bench_ragged.ragged_inputs("uniform")
     x = np.random.default_rng(42).standard_normal((8, 256, 64))
-    assert [len(s) for s in seqs] == ragged_inputs.LENGTH_DISTRIBUTIONS["uniform"]
+    assert [len(s) for s in seqs] == bench_ragged.LENGTH_DISTRIBUTIONS["uniform"]
     for b, seq in enumerate(seqs):
         np.testing.assert_array_equal(seq, x[b, : len(seq)])
     assert not any(a.flags.writeable for a in (*seqs, w_q, w_k, w_v))
@@ -33,18 +34,18 @@ def test_inputs_are_read_only_prefixes_of_the_timed_problem():
 def test_ragged_oracle_matches_the_independent_reference():
     x, w_q, w_k, w_v = common.timed_inputs(9, 2)
     expected = [naive_causal_attention(x[0, :9], w_q, w_k, w_v), naive_causal_attention(x[1, :4], w_q, w_k, w_v)]
-    for got, want in zip(ragged_inputs.ragged_oracle([x[0, :9], x[1, :4]], w_q, w_k, w_v), expected):
+    for got, want in zip(bench_ragged.ragged_oracle([x[0, :9], x[1, :4]], w_q, w_k, w_v), expected):
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("distribution", sorted(ragged_inputs.LENGTH_DISTRIBUTIONS))
-@pytest.mark.parametrize("strategy", ragged_inputs.RAGGED_STRATEGIES)
+@pytest.mark.parametrize("distribution", sorted(bench_ragged.LENGTH_DISTRIBUTIONS))
+@pytest.mark.parametrize("strategy", list(STRATEGIES["ragged"]))
 def test_check_passes_every_strategy_on_every_distribution(one_thread, strategy, distribution):
-    decode = ragged_inputs.verified_ragged_decode(strategy, distribution)
+    decode = bench_ragged.verified_ragged_decode(strategy, distribution)
     assert decode.func is kv.ragged_decode and decode.keywords["strategy"] == strategy
     if strategy == "paged":
         assert decode.keywords["block_size"] == 16
-        assert decode.keywords["num_blocks"] == ragged_inputs.pool_blocks(distribution)
+        assert decode.keywords["num_blocks"] == bench_ragged.pool_blocks(distribution)
     else:  # no pool: neither option, which the library refuses for these strategies
         assert "block_size" not in decode.keywords and "num_blocks" not in decode.keywords
 
@@ -59,16 +60,16 @@ def test_check_fails_a_decode_that_is_0_1_percent_off_in_one_sequence(one_thread
 
     monkeypatch.setattr(kv, "ragged_decode", wrong)
     with pytest.raises(AssertionError, match="compacted, skewed, sequence 3"):
-        ragged_inputs.verified_ragged_decode("compacted", "skewed")
+        bench_ragged.verified_ragged_decode("compacted", "skewed")
 
 
 def test_check_skips_what_the_commit_lacks(one_thread, monkeypatch):
     monkeypatch.setattr(kv, "RAGGED_STRATEGIES", ("padded", "compacted"))
     with pytest.raises(NotImplementedError, match="no ragged strategy 'paged'"):
-        ragged_inputs.verified_ragged_decode("paged", "equal")
+        bench_ragged.verified_ragged_decode("paged", "equal")
     monkeypatch.delattr(kv, "ragged_decode")
     with pytest.raises(NotImplementedError, match="no ragged_decode"):
-        ragged_inputs.verified_ragged_decode("padded", "equal")
+        bench_ragged.verified_ragged_decode("padded", "equal")
 
 
 def test_counts_are_skipped_when_the_decode_cannot_report_them():
@@ -76,13 +77,13 @@ def test_counts_are_skipped_when_the_decode_cannot_report_them():
         raise AssertionError("not called")
 
     with pytest.raises(NotImplementedError, match="no return_stats"):
-        ragged_inputs.ragged_stats(old_ragged_decode, ())
+        bench_ragged.ragged_stats(old_ragged_decode, ())
 
 
-@pytest.mark.parametrize("distribution", sorted(ragged_inputs.LENGTH_DISTRIBUTIONS))
-@pytest.mark.parametrize("strategy", ragged_inputs.RAGGED_STRATEGIES)
+@pytest.mark.parametrize("distribution", sorted(bench_ragged.LENGTH_DISTRIBUTIONS))
+@pytest.mark.parametrize("strategy", list(STRATEGIES["ragged"]))
 def test_tracked_counts_are_the_issues_figures(one_thread, strategy, distribution):
-    lengths = ragged_inputs.LENGTH_DISTRIBUTIONS[distribution]
+    lengths = bench_ragged.LENGTH_DISTRIBUTIONS[distribution]
     class OnePoint(RaggedDecode):
         params = [[strategy], [distribution]]
 
