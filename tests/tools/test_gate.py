@@ -497,6 +497,14 @@ def test_the_lab_ratios_are_measurements_never_regressions():
     assert gate_command.judge(ratio, failed, 1.03)[1] == [("bench_cache.CacheRatios.track_ratio", "head")]
 
 
+def test_the_roofline_rates_are_the_machines_never_regressions():
+    # GB/s: higher is better, and asv's rule would call a faster step worse; the paired fraction is the comparison.
+    for name in ("track_step_gbps", "track_read_gbps"):
+        rate = [(f"bench_roofline.Roofline.{name}", [], [5.0], [None], [None], "1", MACHINE, "env")]
+        regressions, failures = gate_command.judge(rate, [(*rate[0][:2], [9.0], *rate[0][3:])], 1.03)
+        assert regressions == [] and failures == []
+
+
 def test_a_timing_worse_in_pairs_is_measured_again_and_stays_worse_only_if_confirmed(project, capsys, monkeypatch):
     """Two points worse than the factor in the first pairs: one confirms (1.06, then 1.05: the smaller is
     kept), the other does not (1.05, then 1.00): only the first is flagged."""

@@ -52,7 +52,9 @@ COUNT_FACTOR = 1.005
 CYCLES_FACTOR = 1.015
 # The lab's ratios in pairs (benchmarks/ratios.py): answers to the lab's questions, never a regression in
 # themselves (a faster denominator raises a ratio); the timings they are made of are judged in pairs.
-RATIO_BENCHMARKS = ("track_ratio", "track_ratio_low", "track_ratio_high")
+# The roofline's rates (bench_roofline) are the machine's, higher is better: its paired fraction (a track_ratio)
+# is the comparison, and asv's rule would call a faster step worse.
+RATIO_BENCHMARKS = ("track_ratio", "track_ratio_low", "track_ratio_high", "track_step_gbps", "track_read_gbps")
 LENGTH_PARAMS = ("T",)  # a count point stands for its strategy's work at every length
 WORK_CHANGED = "work changed"
 VALUE_CHANGED = "exact value changed"  # a track_ value that is not a count point: exact, not the work channel

@@ -16,4 +16,5 @@ EXPERIMENTS = {
     "batch_size": "bench_batch.BatchSize.time_batched_decode",
     "heads": "bench_heads.HeadsDecode.time_decode",
     "ragged": "bench_ragged.RaggedDecode.time_decode",
+    "roofline": "bench_roofline.Roofline.track_ratio",  # no timing: its paired bandwidth fraction
 }

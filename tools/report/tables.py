@@ -11,7 +11,10 @@
   decode times, their ratio, the peak bytes each allocated, and the logical
   K/V cache bytes;
 - ragged: per length distribution, the padded, compacted and paged decode
-  times, their ratios, the rows computed and the K/V slots reserved.
+  times, their ratios, the rows computed and the K/V slots reserved;
+- roofline: per model shape, T, B and heads path, the bytes one decode step
+  reads, the fraction of the read bandwidth it reaches (paired, with its
+  interval), the step's and the read kernel's GB/s and the step's ms.
 
 A cell holds seconds, a ratio or a rate, or the marker ``failed`` (the gate or
 the benchmark raised) or ``n/a`` (skipped, or not measured at that commit); a
@@ -30,14 +33,18 @@ in separate processes at different times, an :class:`Unpaired` shown marked:
 import datetime
 from dataclasses import dataclass
 
-from benchmarks import bench_batch, bench_cache, bench_heads, bench_ragged
+from benchmarks import bench_batch, bench_cache, bench_heads, bench_ragged, bench_roofline
 from benchmarks.common import BATCH, LENGTHS, STRATEGIES, SWEEP_BATCH_SIZES, SWEEP_LENGTH
 
 from ..common import UserError
 from ..results import FAILED, SKIPPED, is_number, param_sort_key, short
 from . import EXPERIMENTS
 
-CACHE_BENCHMARK, BATCH_BENCHMARK, SWEEP_BENCHMARK, HEADS_BENCHMARK, RAGGED_BENCHMARK = EXPERIMENTS.values()
+CACHE_BENCHMARK, BATCH_BENCHMARK, SWEEP_BENCHMARK, HEADS_BENCHMARK, RAGGED_BENCHMARK, ROOFLINE_PAIRED = (
+    EXPERIMENTS.values())  # ROOFLINE_PAIRED: the bandwidth fraction; its interval: + "_low", + "_high"
+ROOFLINE_RATES = {"step GB/s": "bench_roofline.Roofline.track_step_gbps",
+                  "read GB/s": "bench_roofline.Roofline.track_read_gbps"}
+ROOFLINE_BYTES = "bench_roofline.RooflineBytes.track_bytes_read"
 HEADS_PEAK = "bench_heads.HeadsDecode.track_decode_peak_bytes"
 HEADS_CACHE = "bench_heads.HeadsCacheBytes.track_kv_cache_bytes"
 RAGGED_SLOTS = "bench_ragged.RaggedDecode.track_reserved_slots"
@@ -63,7 +70,9 @@ KNOWN_PARAM_NAMES = {CACHE_BENCHMARK: bench_cache.CacheStrategy.param_names,
                      **dict.fromkeys((RAGGED_BENCHMARK, RAGGED_SLOTS, RAGGED_ROWS),
                                      bench_ragged.RaggedDecode.param_names),
                      **{name + end: cls.param_names for name, cls in PAIRED_BENCHMARKS.items()
-                        for end in ("", "_low", "_high")}}
+                        for end in ("", "_low", "_high")},
+                     **dict.fromkeys((ROOFLINE_PAIRED, ROOFLINE_PAIRED + "_low", ROOFLINE_PAIRED + "_high",
+                                      *ROOFLINE_RATES.values(), ROOFLINE_BYTES), bench_roofline.PARAM_NAMES)}
 
 
 class Paired(float):
@@ -104,7 +113,7 @@ class Table:
 
     title: str
     keys: tuple  # headers of the key columns: ("T",), ("B",), ("kind", "T"), ("lengths",)
-    kinds: dict  # figure label -> "ms" | "ratio" | "ratio3" | "rate" | "us" | "bytes" | "count"
+    kinds: dict  # figure label -> "ms" | "ratio" | "ratio3" | "rate" | "us" | "bytes" | "count" | "fraction" | "gbps"
     rows: list
     note: str = ""
 
@@ -249,13 +258,48 @@ def ragged_table(run):
                  rows, note)
 
 
+def roofline_table(run):
+    """Roofline experiment: one decode step at model shapes, as a fraction of the read bandwidth in its process."""
+    rows = []
+    for shape in _keys(run, ROOFLINE_BYTES, "shape", bench_roofline.ROOFLINE_SHAPES):
+        for t in _keys(run, ROOFLINE_BYTES, "T", bench_roofline.ROOFLINE_LENGTHS):
+            for b in _keys(run, ROOFLINE_BYTES, "B", bench_roofline.ROOFLINE_BATCHES):
+                for path in _keys(run, ROOFLINE_BYTES, "path", bench_roofline.ROOFLINE_PATHS):
+                    point = {"shape": shape, "T": t, "B": b, "path": path}
+                    nbytes = run.value(ROOFLINE_BYTES, **point)
+                    rates = {label: run.value(name, **point) for label, name in ROOFLINE_RATES.items()}
+                    rows.append(((shape, t, b, path), {
+                        "bytes / step": nbytes,
+                        "fraction of read bandwidth": paired(run, ROOFLINE_PAIRED, SKIPPED, **point),
+                        **rates,
+                        "step / ms": _combine(lambda n, r: n / r / 1e9, nbytes, rates["step GB/s"]),
+                    }))
+    kinds = {"bytes / step": "bytes", "fraction of read bandwidth": "fraction", "step GB/s": "gbps",
+             "read GB/s": "gbps", "step / ms": "ms"}
+    note = ("One decode step (one new token per sequence) through the public multi_head_decode, with its default "
+            "checks, and a float32 StaticCache holding T positions. bytes / step: the layer's four projection "
+            "weights, K and V of the T + 1 positions, and for repeat_kv with G > 1 its copies of K and V for every "
+            "query head. fraction: the median of per-pair (read time / step time), the step timed in turns with a "
+            "kernel summing the same bytes once, in one process [its 95 % interval]; GB/s: the bytes over each "
+            "side's median sample (10^9 bytes / s). n/a: not measured, over the 2 GiB memory budget, or B = 4 "
+            "beyond T = 1024 (the time budget). 1 MiB = 2^20 bytes.")
+    return Table("Roofline experiment: one decode step at model shapes, as a fraction of the read bandwidth",
+                 ("shape", "T", "B", "path"), kinds, rows, note)
+
+
 TABLES = {"cache": cache_table, "batch": batch_table, "batch_size": batch_size_table, "heads": heads_table,
-          "ragged": ragged_table}  # one per experiment of EXPERIMENTS, in its order
+          "ragged": ragged_table, "roofline": roofline_table}  # one per experiment of EXPERIMENTS, in its order
+# Tables shown by default only where the run measured their benchmark (the last in TABLES, so that two runs'
+# default lists align where they share a table): a commit from before the roofline experiment prints no page of n/a.
+OPTIONAL = {"roofline": ROOFLINE_BYTES}
 
 
 def all_tables(run, experiments=None):
-    """The tables of ``run``: every one, or those of ``experiments`` (keys of :data:`TABLES`), in that order."""
-    return [TABLES[name](run) for name in (experiments or TABLES)]
+    """The tables of ``run``: every one (an :data:`OPTIONAL` one only where the run measured it), or those of
+    ``experiments`` (keys of :data:`TABLES`), in that order."""
+    measured = {key[0] for key in run.points}
+    default = [name for name in TABLES if name not in OPTIONAL or OPTIONAL[name] in measured]
+    return [TABLES[name](run) for name in (experiments or default)]
 
 
 FORMATS = {  # cell kind -> text of a number (seconds, ratio, rate, bytes or count)
@@ -266,6 +310,8 @@ FORMATS = {  # cell kind -> text of a number (seconds, ratio, rate, bytes or cou
     "rate": lambda v: f"{v:,.0f}",
     "count": lambda v: f"{v:,.0f}",
     "bytes": lambda v: f"{v / 2**20:,.2f} MiB",
+    "fraction": lambda v: f"{100 * v:.1f}%",  # its interval reads [34.1, 37.5]
+    "gbps": lambda v: f"{v:.2f}",
 }
 
 
@@ -325,7 +371,8 @@ def render_compare(base_table, head_table, base_label, head_label):
 
 # What a figure of each cell kind says when two machines are compared (report tables --machine A --machine B).
 ACROSS_MACHINES = {"ratio": "comparable", "ratio3": "comparable", "count": "exact", "bytes": "exact",
-                   "ms": "machine-bound", "us": "machine-bound", "rate": "machine-bound"}
+                   "ms": "machine-bound", "us": "machine-bound", "rate": "machine-bound",
+                   "fraction": "comparable", "gbps": "machine-bound"}
 MACHINES_NOTE = ("Each row is one figure of the lab's tables at the same commit, one column per machine, and each "
                  "later machine's figure over the first's. Only the dimensionless figures (`comparable`: "
                  "no_cache / preallocated, concat / preallocated, speedup, scaling, repeat_kv / grouped, "
@@ -380,9 +427,11 @@ def describe(run, experiments=None):
                       if pt.benchmark in shown and pt.stats.get("repeat")})
     counts = f"{samples[0]}" if len(samples) == 1 else f"{samples[0]}–{samples[-1]}" if samples else "?"
     measured = (", measured " + _utc(run.measured)) if run.measured else ""
+    timed = any(name.rsplit(".", 1)[-1].startswith("time_") for name in shown)  # roofline's is a tracked value
     return [
         f"- commit `{run.commit[:8]}` (commit date {when}{measured})",
         f"- machine `{run.machine}`: {machine}{cpus}{ram}",
         f"- environment `{run.env_name}`: {packages}; thread variables {threads}",
-        f"- each time is asv's median of {counts} samples per point",
+        f"- each time is asv's median of {counts} samples per point" if timed else
+        "- no timing shown: each figure is a value asv tracked once for the commit",
     ]
