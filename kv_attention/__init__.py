@@ -35,6 +35,7 @@ from .decode import (
 from .heads import multi_head_attention, multi_head_decode
 from .paged import OutOfBlocksError, PagedKVCache
 from .problem import Problem, make_problem
+from .quantized import QuantizedCache, attend_quantized
 from .ragged import RAGGED_STRATEGIES, RaggedDecodeStats, ragged_decode, ragged_decode_steps
 from .scheduler import Request, ServeResult, ServeStats, serve
 from .split import attention_state, cascade_attention, merge_attention_states, split_kv_attention
@@ -84,6 +85,7 @@ __all__ = [
     # chunked prefill, sliding windows and attention sinks
     "chunked_attention",
     "SlidingWindowCache",
+    "QuantizedCache", "attend_quantized",  # a quantized KV cache, and attention read from its codes
     # serving: continuous batching, preemption and prefix caching over the paged cache
     "Request",
     "serve",

@@ -196,3 +196,61 @@ def attention_problem(lead, t_q, s_len, d_k=5, d_v=3, seed=0, scale=1.0, dtype=n
     k = rng.standard_normal(lead + (s_len, d_k))
     v = rng.standard_normal(lead + (s_len, d_v))
     return tuple(a.astype(dtype) for a in (q, k, v))
+
+
+# The quantized KV cache (issue 22): each group rounded by the contract, one Python float at a time.
+
+def _float8_values(format_name):
+    """Every finite value of a float8 format, with whether its bit pattern is even: ``[(value, even)]``."""
+    import ml_dtypes  # the format's bit patterns only; the rounding below is written here
+
+    values = np.arange(256, dtype=np.uint8).view(getattr(ml_dtypes, format_name)).astype(np.float64)
+    return [(float(v), bits % 2 == 0) for bits, v in enumerate(values) if math.isfinite(v)]
+
+
+def _nearest_float8(y, table):
+    """``y`` rounded to the nearest value of ``table``, a tie to the even bit pattern (round half to even)."""
+    best = min(abs(value - y) for value, _ in table)
+    ties = [(value, even) for value, even in table if abs(value - y) == best]
+    return next((value for value, even in ties if even), ties[0][0])
+
+
+def _quantized_group(values, nbits, format_name):
+    """``(x̂, scale)`` of one group of Python floats by the contract's rounding."""
+    if format_name is not None:
+        table = _float8_values(format_name)
+        scale = max(abs(v) for v in values) / max(value for value, _ in table)
+        if scale == 0.0:
+            return [0.0] * len(values), 0.0
+        return [_nearest_float8(v / scale, table) * scale for v in values], scale
+    levels = 2**nbits - 1
+    lo, hi = min(values), max(values)
+    scale = (hi - lo) / levels
+    if scale == 0.0:
+        return [lo] * len(values), 0.0
+    return [min(max(round((v - lo) / scale), 0), levels) * scale + lo for v in values], scale
+
+
+def quantized_reference(x, nbits, group_size, residual_length, axis, format_name=None):
+    """``(x̂, scale)``, ``[..., T, D]`` each: what a quantized cache holds after the T positions of ``x``, and each
+    element's group scale (0 in the residual).
+
+    The first ``Q = G·ceil(max(0, T - R) / G)`` positions are quantized in groups
+    (``"channel"``: channel c of positions jG..jG+G-1; ``"token"``: position t's channels
+    in runs of G), the rest held exactly. float64.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    t_len, dim, g = x.shape[-2], x.shape[-1], group_size
+    held = g * math.ceil(max(0, t_len - residual_length) / g)
+    if axis == "channel":
+        groups = [(slice(j, j + g), c) for j in range(0, held, g) for c in range(dim)]
+    else:
+        groups = [(t, slice(c, c + g)) for t in range(held) for c in range(0, dim, g)]
+    out, scales = x.copy(), np.zeros_like(x)
+    for lead in np.ndindex(x.shape[:-2]):
+        for rows, cols in groups:
+            values = [float(v) for v in np.ravel(x[lead][rows, cols])]
+            rounded, scale = _quantized_group(values, nbits, format_name)
+            out[lead][rows, cols] = np.reshape(rounded, np.shape(x[lead][rows, cols]))
+            scales[lead][rows, cols] = scale
+    return out, scales

@@ -46,11 +46,12 @@ def test_client_requests_do_nothing_outside_valgrind():
 def test_the_suite_counts_every_count_class_in_one_shared_setup_cache():
     """asv runs one setup_cache per place of definition: every count class inherits the base's, so valgrind
     starts once per commit, for every class of the suite."""
-    from benchmarks import bench_batch, bench_cache, bench_heads, bench_prefill, bench_ragged, bench_split
+    from benchmarks import bench_batch, bench_cache, bench_heads, bench_prefill, bench_quantized, bench_ragged, bench_split
 
     classes = counts.suite_classes()
     assert classes == [bench_batch.BatchCounts, bench_batch.BatchSizeCounts, bench_cache.CacheCounts,
-                       bench_heads.HeadsCounts, bench_prefill.PrefillCounts, bench_ragged.RaggedCounts,
+                       bench_heads.HeadsCounts, bench_prefill.PrefillCounts, bench_quantized.QuantizedCounts,
+                       bench_ragged.RaggedCounts,
                        bench_split.CascadeCounts]
     assert all(c.setup_cache is counts.Counts.setup_cache for c in classes)
     assert TinyCounts not in classes  # a count class outside the suite is not the suite's

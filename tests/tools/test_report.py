@@ -511,7 +511,8 @@ def test_plots_are_written_and_open_as_images(repo, capsys, tmp_path):
     code, out, _ = report(path, "plots", "--out", str(tmp_path / "figs"), capsys=capsys)
     assert code == 0
     names = sorted(p.name for p in (tmp_path / "figs").iterdir())
-    assert names == ["heads_vs_T.png", "positions_vs_B.png", "ragged.png", "ratios_vs_T.png", "time_vs_T.png"]
+    assert names == ["heads_vs_T.png", "positions_vs_B.png", "quantized.png", "ragged.png", "ratios_vs_T.png",
+                     "time_vs_T.png"]
     for name in names:
         pixels = image.imread(tmp_path / "figs" / name)
         assert pixels.ndim == 3 and pixels.shape[0] > 200 and pixels.shape[1] > 300
@@ -756,7 +757,7 @@ def test_plots_of_a_run_where_every_gate_failed(repo, capsys, tmp_path):
         (SWEEP, [1, 2, 4, 8])) for key in keys}
     write_run(path / ".asv/results", hashes[2], override=override)
     code, out, _ = report(path, "plots", "--out", str(tmp_path / "figs"), capsys=capsys)
-    assert code == 0 and len(list((tmp_path / "figs").iterdir())) == 5
+    assert code == 0 and len(list((tmp_path / "figs").iterdir())) == 6
     code, out, _ = report(path, "tables", capsys=capsys)
     assert code == 0 and table_rows(out, CACHE_TITLE)[0][1:] == ["failed"] * 5
 

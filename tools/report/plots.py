@@ -8,7 +8,8 @@
 - ``heads_vs_T.png``: repeat_kv and grouped decode time vs T per attention
   kind (log-log), and repeat_kv / grouped;
 - ``ragged.png``: padded, compacted and paged decode time per length
-  distribution, and the K/V slots each reserved.
+  distribution, and the K/V slots each reserved;
+- ``quantized.png``: the quantized cache's error vs bytes per position (:mod:`tools.report.quantized`).
 
 With ``lab=True`` the cache and batch figures also draw the lab's own
 published figures (:mod:`tools.report.lab`) as dashed grey lines labelled as
@@ -26,6 +27,7 @@ from .. import paths
 from ..common import UserError
 from ..results import is_number
 from . import lab as lab_figures
+from .quantized import error_vs_bytes
 from .tables import (BATCH_BENCHMARK, CACHE_BENCHMARK, CACHE_RATIOS, HEADS_BENCHMARK,
                      RAGGED_BENCHMARK, batch_size_table, batch_table, cache_table, heads_table, ragged_table)
 
@@ -211,7 +213,7 @@ def _ragged(plt, run, title, lab):
 
 
 FIGURES = {"time_vs_T.png": _time_vs_t, "ratios_vs_T.png": _ratios_vs_t, "positions_vs_B.png": _positions_vs_b,
-           "heads_vs_T.png": _heads_vs_t, "ragged.png": _ragged}
+           "heads_vs_T.png": _heads_vs_t, "ragged.png": _ragged, "quantized.png": error_vs_bytes}
 
 
 def write_plots(run, out_dir, lab=False, protected=()):

@@ -1,0 +1,415 @@
+"""A quantized K/V cache: integer groups of 2, 4 or 8 bits or float8, an exact residual, and attention from the codes.
+
+The cache holds ``[*batch_shape, T, D]`` keys and values (``D`` = ``k_dim`` for
+keys, ``v_dim`` for values) as Hugging Face's ``QuantizedCache`` and KIVI (Liu et
+al. 2024) do, with a contract a test can hold each position to:
+
+*Groups* (``key_axis``, ``value_axis``, KIVI's default: keys per channel, values per token):
+    ``"channel"``: each channel of each block of ``group_size`` (G) consecutive
+    positions ``[j·G, (j+1)·G)`` is one group of G elements.
+    ``"token"``: each position's channels, in runs of G (the last run may be
+    shorter), are groups.
+*Rounding* (integer codes, asymmetric min-max per group, in the cache's dtype):
+    ``scale = (max - min) / (2**nbits - 1)``, ``zero = min``,
+    ``code = clip(round((x - min) / scale), 0, 2**nbits - 1)`` (round half to even),
+    ``x̂ = code · scale + zero``; a constant group (scale 0) has code 0 and is held exactly.
+    Hence ``|x̂ - x| <= scale / 2`` for every element, up to a few ULPs of the group's max |x|.
+*Float8* (``nbits=8``, ``format="float8_e4m3fn"`` or ``"float8_e5m2"``, the OCP formats of ml_dtypes):
+    one scale per group, ``scale = max|x| / F`` (F the format's max: 448, 57344),
+    ``x̂ = fp8(x / scale) · scale`` (round to nearest even; 0 for a group of zeros). Hence
+    ``|x̂ - x| <= (ε/2)·|x| + scale·σ/2``, up to a few ULPs of |x|, with ε the format's
+    relative spacing (``finfo.eps``: 2**-3 for e4m3fn, 2**-2 for e5m2) and σ its smallest
+    subnormal (2**-9, 2**-16): the relative bound, and an absolute floor below the normal range.
+*Residual*: positions enter a full-precision residual and are held there
+    exactly. Whenever it holds more than ``residual_length`` (R) positions, its
+    oldest G positions are quantized, repeatedly. Each position is quantized once,
+    from its exact value, and never re-quantized (Hugging Face's cache re-quantizes
+    dequantized values whenever its residual fills). So after T positions, however
+    they arrived (one update of T, T updates of 1, any chunking), the first
+    ``num_quantized = G · ceil(max(0, T - R) / G)`` are quantized and the state is the same.
+    ``residual_length >= group_size`` is required.
+*Codes packed*: 8-bit codes (and float8) take one byte, 4-bit two per byte, 2-bit
+    four per byte, packed along each position's channels. With Q = ``num_quantized``,
+    T the length, b = ``nbits``, s the dtype's itemsize, per sequence of the batch:
+        codes     Q · (ceil(D_k·b/8) + ceil(D_v·b/8)) bytes
+        scales    s per group: Q/G · D for a ``"channel"`` tensor, Q · ceil(D/G) for ``"token"``
+        zeros     as many as scales (integer codes only; float8 has none)
+        residual  (T - Q) · (D_k + D_v) · s
+    and ``nbytes`` is their sum times ``prod(batch_shape)``.
+*Crop*: ``crop(length)`` keeps the first ``length`` positions exactly as they were
+    held (``update`` then returns a prefix of what it returned before); quantized
+    positions are never re-quantized, so a crop to a length in ``[num_quantized, T]`` cuts
+    the residual and one to a multiple of G below it drops whole blocks (the residual
+    goes). A length inside a quantized block would cut groups and is refused. After a crop
+    the state need not equal that of a cache given only the kept tokens: it may hold more
+    positions quantized (``num_quantized`` stays a multiple of G, and updates go on by the rule).
+
+``update(k, v)`` returns the dequantized ``K̂: [*batch_shape, T, D_k]``, ``V̂: [*batch_shape,
+T, D_v]`` (new arrays), so every decode that takes a cache (``cached_attention``, the
+batched strategies, ``multi_head_decode`` with ``batch_shape (B, H_kv)``,
+``chunked_attention``) attends exactly over K̂/V̂. :func:`attend_quantized` reads scores
+from the codes instead (``q·k̂ = Σ_c (q_c·scale_c)·code_c + Σ_c q_c·zero_c`` per group), without forming K̂ or V̂.
+
+Bad input raises and leaves the cache unchanged: TypeError for a size that is not an
+integer, a dtype other than float32/float64, k/v that are not float arrays or that the
+cache's dtype cannot hold without loss; ValueError for ``nbits`` other than 2/4/8, a float8
+format with ``nbits != 8``, an unknown format or axis, a size of 0, ``residual_length <
+group_size``, NaN/inf in k/v, shapes that do not fit (named), values whose max - min
+overflows the dtype, or a crop length that cuts a quantized block.
+"""
+
+import math
+from collections import namedtuple
+
+import numpy as np
+
+from ._validation import _as_array, as_flag, as_float_array, as_float_dtype, as_size, check_choice
+from .attention import softmax
+from .cache import Cache, as_batch_shape, check_crop
+
+AXES = ("channel", "token")
+# name -> (exponent bits, mantissa bits, finite codes >= 0): the OCP 8-bit floats; e4m3fn's 0x7F is NaN (no inf),
+# e5m2's 0x7C.. are inf and NaN (IEEE)
+FORMATS = {"float8_e4m3fn": (4, 3, 127), "float8_e5m2": (5, 2, 124)}
+
+
+def float8_values(name):
+    """The finite values >= 0 of float8 format ``name``, ``[n]`` float64, increasing: code i (bits 0..6) is value i.
+
+    Written from the OCP format (sign, E exponent bits of bias 2**(E-1) - 1, M mantissa
+    bits; subnormals at exponent 0), without inf and NaN. Sign bit 7 negates. The library
+    needs no ml_dtypes (the tests compare with its formats).
+    """
+    exponent_bits, mantissa_bits, finite = FORMATS[name]
+    bias = 2 ** (exponent_bits - 1) - 1
+    codes = np.arange(128)
+    exponent, mantissa = codes >> mantissa_bits, codes & (2**mantissa_bits - 1)
+    normal = (1 + mantissa / 2**mantissa_bits) * 2.0 ** (exponent - bias)
+    values = np.where(exponent == 0, mantissa * 2.0 ** (1 - bias - mantissa_bits), normal)
+    return values[:finite]
+
+
+def _to_float8(y, values):
+    """Codes (uint8) of ``y`` (|y| <= values[-1]) rounded to the nearest float8 value, a tie to the even code."""
+    magnitude = np.abs(y)
+    upper = np.clip(np.searchsorted(values, magnitude), 1, len(values) - 1)
+    lower = upper - 1
+    below, above = magnitude - values[lower], values[upper] - magnitude
+    code = np.where((above < below) | ((above == below) & (upper % 2 == 0)), upper, lower)
+    return (code + 128 * np.signbit(y)).astype(np.uint8)
+
+
+_Part = namedtuple("_Part", "codes scale zero residual")
+"""One tensor's state: packed codes ``[*batch, Q, bytes]``, scale and zero (None for float8)
+``[*batch, Q/G, D]`` (channel) or ``[*batch, Q, ceil(D/G)]`` (token), and the exact residual ``[*batch, T - Q, D]``."""
+
+
+class _Quantizer:
+    """The rounding of one tensor (keys or values): its axis, width, bits or float8 format, and dtype."""
+
+    def __init__(self, axis, dim, nbits, group_size, fmt, dtype):
+        self.axis, self.dim, self.nbits, self.group_size, self.dtype = axis, dim, nbits, group_size, dtype
+        self.format = fmt
+        if fmt is not None:
+            self.float8 = float8_values(fmt)
+            decoded = np.zeros(256)  # code -> value; the codes never written (NaN, inf) stay 0
+            decoded[: len(self.float8)], decoded[128 : 128 + len(self.float8)] = self.float8, -self.float8
+        else:
+            shifts = np.arange(0, 8, nbits)
+            decoded = (np.arange(256)[:, None] >> shifts) & (2**nbits - 1)  # byte -> its per_byte codes
+        self.table = decoded.reshape(256, -1).astype(dtype)  # [256, per_byte]: unpacking is one lookup
+        self.per_byte = 1 if self.format is not None else 8 // nbits
+        self.row_bytes = -(-dim // self.per_byte)  # ceil(D·b/8)
+        self.n_groups = -(-dim // group_size) if axis == "token" else dim  # scales per position (token) or per block
+
+    def grouped(self, x):
+        """``x: [..., Q, D]`` with each group on the last axis: ``[..., Q/G, D, G]`` (channel) or ``[..., Q, n_g, G]``."""
+        lead, g = x.shape[:-2], self.group_size
+        if self.axis == "channel":
+            return x.reshape(lead + (x.shape[-2] // g, g, self.dim)).swapaxes(-1, -2)  # [..., Q/G, D, G]
+        pad = self.n_groups * g - self.dim  # the last run repeats its last channel: its min, max and absmax are kept
+        x = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)], mode="edge") if pad else x
+        return x.reshape(x.shape[:-1] + (self.n_groups, g))  # [..., Q, n_g, G]
+
+    def ungrouped(self, xg):
+        """The inverse of :meth:`grouped`: ``[..., Q, D]``."""
+        if self.axis == "channel":
+            xg = xg.swapaxes(-1, -2)  # [..., Q/G, G, D]
+            return xg.reshape(xg.shape[:-3] + (xg.shape[-3] * self.group_size, self.dim))
+        return xg.reshape(xg.shape[:-2] + (self.n_groups * self.group_size,))[..., : self.dim]
+
+    def quantize(self, x):
+        """``x: [..., Q, D]`` (Q a multiple of G) -> ``(codes, scale, zero)`` as :data:`_Part` holds them."""
+        xg = self.grouped(x)  # groups on the last axis
+        if self.format is not None:
+            fmax = float(self.float8[-1])
+            scale = np.abs(xg).max(axis=-1) / fmax
+            safe = np.where(scale > 0, scale, 1)[..., None]
+            codes = _to_float8(np.clip(xg / safe, -fmax, fmax), self.float8)  # clipped: a rounding past the max
+            return self.ungrouped(codes), scale, None
+        levels = 2**self.nbits - 1
+        lo, hi = xg.min(axis=-1), xg.max(axis=-1)
+        with np.errstate(over="ignore"):
+            scale = (hi - lo) / levels
+        if not np.isfinite(scale).all():
+            raise ValueError(f"k or v too large to quantize in {self.dtype}: max - min of a group overflows (or is NaN)")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = (xg - lo[..., None]) / scale[..., None]
+        codes = np.where(scale[..., None] > 0, np.clip(np.rint(ratio), 0, levels), 0).astype(np.uint8)
+        return self.pack(self.ungrouped(codes)), scale, lo
+
+    def pack(self, codes):
+        """``[..., Q, D]`` uint8 codes < 2**nbits -> ``[..., Q, ceil(D·b/8)]``, channel i in bits (i % per_byte)·b."""
+        if self.per_byte == 1:
+            return codes
+        pad = self.row_bytes * self.per_byte - self.dim
+        codes = np.pad(codes, [(0, 0)] * (codes.ndim - 1) + [(0, pad)]) if pad else codes
+        codes = codes.reshape(codes.shape[:-1] + (self.row_bytes, self.per_byte))
+        shifts = np.arange(0, 8, self.nbits, dtype=np.uint8)
+        return np.bitwise_or.reduce(codes << shifts, axis=-1).astype(np.uint8)
+
+    def codes(self, packed):
+        """The codes of ``packed: [..., Q, bytes]`` as the dtype, ``[..., Q, D]``: integers, or float8 values."""
+        codes = self.table[packed]  # [..., Q, bytes, per_byte]
+        return codes.reshape(packed.shape[:-1] + (self.row_bytes * self.per_byte,))[..., : self.dim]
+
+    def expanded(self, per_group):
+        """A scale or zero per group -> one per element, ``[..., Q, D]``."""
+        if self.axis == "channel":
+            return np.repeat(per_group, self.group_size, axis=-2)
+        return np.repeat(per_group, self.group_size, axis=-1)[..., : self.dim]
+
+    def dequantize(self, part):
+        """``x̂ = code · scale + zero`` of the quantized positions and the residual: ``[..., T, D]``."""
+        held = self.codes(part.codes) * self.expanded(part.scale)
+        if part.zero is not None:
+            held += self.expanded(part.zero)
+        return np.concatenate([held, part.residual], axis=-2)
+
+
+def _concat(old, new):
+    return None if old is None else np.concatenate([old, new], axis=-2)
+
+
+class QuantizedCache(Cache):
+    """A K/V cache of ``[*batch_shape, T, k_dim]`` keys and ``[*batch_shape, T, v_dim]`` values held quantized.
+
+    The contract (groups, rounding, float8, residual, packing, crop) is the module's.
+    ``batch_shape``: e.g. ``()``, ``(B,)`` or ``(B, H_kv)``; ``k_dim``, ``v_dim``, ``group_size``
+    and ``residual_length`` are integers >= 1, ``residual_length >= group_size``;
+    ``nbits`` 2, 4 or 8; ``key_axis``, ``value_axis`` ``"channel"`` or ``"token"``;
+    ``format`` None (integer codes) or a float8 format (``nbits=8``); ``dtype`` float32
+    or float64 (scales, zeros, the residual and what ``update`` returns). Unbounded, as a
+    DynamicCache: each update allocates new arrays.
+    """
+
+    def __init__(self, batch_shape, k_dim, v_dim, *, nbits=4, group_size=32, residual_length=32,
+                 key_axis="channel", value_axis="token", dtype=np.float64, format=None):
+        batch_shape = as_batch_shape(batch_shape)
+        k_dim, v_dim = as_size("k_dim", k_dim, minimum=1), as_size("v_dim", v_dim, minimum=1)
+        group_size = as_size("group_size", group_size, minimum=1)
+        residual_length = as_size("residual_length", residual_length, minimum=1)
+        if residual_length < group_size:
+            raise ValueError(f"residual_length must be >= group_size, got {residual_length} < {group_size}")
+        nbits = as_size("nbits", nbits)
+        if nbits not in (2, 4, 8):
+            raise ValueError(f"nbits must be 2, 4 or 8, got {nbits}")
+        if format is not None:
+            check_choice("format", format, tuple(FORMATS))
+            if nbits != 8:
+                raise ValueError(f"format={format!r} takes nbits=8, got nbits={nbits}")
+        check_choice("key_axis", key_axis, AXES)
+        check_choice("value_axis", value_axis, AXES)
+        dtype = as_float_dtype(dtype)
+        self.batch_shape, self.k_dim, self.v_dim, self.dtype = batch_shape, k_dim, v_dim, dtype
+        self.nbits, self.group_size, self.residual_length, self.format = nbits, group_size, residual_length, format
+        self.key_axis, self.value_axis = key_axis, value_axis
+        self._quantizers = (_Quantizer(key_axis, k_dim, nbits, group_size, format, dtype),
+                            _Quantizer(value_axis, v_dim, nbits, group_size, format, dtype))
+        self._parts = self._empty()
+
+    def _empty(self):
+        parts = []
+        for quantizer in self._quantizers:
+            codes = np.zeros(self.batch_shape + (0, quantizer.row_bytes), np.uint8)
+            scale = np.zeros(self.batch_shape + (0, quantizer.n_groups), self.dtype)
+            zero = None if quantizer.format is not None else scale.copy()
+            parts.append(_Part(codes, scale, zero, np.zeros(self.batch_shape + (0, quantizer.dim), self.dtype)))
+        return tuple(parts)
+
+    def __repr__(self):
+        kind = self.format or f"{self.nbits}-bit"
+        return (f"QuantizedCache(batch_shape={self.batch_shape}, k_dim={self.k_dim}, v_dim={self.v_dim}, {kind}, "
+                f"group_size={self.group_size}, residual_length={self.residual_length}, key_axis={self.key_axis!r}, "
+                f"value_axis={self.value_axis!r}, dtype={self.dtype}, seq_length={self.get_seq_length()}, "
+                f"num_quantized={self.num_quantized})")
+
+    def _check_new(self, k, v, check_finite):
+        """``k: [*batch_shape, T_new, k_dim]``, ``v: [*batch_shape, T_new, v_dim]`` as arrays of the cache's dtype."""
+        if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
+            raise TypeError(f"k and v must be numpy arrays, got {type(k).__name__}, {type(v).__name__}")
+        as_array = as_float_array if as_flag("check_finite", check_finite) else _as_array
+        k, v = as_array("k", k), as_array("v", v)
+        for name, array in (("k", k), ("v", v)):
+            if not np.can_cast(array.dtype, self.dtype, casting="safe"):
+                raise TypeError(f"{name} is {array.dtype}, which the cache's {self.dtype} cannot hold without loss")
+        t_new = k.shape[-2] if k.ndim >= 2 else -1
+        expected_k, expected_v = self.batch_shape + (t_new, self.k_dim), self.batch_shape + (t_new, self.v_dim)
+        if k.shape != expected_k or v.shape != expected_v:
+            lead = ", ".join(map(str, self.batch_shape + ("T_new",)))
+            raise ValueError(
+                f"k {k.shape} and v {v.shape} do not fit the cache: they must be [{lead}, {self.k_dim}] "
+                f"and [{lead}, {self.v_dim}]"
+            )
+        return k.astype(self.dtype, copy=False), v.astype(self.dtype, copy=False)
+
+    def store(self, k, v, *, check_finite=True):
+        """:meth:`update` without returning K̂/V̂ (for :func:`attend_quantized`); returns None."""
+        k, v = self._check_new(k, v, check_finite)
+        held = self._parts[0].residual.shape[-2] + k.shape[-2]
+        n_new = self.group_size * math.ceil(max(0, held - self.residual_length) / self.group_size)
+        parts = []
+        for part, quantizer, new in zip(self._parts, self._quantizers, (k, v)):
+            residual = np.concatenate([part.residual, new], axis=-2)  # [..., T - Q + T_new, D]
+            if n_new == 0:
+                parts.append(part._replace(residual=residual))
+                continue
+            codes, scale, zero = quantizer.quantize(residual[..., :n_new, :])  # may raise: nothing assigned yet
+            parts.append(_Part(np.concatenate([part.codes, codes], axis=-2), np.concatenate([part.scale, scale], axis=-2),
+                               _concat(part.zero, zero), residual[..., n_new:, :].copy()))
+        self._parts = tuple(parts)
+
+    def update(self, k, v, *, check_finite=True):
+        """Store ``k: [*batch_shape, T_new, k_dim]``, ``v: [*batch_shape, T_new, v_dim]``; return ``(K̂, V̂)`` so far.
+
+        ``K̂: [*batch_shape, T, k_dim]``, ``V̂: [*batch_shape, T, v_dim]`` in the cache's dtype, new arrays.
+        ``check_finite=False`` skips the scan for NaN/inf (a NaN then spoils its whole group, and
+        a quantized group with one is refused as too large).
+        """
+        self.store(k, v, check_finite=check_finite)
+        return self.dequantize()
+
+    def dequantize(self):
+        """``(K̂, V̂)``: every held position as the cache holds it, ``[*batch_shape, T, D]`` each (new arrays)."""
+        return tuple(q.dequantize(part) for q, part in zip(self._quantizers, self._parts))
+
+    @property
+    def k_cache(self):
+        """K̂ ``[*batch_shape, T, k_dim]``, dequantized at each access (a decode reads its shape and dtype)."""
+        return self._quantizers[0].dequantize(self._parts[0])
+
+    @property
+    def v_cache(self):
+        """V̂ ``[*batch_shape, T, v_dim]``, dequantized at each access."""
+        return self._quantizers[1].dequantize(self._parts[1])
+
+    def get_seq_length(self):
+        """Number of positions held, quantized and residual (int)."""
+        part = self._parts[0]
+        return part.codes.shape[-2] + part.residual.shape[-2]
+
+    @property
+    def num_quantized(self):
+        """Number of positions held quantized, the first ones (int, a multiple of group_size)."""
+        return self._parts[0].codes.shape[-2]
+
+    def crop(self, length):
+        """Keep the first ``length`` positions as they are held (the module's *Crop*).
+
+        ``length`` in ``[num_quantized, T]``, or a multiple of group_size below
+        num_quantized; ValueError for a length inside a quantized block.
+        """
+        length = check_crop(length, self.get_seq_length())
+        held, g = self.num_quantized, self.group_size
+        if length < held and length % g:
+            raise ValueError(
+                f"crop length {length} cuts a quantized block of group_size={g}: positions 0..{held - 1} are "
+                f"quantized in blocks of {g}; crop to a length in [{held}, {self.get_seq_length()}] or to a "
+                f"multiple of {g}"
+            )
+        parts = []
+        for part, quantizer in zip(self._parts, self._quantizers):
+            if length >= held:
+                parts.append(part._replace(residual=part.residual[..., : length - held, :].copy()))
+                continue
+            rows = length // g if quantizer.axis == "channel" else length  # scale rows kept
+            parts.append(_Part(part.codes[..., :length, :].copy(), part.scale[..., :rows, :].copy(),
+                               None if part.zero is None else part.zero[..., :rows, :].copy(),
+                               part.residual[..., :0, :].copy()))
+        self._parts = tuple(parts)
+
+    def snapshot(self):
+        """The state, for ``rolled_back_on_error``: its arrays are replaced, never written, so references suffice.
+
+        (The base's default, a crop back to the length, cannot undo a block quantized since.)
+        """
+        return self._parts
+
+    def restore(self, snapshot):
+        """Put back a :meth:`snapshot`."""
+        self._parts = snapshot
+
+    @property
+    def nbytes(self):
+        """Bytes held: codes, scales, zeros and the residual (the module's formula; int)."""
+        return sum(a.nbytes for part in self._parts for a in part if a is not None)
+
+
+def attend_quantized(q, cache, *, check_finite=True):
+    """``softmax(q K̂ᵀ / sqrt(D_k)) V̂`` over every position of ``cache``, read from its codes.
+
+    ``q: [*batch_shape, C, k_dim]`` in the cache's dtype -> ``[*batch_shape, C, v_dim]``.
+    Keys per channel: block j's scores are ``(q · scale_j) @ codes_jᵀ + q @ zero_jᵀ``, one
+    batched matmul of scaled queries against the codes; values per token: group g's output
+    is ``(p · scale_g) @ codes_g + p @ zero_g``; the residual is attended as it is. K̂ and V̂
+    are never formed (the codes are unpacked, as the dtype, by one lookup in a 256-entry table of a byte's codes).
+    Equal to ``attend(q, *cache.dequantize())`` up to rounding. Needs a cache of keys per
+    channel and values per token (KIVI's layout; ValueError otherwise) holding >= 1 position;
+    TypeError for a q that is not an array of the cache's dtype, ValueError for its shape.
+    No mask: every held position is attended to (a decode step's query is the last position).
+    ``check_finite`` (default True): refuse NaN/inf in q (ValueError); False skips that scan.
+    """
+    if not isinstance(cache, QuantizedCache):
+        raise TypeError(f"cache must be a QuantizedCache, got {type(cache).__name__}")
+    if (cache.key_axis, cache.value_axis) != ("channel", "token"):
+        raise ValueError(f"attend_quantized reads keys per channel and values per token, the cache has key_axis="
+                         f"{cache.key_axis!r}, value_axis={cache.value_axis!r}; attend over cache.dequantize() instead")
+    if cache.get_seq_length() == 0:
+        raise ValueError("attend_quantized needs a cache holding at least one position, got an empty cache")
+    q = (as_float_array if as_flag("check_finite", check_finite) else _as_array)("q", q)
+    if q.dtype != cache.dtype:
+        raise TypeError(f"q is {q.dtype} but the cache holds {cache.dtype}")
+    if q.ndim < 2 or q.shape[:-2] != cache.batch_shape or q.shape[-1] != cache.k_dim:
+        lead = ", ".join(map(str, cache.batch_shape + ("C",)))
+        raise ValueError(f"q {q.shape} does not fit the cache: it must be [{lead}, {cache.k_dim}]")
+    (k_quantizer, v_quantizer), (k_part, v_part) = cache._quantizers, cache._parts
+    scores = np.concatenate([_key_scores(q, k_quantizer, k_part), q @ k_part.residual.swapaxes(-1, -2)], axis=-1)
+    p = softmax(scores * (1.0 / math.sqrt(cache.k_dim)))  # [..., C, T]
+    held = cache.num_quantized
+    return _value_output(p[..., :held], v_quantizer, v_part) + p[..., held:] @ v_part.residual  # [..., C, D_v]
+
+
+def _key_scores(q, quantizer, part):
+    """``q · k̂`` of the quantized positions from per-channel codes: ``q: [..., C, D]`` -> ``[..., C, Q]``."""
+    codes = quantizer.codes(part.codes)  # [..., Q, D]
+    codes = codes.reshape(codes.shape[:-2] + (-1, quantizer.group_size, quantizer.dim))  # [..., n, G, D]
+    scaled = q[..., None, :, :] * part.scale[..., :, None, :]  # [..., n, C, D]
+    scores = scaled @ codes.swapaxes(-1, -2)  # [..., n, C, G]
+    if part.zero is not None:
+        scores += (q @ part.zero.swapaxes(-1, -2)).swapaxes(-1, -2)[..., None]  # Σ_c q_c·zero_c, [..., n, C, 1]
+    scores = np.moveaxis(scores, -3, -2)  # [..., C, n, G]
+    return scores.reshape(scores.shape[:-2] + (-1,))  # [..., C, Q]
+
+
+def _value_output(p, quantizer, part):
+    """``p @ V̂`` of the quantized positions from per-token codes: ``p: [..., C, Q]`` -> ``[..., C, D_v]``."""
+    g, n_groups = quantizer.group_size, quantizer.n_groups
+    codes = quantizer.codes(part.codes)  # [..., Q, D]
+    pad = n_groups * g - quantizer.dim
+    codes = np.pad(codes, [(0, 0)] * (codes.ndim - 1) + [(0, pad)]) if pad else codes  # [..., Q, n_g·G]
+    codes = np.moveaxis(codes.reshape(codes.shape[:-1] + (n_groups, g)), -2, -3)  # [..., n_g, Q, G]
+    weighted = p[..., None, :, :] * np.moveaxis(part.scale, -1, -2)[..., :, None, :]  # [..., n_g, C, Q]
+    out = np.moveaxis(weighted @ codes, -3, -2)  # [..., C, n_g, G]
+    if part.zero is not None:
+        out += (p @ part.zero)[..., None]  # Σ_s p_s·zero_s per group, [..., C, n_g, 1]
+    return out.reshape(out.shape[:-2] + (-1,))[..., : quantizer.dim]  # [..., C, D_v]

@@ -1,0 +1,62 @@
+"""The quantized cache's figure: max abs error against bytes per position, one point per configuration.
+
+One point per kind (int2, int4, int8, float8_e4m3fn, float8_e5m2) and length T of
+``bench_quantized.QuantizedAccuracy``: the cache's bytes per position after a T-step decode of
+the suite's problem, and the output's max abs error against exact float64 attention. Beside
+them, as vertical lines, the bit widths the anchors publish, at the bytes their codes alone
+take per position of that problem (D_k + D_v = 128 elements, so 16 bytes a bit; their scales,
+zeros and residual come on top, as ours do in the points):
+Hugging Face's ``QuantizedCache`` (quanto: 2 and 4 bits; HQQ: 1, 2, 3, 4 and 8; by default
+q_group_size 64 and residual_length 128) and KIVI (Liu et al. 2024: 2 and 4 bits, group 32,
+residual 128); and the float64 cache's 1024 bytes.
+"""
+
+import math
+
+from ..results import is_number
+
+BYTES_BENCHMARK = "bench_quantized.QuantizedAccuracy.track_bytes_per_position"
+ERROR_BENCHMARK = "bench_quantized.QuantizedAccuracy.track_max_abs_error"
+ELEMENTS_PER_POSITION = 128  # D_k + D_v of the suite's problem (64 + 64)
+FLOAT64_BYTES = ELEMENTS_PER_POSITION * 8
+PUBLISHED = {"KIVI": (2, 4), "HF QuantizedCache, quanto": (2, 4), "HF QuantizedCache, HQQ": (1, 2, 3, 4, 8)}
+PUBLISHED_STYLE = {"KIVI": ":", "HF QuantizedCache, quanto": "--", "HF QuantizedCache, HQQ": "-."}
+
+
+def points(run):
+    """``{kind: [(T, bytes per position, max abs error)]}`` of the run's measured points, by T."""
+    found = {}
+    for (benchmark, params), point in run.points.items():
+        if benchmark != BYTES_BENCHMARK or not is_number(point.value):
+            continue
+        error = run.value(ERROR_BENCHMARK, **dict(params))
+        if is_number(error):
+            found.setdefault(dict(params)["kind"], []).append((dict(params)["T"], point.value, error))
+    return {kind: sorted(rows) for kind, rows in found.items()}
+
+
+def error_vs_bytes(plt, run, title, lab):
+    """The figure (``lab`` is unused: the lab published nothing on quantized caches)."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    measured = points(run)
+    for kind, rows in measured.items():
+        ax.plot([b for _, b, _ in rows], [e for _, _, e in rows], marker="o", label=kind)
+        for t, b, e in rows:
+            ax.annotate(f"T={t}", (b, e), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    for name, widths in PUBLISHED.items():
+        for i, bits in enumerate(widths):
+            ax.axvline(bits * ELEMENTS_PER_POSITION / 8, color="grey", linestyle=PUBLISHED_STYLE[name], alpha=0.7,
+                       label=f"{name}: {', '.join(map(str, widths))} bits (codes only)" if i == 0 else None)
+    ax.axvline(FLOAT64_BYTES, color="black", alpha=0.5, label="float64 cache (error 0)")
+    ax.set_xscale("log", base=2)
+    errors = [e for rows in measured.values() for _, _, e in rows]
+    if errors and all(e > 0 and math.isfinite(e) for e in errors):
+        ax.set_yscale("log")
+    if not errors:
+        ax.text(0.5, 0.5, "no measured points", transform=ax.transAxes, ha="center")
+    ax.set(xlabel="bytes per position (K and V, D = 64 each)", ylabel="max abs error of the attention output",
+           title="quantized KV cache, group 32, residual 32")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.suptitle(f"Quantized cache: error vs bytes — {title}")
+    return fig
