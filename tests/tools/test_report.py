@@ -227,7 +227,8 @@ def test_every_experiment_is_defined_once_with_its_table_and_the_suites_benchmar
 
     assert list(tables.TABLES) == list(EXPERIMENTS) and command.EXPERIMENTS is EXPERIMENTS
     assert EXPERIMENTS == {"cache": CACHE, "batch": BATCH, "batch_size": SWEEP, "heads": HEADS, "ragged": RAGGED,
-                           "roofline": "bench_roofline.Roofline.track_ratio"}  # roofline: no timing, its fraction
+                           "roofline": "bench_roofline.Roofline.track_ratio",  # roofline: no timing, its fraction
+                           "quantized": "bench_quantized.QuantizedDecode.time_decode"}
     assert [samples._experiment(timing) for timing in EXPERIMENTS.values()] == list(EXPERIMENTS)
     assert samples._experiment("bench_split.SplitDecode.time_decode") == "split"
     assert set(STRATEGIES) == {"cache", "batch", "ragged"}  # heads has paths (common.HEADS_PATHS), not strategies

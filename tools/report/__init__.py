@@ -17,4 +17,5 @@ EXPERIMENTS = {
     "heads": "bench_heads.HeadsDecode.time_decode",
     "ragged": "bench_ragged.RaggedDecode.time_decode",
     "roofline": "bench_roofline.Roofline.track_ratio",  # no timing: its paired bandwidth fraction
+    "quantized": "bench_quantized.QuantizedDecode.time_decode",
 }

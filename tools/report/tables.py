@@ -33,15 +33,19 @@ in separate processes at different times, an :class:`Unpaired` shown marked:
 import datetime
 from dataclasses import dataclass
 
-from benchmarks import bench_batch, bench_cache, bench_heads, bench_ragged, bench_roofline
+from benchmarks import bench_batch, bench_cache, bench_heads, bench_quantized, bench_ragged, bench_roofline
 from benchmarks.common import BATCH, LENGTHS, STRATEGIES, SWEEP_BATCH_SIZES, SWEEP_LENGTH
 
 from ..common import UserError
 from ..results import FAILED, SKIPPED, is_number, param_sort_key, short
 from . import EXPERIMENTS
 
-CACHE_BENCHMARK, BATCH_BENCHMARK, SWEEP_BENCHMARK, HEADS_BENCHMARK, RAGGED_BENCHMARK, ROOFLINE_PAIRED = (
-    EXPERIMENTS.values())  # ROOFLINE_PAIRED: the bandwidth fraction; its interval: + "_low", + "_high"
+(CACHE_BENCHMARK, BATCH_BENCHMARK, SWEEP_BENCHMARK, HEADS_BENCHMARK, RAGGED_BENCHMARK, ROOFLINE_PAIRED,
+ QUANTIZED_BENCHMARK) = EXPERIMENTS.values()  # ROOFLINE_PAIRED: the bandwidth fraction; its interval: + "_low", + "_high"
+QUANTIZED_BYTES = "bench_quantized.QuantizedAccuracy.track_bytes_per_position"
+QUANTIZED_ERROR = "bench_quantized.QuantizedAccuracy.track_max_abs_error"
+QUANTIZED_PAIRED = "bench_quantized.QuantizedRatios.track_ratio"  # the decode over a DynamicCache's
+FUSED_PAIRED = "bench_quantized.FusedRatios.track_ratio"  # one step from the codes over dequantize-then-attend
 ROOFLINE_RATES = {"step GB/s": "bench_roofline.Roofline.track_step_gbps",
                   "read GB/s": "bench_roofline.Roofline.track_read_gbps"}
 ROOFLINE_BYTES = "bench_roofline.RooflineBytes.track_bytes_read"
@@ -56,7 +60,8 @@ HEADS_PAIRED = "bench_heads.HeadsRatios.track_ratio"
 RAGGED_PAIRED = "bench_ragged.RaggedRatios.track_ratio"
 PAIRED_BENCHMARKS = {CACHE_PAIRED: bench_cache.CacheRatios, BATCH_PAIRED: bench_batch.BatchRatios,
                      SWEEP_PAIRED: bench_batch.BatchSizeRatios, HEADS_PAIRED: bench_heads.HeadsRatios,
-                     RAGGED_PAIRED: bench_ragged.RaggedRatios}
+                     RAGGED_PAIRED: bench_ragged.RaggedRatios, QUANTIZED_PAIRED: bench_quantized.QuantizedRatios,
+                     FUSED_PAIRED: bench_quantized.FusedRatios}
 PAIRED_NOTE = ("Ratios: the median of per-pair ratios of the two decodes timed in turns in one process, "
                "[its 95 % interval]; (unpaired): the ratio of asv's medians, taken in separate processes.")
 CACHE_RATIOS = ("no_cache", "concat")  # each over preallocated: what recomputing, and what concatenating, costs
@@ -72,7 +77,9 @@ KNOWN_PARAM_NAMES = {CACHE_BENCHMARK: bench_cache.CacheStrategy.param_names,
                      **{name + end: cls.param_names for name, cls in PAIRED_BENCHMARKS.items()
                         for end in ("", "_low", "_high")},
                      **dict.fromkeys((ROOFLINE_PAIRED, ROOFLINE_PAIRED + "_low", ROOFLINE_PAIRED + "_high",
-                                      *ROOFLINE_RATES.values(), ROOFLINE_BYTES), bench_roofline.PARAM_NAMES)}
+                                      *ROOFLINE_RATES.values(), ROOFLINE_BYTES), bench_roofline.PARAM_NAMES),
+                     **dict.fromkeys((QUANTIZED_BENCHMARK, QUANTIZED_BYTES, QUANTIZED_ERROR),
+                                     bench_quantized.QuantizedDecode.param_names)}
 
 
 class Paired(float):
@@ -287,11 +294,37 @@ def roofline_table(run):
                  ("shape", "T", "B", "path"), kinds, rows, note)
 
 
+def quantized_table(run):
+    """Quantized cache: per kind, bytes per position and error (exact), the decode's time and paired ratios."""
+    rows = []
+    t_len = max(bench_quantized.LENGTHS)
+    for kind in _keys(run, QUANTIZED_BYTES, "kind", list(bench_quantized.KINDS)):
+        point = {"T": t_len, "kind": kind}
+        rows.append(((kind,), {
+            "bytes / position": run.value(QUANTIZED_BYTES, **point),
+            "max abs error": run.value(QUANTIZED_ERROR, **point),
+            "decode / ms": run.value(QUANTIZED_BENCHMARK, **point),
+            "decode / DynamicCache": paired(run, QUANTIZED_PAIRED, SKIPPED, **point),
+            **{f"from the codes, T = {t}": paired(run, FUSED_PAIRED, SKIPPED, T=t, kind=kind)
+               for t in bench_quantized.STEP_LENGTHS},
+        }))
+    kinds = {"bytes / position": "count", "max abs error": "error", "decode / ms": "ms",
+             "decode / DynamicCache": "ratio",
+             **{f"from the codes, T = {t}": "ratio" for t in bench_quantized.STEP_LENGTHS}}
+    note = (f"A {t_len}-step decode of the suite's problem (float64, D = 64; a float64 cache holds 1024 bytes a "
+            "position) through a QuantizedCache of group 32 and residual 32: its bytes per position and the max abs "
+            "error of the output against exact attention (exact figures), its time, and its paired ratio over a "
+            "DynamicCache decode. from the codes: one attention step over a cache of T positions, scores and output "
+            "read from the codes, over dequantize-then-attend. " + PAIRED_NOTE)
+    return Table(f"Quantized KV cache at T = {t_len}", ("kind",), kinds, rows, note)
+
+
 TABLES = {"cache": cache_table, "batch": batch_table, "batch_size": batch_size_table, "heads": heads_table,
-          "ragged": ragged_table, "roofline": roofline_table}  # one per experiment of EXPERIMENTS, in its order
+          "ragged": ragged_table, "roofline": roofline_table,
+          "quantized": quantized_table}  # one per experiment of EXPERIMENTS, in its order
 # Tables shown by default only where the run measured their benchmark (the last in TABLES, so that two runs'
 # default lists align where they share a table): a commit from before the roofline experiment prints no page of n/a.
-OPTIONAL = {"roofline": ROOFLINE_BYTES}
+OPTIONAL = {"roofline": ROOFLINE_BYTES, "quantized": QUANTIZED_BYTES}
 
 
 def all_tables(run, experiments=None):
@@ -312,6 +345,7 @@ FORMATS = {  # cell kind -> text of a number (seconds, ratio, rate, bytes or cou
     "bytes": lambda v: f"{v / 2**20:,.2f} MiB",
     "fraction": lambda v: f"{100 * v:.1f}%",  # its interval reads [34.1, 37.5]
     "gbps": lambda v: f"{v:.2f}",
+    "error": lambda v: f"{v:.2g}",
 }
 
 
@@ -372,7 +406,7 @@ def render_compare(base_table, head_table, base_label, head_label):
 # What a figure of each cell kind says when two machines are compared (report tables --machine A --machine B).
 ACROSS_MACHINES = {"ratio": "comparable", "ratio3": "comparable", "count": "exact", "bytes": "exact",
                    "ms": "machine-bound", "us": "machine-bound", "rate": "machine-bound",
-                   "fraction": "comparable", "gbps": "machine-bound"}
+                   "fraction": "comparable", "gbps": "machine-bound", "error": "exact"}
 MACHINES_NOTE = ("Each row is one figure of the lab's tables at the same commit, one column per machine, and each "
                  "later machine's figure over the first's. Only the dimensionless figures (`comparable`: "
                  "no_cache / preallocated, concat / preallocated, speedup, scaling, repeat_kv / grouped, "
