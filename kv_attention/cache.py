@@ -110,7 +110,32 @@ class _UserCache(Cache):
         self.cache = cache
 
     def update(self, k, v):
-        return self.cache.update(k, v)
+        """The user's ``update``, held to a full cache's contract: it returns every position, as ``k`` and ``v`` are.
+
+        TypeError or ValueError naming what it returned otherwise (fewer positions, as a cache
+        keeping a window would, another dtype, layout or width), so a decode never attends to
+        what it did not mean to.
+        """
+        length = self.cache.get_seq_length() + k.shape[-2]  # a full cache holds what it held and the new positions
+        returned = self.cache.update(k, v)
+        if not (isinstance(returned, tuple) and len(returned) == 2
+                and all(type(a) is np.ndarray for a in returned)):
+            raise TypeError(f"cache.update must return (k, v), two numpy arrays, got {returned!r:.200}")
+        k_all, v_all = returned
+        if self.cache.get_seq_length() != length:
+            raise ValueError(f"cache.get_seq_length() is {self.cache.get_seq_length()} after an update of "
+                             f"{k.shape[-2]} positions, not {length}: a cache given to a decode must hold every position")
+        for name, new, held in (("k", k, k_all), ("v", v, v_all)):
+            expected = new.shape[:-2] + (length, new.shape[-1])
+            if held.dtype != new.dtype:
+                raise TypeError(f"cache.update returned {name} of {held.dtype} for {name} of {new.dtype}")
+            if held.shape != expected:
+                raise ValueError(
+                    f"cache.update returned {name} {held.shape}, but a cache given to a decode must return every "
+                    f"position it holds, {expected}; a cache that keeps a window must "
+                    "subclass kv_attention.Cache and state its window"
+                )
+        return k_all, v_all
 
     def get_seq_length(self):
         return self.cache.get_seq_length()

@@ -13,7 +13,12 @@ al. 2024) do, with a contract a test can hold each position to:
     ``scale = (max - min) / (2**nbits - 1)``, ``zero = min``,
     ``code = clip(round((x - min) / scale), 0, 2**nbits - 1)`` (round half to even),
     ``x̂ = code · scale + zero``; a constant group (scale 0) has code 0 and is held exactly.
-    Hence ``|x̂ - x| <= scale / 2`` for every element, up to a few ULPs of the group's max |x|.
+    Hence ``|x̂ - x| <= scale / 2`` for every element, up to a few ULPs of the group's max |x|,
+    where the scale is a normal number of the dtype (a group spanning less than about
+    ``(2**nbits - 1)·tiny`` has a subnormal scale and only the dtype's absolute spacing there).
+*Range*: every held value has ``|x| <= max / 4`` of the dtype (4.5e307 in float64), so that
+    ``max - min`` of a group and ``code · scale + zero`` cannot overflow; ``update`` refuses a
+    larger one (ValueError), as it refuses NaN/inf, in the call that brings it.
 *Float8* (``nbits=8``, ``format="float8_e4m3fn"`` or ``"float8_e5m2"``, the OCP formats of ml_dtypes):
     one scale per group, ``scale = max|x| / F`` (F the format's max: 448, 57344),
     ``x̂ = fp8(x / scale) · scale`` (round to nearest even; 0 for a group of zeros). Hence
@@ -63,7 +68,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from ._validation import _as_array, as_flag, as_float_array, as_float_dtype, as_size, check_choice
+from ._validation import _as_array, as_flag, as_float_array, as_float_dtype, as_size, check_choice, check_finite_output
 from .attention import softmax
 from .cache import Cache, as_batch_shape, check_crop
 
@@ -211,7 +216,9 @@ class QuantizedCache(Cache):
         residual_length = as_size("residual_length", residual_length, minimum=1)
         if residual_length < group_size:
             raise ValueError(f"residual_length must be >= group_size, got {residual_length} < {group_size}")
-        nbits = as_size("nbits", nbits)
+        if isinstance(nbits, bool) or not isinstance(nbits, (int, np.integer)):
+            raise TypeError(f"nbits must be an integer, 2, 4 or 8, got {nbits!r}")
+        nbits = int(nbits)
         if nbits not in (2, 4, 8):
             raise ValueError(f"nbits must be 2, 4 or 8, got {nbits}")
         if format is not None:
@@ -248,11 +255,12 @@ class QuantizedCache(Cache):
         """``k: [*batch_shape, T_new, k_dim]``, ``v: [*batch_shape, T_new, v_dim]`` as arrays of the cache's dtype."""
         if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
             raise TypeError(f"k and v must be numpy arrays, got {type(k).__name__}, {type(v).__name__}")
-        as_array = as_float_array if as_flag("check_finite", check_finite) else _as_array
-        k, v = as_array("k", k), as_array("v", v)
-        for name, array in (("k", k), ("v", v)):
-            if not np.can_cast(array.dtype, self.dtype, casting="safe"):
-                raise TypeError(f"{name} is {array.dtype}, which the cache's {self.dtype} cannot hold without loss")
+        check_finite = as_flag("check_finite", check_finite)
+        k, v = (as_float_array if check_finite else _as_array)("k", k), (as_float_array if check_finite else _as_array)("v", v)
+        if k.dtype != v.dtype:
+            raise TypeError(f"k and v must both be float32 or both float64, got {k.dtype} and {v.dtype}")
+        if not np.can_cast(k.dtype, self.dtype, casting="safe"):
+            raise TypeError(f"k is {k.dtype}, which the cache's {self.dtype} cannot hold without loss")
         t_new = k.shape[-2] if k.ndim >= 2 else -1
         expected_k, expected_v = self.batch_shape + (t_new, self.k_dim), self.batch_shape + (t_new, self.v_dim)
         if k.shape != expected_k or v.shape != expected_v:
@@ -261,6 +269,12 @@ class QuantizedCache(Cache):
                 f"k {k.shape} and v {v.shape} do not fit the cache: they must be [{lead}, {self.k_dim}] "
                 f"and [{lead}, {self.v_dim}]"
             )
+        if check_finite:
+            limit = float(np.finfo(self.dtype).max) / 4
+            for name, array in (("k", k), ("v", v)):
+                if array.size and float(np.abs(array).max()) > limit:
+                    raise ValueError(f"{name} holds |x| = {float(np.abs(array).max()):.3g}, beyond max / 4 = "
+                                     f"{limit:.3g} of {self.dtype} that a quantized cache holds (the module's Range)")
         return k.astype(self.dtype, copy=False), v.astype(self.dtype, copy=False)
 
     def store(self, k, v, *, check_finite=True):
@@ -283,8 +297,9 @@ class QuantizedCache(Cache):
         """Store ``k: [*batch_shape, T_new, k_dim]``, ``v: [*batch_shape, T_new, v_dim]``; return ``(K̂, V̂)`` so far.
 
         ``K̂: [*batch_shape, T, k_dim]``, ``V̂: [*batch_shape, T, v_dim]`` in the cache's dtype, new arrays.
-        ``check_finite=False`` skips the scan for NaN/inf (a NaN then spoils its whole group, and
-        a quantized group with one is refused as too large).
+        ``check_finite=False`` skips the scan for NaN/inf and the range (the caller vouches for
+        them: a NaN then spoils its whole group; with integer codes a quantized group holding one
+        is refused as too large, with float8 it is stored).
         """
         self.store(k, v, check_finite=check_finite)
         return self.dequantize()
@@ -346,7 +361,13 @@ class QuantizedCache(Cache):
         return self._parts
 
     def restore(self, snapshot):
-        """Put back a :meth:`snapshot`."""
+        """Put back a :meth:`snapshot` of this cache; TypeError for anything else (the cache is then unchanged)."""
+        fits = (isinstance(snapshot, tuple) and len(snapshot) == 2
+                and all(isinstance(part, _Part) and part.residual.dtype == self.dtype
+                        and part.residual.shape[:-2] == self.batch_shape and part.residual.shape[-1] == q.dim
+                        for part, q in zip(snapshot, self._quantizers)))
+        if not fits:
+            raise TypeError(f"restore takes a snapshot() of this cache, got {type(snapshot).__name__}")
         self._parts = snapshot
 
     @property
@@ -367,7 +388,9 @@ def attend_quantized(q, cache, *, check_finite=True):
     channel and values per token (KIVI's layout; ValueError otherwise) holding >= 1 position;
     TypeError for a q that is not an array of the cache's dtype, ValueError for its shape.
     No mask: every held position is attended to (a decode step's query is the last position).
-    ``check_finite`` (default True): refuse NaN/inf in q (ValueError); False skips that scan.
+    ``check_finite`` (default True): refuse NaN/inf in q, and an output that overflowed
+    (the sums over the codes can overflow where ``q·k̂`` does not), with a ValueError; False
+    skips both scans.
     """
     if not isinstance(cache, QuantizedCache):
         raise TypeError(f"cache must be a QuantizedCache, got {type(cache).__name__}")
@@ -376,17 +399,26 @@ def attend_quantized(q, cache, *, check_finite=True):
                          f"{cache.key_axis!r}, value_axis={cache.value_axis!r}; attend over cache.dequantize() instead")
     if cache.get_seq_length() == 0:
         raise ValueError("attend_quantized needs a cache holding at least one position, got an empty cache")
-    q = (as_float_array if as_flag("check_finite", check_finite) else _as_array)("q", q)
+    check_finite = as_flag("check_finite", check_finite)
+    if not isinstance(q, np.ndarray):
+        raise TypeError(f"q must be a numpy array, got {type(q).__name__}")
+    q = (as_float_array if check_finite else _as_array)("q", q)
     if q.dtype != cache.dtype:
         raise TypeError(f"q is {q.dtype} but the cache holds {cache.dtype}")
     if q.ndim < 2 or q.shape[:-2] != cache.batch_shape or q.shape[-1] != cache.k_dim:
         lead = ", ".join(map(str, cache.batch_shape + ("C",)))
         raise ValueError(f"q {q.shape} does not fit the cache: it must be [{lead}, {cache.k_dim}]")
+    if q.size == 0:  # C = 0 or a batch axis of 0: empty, as attend gives
+        return np.zeros(q.shape[:-1] + (cache.v_dim,), cache.dtype)
     (k_quantizer, v_quantizer), (k_part, v_part) = cache._quantizers, cache._parts
-    scores = np.concatenate([_key_scores(q, k_quantizer, k_part), q @ k_part.residual.swapaxes(-1, -2)], axis=-1)
-    p = softmax(scores * (1.0 / math.sqrt(cache.k_dim)))  # [..., C, T]
-    held = cache.num_quantized
-    return _value_output(p[..., :held], v_quantizer, v_part) + p[..., held:] @ v_part.residual  # [..., C, D_v]
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow shows in the output, checked below
+        scores = np.concatenate([_key_scores(q, k_quantizer, k_part), q @ k_part.residual.swapaxes(-1, -2)], axis=-1)
+        p = softmax(scores * (1.0 / math.sqrt(cache.k_dim)))  # [..., C, T]
+        held = cache.num_quantized
+        out = _value_output(p[..., :held], v_quantizer, v_part) + p[..., held:] @ v_part.residual  # [..., C, D_v]
+    if check_finite:
+        check_finite_output(out)
+    return out
 
 
 def _key_scores(q, quantizer, part):

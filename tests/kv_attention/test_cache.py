@@ -292,6 +292,47 @@ def test_a_users_cache_is_used_through_its_three_methods_as_a_full_cache(decode)
     np.testing.assert_allclose(np.concatenate(cache.k), args[0] @ args[2], rtol=1e-13, atol=1e-15)  # row by row
 
 
+class KeepsTwo(ListCache):
+    """A user's cache that keeps only its last two positions, as a window would, without subclassing Cache."""
+
+    def update(self, k, v):
+        super().update(k, v)
+        self.k, self.v = self.k[-2:], self.v[-2:]
+        return np.concatenate(self.k, axis=-2), np.concatenate(self.v, axis=-2)
+
+
+class ReturnsFloat32(ListCache):
+    def update(self, k, v):
+        k_all, v_all = super().update(k, v)
+        return k_all.astype(np.float32), v_all
+
+
+class ReturnsLists(ListCache):
+    def update(self, k, v):
+        super().update(k, v)
+        return list(self.k), list(self.v)
+
+
+@pytest.mark.parametrize("decode", ["cached", "preallocated", "chunked"])
+@pytest.mark.parametrize("cache_class, error, message", [
+    (KeepsTwo, ValueError, r"cache.get_seq_length\(\) is \d after an update of \d positions, not \d"),
+    (ReturnsFloat32, TypeError, "cache.update returned k of float32 for k of float64"),
+    (ReturnsLists, TypeError, r"cache.update must return \(k, v\), two numpy arrays"),
+])
+def test_a_users_cache_that_does_not_return_every_position_as_given_is_refused(decode, cache_class, error, message):
+    # Attending to fewer keys than were written, or to keys of another dtype, would be silently wrong.
+    args, cache = user_problem(7), cache_class()
+    cache.update(np.zeros((2, 3)), np.zeros((2, 5)))
+    run = {
+        "cached": lambda: kv.cached_attention(*args, cache=cache),
+        "preallocated": lambda: kv.cached_attention_preallocated(*args, cache=cache),
+        "chunked": lambda: kv.chunked_attention(*args, chunk_size=2, cache=cache),
+    }[decode]
+    with pytest.raises(error, match=message):
+        run()
+    assert cache.crops == [2]  # cropped back to what it held
+
+
 def test_a_users_cache_is_cropped_back_after_a_failed_decode():
     args, cache = user_problem(5), ListCache()
     cache.update(np.zeros((2, 3)), np.zeros((2, 5)))

@@ -309,7 +309,10 @@ def with_value(array, index, value):
     (lambda k, v: (k.tolist(), v), TypeError, "k and v must be numpy arrays"),
     (lambda k, v: (k.astype(np.float16), v), TypeError, "k must be a float32 or float64 array"),
     (lambda k, v: (np.where(np.arange(5)[:, None] % 2, 1e308, -1e308) + 0 * k, v), ValueError,  # max - min = 2e308
-     "too large to quantize in float64"),
+     r"k holds \|x\| = 1e\+308, beyond max / 4 = 4.49e\+307 of float64"),
+    (lambda k, v: (k, with_value(v, (1, 0, 2), np.finfo(np.float64).max)), ValueError,  # code·scale + zero: inf
+     r"v holds \|x\| = 1.8e\+308, beyond max / 4"),
+    (lambda k, v: (k.astype(np.float32), v), TypeError, "k and v must both be float32 or both float64"),
 ])
 def test_bad_update_is_refused_and_changes_nothing(change, error, message):
     cache, k, v = filled(dict(nbits=4, format=None, group_size=2, residual_length=2), (2,), 5, d_k=3, d_v=4)
@@ -364,3 +367,55 @@ def test_a_decode_refuses_a_cache_that_does_not_fit_and_leaves_it_unchanged():
     with pytest.raises(TypeError, match="cache holds float64 but the computation is float32"):
         kv.cached_attention(*(a.astype(np.float32) for a in (x, w_q, w_k, w_v)), cache=cache)
     assert_unchanged(cache, before)
+
+
+def test_unchecked_values_whose_group_range_overflows_are_still_refused_when_quantized():
+    cache, k, v = filled(dict(nbits=4, format=None, group_size=2, residual_length=2), (2,), 5, d_k=3, d_v=4)
+    cache.update(k, v)
+    before = (cache.dequantize(), cache.nbytes, cache.num_quantized)
+    huge = np.where(np.arange(5)[:, None] % 2, 1e308, -1e308) + 0 * k  # max - min = 2e308
+    with pytest.raises(ValueError, match="too large to quantize in float64"):
+        cache.update(huge, v, check_finite=False)
+    assert_unchanged(cache, before)
+
+
+def test_attention_from_the_codes_refuses_an_output_that_overflowed():
+    # q·k̂ is small, but the sum over the codes, q·scale·code + q·zero, overflows: ValueError, never NaN.
+    d = g = 32
+    k = np.zeros((g + 1, d))
+    k[np.arange(g), np.arange(g)] = -1e154
+    v = np.random.default_rng(0).standard_normal((g + 1, d))
+    cache = kv.QuantizedCache((), d, d, nbits=4, group_size=g, residual_length=g)
+    cache.update(k, v)
+    q = np.full((1, d), 5e153 / np.sqrt(d))
+    assert np.isfinite(kv.attend(q, *cache.dequantize())).all()
+    with pytest.raises(ValueError, match="attention overflowed float64"):
+        kv.attend_quantized(q, cache)
+
+
+@pytest.mark.parametrize("q_shape, batch_shape", [((0, 4), ()), ((0, 3, 4), (0,)), ((2, 0, 4), (2,))])
+def test_attention_from_the_codes_of_zero_queries_or_sequences_is_empty(q_shape, batch_shape):
+    cache = kv.QuantizedCache(batch_shape, 4, 5, group_size=2, residual_length=2)
+    cache.update(np.ones(batch_shape + (5, 4)), np.ones(batch_shape + (5, 5)))
+    out = kv.attend_quantized(np.ones(q_shape), cache)
+    assert out.shape == q_shape[:-1] + (5,) and out.dtype == np.float64
+
+
+@pytest.mark.parametrize("snapshot", [3, None, (1, 2)])
+def test_restore_refuses_what_is_not_a_snapshot_of_this_cache(snapshot):
+    cache = kv.QuantizedCache((), 4, 4, group_size=2, residual_length=2)
+    cache.update(np.ones((5, 4)), np.ones((5, 4)))
+    before = (cache.dequantize(), cache.nbytes, cache.num_quantized)
+    with pytest.raises(TypeError, match="restore takes a snapshot"):
+        cache.restore(snapshot)
+    other = kv.QuantizedCache((), 8, 4, group_size=2, residual_length=2)
+    with pytest.raises(TypeError, match="restore takes a snapshot"):
+        cache.restore(other.snapshot())  # another cache's widths
+    assert_unchanged(cache, before)
+
+
+@pytest.mark.parametrize("nbits, error", [(True, TypeError), (2.0, TypeError), (-4, ValueError), (16, ValueError)])
+def test_nbits_is_an_integer_of_2_4_or_8(nbits, error):
+    with pytest.raises(error, match="nbits must be"):
+        kv.QuantizedCache((), 4, 4, nbits=nbits)
+    assert kv.QuantizedCache((), 4, 4, nbits=np.int8(4)).nbits == 4
