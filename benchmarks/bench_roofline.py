@@ -59,7 +59,7 @@ RTOL = ATOL = 2e-5  # float32 against a float64 oracle, after sums over D_model 
 
 def model_shape(name):
     """``(n_heads, n_kv_heads, head_dim)`` of the commit's ``MODEL_SHAPES[name]``; NotImplementedError without it."""
-    shapes = library_function("MODEL_SHAPES", check_finite=True)  # a table, as it is
+    shapes = library_function("MODEL_SHAPES")
     if name not in shapes:
         raise NotImplementedError(f"MODEL_SHAPES has no {name} at this commit")
     s = shapes[name]
@@ -192,7 +192,7 @@ def filled_cache(shape, t_len, batch):
     if key not in _FILLED:
         _FILLED.clear()
         n_heads, n_kv_heads, head_dim = model_shape(shape)
-        static_cache = library_function("StaticCache", check_finite=True)  # a class, as it is
+        static_cache = library_function("StaticCache")
         if "dtype" not in inspect.signature(static_cache).parameters:
             raise NotImplementedError("StaticCache has no dtype at this commit: no float32 cache")
         cache = static_cache((batch, n_kv_heads), t_len + 1, head_dim, head_dim, np.float32)

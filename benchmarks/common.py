@@ -122,16 +122,15 @@ def library_function(name, check_finite=False):
     function = getattr(kv_attention, name, None)
     if function is None:
         raise NotImplementedError(f"kv_attention has no {name} at this commit")
-    if not check_finite and takes_check_finite(function):
+    # a class (a cache) is constructed as it is, and a table (MODEL_SHAPES) read as it is
+    if not check_finite and inspect.isfunction(function) and takes_check_finite(function):
         return functools.partial(function, check_finite=False)
     return function
 
 
 @functools.lru_cache(maxsize=None)
 def takes_check_finite(function):
-    """Whether the commit's ``function`` has a ``check_finite`` keyword: read once per function."""
-    if not inspect.isfunction(function):  # a class (a cache) is constructed as it is
-        return False
+    """Whether the commit's ``function`` (a function) has a ``check_finite`` keyword: read once per function."""
     return "check_finite" in inspect.signature(function).parameters
 
 

@@ -335,8 +335,7 @@ def masked_attend(q, k, v, valid, *, check_finite=True):
     if valid.all():
         return attend(q, k, v, check_finite=False)
     with np.errstate(over="ignore", invalid="ignore"):
-        scores = q @ k.swapaxes(-1, -2)  # [..., T_q, S]
-        scores *= 1.0 / math.sqrt(q.shape[-1])
+        scores = scaled_scores(q, k)  # [..., T_q, S]
     scores = np.where(valid[..., None, :], scores, -np.inf)  # the mask, by selection: no arithmetic on masked scores
     row_max = scores.max(axis=-1, keepdims=True)  # [..., T_q, 1]; -inf for a row with nothing to attend to
     row_max[~valid.any(axis=-1)] = 0.0
@@ -379,8 +378,7 @@ def causal_attention(x, w_q, w_k, w_v, *, window=None, n_sink=0, check_finite=Tr
         q = x @ w_q  # [..., T, D_k]
         k = x @ w_k  # [..., T, D_k]
         v = x @ w_v  # [..., T, D_v]
-        scores = q @ k.swapaxes(-1, -2)  # [..., T, T]
-        scores *= 1.0 / math.sqrt(q.shape[-1])
+        scores = scaled_scores(q, k)  # [..., T, T]
         scores[..., blocked] = -np.inf
         out = softmax(scores) @ v  # [..., T, D_v]
     if check_finite:

@@ -36,12 +36,10 @@ call leaves a given cache exactly as it was. ``check_finite`` (keyword, default
 True) is ``decode``'s: False skips the checks that read every element.
 """
 
-import math
-
 import numpy as np
 
 from ._validation import as_flag, as_size, check_finite_output
-from .attention import attend, band_mask, check_window, softmax
+from .attention import attend, band_mask, check_window, scaled_scores, softmax
 from .cache import StaticCache, rolled_back_on_error
 from .decode import check_decode_inputs
 from .window import SlidingWindowCache
@@ -57,8 +55,7 @@ def _attend_chunk(q, k, v, blocked):
     """``q: [..., C, D_k]`` over ``k: [..., S, D_k]``, ``v: [..., S, D_v]``, no weight where ``blocked: [C, S]``."""
     if blocked is None:
         return attend(q, k, v, check_finite=False)  # [..., C, D_v]
-    scores = q @ k.swapaxes(-1, -2)  # [..., C, S]
-    scores *= 1.0 / math.sqrt(q.shape[-1])
+    scores = scaled_scores(q, k)  # [..., C, S]
     scores[..., blocked] = -np.inf  # a query always attends its own position, so no row is all -inf
     return softmax(scores) @ v  # [..., C, D_v]
 

@@ -200,9 +200,7 @@ def _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache, upda
 
 def _split_kv_step(path, num_splits):
     """The step of ``path`` with each head's attention split over the cache: S into ``num_splits`` parts, merged."""
-    def attention(q, k, v):
-        return split_kv_attention(q, k, v, num_splits=num_splits, check_finite=False)
-
+    attention = functools.partial(split_kv_attention, num_splits=num_splits, check_finite=False)
     return functools.partial(_STEPS[path], attention=attention)
 
 
@@ -246,6 +244,7 @@ def multi_head_decode(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, path="group
         check_head_range(x, w_q, w_k, w_v, w_o, dtype, stored_k)  # once per call, the stored keys included
     if cache is None:
         cache = StaticCache(x.shape[:-2] + (n_kv_heads,), x.shape[-2], head_dim, head_dim, dtype)
-        update = functools.partial(cache.update, check_finite=False)
-        return _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache, update, check_finite)
-    return _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache, cache.update, check_finite)
+        update = functools.partial(cache.update, check_finite=False)  # the decode's own: its inputs checked above
+    else:
+        update = cache.update
+    return _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache, update, check_finite)

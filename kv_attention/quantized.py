@@ -256,7 +256,8 @@ class QuantizedCache(Cache):
         if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
             raise TypeError(f"k and v must be numpy arrays, got {type(k).__name__}, {type(v).__name__}")
         check_finite = as_flag("check_finite", check_finite)
-        k, v = (as_float_array if check_finite else _as_array)("k", k), (as_float_array if check_finite else _as_array)("v", v)
+        read = as_float_array if check_finite else _as_array
+        k, v = read("k", k), read("v", v)
         if k.dtype != v.dtype:
             raise TypeError(f"k and v must both be float32 or both float64, got {k.dtype} and {v.dtype}")
         if not np.can_cast(k.dtype, self.dtype, casting="safe"):

@@ -29,6 +29,10 @@ def test_without_the_keyword_the_commits_function_is_timed_as_it_is(monkeypatch)
     assert common.library_function("StaticCache") is kv.StaticCache  # a class is never bound
 
 
+def test_a_table_of_the_library_is_read_as_it_is():
+    assert common.library_function("MODEL_SHAPES") is kv.MODEL_SHAPES  # a dict: never bound, never hashed
+
+
 def test_with_the_keyword_the_suite_turns_the_scans_off_unless_asked(monkeypatch):
     calls = []
     monkeypatch.setattr(kv, "cached_attention", with_check_finite(kv.cached_attention, calls))
