@@ -143,6 +143,11 @@ def check_finite_array(name, a):
         raise ValueError(f"{name} contains NaN or inf")
 
 
+def all_finite(*arrays):
+    """True if every array holds only finite values: one BLAS dot each, ``np.isfinite`` only where a square overflows."""
+    return all(math.isfinite(sum_of_squares(a)) or np.isfinite(a).all() for a in arrays)
+
+
 def check_score_range(x, w_q, w_k, w_v, dtype, stored_k=None):
     """Raise ValueError if x, w_q, w_k or w_v hold NaN/inf, or q, k, v or any partial sum of q·k could overflow ``dtype``.
 

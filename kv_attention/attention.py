@@ -14,12 +14,20 @@ ValueError (shapes that do not fit, named in the message; NaN/inf; scores or
 outputs that could overflow the dtype, the bound named with its figure).
 
 ``check_finite`` (keyword, default True, as in ``scipy.linalg``): the checks that
-read every element, the NaN/inf scan of the inputs, the overflow bound and the
-NaN/inf test of the output, run once per call. With ``check_finite=False`` they are
-skipped: the type, dtype and shape checks still run, but inputs holding NaN/inf
-or too large for the dtype give NaN/inf or a wrong result instead of an error,
-and ``masked_attend`` then needs every key and value finite, masked or not. The
-library's own decodes pass False after their own single check per call.
+read every element, run once per call. ``causal_attention`` and ``masked_attend``
+scan the inputs for NaN/inf and check the overflow bound before they compute, and
+test the output after. ``attend`` checks what it computed instead, so that a decode
+step at model shapes reads K and V once, not once more for a scan: every score and
+the output must be finite. Any NaN/inf in q, k or v fails that test (NaN
+propagates, 0·inf is NaN, and an infinite score gives its row NaN), and so does any
+overflow, since a sum that overflows stays infinite; only then are q, k and v
+scanned, to name the cause. This is JAX's ``debug_nans`` order: look at the results,
+and find the culprit only when one is not finite. With ``check_finite=False`` the
+checks are skipped: the type, dtype and shape checks still run, but inputs holding
+NaN/inf or too large for the dtype give NaN/inf or a wrong result instead of an
+error, and ``masked_attend`` then needs every key and value finite, masked or not.
+The library's own decodes pass False after their own single check per call, or
+True where attend's check of its results is theirs (``multi_head_decode``).
 
 Method: softmax(q kᵀ / sqrt(D_k) + causal mask) v, from Vaswani et al. 2017,
 "Attention Is All You Need", section 3.2.1.
@@ -53,6 +61,7 @@ from ._validation import (
     as_size,
     check_finite_output,
     check_score_range,
+    all_finite,
     raise_if_too_large,
     sum_of_squares,
 )
@@ -310,10 +319,22 @@ def attend(q, k, v, *, check_finite=True):
     D_v]``: a decode step passes the keys written so far, which need no causal
     mask. q, k and v share their leading axes; D_k >= 1; S = 0 gives zeros.
     """
-    q, k, v, dtype = check_attention_inputs(q, k, v, check_finite=as_flag("check_finite", check_finite))
+    check_finite = as_flag("check_finite", check_finite)
+    q, k, v, dtype = check_attention_inputs(q, k, v, check_finite=False)  # the types, dtypes and shapes
     if k.shape[-2] == 0:  # no key: zeros, the identity of attention states (split.attention_state)
+        if check_finite:
+            _check_range(q, k, v)  # q's NaN/inf: no score shows it
         return np.zeros(q.shape[:-1] + v.shape[-1:], dtype)  # [..., T_q, D_v]
-    return weighted_values(softmax(scaled_scores(q, k)), v)  # [..., T_q, S] -> [..., T_q, D_v]
+    if not check_finite:
+        return weighted_values(softmax(scaled_scores(q, k)), v)  # [..., T_q, S] -> [..., T_q, D_v]
+    with np.errstate(over="ignore", invalid="ignore"):
+        scores = scaled_scores(q, k)  # [..., T_q, S]
+        out = weighted_values(softmax(scores), v)  # [..., T_q, D_v]
+    if not all_finite(scores, out):  # the inputs are read again only now, to name what failed
+        _check_range(q, k, v)
+        check_finite_output(out)
+        raise ValueError("a score overflowed: q and k are too large for the dtype; rescale q or k")
+    return out
 
 
 def masked_attend(q, k, v, valid, *, check_finite=True):

@@ -12,12 +12,19 @@ Inputs: ``x: [T, D_model]`` or ``[B, T, D_model]``, ``w_q: [D_model, H_q·D_head
 ``w_k, w_v: [D_model, H_kv·D_head]``, ``w_o: [H_q·D_head, D_out]``, float32 or
 float64, and integer counts H_q, H_kv >= 1 with H_kv dividing H_q. The output
 ``[..., T, D_out]`` is in ``np.result_type`` of the inputs; scale 1/sqrt(D_head).
-Bad input raises before anything is computed: TypeError for an input that is not
-a float32/float64 array or a count that is not an integer; ValueError for a bad
-count, shapes that do not fit (named in the message), NaN/inf, or overflow.
-``check_finite`` (keyword, default True) is ``attention``'s: the NaN/inf scan of x
-and the weights, the overflow bound (a given cache's stored keys included) and the
-output test run once per call; with False they are skipped.
+Bad input raises TypeError for an input that is not a float32/float64 array or a
+count that is not an integer, and ValueError for a bad count or shapes that do not
+fit (named in the message), before anything is computed; and ValueError for
+NaN/inf or overflow, found as ``check_finite`` (keyword, default True) says.
+``multi_head_decode`` checks what it computes, as ``attend`` does: every score of
+every step and the output must be finite, which any NaN/inf in x, a weight or a
+given cache's K/V makes them fail (NaN propagates, and 0·inf is NaN), as any
+overflow does. A decode at model shapes thus reads its weights and its cache once
+per step, not once more for a scan. Only when a check fails are the inputs scanned
+(x, the weights, the cache's stored keys, and the overflow bound of
+``_validation.check_score_range``) to name the cause; a given cache is rolled back
+first. ``multi_head_attention`` and a split decode (``num_splits``) scan the inputs
+before they compute. With False every element check is skipped.
 
 MHA (H_kv = H_q) is Vaswani et al. 2017, section 3.2.2; MQA (H_kv = 1) is Shazeer
 2019, "Fast Transformer Decoding: One Write-Head is All You Need"; GQA (1 < H_kv
@@ -139,8 +146,13 @@ def multi_head_attention(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, check_fi
 
 
 def _unchecked_attend(q, k, v):
-    """:func:`~kv_attention.attention.attend` on the decode's own projections and cache views, checked once per call."""
+    """:func:`~kv_attention.attention.attend` on the decode's own projections and cache views, unchecked."""
     return attend(q, k, v, check_finite=False)
+
+
+def _checked_attend(q, k, v):
+    """:func:`~kv_attention.attention.attend` with its checks of what it computed: every score and the output finite."""
+    return attend(q, k, v, check_finite=True)
 
 
 def _attend_repeat_kv(q, k, v, attention=None):
@@ -232,19 +244,37 @@ def multi_head_decode(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, path="group
     given cache unchanged.
     """
     check_choice("path", path, PATHS)
-    step = _STEPS[path] if num_splits is None else _split_kv_step(path, as_num_splits(num_splits))
     check_finite = as_flag("check_finite", check_finite)
+    if num_splits is not None:
+        step = _split_kv_step(path, as_num_splits(num_splits))
+    elif check_finite:  # attend checks what it computes: every score and its output finite
+        step = functools.partial(_STEPS[path], attention=_checked_attend)
+    else:
+        step = _STEPS[path]
     n_heads, n_kv_heads = check_head_counts(n_heads, n_kv_heads)
     x, w_q, w_k, w_v, w_o, head_dim, dtype = check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads)
     stored_k = None
     if cache is not None:
         cache = as_cache(cache)
         stored_k = check_head_cache_fits(cache, x, n_kv_heads, head_dim, dtype)
-    if check_finite:
-        check_head_range(x, w_q, w_k, w_v, w_o, dtype, stored_k)  # once per call, the stored keys included
+    if check_finite and num_splits is not None:
+        check_head_range(x, w_q, w_k, w_v, w_o, dtype, stored_k)  # split-KV's steps check nothing: the inputs first
     if cache is None:
         cache = StaticCache(x.shape[:-2] + (n_kv_heads,), x.shape[-2], head_dim, head_dim, dtype)
-        update = functools.partial(cache.update, check_finite=False)  # the decode's own: its inputs checked above
+        update = functools.partial(cache.update, check_finite=False)  # the decode's own: its values checked in attend
     else:
         update = cache.update
-    return _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache, update, check_finite)
+    try:
+        return _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache, update, check_finite)
+    except (TypeError, ValueError):  # raised after the cache was rolled back: name the input that caused it, if any
+        if check_finite:
+            _name_the_bad_input(x, w_q, w_k, w_v, w_o, dtype, stored_k)
+        raise
+
+
+def _name_the_bad_input(x, w_q, w_k, w_v, w_o, dtype, stored_k):
+    """After a decode failed, raise the ValueError of :func:`check_head_range` if its scan finds the cause."""
+    try:
+        check_head_range(x, w_q, w_k, w_v, w_o, dtype, stored_k)
+    except ValueError as named:
+        raise named from None

@@ -257,12 +257,27 @@ def test_no_key_position_gives_zeros():
         (lambda q, k, v: (q, np.where(k > 1, np.nan, k), v), ValueError, r"^k contains NaN or inf$"),
         (lambda q, k, v: (q * 1e200, k * 1e200, v), ValueError,
          r"^q and k are too large for float64: \|q·k\| could overflow \(\|q·k\| <= \|q_t\|·\|k_s\| = [\d.]+e\+400;"),
-        (lambda q, k, v: (q, k, np.full_like(v, 1e308)), ValueError, r"^v is too large for float64: \|v\| could overflow \(\|v\| <= \|v_s\| = "),
     ],
 )
 def test_attend_refuses_bad_input(change, error, message):
     with pytest.raises(error, match=message):
         kv.attend(*change(*step_inputs()))
+
+
+def test_attend_checks_what_it_computes_not_a_bound():
+    # Values at 1e308 (|v_s| = 2.4e308 over D_v = 6 exceeds the bound masked_attend keeps) average to 1e308:
+    # attend computes them, and checks that every score and the output are finite.
+    q, k, v = step_inputs()
+    np.testing.assert_allclose(kv.attend(q, k, np.full_like(v, 1e308)), np.full((3, 2, 6), 1e308), rtol=1e-14)
+
+
+def test_a_score_overflowing_to_minus_inf_raises_though_the_output_is_finite():
+    # q·k_0 = -1e400 is -inf: unchecked, k_0 gets weight 0 and the output is v_1, finite and wrong.
+    q, k, v = np.array([[1e200, 0.0]]), np.array([[-1e200, 0.0], [1.0, 0.0]]), np.eye(2)
+    with np.errstate(over="ignore"):
+        assert np.isfinite(kv.attend(q, k, v, check_finite=False)).all()
+    with pytest.raises(ValueError, match=r"^q and k are too large for float64: \|q·k\| could overflow"):
+        kv.attend(q, k, v)
 
 
 @pytest.mark.parametrize(

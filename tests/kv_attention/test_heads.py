@@ -140,7 +140,7 @@ def test_grouped_path_attends_on_the_caches_own_memory(monkeypatch, n_kv_heads):
     seen = []
 
     def recording_attend(q, k, v, *, check_finite, _attend=heads_module.attend):
-        assert check_finite is False  # the decode checked its inputs once for the call
+        assert check_finite is True  # the decode's default: attend checks every score and its output
         seen.append((k, v))
         return _attend(q, k, v, check_finite=check_finite)
 
@@ -363,3 +363,61 @@ def test_keys_already_in_a_cache_enter_the_overflow_check():
     with pytest.raises(ValueError, match="too large for float64"):
         heads_decode(*heads_problem(3), cache=cache)
     assert cache.get_seq_length() == 1
+
+
+def _one_head_step(stored_key):
+    """A one-head decode (D_model = D_head = 2) whose query is [1e200, 0], after a cache holding ``stored_key``.
+
+    The new key is x @ I = [1, 0]: its score is 1e200 / sqrt(2), finite.
+    """
+    cache = kv.StaticCache((1, 1), 4, 2, 2)
+    cache.update(np.array(stored_key, float).reshape(1, 1, 1, 2), np.ones((1, 1, 1, 2)))
+    x, eye = np.array([[[1.0, 0.0]]]), np.eye(2)
+    return cache, (x, eye * 1e200, eye, eye, eye)
+
+
+@pytest.mark.parametrize("path", HEADS_PATHS)
+def test_a_score_that_overflows_to_minus_inf_raises_though_the_output_is_finite(path):
+    # q·k_0 = -1e400 / sqrt(2) is -inf in float64: unchecked, k_0 silently gets weight 0 (the output is v_1).
+    cache, args = _one_head_step([-1e200, 0.0])
+    unchecked = heads_decode(*args, n_heads=1, n_kv_heads=1, path=path, cache=cache, check_finite=False)
+    assert np.isfinite(unchecked).all()
+    cache.crop(1)
+    with pytest.raises(ValueError, match="too large for float64"):
+        heads_decode(*args, n_heads=1, n_kv_heads=1, path=path, cache=cache)
+    assert cache.get_seq_length() == 1
+
+
+@pytest.mark.parametrize("position", [1, 2, 3])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_bad_weight_opposite_a_zero_of_x_is_found(position, bad):
+    # The check reads no weight: it relies on 0 * NaN = NaN and 0 * inf = NaN reaching a score or the
+    # output through x @ w, on whichever BLAS kernel runs (CI runs two).
+    args = [a.copy() for a in heads_problem(4)]
+    args[0][..., 0] = 0.0
+    args[position][0, 0] = bad
+    with pytest.raises(ValueError, match=rf"^{ARG_NAMES[position]} contains NaN or inf$"):
+        heads_decode(*args)
+
+
+@pytest.mark.parametrize("path", HEADS_PATHS)
+def test_the_default_checks_of_a_step_never_read_a_weight_or_the_cache(monkeypatch, path):
+    """At model shapes a step reads its weights and its cache once: the checks scan only what the step computed."""
+    from kv_attention import _validation
+
+    x, *weights = heads_problem(4)
+    cache = kv.StaticCache((3, 2), 8, 3, 3)
+    heads_decode(x[:, :3], *weights, path=path, cache=cache)
+    scanned = []
+
+    def recording(a, _sum_of_squares=_validation.sum_of_squares):
+        scanned.append(a)
+        return _sum_of_squares(a)
+
+    monkeypatch.setattr(_validation, "sum_of_squares", recording)
+    out = heads_decode(x[:, 3:], *weights, path=path, cache=cache)  # one step after 3 cached positions
+    np.testing.assert_allclose(out, naive_multi_head(x, *weights, 6, 2)[:, 3:], rtol=1e-10, atol=1e-10)
+    assert scanned, "the default checks ran"
+    for a in scanned:
+        for held in (*weights, cache.k_cache, cache.v_cache):
+            assert not np.shares_memory(a, held)
