@@ -129,16 +129,17 @@ def test_the_fraction_is_read_time_over_step_time_with_both_rates(monkeypatch):
 
 
 @pytest.mark.usefixtures("tiny_shapes")
-def test_the_read_kernel_sums_the_weights_the_cache_and_a_buffer_of_the_copies(one_thread):
+def test_the_read_kernel_reads_the_weights_the_cache_and_a_buffer_of_the_copies(one_thread):
     for path in bench_roofline.ROOFLINE_PATHS:
         _, cache = bench_roofline.verified_step("Tiny-GQA", 600, 2, path)
         read, nbytes = bench_roofline.read_kernel("Tiny-GQA", 600, 2, path, cache)
-        sums = read()
+        squares = read()  # each buffer's dot with itself: its sum of squares
         weights = bench_roofline.layer_weights("Tiny-GQA")
-        assert [float(s) for s in sums[:6]] == [float(a.sum()) for a in (*weights, cache.k_cache, cache.v_cache)]
+        expected = [float(np.sum(a.astype(np.float64) ** 2)) for a in (*weights, cache.k_cache, cache.v_cache)]
+        np.testing.assert_allclose([float(s) for s in squares[:6]], expected, rtol=1e-4)  # float32 dots
         copies = 2 * 2 * 4 * 601 * 8 * 4 if path == "repeat_kv" else 0  # K and V for 4 query heads, [2, 4, 601, 8]
         assert nbytes == sum(a.nbytes for a in weights) + 2 * cache.k_cache.nbytes + copies
-        assert len(sums) == 6 + bool(copies) and (not copies or sums[6] == copies // 4)  # a buffer of ones
+        assert len(squares) == 6 + bool(copies) and (not copies or squares[6] == copies // 4)  # a buffer of ones
 
 
 @pytest.mark.usefixtures("tiny_shapes")
@@ -194,8 +195,10 @@ def test_the_real_points_fit_in_two_gib_by_their_arrays():
 
 
 def test_the_tracked_values_have_units_and_versions():
-    for name, unit in (("track_step_gbps", "GB/s"), ("track_read_gbps", "GB/s")):
+    versions = {"track_step_gbps": "1", "track_read_gbps": "2", "track_ratio": "2", "track_ratio_low": "2",
+                "track_ratio_high": "2"}  # 2: the read kernel became np.vdot
+    for name, version in versions.items():
         method = getattr(bench_roofline.Roofline, name)
-        assert method.unit == unit and method.version == "1"
+        assert method.unit == ("GB/s" if name.endswith("gbps") else "ratio") and method.version == version, name
     assert bench_roofline.RooflineBytes.track_bytes_read.unit == "bytes"
     assert np.dtype(np.float32).itemsize == bench_roofline.ITEMSIZE
