@@ -270,14 +270,17 @@ def softmax(scores):
 # S = 16,384: the scores' matmul read K 7x slower than K.sum() does, blocked 2x slower (the output's: 3x, 1.6x).
 # Only where one head's K (or V) matrix outgrows L2 (1 MiB on that machine): a smaller one stays in cache
 # from the previous step, and blocking it costs Python loops (the suite's heads decode at T = 1024, 128 KiB
-# a head, was 2-4x slower blocked).
+# a head, was 2-4x slower blocked). And only for 2 or more query rows: one row's products are matrix-vector
+# products, which stream K and V unblocked. Llama-2-7B's attention (1 row per K/V head) at S = 16,385, paired
+# (15 alternations): unblocked 0.59x the blocked time on the SkylakeX kernel, 0.66x on Haswell. With G = 4
+# rows (Llama-3-8B) the kernels disagree: unblocked 1.34x on SkylakeX, 0.75x on Haswell; blocked is kept.
 _KEY_BLOCK = 256
 _LONG_STEP_BYTES = 2**20
 
 
 def _is_long_step(q, k):
-    """True for few query rows against many keys: the step that :func:`scaled_scores` and :func:`weighted_values` block."""
-    return (q.shape[-2] <= 16 and k.shape[-2] > 2 * _KEY_BLOCK
+    """True for 2 to 16 query rows against many keys: the step :func:`scaled_scores` and :func:`weighted_values` block."""
+    return (1 < q.shape[-2] <= 16 and k.shape[-2] > 2 * _KEY_BLOCK
             and k.shape[-2] * k.shape[-1] * k.itemsize > _LONG_STEP_BYTES)
 
 

@@ -309,9 +309,9 @@ def test_masked_attend_refuses_none_or_a_masked_array_as_the_mask_naming_valid(v
 
 
 @pytest.mark.parametrize("s_len", [2 * 256 + 1, 3 * 256, 4 * 256 + 7])
-@pytest.mark.parametrize("t_q", [1, 4, 16])
+@pytest.mark.parametrize("t_q", [2, 4, 16])
 def test_a_long_step_block_by_block_matches_naive(monkeypatch, s_len, t_q):
-    # S > 2 blocks of 256 keys and T_q <= 16: scores and output are computed a block of keys at a time,
+    # S > 2 blocks of 256 keys and 2 <= T_q <= 16: scores and output are computed a block of keys at a time,
     # the last block shorter; against the loop-by-loop reference, independent of the blocking.
     monkeypatch.setattr(attention_module, "_LONG_STEP_BYTES", 0)  # small matrices, blocked as a large one is
     q, k, v = step_inputs(lead=(2,), t_q=t_q, s=s_len, d_k=8, d_v=3)
@@ -337,10 +337,15 @@ def test_a_long_step_over_a_caches_view_matches_the_contiguous_keys(monkeypatch)
 def test_a_short_step_or_many_query_rows_is_one_product():
     q, k, v = step_inputs(t_q=17, s=2000)
     assert not attention_module._is_long_step(q, k)  # many query rows: one matmul reads K well
-    assert not attention_module._is_long_step(q[..., :1, :], k[..., :512, :])  # two blocks or fewer
+    assert not attention_module._is_long_step(q[..., :2, :], k[..., :512, :])  # two blocks or fewer
 
 
 def test_a_long_step_is_blocked_only_where_a_heads_keys_outgrow_l2():
-    q = np.ones((1, 1, 1, 128), np.float32)
+    q = np.ones((1, 1, 2, 128), np.float32)
     assert not attention_module._is_long_step(q, np.ones((1, 1, 2048, 128), np.float32))  # 1 MiB: one product
     assert attention_module._is_long_step(q, np.ones((1, 1, 2049, 128), np.float32))  # past 1 MiB: blocked
+
+
+def test_one_query_row_is_never_blocked():
+    # Its products are matrix-vector products, which stream K and V whole (see attention._is_long_step).
+    assert not attention_module._is_long_step(np.ones((1, 1, 1, 128), np.float32), np.ones((1, 1, 65536, 128), np.float32))
