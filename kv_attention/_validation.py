@@ -229,7 +229,12 @@ def _power_of_ten(log10_value):
 def check_finite_output(out):
     """Raise ValueError if ``out`` holds inf/NaN (overflow, or a cache holding inf/NaN)."""
     if not np.isfinite(out).all():
-        raise ValueError(
-            f"attention overflowed {out.dtype}: the projections, scores or a given "
-            "cache's keys/values are too large for the dtype (or not finite)"
-        )
+        raise overflowed(out.dtype)
+
+
+def overflowed(dtype):
+    """The ValueError of :func:`check_finite_output` for a computation in ``dtype``."""
+    return ValueError(
+        f"attention overflowed {np.dtype(dtype)}: the projections, scores or a given "
+        "cache's keys/values are too large for the dtype (or not finite)"
+    )

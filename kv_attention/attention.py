@@ -324,9 +324,9 @@ def attend(q, k, v, *, check_finite=True):
     """
     check_finite = as_flag("check_finite", check_finite)
     q, k, v, dtype = check_attention_inputs(q, k, v, check_finite=False)  # the types, dtypes and shapes
+    if check_finite and (k.shape[-2] == 0 or q.size == 0):
+        _check_range(q, k, v)  # no score is computed to show a NaN/inf: scan the inputs
     if k.shape[-2] == 0:  # no key: zeros, the identity of attention states (split.attention_state)
-        if check_finite:
-            _check_range(q, k, v)  # q's NaN/inf: no score shows it
         return np.zeros(q.shape[:-1] + v.shape[-1:], dtype)  # [..., T_q, D_v]
     if not check_finite:
         return weighted_values(softmax(scaled_scores(q, k)), v)  # [..., T_q, S] -> [..., T_q, D_v]

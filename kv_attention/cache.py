@@ -374,6 +374,20 @@ class DynamicCache(Cache):
         """Number of positions stored (int)."""
         return 0 if self.k_cache is None else self.k_cache.shape[-2]
 
+    def snapshot(self):
+        """The buffers themselves: ``update`` and ``crop`` make new arrays and never write into these."""
+        return self.k_cache, self.v_cache
+
+    def restore(self, snapshot):
+        """Put back the buffers of a :meth:`snapshot`, their dtype and leading axes too (``crop(0)`` would drop them).
+
+        TypeError for anything but what :meth:`snapshot` returns; the cache is then unchanged.
+        """
+        if not (isinstance(snapshot, tuple) and len(snapshot) == 2
+                and (all(a is None for a in snapshot) or all(type(a) is np.ndarray for a in snapshot))):
+            raise TypeError(f"restore takes what snapshot() returned, (k_cache, v_cache), got {snapshot!r:.200}")
+        self.k_cache, self.v_cache = snapshot
+
     def crop(self, length):
         """Keep only the first ``length`` positions (0 <= length <= get_seq_length()).
 

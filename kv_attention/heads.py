@@ -20,11 +20,15 @@ NaN/inf or overflow, found as ``check_finite`` (keyword, default True) says.
 every step and the output must be finite, which any NaN/inf in x, a weight or a
 given cache's K/V makes them fail (NaN propagates, and 0·inf is NaN), as any
 overflow does. A decode at model shapes thus reads its weights and its cache once
-per step, not once more for a scan. Only when a check fails are the inputs scanned
-(x, the weights, the cache's stored keys, and the overflow bound of
-``_validation.check_score_range``) to name the cause; a given cache is rolled back
-first. ``multi_head_attention`` and a split decode (``num_splits``) scan the inputs
-before they compute. With False every element check is skipped.
+per step, not once more for a scan. Only when a check fails are the inputs scanned,
+after a given cache was rolled back, to name the cause: NaN/inf in x, a weight, or
+the cache's stored keys or values, then the overflow bound of
+``_validation.check_score_range``. Any other error (a user cache's own) comes
+through as raised. Whether a sum whose partial sums overflow but whose total does
+not is refused depends on the order BLAS adds in; what is returned is right either
+way. A call that computes no score (T = 0, B = 0) scans its inputs, as do
+``multi_head_attention`` and a split decode (``num_splits``), before they compute.
+With False every element check is skipped.
 
 MHA (H_kv = H_q) is Vaswani et al. 2017, section 3.2.2; MQA (H_kv = 1) is Shazeer
 2019, "Fast Transformer Decoding: One Write-Head is All You Need"; GQA (1 < H_kv
@@ -41,15 +45,17 @@ import numpy as np
 
 from ._validation import (
     _as_array,
+    all_finite,
     as_flag,
     as_size,
     check_choice,
     check_finite_array,
     check_finite_output,
     check_score_range,
+    overflowed,
 )
 from .attention import _WEIGHT_NAMES, _check_shapes, attend, causal_attention
-from .cache import StaticCache, as_cache, check_head_cache_fits, rolled_back_on_error
+from .cache import DynamicCache, StaticCache, as_cache, check_head_cache_fits, rolled_back_on_error
 from .split import as_num_splits, split_kv_attention
 
 PATHS = ("repeat_kv", "grouped")
@@ -150,9 +156,19 @@ def _unchecked_attend(q, k, v):
     return attend(q, k, v, check_finite=False)
 
 
+class _NotFinite(ValueError):
+    """A score or the output of a checked decode was not finite: :func:`multi_head_decode` names the cause."""
+
+
 def _checked_attend(q, k, v):
-    """:func:`~kv_attention.attention.attend` with its checks of what it computed: every score and the output finite."""
-    return attend(q, k, v, check_finite=True)
+    """:func:`~kv_attention.attention.attend` with its checks of what it computed: every score and the output finite.
+
+    Its ValueError (naming q, k or v, the decode's own projections and cache views) becomes :class:`_NotFinite`.
+    """
+    try:
+        return attend(q, k, v, check_finite=True)
+    except ValueError as error:
+        raise _NotFinite(str(error)) from None
 
 
 def _attend_repeat_kv(q, k, v, attention=None):
@@ -205,8 +221,8 @@ def _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache, upda
             q_t = (x_t @ w_q).reshape(q_shape)  # [..., H_kv, G, D_head]
             heads = step(q_t, k, v)  # [..., H_kv, G, D_head] or [..., H_q, 1, D_head]
             out[..., t, :] = heads.reshape(heads_shape) @ w_o  # [..., D_out]
-        if check_finite:
-            check_finite_output(out)
+        if check_finite and not all_finite(out):
+            raise _NotFinite("the output is not finite")
     return out
 
 
@@ -257,24 +273,35 @@ def multi_head_decode(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, path="group
     if cache is not None:
         cache = as_cache(cache)
         stored_k = check_head_cache_fits(cache, x, n_kv_heads, head_dim, dtype)
-    if check_finite and num_splits is not None:
-        check_head_range(x, w_q, w_k, w_v, w_o, dtype, stored_k)  # split-KV's steps check nothing: the inputs first
+    if check_finite and (num_splits is not None or x.size == 0):  # split-KV's steps check nothing, nor does no step
+        check_head_range(x, w_q, w_k, w_v, w_o, dtype, stored_k)
     if cache is None:
         cache = StaticCache(x.shape[:-2] + (n_kv_heads,), x.shape[-2], head_dim, head_dim, dtype)
         update = functools.partial(cache.update, check_finite=False)  # the decode's own: its values checked in attend
+    elif check_finite and type(cache) in (StaticCache, DynamicCache):  # the new K/V are checked through the scores,
+        update = functools.partial(cache.update, check_finite=False)  # and a NaN is then named as x's or a weight's
     else:
         update = cache.update
     try:
         return _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache, update, check_finite)
-    except (TypeError, ValueError):  # raised after the cache was rolled back: name the input that caused it, if any
-        if check_finite:
-            _name_the_bad_input(x, w_q, w_k, w_v, w_o, dtype, stored_k)
-        raise
+    except _NotFinite:  # raised after the cache was rolled back
+        _raise_the_cause(x, w_q, w_k, w_v, w_o, dtype, stored_k, cache)
 
 
-def _name_the_bad_input(x, w_q, w_k, w_v, w_o, dtype, stored_k):
-    """After a decode failed, raise the ValueError of :func:`check_head_range` if its scan finds the cause."""
+def _raise_the_cause(x, w_q, w_k, w_v, w_o, dtype, stored_k, cache):
+    """After a score or the output was not finite: the ValueError naming its cause, found by scanning the inputs.
+
+    First NaN/inf in x, a weight, or the cache's stored keys or values; then, all of them finite, the overflow
+    bound of :func:`check_head_range`; else the output check's message (an overflow of the output projection).
+    """
+    arrays = {"x": x, "w_q": w_q, "w_k": w_k, "w_v": w_v, "w_o": w_o}
+    if stored_k is not None:
+        arrays["k_cache (its stored keys)"] = stored_k
+        arrays["v_cache (its stored values)"] = cache.v_cache[..., : stored_k.shape[-2], :]
     try:
+        for name, array in arrays.items():
+            check_finite_array(name, array)
         check_head_range(x, w_q, w_k, w_v, w_o, dtype, stored_k)
     except ValueError as named:
         raise named from None
+    raise overflowed(dtype) from None

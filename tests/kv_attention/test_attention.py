@@ -271,6 +271,13 @@ def test_attend_checks_what_it_computes_not_a_bound():
     np.testing.assert_allclose(kv.attend(q, k, np.full_like(v, 1e308)), np.full((3, 2, 6), 1e308), rtol=1e-14)
 
 
+def test_nan_in_k_or_v_is_found_when_no_score_is_computed():
+    q, k, v = step_inputs()
+    k[0, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="^k contains NaN or inf$"):
+        kv.attend(q[:, :0], k, v)  # T_q = 0
+
+
 def test_a_score_overflowing_to_minus_inf_raises_though_the_output_is_finite():
     # q·k_0 = -1e400 is -inf: unchecked, k_0 gets weight 0 and the output is v_1, finite and wrong.
     q, k, v = np.array([[1e200, 0.0]]), np.array([[-1e200, 0.0], [1.0, 0.0]]), np.eye(2)

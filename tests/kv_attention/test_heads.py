@@ -421,3 +421,73 @@ def test_the_default_checks_of_a_step_never_read_a_weight_or_the_cache(monkeypat
     for a in scanned:
         for held in (*weights, cache.k_cache, cache.v_cache):
             assert not np.shares_memory(a, held)
+
+
+def _over_the_bound():
+    """x and weights whose bound |x|·|w_q|_F·|x|·|w_k|_F is 1e400 but whose q·k is 0: computed, not refused."""
+    x = np.array([[[1e100, 0.0]]])
+    w_q, w_k = np.array([[1e100, 0.0], [0.0, 0.0]]), np.array([[0.0, 1e100], [0.0, 0.0]])
+    return x, w_q, w_k, np.array([[1e-100, 0.0], [0.0, 0.0]]), np.eye(2)
+
+
+def test_inputs_over_the_bound_that_do_not_overflow_are_computed():
+    cache = kv.StaticCache((1, 1), 4, 2, 2)
+    cache.update(np.array([[[[0.0, 1.0]]]]), np.array([[[[1.0, 1.0]]]]))
+    out = heads_decode(*_over_the_bound(), n_heads=1, n_kv_heads=1, cache=cache)
+    # q = [1e200, 0] scores 0 against k_0 = [0, 1] and k_1 = [0, 1e200]: the mean of v_0 = [1, 1] and v_1 = [1, 0]
+    np.testing.assert_allclose(out, [[[1.0, 0.5]]], rtol=1e-14)
+
+
+def test_an_error_of_a_users_cache_comes_through_as_it_was_raised():
+    class Full:
+        def update(self, k, v):
+            raise ValueError("MyCache: no room left")
+
+        def get_seq_length(self):
+            return 0
+
+        def crop(self, length):
+            pass
+
+    for args in (_over_the_bound(), heads_problem(2, 1, n_heads=1, n_kv_heads=1, d_model=2, head_dim=2)):
+        with pytest.raises(ValueError, match="^MyCache: no room left$"):
+            heads_decode(*args, n_heads=1, n_kv_heads=1, cache=Full())
+
+
+@pytest.mark.parametrize("path", HEADS_PATHS)
+@pytest.mark.parametrize("make_cache", [lambda: kv.StaticCache((3, 2), 8, 3, 3), kv.DynamicCache])
+def test_a_cache_holding_a_bad_value_is_named(path, make_cache):
+    cache = make_cache()
+    v = np.ones((3, 2, 2, 3))
+    v[1, 0, 1, 2] = np.nan
+    cache.update(np.ones((3, 2, 2, 3)), v, check_finite=False)
+    with pytest.raises(ValueError, match=r"^v_cache \(its stored values\) contains NaN or inf$"):
+        heads_decode(*heads_problem(2), path=path, cache=cache)
+    assert cache.get_seq_length() == 2
+
+
+def test_a_failed_decode_leaves_a_dynamic_cache_with_its_dtype_and_axes():
+    cache = kv.DynamicCache()
+    cache.update(np.zeros((1, 1, 0, 2), np.float32), np.zeros((1, 1, 0, 2), np.float32))
+    eye = np.eye(2, dtype=np.float32)
+    with pytest.raises(ValueError, match="^x contains NaN or inf$"):
+        heads_decode(np.array([[[np.nan, 1.0]]], np.float32), eye, eye, eye, eye, n_heads=1, n_kv_heads=1, cache=cache)
+    assert cache.k_cache.shape == (1, 1, 0, 2) and cache.k_cache.dtype == np.float32
+    with pytest.raises(TypeError, match="cache holds float32 but the computation is float64"):
+        heads_decode(np.ones((1, 1, 2)), np.eye(2), np.eye(2), np.eye(2), np.eye(2), n_heads=1, n_kv_heads=1, cache=cache)
+
+
+@pytest.mark.parametrize("batch", [None, 0, 3])
+def test_nan_in_a_weight_is_found_when_no_score_is_computed(batch):
+    x, w_q, *rest = heads_problem(0 if batch != 0 else 2, batch)
+    w_q = w_q.copy()
+    w_q[0, 0] = np.nan
+    with pytest.raises(ValueError, match="^w_q contains NaN or inf$"):
+        heads_decode(x, w_q, *rest)
+
+
+def test_a_bad_value_in_the_cache_is_named_though_the_inputs_are_over_the_bound():
+    cache = kv.StaticCache((1, 1), 4, 2, 2)
+    cache.update(np.array([[[[0.0, 1.0]]]]), np.array([[[[np.nan, 1.0]]]]), check_finite=False)
+    with pytest.raises(ValueError, match=r"^v_cache \(its stored values\) contains NaN or inf$"):
+        heads_decode(*_over_the_bound(), n_heads=1, n_kv_heads=1, cache=cache)
