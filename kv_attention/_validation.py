@@ -183,7 +183,9 @@ def _check_score_range_exactly(x, w_q, w_k, w_v, dtype, stored_k):
         k, k_bound = max(k, _log10_max_norm(stored_k)), "max(|x_t|·|w_k|_F, the cache's |k_s|)"
         qk_bound = "|q|·|k|, the cache's keys included"
     bounds = {"|q|": (q, "|x_t|·|w_q|_F"), "|k|": (k, k_bound), "|v|": (v, "|x_t|·|w_v|_F"), "|q·k|": (q + k, qk_bound)}
-    raise_if_too_large("x and the weights are", bounds, dtype, "rescale x or the weights")
+    if stored_k is None:
+        raise_if_too_large("x and the weights are", bounds, dtype, "rescale x or the weights")
+    raise_if_too_large("x, the weights and the cache's keys are", bounds, dtype, "rescale x, the weights or the cache's keys")
 
 
 def raise_if_too_large(subject, bounds, dtype, remedy):
