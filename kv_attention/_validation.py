@@ -22,6 +22,14 @@ import math
 import numpy as np
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+class NonFiniteError(ValueError):
+    """The ValueError of the ``check_finite`` checks: NaN/inf in an input or a result, or a bound over the dtype.
+
+    A ValueError, as every such error always was; its own class lets a decode tell a failed finiteness
+    check (whose cause it then names) from any other error, which it lets through as raised.
+    """
 _FLOAT32, _FLOAT64 = SUPPORTED_DTYPES
 _MAX_STEP = 2**62  # a ragged decode's start_steps[i] + lengths[i] must stay within int64
 
@@ -36,7 +44,7 @@ def as_float_array(name, value):
     """
     array = _as_array(name, value)
     if not np.isfinite(array).all():
-        raise ValueError(f"{name} contains NaN or inf")
+        raise NonFiniteError(f"{name} contains NaN or inf")
     return array
 
 
@@ -140,7 +148,7 @@ def sum_of_squares(a):
 def check_finite_array(name, a):
     """Raise ValueError naming ``name`` if ``a`` holds NaN/inf: one BLAS pass, ``np.isfinite`` only when it is not finite."""
     if not math.isfinite(sum_of_squares(a)) and not np.isfinite(a).all():
-        raise ValueError(f"{name} contains NaN or inf")
+        raise NonFiniteError(f"{name} contains NaN or inf")
 
 
 def all_finite(*arrays):
@@ -175,7 +183,7 @@ def _check_score_range_exactly(x, w_q, w_k, w_v, dtype, stored_k):
     """:func:`check_score_range` with each norm scaled before squaring and the bounds combined in log10."""
     for name, a in (("x", x), ("w_q", w_q), ("w_k", w_k), ("w_v", w_v), ("k_cache (its stored keys)", stored_k)):
         if a is not None and not np.isfinite(a).all():
-            raise ValueError(f"{name} contains NaN or inf")
+            raise NonFiniteError(f"{name} contains NaN or inf")
     x_norm = _log10_max_norm(x)  # |x_t|, the largest over t
     q, k, v = (x_norm + _log10_max_norm(w.reshape(1, -1)) for w in (w_q, w_k, w_v))  # |x_t|·|w|_F
     k_bound, qk_bound = "|x_t|·|w_k|_F", "|q|·|k|"
@@ -196,7 +204,7 @@ def raise_if_too_large(subject, bounds, dtype, remedy):
     limit = _LOG10_LIMIT[np.dtype(dtype)]
     tripped = {label: f"{label} <= {formula} = {_power_of_ten(value)}" for label, (value, formula) in bounds.items() if value > limit}
     if tripped:
-        raise ValueError(
+        raise NonFiniteError(
             f"{subject} too large for {np.dtype(dtype)}: {' and '.join(tripped)} could overflow "
             f"({', '.join(tripped.values())}; the limit is {_power_of_ten(limit)}, half the dtype's max); {remedy}"
         )
@@ -236,7 +244,7 @@ def check_finite_output(out):
 
 def overflowed(dtype):
     """The ValueError of :func:`check_finite_output` for a computation in ``dtype``."""
-    return ValueError(
+    return NonFiniteError(
         f"attention overflowed {np.dtype(dtype)}: the projections, scores or a given "
         "cache's keys/values are too large for the dtype (or not finite)"
     )

@@ -51,6 +51,7 @@ import math
 import numpy as np
 
 from ._validation import (
+    NonFiniteError,
     _FAST_LIMIT_SQUARED,
     _FLOAT32,
     _FLOAT64,
@@ -199,7 +200,7 @@ def _check_range(q, k, v):
     if not (q2 * k2 <= _FAST_LIMIT_SQUARED and v2 <= _FAST_LIMIT_SQUARED and q2 <= _FAST_LIMIT_SQUARED):
         for name, a in (("q", q), ("k", k), ("v", v)):
             if not np.isfinite(a).all():
-                raise ValueError(f"{name} contains NaN or inf")
+                raise NonFiniteError(f"{name} contains NaN or inf")
         dtype = np.result_type(q, k, v)
         check_scores_fit(dtype, q, k)
         raise_if_too_large("v is", {"|v|": (_log10_max_norm(v), "|v_s|")}, dtype, "rescale v")
@@ -208,7 +209,7 @@ def _check_range(q, k, v):
 def _check_masked_range(q, k, v, valid):
     """:func:`_check_range` over the keys and values ``valid`` marks; ``(k, v)``, masked NaN/inf as 0 (in a copy)."""
     if not np.isfinite(q).all():
-        raise ValueError("q contains NaN or inf")
+        raise NonFiniteError("q contains NaN or inf")
     keys, values = k[valid], v[valid]  # [valid keys, D_k], [valid keys, D_v]
     k, v = finite_where_valid("k", k, keys, valid), finite_where_valid("v", v, values, valid)
     dtype = np.result_type(q, k, v)
@@ -227,7 +228,7 @@ def finite_where_valid(name, array, held, valid, where="at a valid key"):
     if np.isfinite(array).all():  # the common case: one pass
         return array
     if not np.isfinite(held).all():
-        raise ValueError(f"{name} contains NaN or inf {where}")
+        raise NonFiniteError(f"{name} contains NaN or inf {where}")
     return np.where(valid[..., None], array, 0.0).astype(array.dtype, copy=False)
 
 
@@ -336,7 +337,7 @@ def attend(q, k, v, *, check_finite=True):
     if not all_finite(scores, out):  # the inputs are read again only now, to name what failed
         _check_range(q, k, v)
         check_finite_output(out)
-        raise ValueError("a score overflowed: q and k are too large for the dtype; rescale q or k")
+        raise NonFiniteError("a score overflowed: q and k are too large for the dtype; rescale q or k")
     return out
 
 

@@ -25,6 +25,7 @@ import numpy as np
 
 from ._validation import (
     SUPPORTED_DTYPES,
+    NonFiniteError,
     _as_array,
     as_float_dtype,
     as_size,
@@ -241,7 +242,7 @@ def _fits_as_it_is(k, v, k_cache, v_cache):
 def _refuse_non_finite(k, v):
     for name, array in (("k", k), ("v", v)):
         if not np.isfinite(array).all():
-            raise ValueError(f"{name} contains NaN or inf")
+            raise NonFiniteError(f"{name} contains NaN or inf")
 
 
 def _as_new_positions(k, v, cache, check_finite):
@@ -335,6 +336,12 @@ def check_head_cache_fits(cache, x, n_kv_heads, head_dim, dtype):
     return check_cache_fits(cache, x, None, None, dtype, layout=(expected, expected, text))
 
 
+def _are_buffers(k, v):
+    """Whether ``k``, ``v`` can be a cache's buffers ``[..., T, D_k]``, ``[..., T, D_v]``: one float dtype, same axes but D."""
+    return (type(k) is np.ndarray and type(v) is np.ndarray and k.ndim >= 2 and k.ndim == v.ndim
+            and k.dtype in SUPPORTED_DTYPES and v.dtype == k.dtype and k.shape[:-1] == v.shape[:-1])
+
+
 class DynamicCache(Cache):
     """A K/V cache that grows by ``np.concatenate`` at every update.
 
@@ -384,8 +391,11 @@ class DynamicCache(Cache):
         TypeError for anything but what :meth:`snapshot` returns; the cache is then unchanged.
         """
         if not (isinstance(snapshot, tuple) and len(snapshot) == 2
-                and (all(a is None for a in snapshot) or all(type(a) is np.ndarray for a in snapshot))):
-            raise TypeError(f"restore takes what snapshot() returned, (k_cache, v_cache), got {snapshot!r:.200}")
+                and (all(a is None for a in snapshot) or _are_buffers(*snapshot))):
+            raise TypeError(
+                "restore takes what snapshot() returned: (k_cache, v_cache), both None or arrays [..., T, D] of "
+                f"float32 or float64 with the same dtype and the same axes but D, got {snapshot!r:.200}"
+            )
         self.k_cache, self.v_cache = snapshot
 
     def crop(self, length):

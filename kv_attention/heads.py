@@ -23,12 +23,15 @@ overflow does. A decode at model shapes thus reads its weights and its cache onc
 per step, not once more for a scan. Only when a check fails are the inputs scanned,
 after a given cache was rolled back, to name the cause: NaN/inf in x, a weight, or
 the cache's stored keys or values, then the overflow bound of
-``_validation.check_score_range``. Any other error (a user cache's own) comes
-through as raised. Whether a sum whose partial sums overflow but whose total does
-not is refused depends on the order BLAS adds in; what is returned is right either
-way. A call that computes no score (T = 0, B = 0) scans its inputs, as do
-``multi_head_attention`` and a split decode (``num_splits``), before they compute.
-With False every element check is skipped.
+``_validation.check_score_range``. Any other error (a user cache's own, a shape
+it returns) comes through as raised; every error of these checks is a
+``_validation.NonFiniteError``, a ValueError. Whether a sum whose partial sums
+overflow but whose total does not is refused depends on the order BLAS adds in;
+what is returned is right either way. A call that computes no score (T = 0, B = 0)
+scans its inputs first, and so does ``multi_head_attention``; a split decode
+(``num_splits``) checks each step's q, k and v as ``split_kv_attention`` does
+(NaN/inf and the bound), then names the cause as above. With False every element
+check is skipped, a given StaticCache's or DynamicCache's ``update`` included.
 
 MHA (H_kv = H_q) is Vaswani et al. 2017, section 3.2.2; MQA (H_kv = 1) is Shazeer
 2019, "Fast Transformer Decoding: One Write-Head is All You Need"; GQA (1 < H_kv
@@ -44,6 +47,7 @@ import functools
 import numpy as np
 
 from ._validation import (
+    NonFiniteError,
     _as_array,
     all_finite,
     as_flag,
@@ -156,19 +160,13 @@ def _unchecked_attend(q, k, v):
     return attend(q, k, v, check_finite=False)
 
 
-class _NotFinite(ValueError):
-    """A score or the output of a checked decode was not finite: :func:`multi_head_decode` names the cause."""
+class _OutputNotFinite(NonFiniteError):
+    """Every step's attention was finite but the output projection was not: the cause is w_o, or heads @ w_o."""
 
 
 def _checked_attend(q, k, v):
-    """:func:`~kv_attention.attention.attend` with its checks of what it computed: every score and the output finite.
-
-    Its ValueError (naming q, k or v, the decode's own projections and cache views) becomes :class:`_NotFinite`.
-    """
-    try:
-        return attend(q, k, v, check_finite=True)
-    except ValueError as error:
-        raise _NotFinite(str(error)) from None
+    """:func:`~kv_attention.attention.attend` with its checks of what it computed: every score and the output finite."""
+    return attend(q, k, v, check_finite=True)
 
 
 def _attend_repeat_kv(q, k, v, attention=None):
@@ -222,13 +220,16 @@ def _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache, upda
             heads = step(q_t, k, v)  # [..., H_kv, G, D_head] or [..., H_q, 1, D_head]
             out[..., t, :] = heads.reshape(heads_shape) @ w_o  # [..., D_out]
         if check_finite and not all_finite(out):
-            raise _NotFinite("the output is not finite")
+            raise _OutputNotFinite("the output is not finite")
     return out
 
 
-def _split_kv_step(path, num_splits):
-    """The step of ``path`` with each head's attention split over the cache: S into ``num_splits`` parts, merged."""
-    attention = functools.partial(split_kv_attention, num_splits=num_splits, check_finite=False)
+def _split_kv_step(path, num_splits, check_finite):
+    """The step of ``path`` with each head's attention split over the cache: S into ``num_splits`` parts, merged.
+
+    ``check_finite``: split-KV attention's own checks of its q, k and v at every step (NaN/inf and the bound).
+    """
+    attention = functools.partial(split_kv_attention, num_splits=num_splits, check_finite=check_finite)
     return functools.partial(_STEPS[path], attention=attention)
 
 
@@ -262,7 +263,7 @@ def multi_head_decode(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, path="group
     check_choice("path", path, PATHS)
     check_finite = as_flag("check_finite", check_finite)
     if num_splits is not None:
-        step = _split_kv_step(path, as_num_splits(num_splits))
+        step = _split_kv_step(path, as_num_splits(num_splits), check_finite)
     elif check_finite:  # attend checks what it computes: every score and its output finite
         step = functools.partial(_STEPS[path], attention=_checked_attend)
     else:
@@ -273,35 +274,43 @@ def multi_head_decode(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, path="group
     if cache is not None:
         cache = as_cache(cache)
         stored_k = check_head_cache_fits(cache, x, n_kv_heads, head_dim, dtype)
-    if check_finite and (num_splits is not None or x.size == 0):  # split-KV's steps check nothing, nor does no step
-        check_head_range(x, w_q, w_k, w_v, w_o, dtype, stored_k)
+    if check_finite and x.size == 0:  # no step computes a score to show a NaN/inf: scan the inputs
+        _scan_inputs(x, w_q, w_k, w_v, w_o, dtype, stored_k, cache)
     if cache is None:
         cache = StaticCache(x.shape[:-2] + (n_kv_heads,), x.shape[-2], head_dim, head_dim, dtype)
         update = functools.partial(cache.update, check_finite=False)  # the decode's own: its values checked in attend
-    elif check_finite and type(cache) in (StaticCache, DynamicCache):  # the new K/V are checked through the scores,
-        update = functools.partial(cache.update, check_finite=False)  # and a NaN is then named as x's or a weight's
+    elif type(cache) in (StaticCache, DynamicCache):  # the new K/V are checked through the scores (or not at all)
+        update = functools.partial(cache.update, check_finite=False)
     else:
         update = cache.update
     try:
         return _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache, update, check_finite)
-    except _NotFinite:  # raised after the cache was rolled back
-        _raise_the_cause(x, w_q, w_k, w_v, w_o, dtype, stored_k, cache)
+    except NonFiniteError as error:  # a check_finite check failed, after the cache was rolled back
+        _raise_the_cause(x, w_q, w_k, w_v, w_o, dtype, stored_k, cache, isinstance(error, _OutputNotFinite))
 
 
-def _raise_the_cause(x, w_q, w_k, w_v, w_o, dtype, stored_k, cache):
-    """After a score or the output was not finite: the ValueError naming its cause, found by scanning the inputs.
+def _raise_the_cause(x, w_q, w_k, w_v, w_o, dtype, stored_k, cache, in_the_output):
+    """After a check failed: the ValueError naming its cause (:func:`_scan_inputs`), else the output check's.
 
-    First NaN/inf in x, a weight, or the cache's stored keys or values; then, all of them finite, the overflow
-    bound of :func:`check_head_range`; else the output check's message (an overflow of the output projection).
+    ``in_the_output``: every step's attention was finite, so only w_o or ``heads @ w_o`` can be the cause,
+    and the bound of the scores is not asked.
     """
+    try:
+        if in_the_output:
+            check_finite_array("w_o", w_o)
+        else:
+            _scan_inputs(x, w_q, w_k, w_v, w_o, dtype, stored_k, cache)
+    except NonFiniteError as named:
+        raise named from None
+    raise overflowed(dtype) from None
+
+
+def _scan_inputs(x, w_q, w_k, w_v, w_o, dtype, stored_k, cache):
+    """NaN/inf in x, a weight, or the cache's stored keys or values, then the overflow bound (:func:`check_head_range`)."""
     arrays = {"x": x, "w_q": w_q, "w_k": w_k, "w_v": w_v, "w_o": w_o}
     if stored_k is not None:
         arrays["k_cache (its stored keys)"] = stored_k
         arrays["v_cache (its stored values)"] = cache.v_cache[..., : stored_k.shape[-2], :]
-    try:
-        for name, array in arrays.items():
-            check_finite_array(name, array)
-        check_head_range(x, w_q, w_k, w_v, w_o, dtype, stored_k)
-    except ValueError as named:
-        raise named from None
-    raise overflowed(dtype) from None
+    for name, array in arrays.items():
+        check_finite_array(name, array)
+    check_head_range(x, w_q, w_k, w_v, w_o, dtype, stored_k)

@@ -430,3 +430,20 @@ def test_update_without_the_finite_scan_still_checks_types_and_shapes(make):
     with pytest.raises(ValueError, match="k contains NaN or inf"):
         cache.update(np.full((1, 3), np.nan), positions(1, d=2))  # the default scans
     assert cache.get_seq_length() == 1
+
+
+@pytest.mark.parametrize("snapshot", [
+    (np.zeros(3), np.zeros(5)),  # no T axis
+    (np.zeros((1, 4, 2)), np.zeros((1, 5, 2))),  # k and v of different lengths
+    (np.zeros((1, 4, 2), np.int64), np.zeros((1, 4, 2), np.int64)),
+    (np.zeros((1, 4, 2), np.float32), np.zeros((1, 4, 2))),  # two dtypes
+    (np.zeros((1, 4, 2)),), None, "k",
+])
+def test_a_dynamic_caches_restore_refuses_what_no_snapshot_is(snapshot):
+    cache = kv.DynamicCache()
+    cache.update(np.ones((1, 2, 2)), np.ones((1, 2, 2)))
+    with pytest.raises(TypeError, match="restore takes what snapshot"):
+        cache.restore(snapshot)
+    assert cache.get_seq_length() == 2 and cache.k_cache.shape == (1, 2, 2)
+    cache.restore(cache.snapshot())  # its own: unchanged
+    assert cache.get_seq_length() == 2

@@ -492,3 +492,105 @@ def test_a_bad_value_in_the_cache_is_named_though_the_inputs_are_over_the_bound(
     cache.update(np.array([[[[0.0, 1.0]]]]), np.array([[[[np.nan, 1.0]]]]), check_finite=False)
     with pytest.raises(ValueError, match=r"^v_cache \(its stored values\) contains NaN or inf$"):
         heads_decode(*_over_the_bound(), n_heads=1, n_kv_heads=1, cache=cache)
+
+
+class _ListCache:
+    """A user's cache (no Cache subclass, no k_cache): K/V grown by concatenation."""
+
+    def __init__(self, k, v):
+        self.k, self.v = k, v
+
+    def update(self, k, v):
+        self.k, self.v = np.concatenate([self.k, k], -2), np.concatenate([self.v, v], -2)
+        return self.k, self.v
+
+    def get_seq_length(self):
+        return self.k.shape[-2]
+
+    def crop(self, length):
+        self.k, self.v = self.k[..., :length, :], self.v[..., :length, :]
+
+
+@pytest.mark.parametrize("num_splits", [None, 1, 2])
+def test_a_users_cache_with_a_huge_key_gives_the_right_answer_or_an_error(num_splits):
+    # q = 0.5·x: q·k_0 sums terms of +-5e307 to 0, and some orders of that sum overflow. The right answer:
+    # scores 0 (k_0) and 4 / sqrt(8) (the new key, ones), over values 100 and 1.
+    signs = np.array([-1, 1, -1, -1, 1, 1, 1, -1.0]).reshape(1, 1, 1, 8)
+    cache, eye = _ListCache(1e308 * signs, np.full((1, 1, 1, 8), 100.0)), np.eye(8)
+    weights = np.exp([0.0, 4 / np.sqrt(8)])
+    expected = (weights @ [100.0, 1.0]) / weights.sum()
+    try:
+        out = heads_decode(np.ones((1, 1, 8)), 0.5 * eye, eye, eye, eye, n_heads=1, n_kv_heads=1, cache=cache,
+                           num_splits=num_splits)
+    except ValueError:
+        assert cache.get_seq_length() == 1
+    else:
+        np.testing.assert_allclose(out, np.full((1, 1, 8), expected), rtol=1e-12)
+
+
+@pytest.mark.parametrize("num_splits", [None, 1, 2])
+def test_a_users_cache_holding_minus_inf_is_refused_split_or_not(num_splits):
+    cache, eye = _ListCache(np.full((1, 1, 1, 8), -np.inf), np.full((1, 1, 1, 8), 100.0)), np.eye(8)
+    with pytest.raises(ValueError):
+        heads_decode(np.ones((1, 1, 8)), eye, eye, eye, eye, n_heads=1, n_kv_heads=1, cache=cache, num_splits=num_splits)
+    assert cache.get_seq_length() == 1
+
+
+@pytest.mark.parametrize("make_cache", [lambda: kv.StaticCache((1, 2), 3, 2, 2), kv.DynamicCache])
+def test_check_finite_false_scans_nothing_a_given_library_cache_included(make_cache):
+    x, *weights = heads_problem(3, 1, n_heads=4, n_kv_heads=2, head_dim=2)
+    x = x.copy()
+    x[0, 1, 0] = np.nan
+    with np.errstate(invalid="ignore"):
+        out = heads_decode(x, *weights, n_heads=4, n_kv_heads=2, cache=make_cache(), check_finite=False)
+    assert np.isnan(out[0, 1:]).all() and np.isfinite(out[0, 0]).all()  # NaN from position 1 on, as computed
+
+
+def test_a_subclass_of_a_library_cache_names_the_decodes_argument():
+    class MyStatic(kv.StaticCache):
+        pass
+
+    x, *weights = heads_problem(3)
+    x = x.copy()
+    x[0, 1, 0] = np.nan
+    cache = MyStatic((3, 2), 8, 3, 3)
+    with pytest.raises(ValueError, match="^x contains NaN or inf$"):
+        heads_decode(x, *weights, cache=cache)
+    assert cache.get_seq_length() == 0
+
+
+def test_a_cache_returning_the_wrong_shape_gets_the_shape_error():
+    class Short(kv.Cache):
+        def __init__(self):
+            self.cache = kv.DynamicCache()
+
+        def update(self, k, v):
+            k_all, v_all = self.cache.update(k, v)
+            return k_all, v_all[..., :-1, :]
+
+        def get_seq_length(self):
+            return self.cache.get_seq_length()
+
+        def crop(self, length):
+            self.cache.crop(length)
+
+    with pytest.raises(ValueError, match="q and k must share D_k, and k and v the S axis"):
+        heads_decode(*heads_problem(3), cache=Short())
+
+
+def test_an_overflow_of_the_output_projection_is_not_blamed_on_the_scores():
+    f = np.float32
+    x = np.ones((1, 2), f)
+    w_q, w_k, w_v = np.array([[1e19, 0], [0, 1e-19]], f), np.array([[1e-19, 0], [0, 1e19]], f), np.eye(2, dtype=f)
+    np.testing.assert_allclose(heads_decode(x, w_q, w_k, w_v, np.eye(2, dtype=f), n_heads=2, n_kv_heads=2), [[1, 1]])
+    with pytest.raises(ValueError, match="^attention overflowed float32"):
+        heads_decode(x, w_q, w_k, w_v, np.full((2, 2), 3e38, f), n_heads=2, n_kv_heads=2)
+
+
+def test_no_step_still_finds_a_bad_stored_value():
+    cache = kv.StaticCache((3, 2), 8, 3, 3)
+    v = np.ones((3, 2, 1, 3))
+    v[0, 0, 0, 0] = np.nan
+    cache.update(np.ones((3, 2, 1, 3)), v, check_finite=False)
+    with pytest.raises(ValueError, match=r"^v_cache \(its stored values\) contains NaN or inf$"):
+        heads_decode(*heads_problem(0), cache=cache)
