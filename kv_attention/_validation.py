@@ -186,12 +186,14 @@ def _check_score_range_exactly(x, w_q, w_k, w_v, dtype, stored_k):
             raise NonFiniteError(f"{name} contains NaN or inf")
     x_norm = _log10_max_norm(x)  # |x_t|, the largest over t
     q, k, v = (x_norm + _log10_max_norm(w.reshape(1, -1)) for w in (w_q, w_k, w_v))  # |x_t|·|w|_F
-    k_bound, qk_bound = "|x_t|·|w_k|_F", "|q|·|k|"
+    k_bound, qk_bound, k_from_x = "|x_t|·|w_k|_F", "|q|·|k|", k
     if stored_k is not None:
         k, k_bound = max(k, _log10_max_norm(stored_k)), "max(|x_t|·|w_k|_F, the cache's |k_s|)"
         qk_bound = "|q|·|k|, the cache's keys included"
     bounds = {"|q|": (q, "|x_t|·|w_q|_F"), "|k|": (k, k_bound), "|v|": (v, "|x_t|·|w_v|_F"), "|q·k|": (q + k, qk_bound)}
-    if stored_k is None:
+    limit = _LOG10_LIMIT[np.dtype(dtype)]
+    keys_tripped = k > limit or q + k > limit
+    if stored_k is None or not (keys_tripped and _log10_max_norm(stored_k) > k_from_x):
         raise_if_too_large("x and the weights are", bounds, dtype, "rescale x or the weights")
     raise_if_too_large("x, the weights and the cache's keys are", bounds, dtype, "rescale x, the weights or the cache's keys")
 

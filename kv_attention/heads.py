@@ -60,9 +60,11 @@ from ._validation import (
 )
 from .attention import _WEIGHT_NAMES, _check_shapes, attend, causal_attention
 from .cache import DynamicCache, StaticCache, as_cache, check_head_cache_fits, rolled_back_on_error
+from .quantized import QuantizedCache
 from .split import as_num_splits, split_kv_attention
 
 PATHS = ("repeat_kv", "grouped")
+_LIBRARY_UPDATES = (StaticCache.update, DynamicCache.update, QuantizedCache.update)  # each takes check_finite
 
 
 # Checks of the head counts, x and the four weights, and a given cache
@@ -160,13 +162,36 @@ def _unchecked_attend(q, k, v):
     return attend(q, k, v, check_finite=False)
 
 
-class _OutputNotFinite(NonFiniteError):
+class _DecodeCheckFailed(NonFiniteError):
+    """A check of the decode's own failed (a step's attention, or the output): the decode then names the cause.
+
+    Its own class, so that a NonFiniteError a user's cache raises comes through as raised.
+    """
+
+
+class _OutputNotFinite(_DecodeCheckFailed):
     """Every step's attention was finite but the output projection was not: the cause is w_o, or heads @ w_o."""
 
 
+def _checked(attention):
+    """``attention(q, k, v)`` with ``check_finite=True``, its NonFiniteError raised as :class:`_DecodeCheckFailed`
+    (for split-KV attention: :func:`_checked_attend` is attend's)."""
+
+    def checked(q, k, v):
+        try:
+            return attention(q, k, v, check_finite=True)
+        except NonFiniteError as error:
+            raise _DecodeCheckFailed(str(error)) from None
+
+    return checked
+
+
 def _checked_attend(q, k, v):
-    """:func:`~kv_attention.attention.attend` with its checks of what it computed: every score and the output finite."""
-    return attend(q, k, v, check_finite=True)
+    """:func:`~kv_attention.attention.attend`'s checks of what it computed: every score and the output finite."""
+    try:
+        return attend(q, k, v, check_finite=True)
+    except NonFiniteError as error:
+        raise _DecodeCheckFailed(str(error)) from None
 
 
 def _attend_repeat_kv(q, k, v, attention=None):
@@ -229,8 +254,10 @@ def _split_kv_step(path, num_splits, check_finite):
 
     ``check_finite``: split-KV attention's own checks of its q, k and v at every step (NaN/inf and the bound).
     """
-    attention = functools.partial(split_kv_attention, num_splits=num_splits, check_finite=check_finite)
-    return functools.partial(_STEPS[path], attention=attention)
+    attention = functools.partial(split_kv_attention, num_splits=num_splits)
+    if check_finite:
+        return functools.partial(_STEPS[path], attention=_checked(attention))
+    return functools.partial(_STEPS[path], attention=functools.partial(attention, check_finite=False))
 
 
 def multi_head_decode(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, path="grouped", cache=None, num_splits=None,
@@ -279,13 +306,13 @@ def multi_head_decode(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, path="group
     if cache is None:
         cache = StaticCache(x.shape[:-2] + (n_kv_heads,), x.shape[-2], head_dim, head_dim, dtype)
         update = functools.partial(cache.update, check_finite=False)  # the decode's own: its values checked in attend
-    elif type(cache) in (StaticCache, DynamicCache):  # the new K/V are checked through the scores (or not at all)
+    elif type(cache).update in _LIBRARY_UPDATES:  # the new K/V are checked through the scores (or not at all)
         update = functools.partial(cache.update, check_finite=False)
     else:
         update = cache.update
     try:
         return _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, cache, update, check_finite)
-    except NonFiniteError as error:  # a check_finite check failed, after the cache was rolled back
+    except _DecodeCheckFailed as error:  # a check of the decode's own failed, after the cache was rolled back
         _raise_the_cause(x, w_q, w_k, w_v, w_o, dtype, stored_k, cache, isinstance(error, _OutputNotFinite))
 
 

@@ -68,7 +68,9 @@ from collections import namedtuple
 
 import numpy as np
 
-from ._validation import _as_array, as_flag, as_float_array, as_float_dtype, as_size, check_choice, check_finite_output
+from ._validation import (
+    NonFiniteError, _as_array, as_flag, as_float_array, as_float_dtype, as_size, check_choice, check_finite_output,
+)
 from .attention import softmax
 from .cache import Cache, as_batch_shape, check_crop
 
@@ -157,7 +159,7 @@ class _Quantizer:
         with np.errstate(over="ignore"):
             scale = (hi - lo) / levels
         if not np.isfinite(scale).all():
-            raise ValueError(f"k or v too large to quantize in {self.dtype}: max - min of a group overflows (or is NaN)")
+            raise NonFiniteError(f"k or v too large to quantize in {self.dtype}: max - min of a group overflows (or is NaN)")
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = (xg - lo[..., None]) / scale[..., None]
         codes = np.where(scale[..., None] > 0, np.clip(np.rint(ratio), 0, levels), 0).astype(np.uint8)
@@ -274,7 +276,7 @@ class QuantizedCache(Cache):
             limit = float(np.finfo(self.dtype).max) / 4
             for name, array in (("k", k), ("v", v)):
                 if array.size and float(np.abs(array).max()) > limit:
-                    raise ValueError(f"{name} holds |x| = {float(np.abs(array).max()):.3g}, beyond max / 4 = "
+                    raise NonFiniteError(f"{name} holds |x| = {float(np.abs(array).max()):.3g}, beyond max / 4 = "
                                      f"{limit:.3g} of {self.dtype} that a quantized cache holds (the module's Range)")
         return k.astype(self.dtype, copy=False), v.astype(self.dtype, copy=False)
 

@@ -42,6 +42,7 @@ blog "Cascade Inference: Memory Bandwidth Efficient Shared Prefix Batch Decoding
 import numpy as np
 
 from ._validation import (
+    NonFiniteError,
     _as_array,
     as_flag,
     as_float_array,
@@ -71,7 +72,7 @@ def as_num_splits(num_splits):
 def check_lse(name, array):
     """Raise ValueError unless every log-sum-exp of ``array`` is finite, or -inf for a state with no keys."""
     if np.isnan(array).any() or np.isposinf(array).any():
-        raise ValueError(
+        raise NonFiniteError(
             f"{name} contains NaN or +inf: an lse is finite, or -inf for a state with no keys "
             "(FlashAttention before its PR #978 wrote +inf there; pass -inf)"
         )

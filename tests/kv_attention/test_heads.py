@@ -594,3 +594,44 @@ def test_no_step_still_finds_a_bad_stored_value():
     cache.update(np.ones((3, 2, 1, 3)), v, check_finite=False)
     with pytest.raises(ValueError, match=r"^v_cache \(its stored values\) contains NaN or inf$"):
         heads_decode(*heads_problem(0), cache=cache)
+
+
+def test_the_overflow_message_names_the_cache_only_where_its_keys_raised_the_bound():
+    cache = kv.StaticCache((3, 2), 8, 3, 3)
+    cache.update(np.zeros((3, 2, 1, 3)), np.zeros((3, 2, 1, 3)))  # keys of norm 0
+    x, w_q, w_k, w_v, w_o = heads_problem(2)
+    with pytest.raises(ValueError, match=r"^x and the weights are too large for float64: \|v\| could overflow"):
+        heads_decode(x, w_q, w_k, w_v * 1e308, w_o, cache=cache, check_finite=True)
+
+
+def test_a_users_cache_raising_a_non_finite_error_of_its_own_is_not_renamed():
+    from kv_attention._validation import NonFiniteError
+
+    class Own(_ListCache):
+        def update(self, k, v):
+            raise NonFiniteError("my own")
+
+    with pytest.raises(NonFiniteError, match="^my own$"):
+        heads_decode(*heads_problem(2), cache=Own(np.zeros((3, 2, 0, 3)), np.zeros((3, 2, 0, 3))))
+
+
+def test_check_finite_false_scans_nothing_with_a_subclass_of_a_library_cache():
+    # (A QuantizedCache refuses a NaN group it cannot quantize, check_finite or not: its own contract.)
+    x, *weights = heads_problem(3, 1, n_heads=4, n_kv_heads=2, head_dim=2)
+    cache = type("MyStatic", (kv.StaticCache,), {})((1, 2), 3, 2, 2)
+    with np.errstate(invalid="ignore"):
+        out = heads_decode(x * np.nan, *weights, n_heads=4, n_kv_heads=2, cache=cache, check_finite=False)
+    assert np.isnan(out).all()
+
+
+def test_every_error_of_the_checks_is_a_non_finite_error():
+    from kv_attention._validation import NonFiniteError
+
+    with pytest.raises(NonFiniteError, match=r"lse contains NaN or \+inf"):
+        kv.merge_attention_states([(np.zeros((2, 3)), np.array([np.nan, 0.0])), (np.zeros((2, 3)), np.zeros(2))])
+    with pytest.raises(NonFiniteError, match="beyond max / 4"):
+        kv.QuantizedCache((1,), 2, 2, group_size=2, residual_length=2).update(np.full((1, 1, 2), 1e308), np.ones((1, 1, 2)))
+    with pytest.raises(NonFiniteError, match="^q contains NaN or inf$"):
+        kv.attend(np.array([[np.nan, 1.0]]), np.ones((1, 2)), np.ones((1, 2)))
+    with np.errstate(over="ignore"), pytest.raises(NonFiniteError, match="^q and k are too large"):
+        kv.attend(np.array([[1e200, 1.0]]), np.array([[1e200, 1.0]]), np.ones((1, 2)))
