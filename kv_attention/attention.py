@@ -51,18 +51,18 @@ import math
 import numpy as np
 
 from ._validation import (
-    NonFiniteError,
     _FAST_LIMIT_SQUARED,
     _FLOAT32,
     _FLOAT64,
     _as_array,
     _log10_max_norm,
     _vdot,
+    NonFiniteError,
+    all_finite,
     as_flag,
     as_size,
     check_finite_output,
     check_score_range,
-    all_finite,
     raise_if_too_large,
     sum_of_squares,
 )

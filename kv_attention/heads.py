@@ -173,25 +173,23 @@ class _OutputNotFinite(_DecodeCheckFailed):
     """Every step's attention was finite but the output projection was not: the cause is w_o, or heads @ w_o."""
 
 
-def _checked(attention):
-    """``attention(q, k, v)`` with ``check_finite=True``, its NonFiniteError raised as :class:`_DecodeCheckFailed`
-    (for split-KV attention: :func:`_checked_attend` is attend's)."""
+def _checked(attention=None):
+    """``attention(q, k, v)`` with ``check_finite=True``, its NonFiniteError raised as :class:`_DecodeCheckFailed`.
+
+    ``attention``: split-KV attention, or None for :func:`~kv_attention.attention.attend` (looked up at each
+    call), whose checks test what it computed: every score and the output finite.
+    """
 
     def checked(q, k, v):
         try:
-            return attention(q, k, v, check_finite=True)
+            return (attention or attend)(q, k, v, check_finite=True)
         except NonFiniteError as error:
             raise _DecodeCheckFailed(str(error)) from None
 
     return checked
 
 
-def _checked_attend(q, k, v):
-    """:func:`~kv_attention.attention.attend`'s checks of what it computed: every score and the output finite."""
-    try:
-        return attend(q, k, v, check_finite=True)
-    except NonFiniteError as error:
-        raise _DecodeCheckFailed(str(error)) from None
+_checked_attend = _checked()
 
 
 def _attend_repeat_kv(q, k, v, attention=None):
@@ -333,11 +331,11 @@ def _raise_the_cause(x, w_q, w_k, w_v, w_o, dtype, stored_k, cache, in_the_outpu
 
 
 def _scan_inputs(x, w_q, w_k, w_v, w_o, dtype, stored_k, cache):
-    """NaN/inf in x, a weight, or the cache's stored keys or values, then the overflow bound (:func:`check_head_range`)."""
+    """NaN/inf in x, a weight, or the cache's stored keys or values, then the overflow bound of the scores."""
     arrays = {"x": x, "w_q": w_q, "w_k": w_k, "w_v": w_v, "w_o": w_o}
     if stored_k is not None:
         arrays["k_cache (its stored keys)"] = stored_k
         arrays["v_cache (its stored values)"] = cache.v_cache[..., : stored_k.shape[-2], :]
     for name, array in arrays.items():
         check_finite_array(name, array)
-    check_head_range(x, w_q, w_k, w_v, w_o, dtype, stored_k)
+    check_score_range(x, w_q, w_k, w_v, dtype, stored_k)
