@@ -13,7 +13,7 @@ the batch-size sweep, heads or ragged batches.
 
 SOURCE = ('the lab\'s README, "Phase 2 Lab: Causal Attention, KV Cache 与 Batched Decode": '
           "AMD Ryzen 7 9700X, CPython 3.14.7, NumPy 2.5.2, OpenBLAS 0.3.34 one thread, median of 30")
-MACHINE = "AMD Ryzen 7 9700X, NumPy 2.5.2, OpenBLAS one thread"
+MACHINE = "Ryzen 7 9700X, NumPy 2.5.2"
 LABEL = "lab (Ryzen 7 9700X, published)"
 
 # T -> median ms of the whole decode of one sequence, per strategy (its "KV Cache 策略" table).

@@ -68,9 +68,9 @@ CHECK_RTOL, CHECK_ATOL = inspect.signature(verified_decode).parameters["rtol"].d
 BATCH_STEP = "bench_batch.BatchRatios.track_"  # + sequential_step, batched_step, saved_step (+ _low, _high)
 LAB_CACHE_RATIOS = {"no_cache": lab.NO_CACHE_SPEEDUP,  # its concat / preallocated: from its medians
                     "concat": dict(zip(*lab.ratio(lab.CACHE_MS, "concat", "preallocated")))}
-LAB_NOTE = (f"lab's: the lab's published medians, on another machine ({lab.MACHINE}); n/a where it published none.")
-PAIRED_NOTE = ("Ratios: the median of per-pair ratios of the two decodes timed in turns in one process, "
-               "[its 95 % interval]; (unpaired): the ratio of asv's medians, taken in separate processes.")
+LAB_NOTE = f"lab's: published by the lab, on another machine ({lab.MACHINE}); n/a: none published."
+PAIRED_NOTE = ("Ratios: the median of per-pair ratios, the two sides timed in turns in one process [its 95 % "
+               "interval]. A ratio marked (unpaired) is one of asv's medians, from separate processes.")
 CACHE_RATIOS = ("no_cache", "concat")  # each over preallocated: what recomputing, and what concatenating, costs
 RAGGED_RATIOS = ("padded", "compacted")  # each over paged
 # Used where asv's benchmarks.json is missing or does not fit a result file.
@@ -174,10 +174,9 @@ def cache_table(run):
         rows.append(((t,), cells))
     kinds = {"equal to full attention": "text"} | {f"{s} / preallocated": "ratio" for s in CACHE_RATIOS} | {
         f"lab's {s} / preallocated": "ratio" for s in CACHE_RATIOS}
-    note = ("equal to full attention: every strategy's output at every position, on the timed problem, within "
-            f"rtol {CHECK_RTOL:g} and atol {CHECK_ATOL:g} of an independent full causal attention (the check before "
-            "every timing; a failed one fails the point). " + PAIRED_NOTE + " " + LAB_NOTE + " The decodes' own "
-            "times (asv's medians, each in processes of its own) are on the dashboard and in `report csv`.")
+    note = (f"equal to full attention: all three outputs within rtol {CHECK_RTOL:g}, atol {CHECK_ATOL:g} of an "
+            "independent full attention, checked before timing. " + PAIRED_NOTE + " " + LAB_NOTE
+            + " Absolute times: `report csv` and the dashboard.")
     return Table("Cache experiment: full decode of one sequence", ("T",), kinds, rows, note)
 
 
@@ -198,11 +197,10 @@ def batch_table(run, batch=BATCH):
         }))
     kinds = {"speedup": "ratio3", "lab's speedup": "ratio3", "sequential / step, µs": "us",
              "batched / step, µs": "us", "saved / step, µs": "us", "positions / s": "rate"}
-    note = (f"A step decodes one position of each of the B = {batch} sequences. speedup: sequential / batched, "
-            "the median of per-pair ratios of the two whole decodes timed in turns in one process [its 95 % "
-            "interval]. The step columns come from the same pairs: each side's time / T, and the saving "
-            "(sequential - batched) / T [its 95 % interval], each the median over the pairs, so speedup = 1 + "
-            "saved / batched up to the pairs' noise. positions / s = B / batched step. " + LAB_NOTE)
+    note = (f"A step decodes one position of each of the B = {batch} sequences. The step columns are medians over "
+            "the speedup's own pairs: each side's time / T, and the saving (sequential - batched) / T [its 95 % "
+            "interval]. So speedup = 1 + saved / batched, up to their noise. Positions / s = B / batched step. "
+            + PAIRED_NOTE + " " + LAB_NOTE)
     return Table(f"Batch experiment: B = {batch} sequences, sequential vs batched, in pairs", ("T",), kinds, rows,
                  note)
 
@@ -388,9 +386,8 @@ def beyond_table(run):
     for experiment, (anchor, parts) in BEYOND.items():
         text = "; ".join(f"{what}: {format_cell(paired(run, benchmark, run.value(benchmark, **params), **params), kind)}"
                          for what, benchmark, params, kind in parts)
-        rows.append(((experiment,), {"headline": text, "explained in": f"[{RESULTS_PAGE}]({RESULTS_PAGE}{anchor})"}))
-    note = ("Ratios: the median of per-pair ratios of the two sides timed in turns in one process [its 95 % "
-            "interval]; bytes, blocks, slots and errors are exact.")
+        rows.append(((experiment,), {"headline": text, "explained in": f"[{anchor[1:]}]({RESULTS_PAGE}{anchor})"}))
+    note = f"explained in: a section of {RESULTS_PAGE}. Ratios are paired [95 % interval]; counts are exact."
     return Table("Beyond the lab", ("experiment",), {"headline": "text", "explained in": "text"}, rows, note)
 
 
