@@ -125,7 +125,8 @@ def _no_lab(fig):
 def _time_vs_t(plt, run, title, lab):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
     panels = [(axes[0], CACHE_BENCHMARK, tuple(STRATEGIES["cache"]), "cache: one sequence", lab_figures.cache_seconds),
-              (axes[1], BATCH_BENCHMARK, tuple(STRATEGIES["batch"]), "batch: B = 2 sequences", lab_figures.batch_seconds)]
+              (axes[1], BATCH_BENCHMARK, tuple(STRATEGIES["batch"]), "batch: B = 2 sequences",
+               lab_figures.batch_seconds)]
     for ax, benchmark, strategies, name, published in panels:
         lengths = sorted({dict(params)["T"] for name, params in run.points if name == benchmark})
         every = []
@@ -170,7 +171,8 @@ def _batch_per_step(plt, run, title, lab):
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
     table = batch_table(run)
     every = []
-    for figure, label in (("sequential / step, µs", "sequential, per step"), ("batched / step, µs", "batched, per step"),
+    for figure, label in (("sequential / step, µs", "sequential, per step"),
+                          ("batched / step, µs", "batched, per step"),
                           ("saved / step, µs", "saved by batching, per step [95 % interval]")):
         t, seconds, err = _interval(table, figure)
         us = [v * 1e6 for v in seconds]
@@ -263,7 +265,8 @@ def _ragged(plt, run, title, lab):
     return fig
 
 
-FIGURES = {"batch_per_step.png": _batch_per_step, "time_vs_T.png": _time_vs_t, "ratios_vs_T.png": _ratios_vs_t, "positions_vs_B.png": _positions_vs_b,
+FIGURES = {"batch_per_step.png": _batch_per_step, "time_vs_T.png": _time_vs_t, "ratios_vs_T.png": _ratios_vs_t,
+           "positions_vs_B.png": _positions_vs_b,
            "heads_vs_T.png": _heads_vs_t, "ragged.png": _ragged, "quantized.png": error_vs_bytes}
 
 

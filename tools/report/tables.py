@@ -384,8 +384,9 @@ def beyond_table(run):
     """Beyond the lab: one headline per experiment, each figure paired (with its interval) or exact."""
     rows = []
     for experiment, (anchor, parts) in BEYOND.items():
-        text = "; ".join(f"{what}: {format_cell(paired(run, benchmark, run.value(benchmark, **params), **params), kind)}"
-                         for what, benchmark, params, kind in parts)
+        cells = [(what, paired(run, benchmark, run.value(benchmark, **params), **params), kind)
+                 for what, benchmark, params, kind in parts]
+        text = "; ".join(f"{what}: {format_cell(value, kind)}" for what, value, kind in cells)
         rows.append(((experiment,), {"headline": text, "explained in": f"[{anchor[1:]}]({RESULTS_PAGE}{anchor})"}))
     note = f"explained in: a section of {RESULTS_PAGE}. Ratios are paired [95 % interval]; counts are exact."
     return Table("Beyond the lab", ("experiment",), {"headline": "text", "explained in": "text"}, rows, note)
