@@ -320,7 +320,7 @@ def test_the_ratio_columns_are_the_paired_values_with_their_intervals(repo, caps
         assert row[4] == (interval(*paired[HEADS_PAIRED][(kind, 64)], 3) if t == 64 else f"{n:.3f}x (unpaired)")
     for row in table_rows(out, RAGGED_TITLE):
         assert row[4:6] == [interval(*paired[RAGGED_PAIRED][(s, row[0])], 2) for s in ("padded", "compacted")]
-    assert "95 % interval" in out and "(unpaired): the ratio of asv's medians" in out
+    assert "95 % interval" in out and "A ratio marked (unpaired) is one of asv's medians" in out
     (path / ".asv/results/benchmarks.json").write_text("[1]")  # the suite's own parameter names then
     code, again, _ = report(path, "tables", capsys=capsys)
     assert code == 0 and again == out
