@@ -22,7 +22,7 @@ EXAMPLES = {
     "report": [f"{DEV} report tables {STORED}", f"{DEV} report tables"],
     "report tables": [f"{DEV} report tables {STORED} --experiment cache", f"{DEV} report tables --commit HEAD~1"],
     "report compare": [f"{DEV} report compare HEAD~1 HEAD",
-                       f"{DEV} report compare {STORED} 74073879 74073879 --experiment batch   # one commit there"],
+                       f"{DEV} report compare {STORED} 9ab8639a 9ab8639a --experiment batch   # one commit there"],
     "report csv": [f"{DEV} report csv {STORED} --out samples.csv", f"{DEV} report csv --out -"],
     "report plots": [f"{DEV} report plots {STORED} --out plots --lab", f"{DEV} report plots --commit HEAD --out plots"],
     "publish": [f"{DEV} publish"],
