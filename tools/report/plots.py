@@ -221,7 +221,10 @@ def _heads_vs_t(plt, run, title, lab):
                              label=f"{kind} ({bench_heads.KINDS.get(kind, '?')} K/V heads), {path}")
             every += median
         rows = [(t, cells["repeat_kv / grouped"]) for (k, t), cells in table.rows if k == kind]
-        axes[1].plot([t for t, _ in rows], [r if is_number(r) else math.nan for _, r in rows], marker="o", label=kind)
+        ratios = [r if is_number(r) else math.nan for _, r in rows]
+        err = [[r - r.low if isinstance(r, Paired) and r.low is not None else 0.0 for _, r in rows],
+               [r.high - r if isinstance(r, Paired) and r.high is not None else 0.0 for _, r in rows]]
+        axes[1].errorbar([t for t, _ in rows], ratios, yerr=err, marker="o", capsize=3, label=kind)
     _finish(axes[0], lengths, every, log_y=True)
     axes[0].set(xlabel="T (tokens decoded)", ylabel="median decode time (ms)",
                 title=f"B = {bench_heads.HEADS_BATCH}, {bench_heads.HEADS_N_HEADS} query heads")
@@ -229,7 +232,9 @@ def _heads_vs_t(plt, run, title, lab):
     ratios = [r for (_, _), cells in table.rows for r in [cells["repeat_kv / grouped"]] if is_number(r)]
     _finish(axes[1], lengths, ratios or [math.nan])
     axes[1].set_ylim(bottom=0)
-    axes[1].set(xlabel="T (tokens decoded)", ylabel="repeat_kv / grouped (×)", title="repeat_kv / grouped")
+    axes[1].axhline(1, color="black", linewidth=0.8, linestyle=":", label="1x: equal cost")
+    axes[1].set(xlabel="T (tokens decoded)", ylabel="repeat_kv / grouped (×)",
+                title="repeat_kv / grouped\npaired [95 % interval] where measured so, else asv's medians")
     axes[1].legend()
     if lab:
         _no_lab(fig)
