@@ -482,7 +482,7 @@ def render_compare(base_table, head_table, base_label, head_label):
 # What a figure of each cell kind says when two machines are compared (report tables --machine A --machine B).
 ACROSS_MACHINES = {"ratio": "comparable", "ratio3": "comparable", "count": "exact", "bytes": "exact",
                    "ms": "machine-bound", "us": "machine-bound", "rate": "machine-bound",
-                   "fraction": "comparable", "gbps": "machine-bound", "error": "exact"}
+                   "fraction": "comparable", "gbps": "machine-bound", "error": "exact", "text": "exact"}
 MACHINES_NOTE = ("Each row is one figure of the lab's tables at the same commit, one column per machine, and each "
                  "later machine's figure over the first's. Only the dimensionless figures (`comparable`: "
                  "no_cache / preallocated, concat / preallocated, speedup, scaling, repeat_kv / grouped, "
