@@ -1,10 +1,12 @@
-"""The lab's three tables, derived from one run's medians, as Markdown.
+"""The lab's tables and the experiments' beyond it, derived from one run's stored results, as Markdown.
 
-- cache: per T, the median decode time of no_cache, concat and preallocated,
-  and the ratios no_cache / preallocated and concat / preallocated;
-- batch: per T, sequential vs batched decode of B sequences (both timings cover
-  the whole decode of all B), the speedup, positions/s = B x T / batched time,
-  and the batched time and the time batching saves per decode step;
+- cache: per T, whether every strategy passed the check against full attention,
+  the paired ratios no_cache / preallocated and concat / preallocated, and the
+  lab's published ones beside them (another machine's);
+- batch: per T, the paired speedup sequential / batched of B sequences, the
+  lab's published one beside it, and from the same pairs each side's time per
+  decode step and the time batching saves per step (with its interval), and
+  positions/s = B / batched step: no asv median beside a paired ratio;
 - batch size: batched decode at T = 128 per B: time, time per sequence,
   positions/s and its scaling against B = 1;
 - heads: per attention kind (mha, gqa, mqa) and T, the repeat_kv and grouped
@@ -14,7 +16,9 @@
   times, their ratios, the rows computed and the K/V slots reserved;
 - roofline: per model shape, T, B and heads path, the bytes one decode step
   reads, the fraction of the read bandwidth it reaches (paired, with its
-  interval), the step's and the read kernel's GB/s and the step's ms.
+  interval), the step's and the read kernel's GB/s and the step's ms;
+- quantized: per kind, bytes per position, error, time and paired ratios;
+- beyond: one headline per experiment beyond the lab, linked to its section of docs/results.md.
 
 A cell holds seconds, a ratio or a rate, or the marker ``failed`` (the gate or
 the benchmark raised) or ``n/a`` (skipped, or not measured at that commit); a
