@@ -14,11 +14,9 @@ states exactly by log-sum-exp.
 
 Inputs are float32 or float64 arrays, and a computation runs in their
 ``np.result_type``. Bad input raises TypeError or ValueError naming the argument
-and the shapes, and changes nothing; each check sits in the module it guards, the
-shared primitives (sizes, dtypes, flags, arrays, the overflow guard) in ``_validation``.
-The attention functions take ``check_finite=True`` (as ``scipy.linalg`` does): with
-False, the checks that read every element (NaN/inf, the overflow bound) are skipped.
-A full cache raises :class:`CacheFullError`.
+and the shapes, before anything is written, so it changes nothing. The attention
+functions take ``check_finite=True``, as ``scipy.linalg`` does: the inputs are
+scanned for NaN/inf. A full cache raises :class:`CacheFullError`.
 """
 
 from .attention import attend, causal_attention, masked_attend
@@ -33,7 +31,7 @@ from .decode import (
     sequential_cached_attention,
 )
 from .heads import multi_head_attention, multi_head_decode
-from .paged import OutOfBlocksError, PagedKVCache
+from .paged import OutOfBlocksError, PagedKVCache, paged_attention
 from .problem import Problem, make_problem
 from .quantized import QuantizedCache, attend_quantized
 from .ragged import RAGGED_STRATEGIES, RaggedDecodeStats, ragged_decode, ragged_decode_steps
@@ -73,6 +71,7 @@ __all__ = [
     # ragged batches and the paged KV cache
     "PagedKVCache",
     "OutOfBlocksError",
+    "paged_attention",
     "ragged_decode",
     "ragged_decode_steps",
     "RaggedDecodeStats",

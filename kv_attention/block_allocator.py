@@ -54,11 +54,6 @@ class BlockAllocator:
         self._num_free = num_blocks
         self._ref_counts = np.zeros(num_blocks, dtype=np.int32)
 
-    @staticmethod
-    def nbytes_for(num_blocks):
-        """Bytes of bookkeeping for ``num_blocks`` blocks: the free list and the refcounts (int)."""
-        return num_blocks * (index_dtype(num_blocks).itemsize + 4)
-
     @property
     def num_blocks(self):
         """Blocks in the pool (int)."""

@@ -23,32 +23,38 @@ cached prefix of its token ids. The free list and the refcounts are the
 allocator's (:mod:`~kv_attention.block_allocator`); this class keeps the map of
 sequence -> block table.
 
-Errors: TypeError for a sequence id that is not hashable, ``seq_ids`` that are
-not an ordered sequence (list, tuple, array, range), k and v not both float32 or
-both float64 or float64 into a float32 pool, token ids that are not integers, a
-size that is not an integer, a dtype other than float32/float64 (None included)
-or an ``enable_prefix_caching`` other than True/False; ValueError for a sequence
-not in the cache (or, for ``add_sequence`` and a fork's child, already in it),
-``seq_ids`` that repeat one, shapes that do not fit (named in the message),
-NaN/inf, a negative token id, a size below its minimum, or a pool larger than memory
-(with the bytes it needs); :class:`OutOfBlocksError` when an update needs more
-blocks than are free. On any error the pool, the free list, the refcounts and
-every block table are unchanged. :meth:`PagedKVCache.rolled_back_on_error` extends
-that to a block of calls (a ragged decode on a caller's cache).
+Attention (:func:`paged_attention`) reads the pool through each sequence's block
+table, one logical block at a time for all N sequences together, and folds each
+block's attention state into a running one with the exact log-sum-exp merge of
+:mod:`~kv_attention.split` (an online softmax). What matches vLLM's
+``paged_attention_v1`` kernel (``csrc/attention/attention_kernels.cuh``) and
+FlashInfer's paged decode: the keys are read block by block through the block
+table, never gathered into a contiguous copy. What differs: vLLM's v1 kernel keeps
+the raw scores of a whole sequence and takes one softmax over them (its v2 kernel
+and FlashInfer merge partitions by lse, as here), and here a block is a NumPy
+array op over N sequences rather than a thread block per sequence and head.
+
+Errors: TypeError for a sequence id that is not hashable, ``seq_ids`` that are not an
+ordered sequence, k and v not both float32 or both float64 (or float64 into a float32
+pool), token ids that are not integers, a size or flag of the wrong type; ValueError
+for a sequence not in the cache (or already in it, for ``add_sequence`` and a fork's
+child), repeated ``seq_ids``, shapes that do not fit (named), NaN/inf, a negative
+token id or a size below its minimum; :class:`OutOfBlocksError` when an update needs
+more blocks than are free. Every check, the count of free blocks included, runs
+before anything is written, so a call that raises changes nothing.
 
 Invariants: each block table lists only blocks its sequence holds (asserted as
 they are added); the allocator asserts its own (:mod:`~kv_attention.block_allocator`).
 """
 
-import copy
 import math
 
 import numpy as np
 
-from ._memory import check_memory, named_allocation_failure
 from ._validation import as_flag, as_float_array, as_float_dtype, as_size
 from .block_allocator import BlockAllocator, OutOfBlocksError
 from .prefix_caching import PrefixCachingAllocator, hash_block_tokens
+from .split import _merge, _state
 
 
 def as_id_list(seq_ids):
@@ -106,10 +112,6 @@ def _as_update_token_ids(token_ids, n_seqs, t_new):
     return array
 
 
-def _pool_description(num_blocks, block_size, k_dim, v_dim, dtype):
-    return f"a pool of num_blocks={num_blocks} blocks of block_size={block_size}, k_dim={k_dim}, v_dim={v_dim} in {dtype}"
-
-
 class PagedKVCache:
     """K/V of many sequences in one pool of fixed-size blocks, taken from a free list as they grow.
 
@@ -135,20 +137,14 @@ class PagedKVCache:
         block_size = as_size("block_size", block_size, minimum=1)
         dtype = as_float_dtype(dtype)
         enable_prefix_caching = as_flag("enable_prefix_caching", enable_prefix_caching)
-        what = _pool_description(num_blocks, block_size, k_dim, v_dim, dtype)
-        nbytes = num_blocks * block_size * (k_dim + v_dim) * dtype.itemsize + BlockAllocator.nbytes_for(num_blocks)
-        check_memory(nbytes, what)
-        allocator = PrefixCachingAllocator if enable_prefix_caching else BlockAllocator
-        with named_allocation_failure(nbytes, what):
-            self.k_cache = np.zeros((num_blocks, block_size, k_dim), dtype)
-            self.v_cache = np.zeros((num_blocks, block_size, v_dim), dtype)
-            self.allocator = allocator(num_blocks)
+        self.k_cache = np.zeros((num_blocks, block_size, k_dim), dtype)  # [num_blocks, block_size, D_k]
+        self.v_cache = np.zeros((num_blocks, block_size, v_dim), dtype)  # [num_blocks, block_size, D_v]
+        self.allocator = (PrefixCachingAllocator if enable_prefix_caching else BlockAllocator)(num_blocks)
         self._block_tables = {}  # seq_id -> [physical block, ...]
         self._lengths = {}  # seq_id -> tokens stored
         self._block_hashes = {}  # prefix caching: seq_id -> hashes of its full blocks, or None once a write had no ids
         self._partial_tokens = {}  # prefix caching: seq_id -> token ids in its last, partial block
         self._peak_blocks = 0
-        self._journal = None  # inside rolled_back_on_error: block -> its (k, v) before its first write there
 
     def __repr__(self):
         return (f"PagedKVCache(num_blocks={self.num_blocks}, block_size={self.block_size}, "
@@ -294,8 +290,6 @@ class PagedKVCache:
         for seq_id in seq_ids:
             self._make_room(seq_id, t_new)
         slot_mapping = self._slot_mapping(seq_ids, t_new)  # [N, T_new]
-        if self._journal is not None:
-            self._keep(np.unique(slot_mapping // self.block_size).tolist())
         slots, new = self.num_blocks * self.block_size, slot_mapping.size  # explicit: reshape(-1, 0) is ambiguous
         self.k_cache.reshape(slots, k.shape[-1])[slot_mapping.ravel()] = k.reshape(new, k.shape[-1])
         self.v_cache.reshape(slots, v.shape[-1])[slot_mapping.ravel()] = v.reshape(new, v.shape[-1])
@@ -381,25 +375,6 @@ class PagedKVCache:
         per_slot = (self.k_cache.nbytes + self.v_cache.nbytes) // max(self.num_blocks * self.block_size, 1)
         return per_slot * self.slots_used
 
-    def rolled_back_on_error(self):
-        """Context manager: on any error in the block, the cache is put back exactly as it was; the error propagates.
-
-        The pool, the free list, the refcounts, every block table, the prefix
-        cache's hashes and ``peak_blocks`` are put back. It copies only what the
-        block could change: the bookkeeping (integers, a few bytes per block) on
-        entry, and each block's keys and values before the block's first write
-        in it, so a failed decode in a large pool copies the blocks it wrote,
-        not the pool. "Any error" includes the GeneratorExit of a generator closed
-        inside the block (a ragged decode abandoned midway).
-        """
-        return _RolledBack(self)
-
-    def _keep(self, blocks):
-        """Inside :meth:`rolled_back_on_error`: keep the contents of each of ``blocks`` before its first write."""
-        for block in blocks:
-            if block not in self._journal:
-                self._journal[block] = self.k_cache[block].copy(), self.v_cache[block].copy()
-
     def _check_new(self, seq_id):
         """Raise unless ``seq_id`` is hashable and not in the cache."""
         _check_hashable(seq_id)
@@ -456,8 +431,6 @@ class PagedKVCache:
         if t_new and length % self.block_size and self.allocator.ref_count(table[length // self.block_size]) > 1:
             j = length // self.block_size
             (fresh,) = self.allocator.allocate(1)
-            if self._journal is not None:
-                self._keep([fresh])
             self.k_cache[fresh], self.v_cache[fresh] = self.k_cache[table[j]], self.v_cache[table[j]]
             self.allocator.free([table[j]])  # the other holders keep it
             table[j] = fresh
@@ -512,29 +485,28 @@ class PagedKVCache:
         return np.array(slots, dtype=np.int64).reshape(len(seq_ids), t_new)
 
 
-class _RolledBack:
-    """The context manager of :meth:`PagedKVCache.rolled_back_on_error`.
+def paged_attention(q, cache, seq_ids):
+    """Attention of ``q: [N, T_q, D_k]`` (row i of sequence ``seq_ids[i]``) over each sequence's keys in the pool.
 
-    A class, as ``cache.rolled_back_on_error`` is: a generator-based one would execute more Python lines.
+    Reads ``cache``'s pool block by block through the block tables (the module's
+    method), so no step copies a sequence's whole K/V. Returns ``[N, T_q, D_v]``,
+    equal up to rounding to :func:`~kv_attention.attention.attend` over each
+    sequence's stored keys; a sequence with none gives zeros.
     """
-
-    def __init__(self, cache):
-        self.cache = cache
-
-    def __enter__(self):
-        cache = self.cache
-        state = (cache.allocator, cache._block_tables, cache._lengths, cache._block_hashes, cache._partial_tokens)
-        self.saved, self.outer, cache._journal = (copy.deepcopy(state), cache._peak_blocks), cache._journal, {}
-        return cache
-
-    def __exit__(self, error_type, error, traceback):
-        cache, journal = self.cache, self.cache._journal
-        cache._journal = self.outer
-        if self.outer is not None:  # nested: the outer block must be able to undo this one's writes too
-            for block, kept in journal.items():
-                self.outer.setdefault(block, kept)
-        if error_type is not None:
-            state, cache._peak_blocks = self.saved
-            cache.allocator, cache._block_tables, cache._lengths, cache._block_hashes, cache._partial_tokens = state
-            for block, (k, v) in journal.items():
-                cache.k_cache[block], cache.v_cache[block] = k, v
+    lengths = cache.get_seq_lengths(seq_ids)  # [N]; checks every id
+    size = cache.block_size
+    n_blocks = -(-lengths // size)  # [N], written blocks per sequence
+    width = int(n_blocks.max(initial=0))
+    tables = np.zeros((len(lengths), width), dtype=np.int64)  # [N, blocks]: past its own, a row repeats its last block
+    for i, (seq_id, n) in enumerate(zip(seq_ids, n_blocks.tolist())):
+        if n:
+            tables[i, :n], tables[i, n:] = cache._block_tables[seq_id][:n], cache._block_tables[seq_id][n - 1]
+    out = np.zeros(q.shape[:-1] + cache.v_cache.shape[-1:], np.result_type(q, cache.v_cache))  # [N, T_q, D_v]
+    lse = np.full(q.shape[:-1], -np.inf, out.dtype)  # [N, T_q]: the state of no keys
+    offsets = np.arange(size)
+    for j in range(width):
+        blocks = tables[:, j]  # [N]
+        valid = j * size + offsets < lengths[:, None]  # [N, block_size]
+        state = _state(q, cache.k_cache[blocks], cache.v_cache[blocks], valid)  # one block: [N, T_q, D_v], [N, T_q]
+        out, lse = _merge((out, state[0]), (lse, state[1]))
+    return out

@@ -68,9 +68,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from ._validation import (
-    NonFiniteError, _as_array, as_flag, as_float_array, as_float_dtype, as_size, check_choice, check_finite_output,
-)
+from ._validation import as_array, as_flag, as_float_array, as_float_dtype, as_size, check_choice
 from .attention import softmax
 from .cache import Cache, as_batch_shape, check_crop
 
@@ -159,7 +157,7 @@ class _Quantizer:
         with np.errstate(over="ignore"):
             scale = (hi - lo) / levels
         if not np.isfinite(scale).all():
-            raise NonFiniteError(f"k or v too large to quantize in {self.dtype}: max - min of a group overflows (or is NaN)")
+            raise ValueError(f"k or v too large to quantize in {self.dtype}: max - min of a group overflows (or is NaN)")
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = (xg - lo[..., None]) / scale[..., None]
         codes = np.where(scale[..., None] > 0, np.clip(np.rint(ratio), 0, levels), 0).astype(np.uint8)
@@ -258,7 +256,7 @@ class QuantizedCache(Cache):
         if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
             raise TypeError(f"k and v must be numpy arrays, got {type(k).__name__}, {type(v).__name__}")
         check_finite = as_flag("check_finite", check_finite)
-        read = as_float_array if check_finite else _as_array
+        read = as_float_array if check_finite else as_array
         k, v = read("k", k), read("v", v)
         if k.dtype != v.dtype:
             raise TypeError(f"k and v must both be float32 or both float64, got {k.dtype} and {v.dtype}")
@@ -276,7 +274,7 @@ class QuantizedCache(Cache):
             limit = float(np.finfo(self.dtype).max) / 4
             for name, array in (("k", k), ("v", v)):
                 if array.size and float(np.abs(array).max()) > limit:
-                    raise NonFiniteError(f"{name} holds |x| = {float(np.abs(array).max()):.3g}, beyond max / 4 = "
+                    raise ValueError(f"{name} holds |x| = {float(np.abs(array).max()):.3g}, beyond max / 4 = "
                                      f"{limit:.3g} of {self.dtype} that a quantized cache holds (the module's Range)")
         return k.astype(self.dtype, copy=False), v.astype(self.dtype, copy=False)
 
@@ -356,23 +354,6 @@ class QuantizedCache(Cache):
                                part.residual[..., :0, :].copy()))
         self._parts = tuple(parts)
 
-    def snapshot(self):
-        """The state, for ``rolled_back_on_error``: its arrays are replaced, never written, so references suffice.
-
-        (The base's default, a crop back to the length, cannot undo a block quantized since.)
-        """
-        return self._parts
-
-    def restore(self, snapshot):
-        """Put back a :meth:`snapshot` of this cache; TypeError for anything else (the cache is then unchanged)."""
-        fits = (isinstance(snapshot, tuple) and len(snapshot) == 2
-                and all(isinstance(part, _Part) and part.residual.dtype == self.dtype
-                        and part.residual.shape[:-2] == self.batch_shape and part.residual.shape[-1] == q.dim
-                        for part, q in zip(snapshot, self._quantizers)))
-        if not fits:
-            raise TypeError(f"restore takes a snapshot() of this cache, got {type(snapshot).__name__}")
-        self._parts = snapshot
-
     @property
     def nbytes(self):
         """Bytes held: codes, scales, zeros and the residual (the module's formula; int)."""
@@ -391,9 +372,7 @@ def attend_quantized(q, cache, *, check_finite=True):
     channel and values per token (KIVI's layout; ValueError otherwise) holding >= 1 position;
     TypeError for a q that is not an array of the cache's dtype, ValueError for its shape.
     No mask: every held position is attended to (a decode step's query is the last position).
-    ``check_finite`` (default True): refuse NaN/inf in q, and an output that overflowed
-    (the sums over the codes can overflow where ``q·k̂`` does not), with a ValueError; False
-    skips both scans.
+    ``check_finite`` (default True): refuse NaN/inf in q.
     """
     if not isinstance(cache, QuantizedCache):
         raise TypeError(f"cache must be a QuantizedCache, got {type(cache).__name__}")
@@ -405,7 +384,7 @@ def attend_quantized(q, cache, *, check_finite=True):
     check_finite = as_flag("check_finite", check_finite)
     if not isinstance(q, np.ndarray):
         raise TypeError(f"q must be a numpy array, got {type(q).__name__}")
-    q = (as_float_array if check_finite else _as_array)("q", q)
+    q = (as_float_array if check_finite else as_array)("q", q)
     if q.dtype != cache.dtype:
         raise TypeError(f"q is {q.dtype} but the cache holds {cache.dtype}")
     if q.ndim < 2 or q.shape[:-2] != cache.batch_shape or q.shape[-1] != cache.k_dim:
@@ -414,14 +393,10 @@ def attend_quantized(q, cache, *, check_finite=True):
     if q.size == 0:  # C = 0 or a batch axis of 0: empty, as attend gives
         return np.zeros(q.shape[:-1] + (cache.v_dim,), cache.dtype)
     (k_quantizer, v_quantizer), (k_part, v_part) = cache._quantizers, cache._parts
-    with np.errstate(over="ignore", invalid="ignore"):  # an overflow shows in the output, checked below
-        scores = np.concatenate([_key_scores(q, k_quantizer, k_part), q @ k_part.residual.swapaxes(-1, -2)], axis=-1)
-        p = softmax(scores * (1.0 / math.sqrt(cache.k_dim)))  # [..., C, T]
-        held = cache.num_quantized
-        out = _value_output(p[..., :held], v_quantizer, v_part) + p[..., held:] @ v_part.residual  # [..., C, D_v]
-    if check_finite:
-        check_finite_output(out)
-    return out
+    scores = np.concatenate([_key_scores(q, k_quantizer, k_part), q @ k_part.residual.swapaxes(-1, -2)], axis=-1)
+    p = softmax(scores * (1.0 / math.sqrt(cache.k_dim)))  # [..., C, T]
+    held = cache.num_quantized
+    return _value_output(p[..., :held], v_quantizer, v_part) + p[..., held:] @ v_part.residual  # [..., C, D_v]
 
 
 def _key_scores(q, quantizer, part):

@@ -18,14 +18,13 @@ Strategies (the ``strategy=`` of :func:`ragged_decode`):
                copied into a leaver's row: up to T_max positions of K and of V
                moved per exit (its stored positions only).
     paged      compacted, with K/V in a :class:`~kv_attention.paged.PagedKVCache`:
-               leaving frees blocks, and no token is ever moved. The cache is
-               the caller's when given (``cache=``), to inspect afterwards: it
-               holds sequences 0..B-1 while they are in the batch. A decode
-               that fails at a step (OutOfBlocksError, overflow), or a
-               :func:`ragged_decode_steps` iterator closed before its end
-               (``close()``, or dropped), puts the caller's cache back as it
-               was before its first step: the sequences it added are gone, and
-               its pool, free list, refcounts and peak_blocks are as before.
+               leaving frees blocks, no token is ever moved, and each step
+               attends through the block tables block by block
+               (:func:`~kv_attention.paged.paged_attention`), never gathering a
+               sequence's K/V. The cache is the caller's when given (``cache=``):
+               it holds sequences 0..B-1 while they are in the batch. A step
+               that runs out of blocks raises OutOfBlocksError and leaves the
+               cache as that step found it.
 
 Axis letters: B sequences, N rows computed at a step, S key positions, D feature width.
 Inputs: ``x``, a list of B arrays ``[T_i, D_model]`` or a padded ``[B, T_max, D_model]``
@@ -33,23 +32,15 @@ Inputs: ``x``, a list of B arrays ``[T_i, D_model]`` or a padded ``[B, T_max, D_
 [D_model, D_k]``, ``w_v: [D_model, D_v]``, float32 or float64; outputs are in
 ``np.result_type`` of the inputs.
 
-Errors, checked before the first step: TypeError for an x that is neither a list
-nor an ndarray, an input that is not a float32/float64 array, or a length or start
-step that is not an integer, a ``return_stats`` other than True/False, or a
-``cache`` that is not a PagedKVCache or holds another dtype; ValueError for an unknown strategy, shapes that do not fit (named
-in the message), lengths or start_steps of the wrong count or out of range,
-NaN/inf, scores that overflow, a ``block_size`` < 1 or ``num_blocks`` < 0, either
-of them with a strategy other than paged (they size the pool only paged has),
-or a ``cache`` that does not fit (its D_k, D_v or block_size, a sequence id 0..B-1
-it already holds, ``num_blocks`` given beside it, or a strategy other than paged).
-OutOfBlocksError comes from the step at which the pool is too small for the
-sequences in the batch.
+Errors, checked before the first step: TypeError or ValueError naming the argument
+for inputs of the wrong type, dtype, shape or count, NaN/inf, an unknown strategy,
+``block_size``/``num_blocks`` with a strategy other than paged, or a ``cache`` that
+does not fit (its D_k, D_v, dtype or block_size, or sequence ids 0..B-1 it holds).
 
 Method: masked attention as in Vaswani et al. 2017; continuous batching as in
 Orca (Yu et al. 2022); the paged cache as PagedAttention in vLLM (Kwon et al. 2023).
 """
 
-import contextlib
 import math
 from dataclasses import dataclass
 
@@ -61,10 +52,9 @@ from ._validation import (
     as_size,
     as_sizes_per_sequence,
     check_choice,
-    check_finite_output,
 )
 from .attention import check_projection_inputs, masked_attend
-from .paged import PagedKVCache
+from .paged import PagedKVCache, paged_attention
 
 RAGGED_STRATEGIES = ("padded", "compacted", "paged")
 
@@ -123,10 +113,6 @@ class _ContiguousCache:
         self.v_cache = np.zeros((n_seqs, t_max, problem.weights[2].shape[1]), problem.dtype)  # [B, T_max, D_v]
         self.lengths = np.zeros(n_seqs, dtype=np.int64)  # positions stored per row
         self.reserved_slots, self.moved_slots, self.peak_blocks = n_seqs * t_max, 0, None
-
-    def rolled_back(self):
-        """Nothing to roll back: the cache is the decode's own."""
-        return contextlib.nullcontext()
 
 
 class _PaddedBatch(_ContiguousCache):
@@ -205,11 +191,7 @@ class _PagedBatch:
                 num_blocks = sum(math.ceil(int(n) / block_size) for n in problem.lengths)
             w_k, w_v = problem.weights[1:]
             cache = PagedKVCache(num_blocks, block_size, w_k.shape[1], w_v.shape[1], problem.dtype)
-        self.callers, self.cache, self.seqs, self.moved_slots = cache is not None, cache, [], 0
-
-    def rolled_back(self):
-        """For a caller's cache: on an error or GeneratorExit in the block, the cache put back as it was."""
-        return self.cache.rolled_back_on_error() if self.callers else contextlib.nullcontext()
+        self.cache, self.seqs, self.moved_slots = cache, [], 0
 
     def join(self, seq):
         self.cache.add_sequence(seq)
@@ -225,10 +207,7 @@ class _PagedBatch:
         positions = self.cache.get_seq_lengths(self.seqs)  # [N]
         q, k, v = problem.project(seqs, positions)
         self.cache.update(self.seqs, k, v)
-        k_seq, v_seq, lengths = self.cache.gather(self.seqs)  # [N, S, D_k], [N, S, D_v], [N]
-        span = int(lengths.max())
-        valid = np.arange(span) < lengths[:, None]  # [N, S]
-        out = masked_attend(q, k_seq[:, :span], v_seq[:, :span], valid, check_finite=False)  # [N, 1, D_v]
+        out = paged_attention(q, self.cache, self.seqs)  # [N, 1, D_v], block by block
         return seqs, positions, out[:, 0], len(seqs)
 
     @property
@@ -341,15 +320,8 @@ def _steps(batch, problem):
 
     Sequence i joins at step start_steps[i] and leaves at start_steps[i] + T_i
     (leaving first, so a joiner can reuse what a leaver freed); a sequence with
-    T_i = 0 never joins. Steps with no sequence in the batch are skipped. An error
-    or a close before the end rolls a caller's paged cache back (the module's contract).
+    T_i = 0 never joins. Steps with no sequence in the batch are skipped.
     """
-    with batch.rolled_back():
-        yield from _schedule(batch, problem)
-
-
-def _schedule(batch, problem):
-    """:func:`_steps` without the rollback."""
     joins, leaves = {}, {}
     for seq in np.flatnonzero(problem.lengths > 0).tolist():
         start = int(problem.start_steps[seq])
@@ -366,9 +338,7 @@ def _schedule(batch, problem):
             batch.join(seq)
         in_batch += len(joins.get(event, ())) - len(leaves.get(event, ()))
         for _ in range(next_event - event if in_batch else 0):
-            seq_ids, positions, out, rows = batch.step(problem)
-            check_finite_output(out)
-            yield seq_ids, positions, out, rows
+            yield batch.step(problem)
     if events:  # the last to leave leave too, so that a caller's paged cache is left holding none of them
         batch.leave(leaves[events[-1]])
 
@@ -399,18 +369,10 @@ def ragged_decode_steps(
     Inputs are validated before this returns; the iterator then yields, for each
     step with at least one sequence in the batch, ``(seq_ids, positions, out)``:
     ``seq_ids: [N]`` and ``positions: [N]`` int64 (the sequences in the batch and
-    the position each decoded) and ``out: [N, D_v]``, their outputs. Closing it
-    before its end rolls a caller's ``cache`` back (see the module).
+    the position each decoded) and ``out: [N, D_v]``, their outputs.
     """
     batch, problem, _ = _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blocks, cache)
-    return _streamed(_steps(batch, problem))
-
-
-def _streamed(steps):
-    """``steps`` without their row counts; closing this closes ``steps`` at once (and so rolls back)."""
-    with contextlib.closing(steps):
-        for seq_ids, positions, out, _ in steps:
-            yield seq_ids, positions, out
+    return (step[:3] for step in _steps(batch, problem))
 
 
 def ragged_decode(
@@ -443,8 +405,7 @@ def ragged_decode(
         cache: for ``strategy="paged"``, a :class:`~kv_attention.paged.PagedKVCache`
             of the caller's to decode in (its pool, block_size and free list; it
             must not hold sequences 0..B-1), instead of a new one. It is left
-            with the blocks freed and its peak_blocks, for inspection; after a
-            failed decode, exactly as it was (see the module).
+            with the blocks freed and its peak_blocks, for inspection.
 
     Returns:
         A list of B arrays ``[T_i, D_v]`` for a list x, else ``[B, T_max, D_v]``

@@ -20,19 +20,14 @@ One new position (a decode step) overwrites only the position W back, which it
 does not attend to: it is written first, and the step attends on the buffers'
 own views (attention does not depend on the order of the keys), with no copy.
 
-Errors: as ``cache.py``'s caches (``update``: TypeError, ValueError for shapes
-that do not fit or NaN/inf; the constructor: sizes, dtype, buffers larger than
-memory); the constructor also needs an integer ``window >= 1`` and ``n_sink >=
-0``, and ``key_positions`` an integer ``t_new >= 0``; ``crop`` refuses what the
-ring can no longer serve (see :meth:`~SlidingWindowCache.crop`). A call that
-raises leaves the cache unchanged.
+Errors as ``cache.py``'s caches; ``crop`` also refuses what the ring can no
+longer serve. A call that raises leaves the cache unchanged.
 """
 
 import numpy as np
 
-from ._memory import named_allocation_failure
 from ._validation import as_float_dtype, as_size
-from .cache import Cache, as_batch_shape, check_buffer_size, check_crop, check_new_positions
+from .cache import Cache, as_batch_shape, check_crop, check_new_positions
 
 
 class SlidingWindowCache(Cache):
@@ -52,11 +47,9 @@ class SlidingWindowCache(Cache):
         window, n_sink = as_size("window", window, minimum=1), as_size("n_sink", n_sink)
         k_dim, v_dim = as_size("k_dim", k_dim, minimum=1), as_size("v_dim", v_dim)  # the library's rule for widths
         dtype = as_float_dtype(dtype)
-        nbytes, what = check_buffer_size("a SlidingWindowCache", batch_shape, n_sink + window, k_dim, v_dim, dtype)
         self.window, self.n_sink = window, n_sink
-        with named_allocation_failure(nbytes, what):
-            self.k_cache = np.zeros(batch_shape + (n_sink + window, k_dim), dtype)
-            self.v_cache = np.zeros(batch_shape + (n_sink + window, v_dim), dtype)
+        self.k_cache = np.zeros(batch_shape + (n_sink + window, k_dim), dtype)  # [*batch_shape, n_sink + W, D_k]
+        self.v_cache = np.zeros(batch_shape + (n_sink + window, v_dim), dtype)  # [*batch_shape, n_sink + W, D_v]
         self._length = 0  # positions seen
         self._first = n_sink  # the oldest window position held; the ring holds _first.._length-1
 
@@ -114,7 +107,7 @@ class SlidingWindowCache(Cache):
         first, over the one position it never attends to (p - W), and the
         buffers' filled slots are returned as views, in slot order: exactly the
         keys it attends to, without a copy. Do not write to the views.
-        ``check_finite=False`` skips the scan for NaN/inf (a decode's own keys, finite by its overflow guard).
+        ``check_finite=False`` skips the scan for NaN/inf.
         """
         k, v = check_new_positions(k, v, self, check_finite)
         start, stop = self._length, self._length + k.shape[-2]
@@ -180,17 +173,6 @@ class SlidingWindowCache(Cache):
                 f"{length - self.window + 1}, but the ring has overwritten every position before {self._first}; "
                 f"crop to a length in [{self._first + self.window - 1}, {self._length}] or in [0, {self.n_sink}]"
             )
-
-    def snapshot(self):
-        """A copy of the whole state (``n_sink + window`` slots), for ``rolled_back_on_error``: a crop cannot
-        undo overwritten slots."""
-        return self.k_cache.copy(), self.v_cache.copy(), self._length, self._first
-
-    def restore(self, snapshot):
-        """Put back a :meth:`snapshot` of this cache, into the same buffers."""
-        k_cache, v_cache, self._length, self._first = snapshot
-        self.k_cache[...] = k_cache
-        self.v_cache[...] = v_cache
 
     @property
     def nbytes(self):
