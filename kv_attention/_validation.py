@@ -74,10 +74,10 @@ def as_float_dtype(dtype):
     if dtype is _FLOAT64 or dtype is _FLOAT32:
         return dtype
     try:
-        dtype = None if dtype is None else np.dtype(dtype)
+        dtype = "None" if dtype is None else np.dtype(dtype)  # a string: np.dtype == None compares as float64
     except TypeError:
         dtype = repr(dtype)
-    if dtype not in SUPPORTED_DTYPES:
+    if isinstance(dtype, str) or dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"dtype must be float32 or float64, got {dtype}")
     return dtype
 

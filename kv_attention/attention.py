@@ -39,15 +39,24 @@ def check_projection_inputs(x, w_q, w_k, w_v, x_ndims, check_finite=True):
     if x.ndim not in x_ndims:
         raise ValueError(f"x must be {' or '.join(_X_LAYOUTS[n] for n in x_ndims)}, got shape {x.shape}")
     for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)):
-        if w.ndim != 2 or w.shape[0] != x.shape[-1]:
-            raise ValueError(f"{name} must be [D_model={x.shape[-1]}, D] for x {x.shape}, got shape {w.shape}")
-    if w_q.shape[1] != w_k.shape[1] or w_q.shape[1] == 0:
-        raise ValueError(f"w_q and w_k must share D_k >= 1: w_q {w_q.shape}, w_k {w_k.shape}")
+        check_weight(name, w, x)
+    if w_q.shape[1] != w_k.shape[1]:
+        raise ValueError(f"w_q and w_k must share D_k: w_q {w_q.shape}, w_k {w_k.shape}")
+    if w_q.shape[1] == 0:
+        raise ValueError(f"D_k must be at least 1: w_q {w_q.shape}")
     if check_finite:
         for name, a in (("x", x), ("w_q", w_q), ("w_k", w_k), ("w_v", w_v)):
             check_finite_array(name, a)
     dtype = np.result_type(x, w_q, w_k, w_v)
     return x, w_q.astype(dtype, copy=False), w_k.astype(dtype, copy=False), w_v.astype(dtype, copy=False), dtype
+
+
+def check_weight(name, w, x):
+    """Raise ValueError unless ``w`` is a matrix of D_model rows (``x: [..., D_model]``; None: any rows)."""
+    if w.ndim != 2:
+        raise ValueError(f"{name} must be [D_model, D], got shape {w.shape}")
+    if x is not None and w.shape[0] != x.shape[-1]:
+        raise ValueError(f"{name} has {w.shape[0]} rows but x has D_model={x.shape[-1]}: x {x.shape}, {name} {w.shape}")
 
 
 def check_window(window, n_sink):
@@ -74,11 +83,14 @@ def check_attention_inputs(q, k, v, check_finite=True):
 
 def as_key_mask(valid, k):
     """``valid`` as a bool array ``[..., S]``, k's shape without D_k; TypeError or ValueError."""
-    if valid is None or isinstance(valid, np.ma.MaskedArray) or np.asarray(valid).dtype != np.bool_:
-        raise TypeError(f"valid must be a bool array [..., S], got {type(valid).__name__}")
+    expected = f"[..., S] = {list(k.shape[:-1])} for k {k.shape}"
+    if valid is None or isinstance(valid, np.ma.MaskedArray):
+        raise TypeError(f"valid must be a bool array {expected}, got {'None' if valid is None else 'a masked array'}")
     valid = np.asarray(valid)
+    if valid.dtype != np.bool_:
+        raise TypeError(f"valid must be a bool array, got dtype {valid.dtype}")
     if valid.shape != k.shape[:-1]:
-        raise ValueError(f"valid must be [..., S] = {list(k.shape[:-1])} for k {k.shape}, got shape {valid.shape}")
+        raise ValueError(f"valid must be {expected}, got shape {valid.shape}")
     return valid
 
 
@@ -119,8 +131,9 @@ def masked_attend(q, k, v, valid, *, check_finite=True):
     q, k, v, dtype = check_attention_inputs(q, k, v, check_finite=False)
     valid = as_key_mask(valid, k)
     if check_finite:
-        for name, a in (("q", q), ("k", k[valid]), ("v", v[valid])):
-            check_finite_array(name, a)
+        check_finite_array("q", q)
+        check_finite_array("k at a valid key", k[valid])
+        check_finite_array("v at a valid key", v[valid])
     if k.shape[-2] == 0:
         return np.zeros(q.shape[:-1] + v.shape[-1:], dtype)  # [..., T_q, D_v]
     if not np.isfinite(v).all():

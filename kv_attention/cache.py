@@ -24,7 +24,7 @@ import abc
 
 import numpy as np
 
-from ._validation import as_array, as_float_dtype, as_size, check_finite_array
+from ._validation import SUPPORTED_DTYPES, as_array, as_float_dtype, as_size, check_finite_array
 
 
 class CacheFullError(Exception):
@@ -88,9 +88,10 @@ def check_new_positions(k, v, cache, check_finite=True):
     """``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]`` as float arrays, or raise unless they fit ``cache``."""
     if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
         raise TypeError(f"k and v must be numpy arrays, got {type(k).__name__}, {type(v).__name__}")
-    k, v = as_array("k", k), as_array("v", v)
-    if k.dtype != v.dtype:
+    k_dtype, v_dtype = k.dtype.newbyteorder("="), v.dtype.newbyteorder("=")  # '>f8' counts as float64
+    if k_dtype not in SUPPORTED_DTYPES or v_dtype != k_dtype:
         raise TypeError(f"k and v must both be float32 or both float64, got {k.dtype} and {v.dtype}")
+    k, v = as_array("k", k), as_array("v", v)
     if k.ndim < 2 or k.ndim != v.ndim or k.shape[:-1] != v.shape[:-1]:
         raise ValueError(f"k and v must be [..., T_new, D_k] and [..., T_new, D_v] with the same leading axes, "
                          f"got k {k.shape}, v {v.shape}")
@@ -125,15 +126,15 @@ def check_cache_fits(cache, kv_shape, t_new, dtype, window=None, n_sink=0):
     k_cache, v_cache = cache.k_cache, cache.v_cache
     if k_cache is not None:
         if (k_cache.shape[:-2] + k_cache.shape[-1:], v_cache.shape[:-2] + v_cache.shape[-1:]) != kv_shape:
-            k_shape, v_shape = ([*s[:-1], "T", s[-1]] for s in kv_shape)
-            raise ValueError(f"cache does not fit: k_cache {k_cache.shape} and v_cache {v_cache.shape}, "
-                             f"need {k_shape} and {v_shape}")
+            k_shape, v_shape = (", ".join(map(str, (*s[:-1], "T", s[-1]))) for s in kv_shape)
+            raise ValueError(f"cache does not fit x: k_cache {k_cache.shape} and v_cache {v_cache.shape} "
+                             f"must be [{k_shape}] and [{v_shape}]")
         if k_cache.dtype != dtype:
             raise TypeError(f"cache holds {k_cache.dtype} but the computation is {dtype}")
     stored, room = cache.get_seq_length(), cache.max_seq_len
     if room is not None and stored + t_new > room:
         raise StaticCacheFullError(f"cache too short: {stored} of max_seq_len={room} positions used, "
-                                   f"{t_new} more needed")
+                                   f"x needs T={t_new} more")
     return cache
 
 

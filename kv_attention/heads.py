@@ -30,7 +30,7 @@ import functools
 import numpy as np
 
 from ._validation import as_array, as_flag, as_size, check_choice, check_finite_array
-from .attention import causal_attention, scaled_scores, softmax
+from .attention import causal_attention, check_weight, scaled_scores, softmax
 from .cache import StaticCache, check_cache_fits
 from .split import _split, as_num_splits
 
@@ -84,10 +84,8 @@ def check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads, check_finite=T
     x = arrays["x"]
     if x.ndim not in (2, 3):
         raise ValueError(f"x must be [T, D_model] or [B, T, D_model], got shape {x.shape}")
-    for name, w in arrays.items():
-        if name != "x" and (w.ndim != 2 or (name != "w_o" and w.shape[0] != x.shape[-1])):
-            raise ValueError(f"{name} must be a matrix with D_model={x.shape[-1]} rows for x {x.shape}, "
-                             f"got shape {w.shape}")
+    for name, w in list(arrays.items())[1:]:
+        check_weight(name, w, None if name == "w_o" else x)
     head_dim = _head_dim(*list(arrays.values())[1:], n_heads, n_kv_heads)
     if check_finite:
         for name, a in arrays.items():

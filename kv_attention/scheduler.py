@@ -197,7 +197,7 @@ class _Scheduler:
         while index < len(self.running) and token_budget > 0:
             seq = self.running[index]
             num_new = min(seq.num_tokens - seq.num_computed, token_budget)
-            while not self.allocate_slots(seq, num_new) and seq in self.running:
+            while seq in self.running and not self.allocate_slots(seq, num_new):
                 self.preempt(self.running.pop())  # the last admitted, not yet scheduled in this step
                 preempted = True
             if seq not in self.running:  # it preempted itself: no request is left to schedule

@@ -318,8 +318,8 @@ def _filled_cache(t_len=3, t_max=8):
         (kv.StaticCache((3,), 9, 3, 3), ValueError, r"cache does not fit x"),
         (kv.StaticCache((3, 2), 9, 3, 3, np.float32), TypeError, r"cache holds float32 but the computation is f"),
         (kv.StaticCache((3, 2), 5, 3, 3), ValueError, r"cache too short: 0 of max_seq_len=5 .* x needs T=6"),
-        ("not a cache", TypeError, r"cache must be a cache instance"),
-        (kv.StaticCache, TypeError, r"cache must be a cache instance"),
+        ("not a cache", TypeError, r"cache must be a kv_attention.Cache instance"),
+        (kv.StaticCache, TypeError, r"cache must be a kv_attention.Cache instance"),
     ],
 )
 @pytest.mark.parametrize("path", HEADS_PATHS)
