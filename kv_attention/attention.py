@@ -51,10 +51,10 @@ def check_projection_inputs(x, w_q, w_k, w_v, x_ndims, check_finite=True):
     return x, w_q.astype(dtype, copy=False), w_k.astype(dtype, copy=False), w_v.astype(dtype, copy=False), dtype
 
 
-def check_weight(name, w, x):
+def check_weight(name, w, x, layout="[D_model, D]"):
     """Raise ValueError unless ``w`` is a matrix of D_model rows (``x: [..., D_model]``; None: any rows)."""
     if w.ndim != 2:
-        raise ValueError(f"{name} must be [D_model, D], got shape {w.shape}")
+        raise ValueError(f"{name} must be {layout}, got shape {w.shape}")
     if x is not None and w.shape[0] != x.shape[-1]:
         raise ValueError(f"{name} has {w.shape[0]} rows but x has D_model={x.shape[-1]}: x {x.shape}, {name} {w.shape}")
 

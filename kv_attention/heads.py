@@ -85,7 +85,7 @@ def check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads, check_finite=T
     if x.ndim not in (2, 3):
         raise ValueError(f"x must be [T, D_model] or [B, T, D_model], got shape {x.shape}")
     for name, w in list(arrays.items())[1:]:
-        check_weight(name, w, None if name == "w_o" else x)
+        check_weight(name, w, None if name == "w_o" else x, "a matrix [rows, columns]")
     head_dim = _head_dim(*list(arrays.values())[1:], n_heads, n_kv_heads)
     if check_finite:
         for name, a in arrays.items():
@@ -121,7 +121,7 @@ def _attend(q, k, v):
     return softmax(scaled_scores(q, k)) @ v
 
 
-def _attend_repeat_kv(q, k, v, attention=_attend):
+def _attend_repeat_kv(q, k, v, attention=None):
     """One decode step by repeating each K/V head G times, as Llama's ``repeat_kv`` does.
 
     ``q: [..., H_kv, G, D_head]`` is the new position's queries by group, ``k, v:
@@ -134,17 +134,17 @@ def _attend_repeat_kv(q, k, v, attention=_attend):
         k = np.repeat(k, group, axis=-3)  # [..., H_q, S, D_head], K/V head j -> query heads jG..jG+G-1
         v = np.repeat(v, group, axis=-3)  # [..., H_q, S, D_head]
     q = q.reshape((*lead, n_kv_heads * group, 1, head_dim))  # [..., H_q, 1, D_head]
-    return attention(q, k, v)  # [..., H_q, 1, D_head]
+    return (attention or _attend)(q, k, v)  # [..., H_q, 1, D_head]
 
 
-def _attend_grouped(q, k, v, attention=_attend):
+def _attend_grouped(q, k, v, attention=None):
     """One decode step on the cache's own views: the G query heads of a group are G query rows.
 
     One ``[G, D_head] x [D_head, S]`` product per K/V head instead of G against G copies.
     FlashAttention-2 does the same for one query position (``seqlenq_ngroups_swapped`` in
     ``flash_api.cpp``: q ``(b, 1, H_kv·G, d)`` viewed as ``(b, G, H_kv, d)``).
     """
-    return attention(q, k, v)  # scores [..., H_kv, G, S] -> [..., H_kv, G, D_head]
+    return (attention or _attend)(q, k, v)  # scores [..., H_kv, G, S] -> [..., H_kv, G, D_head]
 
 
 _STEPS = {"repeat_kv": _attend_repeat_kv, "grouped": _attend_grouped}
