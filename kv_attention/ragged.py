@@ -22,9 +22,9 @@ Strategies (the ``strategy=`` of :func:`ragged_decode`):
                attends through the block tables block by block
                (:func:`~kv_attention.paged.paged_attention`), never gathering a
                sequence's K/V. The cache is the caller's when given (``cache=``):
-               it holds sequences 0..B-1 while they are in the batch. A step
-               that runs out of blocks raises OutOfBlocksError and leaves the
-               cache as that step found it.
+               it holds sequences 0..B-1 while they are in the batch. The
+               blocks the schedule needs at its peak are counted before the
+               first step: too few free raises OutOfBlocksError, changing nothing.
 
 Axis letters: B sequences, N rows computed at a step, S key positions, D feature width.
 Inputs: ``x``, a list of B arrays ``[T_i, D_model]`` or a padded ``[B, T_max, D_model]``
@@ -54,7 +54,7 @@ from ._validation import (
     check_choice,
 )
 from .attention import check_projection_inputs, masked_attend
-from .paged import PagedKVCache, paged_attention
+from .paged import OutOfBlocksError, PagedKVCache, paged_attention
 
 RAGGED_STRATEGIES = ("padded", "compacted", "paged")
 
@@ -191,6 +191,10 @@ class _PagedBatch:
                 num_blocks = sum(math.ceil(int(n) / block_size) for n in problem.lengths)
             w_k, w_v = problem.weights[1:]
             cache = PagedKVCache(num_blocks, block_size, w_k.shape[1], w_v.shape[1], problem.dtype)
+        needed = _peak_blocks(problem, cache.block_size)
+        if needed > cache.num_free_blocks:  # before the first step: a refused decode changes nothing
+            raise OutOfBlocksError(f"out of blocks: the decode needs {needed} blocks at its peak, "
+                                   f"{cache.num_free_blocks} of num_blocks={cache.num_blocks} are free")
         self.cache, self.seqs, self.moved_slots = cache, [], 0
 
     def join(self, seq):
@@ -217,6 +221,16 @@ class _PagedBatch:
     @property
     def reserved_slots(self):
         return self.cache.peak_blocks * self.cache.block_size
+
+
+def _peak_blocks(problem, block_size):
+    """The most blocks the schedule holds at once: blocks only grow between leaves, so just before one."""
+    starts, ends = problem.start_steps, problem.start_steps + problem.lengths
+    peak = 0
+    for t in np.unique(ends[problem.lengths > 0]).tolist():  # step t - 1, sequence i has t - start_i positions
+        held = (starts < t) & (t <= ends)
+        peak = max(peak, int((-(-(t - starts[held]) // block_size)).sum()))
+    return peak
 
 
 _BATCHES = {"padded": _PaddedBatch, "compacted": _CompactedBatch, "paged": _PagedBatch}
