@@ -72,8 +72,13 @@ def check_attention_inputs(q, k, v, check_finite=True):
     q, k, v = as_array("q", q), as_array("k", k), as_array("v", v)
     if not (q.ndim >= 2 and k.ndim == v.ndim == q.ndim and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
             and k.shape[-1] == q.shape[-1] > 0 and v.shape[-2] == k.shape[-2]):
-        raise ValueError(f"q, k and v must be [..., T_q, D_k >= 1], [..., S, D_k] and [..., S, D_v] with the "
-                         f"same leading axes, got q {q.shape}, k {k.shape}, v {v.shape}")
+        shapes = f"q {q.shape}, k {k.shape}, v {v.shape}"
+        if q.ndim < 2 or not k.ndim == v.ndim == q.ndim or not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
+            raise ValueError(f"q, k and v must be [..., T_q, D_k], [..., S, D_k] and [..., S, D_v] "
+                             f"with the same leading axes, got {shapes}")
+        if k.shape[-1] != q.shape[-1] or v.shape[-2] != k.shape[-2]:
+            raise ValueError(f"q and k must share D_k, and k and v the S axis: {shapes}")
+        raise ValueError(f"D_k must be at least 1: {shapes}")
     if check_finite:
         for name, a in (("q", q), ("k", k), ("v", v)):
             check_finite_array(name, a)

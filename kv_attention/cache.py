@@ -121,8 +121,9 @@ def check_cache_fits(cache, kv_shape, t_new, dtype, window=None, n_sink=0):
     room for ``t_new`` more positions, and (a cache that keeps a window) the call's ``window`` and ``n_sink``."""
     cache = as_cache(cache)
     if cache.window is not None and (cache.window, cache.n_sink) != (window, n_sink):
+        hint = "; full attention needs a cache of every position, e.g. StaticCache" if window is None else ""
         raise ValueError(f"cache keeps window={cache.window}, n_sink={cache.n_sink} but the call has "
-                         f"window={window}, n_sink={n_sink}")
+                         f"window={window}, n_sink={n_sink}{hint}")
     k_cache, v_cache = cache.k_cache, cache.v_cache
     if k_cache is not None:
         if (k_cache.shape[:-2] + k_cache.shape[-1:], v_cache.shape[:-2] + v_cache.shape[-1:]) != kv_shape:

@@ -145,9 +145,9 @@ def _as_suffixes(k_suffix, v_suffix, suffix_lengths, d_k, d_v, check_finite):
     if lengths.size and lengths.max() > k_suffix.shape[1]:
         raise ValueError(f"suffix_lengths must be at most S_max={k_suffix.shape[1]}, got {lengths.tolist()}")
     held = _held_suffix_keys(k_suffix, lengths)  # [B, S_max]
-    if check_finite:
-        check_finite_array("k_suffix within suffix_lengths", k_suffix[held])
-        check_finite_array("v_suffix within suffix_lengths", v_suffix[held])
+    for name, a in (("k_suffix", k_suffix), ("v_suffix", v_suffix)):
+        if check_finite and not np.isfinite(a[held]).all():
+            raise ValueError(f"{name} contains NaN or inf within suffix_lengths")
     if not np.isfinite(v_suffix).all():  # padding: 0·NaN would be NaN
         v_suffix = np.where(held[..., None], v_suffix, 0.0).astype(v_suffix.dtype, copy=False)
     return k_suffix, v_suffix, lengths

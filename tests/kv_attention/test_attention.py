@@ -244,11 +244,11 @@ def test_no_key_position_gives_zeros():
 @pytest.mark.parametrize(
     "change, error, message",
     [
-        (lambda q, k, v: (q, k[:, :, :3], v), ValueError, r"same leading axes, got q \(3, 2, 4\), k \(3, 5, 3\)"),
-        (lambda q, k, v: (q, k, v[:, :4]), ValueError, r"got q \(3, 2, 4\), k \(3, 5, 4\), v \(3, 4, 6\)"),
+        (lambda q, k, v: (q, k[:, :, :3], v), ValueError, r"q and k must share D_k, .*: q \(3, 2, 4\), k \(3, 5, 3\)"),
+        (lambda q, k, v: (q, k, v[:, :4]), ValueError, r"k and v the S axis: q \(3, 2, 4\), k \(3, 5, 4\), v \(3, 4, 6\)"),
         (lambda q, k, v: (q[:2], k, v), ValueError, r"with the same leading axes, got q \(2, 2, 4\), k \(3, 5, 4\)"),
-        (lambda q, k, v: (q[0, 0], k, v), ValueError, r"must be \[\.\.\., T_q, D_k >= 1\]"),
-        (lambda q, k, v: (q[..., :0], k[..., :0], v), ValueError, r"D_k >= 1"),
+        (lambda q, k, v: (q[0, 0], k, v), ValueError, r"must be \[\.\.\., T_q, D_k\]"),
+        (lambda q, k, v: (q[..., :0], k[..., :0], v), ValueError, r"D_k must be at least 1"),
         (lambda q, k, v: (q.astype(np.int64), k, v), TypeError, r"q must be a float32 or float64 array"),
         (lambda q, k, v: (q, np.where(k > 1, np.nan, k), v), ValueError, r"^k contains NaN or inf$"),
     ],

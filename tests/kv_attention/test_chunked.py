@@ -212,8 +212,8 @@ def test_nan_in_the_last_chunk_raises_before_any_chunk_is_written():
         (kv.SlidingWindowCache((), 4, 2, 5, n_sink=1), ValueError, "cache does not fit x"),
         (kv.SlidingWindowCache((), 4, 3, 5, n_sink=1, dtype=np.float32), TypeError, "cache holds float32"),
         (kv.StaticCache((), 5, 3, 5), ValueError, "cache too short"),
-        (kv.StaticCache, TypeError, "must be a cache instance"),
-        ("cache", TypeError, "must be a cache instance"),
+        (kv.StaticCache, TypeError, "must be a kv_attention.Cache instance"),
+        ("cache", TypeError, "must be a kv_attention.Cache instance"),
     ],
     ids=["batch", "d_k", "dtype", "short", "class", "str"],
 )
