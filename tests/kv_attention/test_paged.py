@@ -638,3 +638,24 @@ def test_repr_gives_the_pool_and_its_use_not_the_arrays():
 # --- rolled_back_on_error: a failed block puts everything back, a finished one keeps its writes ---------
 
 
+
+
+def test_one_paged_step_at_position_2047_allocates_at_most_a_quarter_of_the_gathered_kv():
+    # The bound: 8 sequences at position 2,047, D 64, float64. Gathering their K/V would allocate
+    # 8 × 2,048 × 64 × 8 bytes for K and as much for V (16.8 MB); paging reads the pool one block at a time.
+    import tracemalloc
+
+    p = kv.make_problem(2048, batch_size=8, d_model=64, d_k=64, d_v=64)
+    steps = kv.ragged_decode_steps(*p.args(), strategy="paged")
+    for _ in range(2047):
+        next(steps)
+    gathered = 2 * 8 * 2048 * 64 * 8
+    tracemalloc.start()
+    try:
+        seq_ids, positions, out = next(steps)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert positions.tolist() == [2047] * 8
+    np.testing.assert_allclose(out, kv.causal_attention(*p.args())[:, -1], rtol=1e-10, atol=1e-10)
+    assert peak <= gathered / 4, f"peak {peak} bytes, gathered K/V {gathered}"
