@@ -156,7 +156,10 @@ class DynamicCache(Cache):
 
     def update(self, k, v, *, check_finite=True):
         """Append ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]``; return the cache's own arrays (do not write)."""
-        k, v = check_new_positions(k, v, self, check_finite)
+        return self._append(*check_new_positions(k, v, self, check_finite))
+
+    def _append(self, k, v):
+        """:meth:`update` of checked k, v (a decode's own cache: its k, v come from checked inputs)."""
         if self.k_cache is None:
             self.k_cache, self.v_cache = k.copy(), v.copy()
         else:
@@ -213,10 +216,14 @@ class StaticCache(Cache):
         :class:`StaticCacheFullError` past ``max_seq_len``.
         """
         k, v = check_new_positions(k, v, self, check_finite)
-        start, stop = self._length, self._length + k.shape[-2]
-        if stop > self.max_seq_len:
-            raise StaticCacheFullError(f"cache is full: {start} of max_seq_len={self.max_seq_len} positions "
+        if self._length + k.shape[-2] > self.max_seq_len:
+            raise StaticCacheFullError(f"cache is full: {self._length} of max_seq_len={self.max_seq_len} positions "
                                        f"used, cannot write {k.shape[-2]} more")
+        return self._append(k, v)
+
+    def _append(self, k, v):
+        """:meth:`update` of checked k, v that fit (a decode's own cache)."""
+        start, stop = self._length, self._length + k.shape[-2]
         self.k_cache[..., start:stop, :] = k
         self.v_cache[..., start:stop, :] = v
         self._length = stop

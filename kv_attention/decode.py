@@ -43,17 +43,12 @@ def _decode(x, w_q, w_k, w_v, update):
     return out
 
 
-def _own_update(cache):
-    """The update of a cache the decode made: its k and v come from checked inputs, so not scanned again."""
-    return lambda k, v: cache.update(k, v, check_finite=False)
-
-
 def _decode_preallocated(x, w_q, w_k, w_v, dtype, cache=None):
     """The preallocated path: a StaticCache of T positions unless ``cache`` is given."""
     if cache is not None:
         return _decode(x, w_q, w_k, w_v, cache.update)
     cache = StaticCache(x.shape[:-2], x.shape[-2], w_k.shape[1], w_v.shape[1], dtype)
-    return _decode(x, w_q, w_k, w_v, _own_update(cache))
+    return _decode(x, w_q, w_k, w_v, cache._append)  # its own cache: k, v from checked inputs, and room for T
 
 
 def decode_without_cache(x, w_q, w_k, w_v, *, check_finite=True):
@@ -73,7 +68,7 @@ def cached_attention(x, w_q, w_k, w_v, cache=None, *, check_finite=True):
     x, w_q, w_k, w_v, _, cache = check_decode_inputs(x, w_q, w_k, w_v, (2, 3), cache, check_finite)
     if cache is not None:
         return _decode(x, w_q, w_k, w_v, cache.update)
-    return _decode(x, w_q, w_k, w_v, _own_update(DynamicCache()))
+    return _decode(x, w_q, w_k, w_v, DynamicCache()._append)
 
 
 def cached_attention_preallocated(x, w_q, w_k, w_v, cache=None, *, check_finite=True):

@@ -197,7 +197,7 @@ def multi_head_decode(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, path="group
         update = check_cache_fits(cache, (kv_shape, kv_shape), x.shape[-2], dtype).update
     else:
         cache = StaticCache(x.shape[:-2] + (n_kv_heads,), x.shape[-2], head_dim, head_dim, dtype)
-        update = functools.partial(cache.update, check_finite=False)  # from checked inputs
+        update = cache._append  # its own cache: k, v from checked inputs, and room for T
     return _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, update)
 
 
