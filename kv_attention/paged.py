@@ -1,50 +1,30 @@
-"""A paged K/V cache: fixed-size blocks from a shared pool, one block table per sequence.
+"""A paged K/V cache: fixed-size blocks from a shared pool, one block table per sequence, and paged attention.
 
-Method: PagedAttention (Kwon et al. 2023, "Efficient Memory Management for Large
-Language Model Serving with PagedAttention", the vLLM paper). Terms as in vLLM:
+PagedAttention (Kwon et al. 2023, the vLLM paper), in vLLM's terms: ``block_size``
+tokens per block, ``num_blocks`` in the pool, a ``block_table`` per sequence
+(logical block j -> physical block), a ``slot_mapping`` per new token
+(``physical_block * block_size + offset``), a refcount per block. The allocator
+(:mod:`~kv_attention.block_allocator`) keeps the free list and the refcounts; this
+class the map of sequence -> block table. :meth:`PagedKVCache.fork` shares the
+parent's blocks, and the first write into a shared last block copies it
+(copy-on-write); with ``enable_prefix_caching`` full blocks are cached under a
+chained hash (:mod:`~kv_attention.prefix_caching`).
 
-    block_size    tokens per block
-    num_blocks    physical blocks in the shared pool
-    block_table   per sequence: logical block j -> physical block number
-    slot_mapping  per new token: its slot, physical_block * block_size + offset
-    free list     physical blocks not in any block table
-    refcount      per block: the block tables holding it (forks share blocks)
+:func:`paged_attention` reads the pool through each sequence's block table, one
+logical block at a time for all N sequences together, and folds each block's
+attention state into a running one by the exact log-sum-exp merge of
+:mod:`~kv_attention.split` (an online softmax). What matches vLLM's kernels
+(``csrc/attention/attention_kernels.cuh``) and FlashInfer's paged decode: keys and
+values are read block by block through the block table, never gathered into a
+copy. What differs: vLLM's v1 kernel keeps a whole sequence's logits in shared
+memory for one softmax, and its v2 kernel merges partitions of 512 tokens by their
+max logit and exp-sum, where this merges every block; and a block here is one NumPy
+op over N sequences, not a thread block per sequence and head.
 
-Axis letters: N sequences in one call, S gathered key positions, D feature
-width (D_k, D_v), T_new new positions per sequence.
-
-Sharing. :meth:`PagedKVCache.fork` gives a child sequence the parent's blocks,
-each block's refcount up by one; only the last, partial block can be written
-again, and the first write into it while it is shared copies it first
-(copy-on-write, vLLM's ``CopyOnWriteTracker``). With ``enable_prefix_caching``,
-full blocks are also cached under a chained hash of their tokens (see
-:mod:`~kv_attention.prefix_caching`), and a new sequence starts from the longest
-cached prefix of its token ids. The free list and the refcounts are the
-allocator's (:mod:`~kv_attention.block_allocator`); this class keeps the map of
-sequence -> block table.
-
-Attention (:func:`paged_attention`) reads the pool through each sequence's block
-table, one logical block at a time for all N sequences together, and folds each
-block's attention state into a running one with the exact log-sum-exp merge of
-:mod:`~kv_attention.split` (an online softmax). What matches vLLM's
-``paged_attention_v1`` kernel (``csrc/attention/attention_kernels.cuh``) and
-FlashInfer's paged decode: the keys are read block by block through the block
-table, never gathered into a contiguous copy. What differs: vLLM's v1 kernel keeps
-the raw scores of a whole sequence and takes one softmax over them (its v2 kernel
-and FlashInfer merge partitions by lse, as here), and here a block is a NumPy
-array op over N sequences rather than a thread block per sequence and head.
-
-Errors: TypeError for a sequence id that is not hashable, ``seq_ids`` that are not an
-ordered sequence, k and v not both float32 or both float64 (or float64 into a float32
-pool), token ids that are not integers, a size or flag of the wrong type; ValueError
-for a sequence not in the cache (or already in it, for ``add_sequence`` and a fork's
-child), repeated ``seq_ids``, shapes that do not fit (named), NaN/inf, a negative
-token id or a size below its minimum; :class:`OutOfBlocksError` when an update needs
-more blocks than are free. Every check, the count of free blocks included, runs
-before anything is written, so a call that raises changes nothing.
-
-Invariants: each block table lists only blocks its sequence holds (asserted as
-they are added); the allocator asserts its own (:mod:`~kv_attention.block_allocator`).
+Errors: TypeError or ValueError naming the argument (ids, shapes, dtypes, token ids,
+sizes, NaN/inf), :class:`OutOfBlocksError` when an update needs more blocks than are
+free. Every check, the count of free blocks included, runs before anything is
+written, so a call that raises changes nothing.
 """
 
 import math
@@ -113,22 +93,10 @@ def _as_update_token_ids(token_ids, n_seqs, t_new):
 
 
 class PagedKVCache:
-    """K/V of many sequences in one pool of fixed-size blocks, taken from a free list as they grow.
+    """K/V of many sequences in pools ``k_cache: [num_blocks, block_size, D_k]``, ``v_cache: [..., D_v]``.
 
-    A sequence holds whole blocks: ``ceil(length / block_size)`` of them, listed
-    in its block table, plus any reserved ahead by :meth:`allocate_slots`. Blocks
-    are taken when a sequence's last block is full and returned to the free list
-    by :meth:`free` once no sequence holds them; a freed block is the next one
-    taken (a LIFO free list starting from block ``num_blocks - 1``, as vLLM's
-    original ``UncachedBlockAllocator``). Tokens never move once written, except
-    that a write into a shared partial block first copies it.
-
-    ``num_blocks >= 0``, ``block_size`` and ``k_dim`` (D_k) >= 1, ``v_dim`` (D_v) >= 0
-    (the library's rule: every width may be 0 but D_k);
-    the pools are ``k_cache: [num_blocks, block_size, D_k]`` and ``v_cache:
-    [num_blocks, block_size, D_v]``, float32 or float64 (default float64).
-    ``enable_prefix_caching`` (default False) keeps full blocks cached by the
-    hash of their tokens; the token ids come with :meth:`update`.
+    A sequence holds ``ceil(length / block_size)`` blocks, plus any reserved by
+    :meth:`allocate_slots`; tokens never move once written.
     """
 
     def __init__(self, num_blocks, block_size, k_dim, v_dim, dtype=np.float64, *, enable_prefix_caching=False):
@@ -172,14 +140,10 @@ class PagedKVCache:
         return tuple(self._block_tables)
 
     def add_sequence(self, seq_id, token_ids=None):
-        """Start sequence ``seq_id`` (any hashable); it takes no new block until written.
+        """Start sequence ``seq_id`` (any hashable); returns the tokens it starts with.
 
-        With prefix caching and ``token_ids`` (the sequence's first tokens), it
-        starts holding the cached blocks of the longest run of full blocks of
-        ``token_ids`` found in the cache (a hit): returns the tokens so held, a
-        multiple of block_size, from which the next :meth:`update` continues.
-        Else returns 0. A caller that must compute a token's output passes the
-        tokens before it only (a fully cached prompt still computes its last token).
+        With prefix caching and ``token_ids``, it holds the longest run of cached full
+        blocks of ``token_ids`` (a hit) and returns their tokens; else 0.
         """
         self._check_new(seq_id)
         token_ids = None if token_ids is None else as_token_ids("token_ids", token_ids)
@@ -197,13 +161,7 @@ class PagedKVCache:
         return tuple(self._cached_prefix(as_token_ids("token_ids", token_ids))[0])
 
     def fork(self, parent_id, child_id):
-        """Start ``child_id`` as a copy of ``parent_id`` that shares its blocks (each refcount + 1); no copy now.
-
-        The child holds the parent's written blocks only (not blocks the parent
-        reserved ahead). Either may then grow on its own: the first write of
-        either into the shared last partial block copies that block for the
-        writer (copy-on-write); full blocks stay shared until both are freed.
-        """
+        """Start ``child_id`` sharing ``parent_id``'s written blocks (each refcount + 1); copy-on-write after."""
         self._check_known([parent_id])
         self._check_new(child_id)
         blocks = self._block_tables[parent_id][: self._blocks_for(self._lengths[parent_id])]
@@ -216,11 +174,7 @@ class PagedKVCache:
             self._partial_tokens[child_id] = list(self._partial_tokens[parent_id])
 
     def free(self, seq_id):
-        """Remove sequence ``seq_id``; each of its blocks returns to the free list once no sequence holds it.
-
-        Their contents stay; with prefix caching, a cached block stays findable
-        by its hash until it is evicted.
-        """
+        """Remove ``seq_id``; a block no sequence holds goes back to the free list (a cached one stays findable)."""
         self._check_known([seq_id])
         self.allocator.free(self._block_tables.pop(seq_id))
         del self._lengths[seq_id]
@@ -248,12 +202,9 @@ class PagedKVCache:
         return self.allocator.ref_count(block)
 
     def allocate_slots(self, seq_id, num_tokens):
-        """Make ``seq_id`` hold blocks for ``num_tokens`` more tokens now, so that writing them takes none.
+        """Reserve blocks for ``num_tokens`` more tokens of ``seq_id`` (vLLM's ``allocate_slots``); returns how many.
 
-        Takes the blocks (and copies a shared last block) that an update of
-        ``num_tokens`` positions would; returns how many blocks it took. All or
-        nothing: :class:`OutOfBlocksError` if fewer are free. vLLM's
-        ``allocate_slots``: a scheduler reserves a prompt's blocks when it admits it.
+        All or nothing: :class:`OutOfBlocksError` if fewer are free.
         """
         self._check_known([seq_id])
         num_tokens = as_size("num_tokens", num_tokens)
@@ -265,17 +216,11 @@ class PagedKVCache:
         return needed
 
     def update(self, seq_ids, k, v, token_ids=None):
-        """Append ``k: [N, T_new, D_k]``, ``v: [N, T_new, D_v]`` to the N distinct sequences ``seq_ids``.
+        """Append ``k: [N, T_new, D_k]``, ``v: [N, T_new, D_v]``, row i to sequence ``seq_ids[i]``; return slot_mapping.
 
-        Row i goes to ``seq_ids[i]``, taking blocks as needed (and copying a
-        shared last partial block before writing into it); the blocks needed are
-        counted before any is taken, so either every sequence gets its positions
-        or nothing changes. ``token_ids: [N, T_new]`` integers name the new
-        tokens; with prefix caching, each block they fill is cached under its
-        chained hash (a write of T_new >= 1 without them ends caching for those
-        sequences: their later blocks are not cached). T_new = 0 changes nothing.
-        Returns slot_mapping, ``[N, T_new]`` int64: the pool slot each new
-        position was written to, ``physical_block * block_size + offset``.
+        ``token_ids: [N, T_new]`` name the new tokens; with prefix caching each block they
+        fill is cached (a write without them ends caching for those sequences).
+        slot_mapping ``[N, T_new]`` int64 is the slot each new position was written to.
         """
         seq_ids = as_id_list(seq_ids)
         self._check_known(seq_ids)
@@ -301,14 +246,10 @@ class PagedKVCache:
         return slot_mapping
 
     def gather(self, seq_ids):
-        """Keys and values of the N sequences ``seq_ids``, each read through its own block table only.
+        """Copies ``(k [N, S, D_k], v [N, S, D_v], lengths [N])`` of the sequences ``seq_ids``, for inspection.
 
-        Returns ``(k, v, lengths)``: copies ``k: [N, S, D_k]``, ``v: [N, S, D_v]`` and
-        ``lengths: [N]`` int64, with S = the most written blocks any of them
-        holds × block_size. Row i holds the tokens of ``seq_ids[i]`` at positions
-        ``< lengths[i]``, bit for bit as written; past that, the unwritten slots
-        of its own last block, then that block repeated (zeros for a sequence with
-        no written block): mask them.
+        Row i holds ``seq_ids[i]``'s tokens at positions ``< lengths[i]``; past that, slots of
+        its own last block (mask them). The decode never gathers: see :func:`paged_attention`.
         """
         seq_ids = as_id_list(seq_ids)
         lengths = self.get_seq_lengths(seq_ids)  # checks every id
@@ -362,11 +303,7 @@ class PagedKVCache:
 
     @property
     def internal_fragmentation(self):
-        """Allocated token slots that hold no token, slots_allocated - slots_used (int).
-
-        At most block_size - 1 per sequence, in its last block, plus the blocks
-        reserved ahead by :meth:`allocate_slots`.
-        """
+        """Allocated token slots that hold no token, slots_allocated - slots_used (int)."""
         return self.slots_allocated - self.slots_used
 
     @property
@@ -409,11 +346,8 @@ class PagedKVCache:
         return math.ceil(length / self.block_size)
 
     def _blocks_needed(self, seq_ids, t_new):
-        """Blocks that writing ``t_new`` more positions of each of ``seq_ids`` takes: new ones, and copies.
-
-        A shared last partial block is copied for each of its holders that
-        writes, except the last of them when all of its holders write.
-        """
+        """Blocks that writing ``t_new`` more positions of each of ``seq_ids`` takes: new ones, and
+        copies of a shared last block (for each writer but the last, when all its holders write)."""
         if t_new == 0:
             return 0
         size, new, writers = self.block_size, 0, {}
