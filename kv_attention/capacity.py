@@ -87,10 +87,8 @@ class ModelShape:
 
     def kv_cache_bytes(self, *, batch=1, seq_len=1, dtype=np.float16):
         """:func:`kv_cache_bytes` for this model; by default the bytes per token at fp16."""
-        return kv_cache_bytes(
-            batch=batch, seq_len=seq_len, n_layers=self.n_layers,
-            n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, dtype=dtype,
-        )
+        return kv_cache_bytes(batch=batch, seq_len=seq_len, n_layers=self.n_layers,
+                              n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, dtype=dtype,)
 
 
 # From each model's published config.json (num_hidden_layers, num_attention_heads, num_key_value_heads,

@@ -45,10 +45,8 @@ def check_head_counts(n_heads, n_kv_heads):
     n_heads = as_size("n_heads", n_heads, minimum=1)
     n_kv_heads = as_size("n_kv_heads", n_kv_heads, minimum=1)
     if n_heads % n_kv_heads:
-        raise ValueError(
-            f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: "
-            "every K/V head must serve the same number of query heads"
-        )
+        raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}: "
+                         "every K/V head must serve the same number of query heads")
     return n_heads, n_kv_heads
 
 
@@ -56,22 +54,16 @@ def _head_dim(w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
     """D_head = ``w_q.shape[1] // n_heads``; ValueError unless every weight's width is heads × D_head."""
     head_dim, rest = divmod(w_q.shape[1], n_heads)
     if rest or head_dim == 0:
-        raise ValueError(
-            f"w_q has {w_q.shape[1]} columns, which is not n_heads={n_heads} × head_dim "
-            f"for any head_dim >= 1: w_q {w_q.shape}"
-        )
+        raise ValueError(f"w_q has {w_q.shape[1]} columns, which is not n_heads={n_heads} × head_dim "
+                         f"for any head_dim >= 1: w_q {w_q.shape}")
     for name, w in (("w_k", w_k), ("w_v", w_v)):
         if w.shape[1] != n_kv_heads * head_dim:
-            raise ValueError(
-                f"{name} has {w.shape[1]} columns but n_kv_heads × head_dim = {n_kv_heads} × {head_dim} "
-                f"= {n_kv_heads * head_dim} (head_dim from w_q {w_q.shape}, n_heads={n_heads}): "
-                f"{name} {w.shape}"
-            )
+            raise ValueError(f"{name} has {w.shape[1]} columns but n_kv_heads × head_dim = {n_kv_heads} × {head_dim} "
+                             f"= {n_kv_heads * head_dim} (head_dim from w_q {w_q.shape}, n_heads={n_heads}): "
+                             f"{name} {w.shape}")
     if w_o.shape[0] != n_heads * head_dim:
-        raise ValueError(
-            f"w_o has {w_o.shape[0]} rows but n_heads × head_dim = {n_heads} × {head_dim} "
-            f"= {n_heads * head_dim}: w_o {w_o.shape}"
-        )
+        raise ValueError(f"w_o has {w_o.shape[0]} rows but n_heads × head_dim = {n_heads} × {head_dim} "
+                         f"= {n_heads * head_dim}: w_o {w_o.shape}")
     return head_dim
 
 

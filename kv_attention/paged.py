@@ -40,10 +40,8 @@ from .split import _merge, _state
 def as_id_list(seq_ids):
     """``seq_ids`` as a list; TypeError unless it is an ordered sequence (list, tuple, array, range)."""
     if not isinstance(seq_ids, (list, tuple, np.ndarray, range)):
-        raise TypeError(
-            f"seq_ids must be a list, tuple or array of sequence ids (ordered: row i is seq_ids[i]), "
-            f"got {type(seq_ids).__name__} {seq_ids!r}"
-        )
+        raise TypeError(f"seq_ids must be a list, tuple or array of sequence ids (ordered: row i is seq_ids[i]), "
+                        f"got {type(seq_ids).__name__} {seq_ids!r}")
     return list(seq_ids)
 
 
@@ -86,9 +84,7 @@ def _as_update_token_ids(token_ids, n_seqs, t_new):
         return None
     array = _as_integer_array("token_ids", token_ids)
     if array.shape != (n_seqs, t_new):
-        raise ValueError(
-            f"token_ids must be [N, T_new] = [{n_seqs}, {t_new}], one per new position, got shape {array.shape}"
-        )
+        raise ValueError(f"token_ids must be [N, T_new] = [{n_seqs}, {t_new}], one per new position, got shape {array.shape}")
     return array
 
 
@@ -331,15 +327,11 @@ class PagedKVCache:
         expected_k = (n_seqs, k.shape[1] if k.ndim == 3 else "T_new", self.k_cache.shape[-1])
         expected_v = (n_seqs, expected_k[1], self.v_cache.shape[-1])
         if k.shape != expected_k or v.shape != expected_v:
-            raise ValueError(
-                f"k and v must be [N, T_new, D_k] and [N, T_new, D_v] for N={n_seqs} seq_ids, "
-                f"D_k={expected_k[2]}, D_v={expected_v[2]}: got k {k.shape}, v {v.shape}"
-            )
+            raise ValueError(f"k and v must be [N, T_new, D_k] and [N, T_new, D_v] for N={n_seqs} seq_ids, "
+                             f"D_k={expected_k[2]}, D_v={expected_v[2]}: got k {k.shape}, v {v.shape}")
         if v.dtype != k.dtype or not np.can_cast(k.dtype, self.k_cache.dtype, casting="safe"):
-            raise TypeError(
-                f"k and v must both be float32 or both float64 and fit the pool's {self.k_cache.dtype}: "
-                f"got {k.dtype} and {v.dtype}"
-            )
+            raise TypeError(f"k and v must both be float32 or both float64 and fit the pool's {self.k_cache.dtype}: "
+                            f"got {k.dtype} and {v.dtype}")
         return k, v
 
     def _blocks_for(self, length):
@@ -374,10 +366,8 @@ class PagedKVCache:
             assert all(self.allocator.ref_count(b) == 1 for b in table[-new:]), "a new block table entry is not held"
 
     def _out_of_blocks(self, n_seqs, needed):
-        return OutOfBlocksError(
-            f"out of blocks: {n_seqs} sequence(s) need {needed} new block(s) of "
-            f"block_size={self.block_size}, {self.num_free_blocks} of num_blocks={self.num_blocks} free"
-        )
+        return OutOfBlocksError(f"out of blocks: {n_seqs} sequence(s) need {needed} new block(s) of "
+                                f"block_size={self.block_size}, {self.num_free_blocks} of num_blocks={self.num_blocks} free")
 
     def _note_peak(self):
         self._peak_blocks = max(self._peak_blocks, self.blocks_in_use)

@@ -266,10 +266,8 @@ class QuantizedCache(Cache):
         expected_k, expected_v = self.batch_shape + (t_new, self.k_dim), self.batch_shape + (t_new, self.v_dim)
         if k.shape != expected_k or v.shape != expected_v:
             lead = ", ".join(map(str, self.batch_shape + ("T_new",)))
-            raise ValueError(
-                f"k {k.shape} and v {v.shape} do not fit the cache: they must be [{lead}, {self.k_dim}] "
-                f"and [{lead}, {self.v_dim}]"
-            )
+            raise ValueError(f"k {k.shape} and v {v.shape} do not fit the cache: they must be [{lead}, {self.k_dim}] "
+                             f"and [{lead}, {self.v_dim}]")
         if check_finite:
             limit = float(np.finfo(self.dtype).max) / 4
             for name, array in (("k", k), ("v", v)):
@@ -338,11 +336,9 @@ class QuantizedCache(Cache):
         length = check_crop(length, self.get_seq_length())
         held, g = self.num_quantized, self.group_size
         if length < held and length % g:
-            raise ValueError(
-                f"crop length {length} cuts a quantized block of group_size={g}: positions 0..{held - 1} are "
-                f"quantized in blocks of {g}; crop to a length in [{held}, {self.get_seq_length()}] or to a "
-                f"multiple of {g}"
-            )
+            raise ValueError(f"crop length {length} cuts a quantized block of group_size={g}: positions 0..{held - 1} are "
+                             f"quantized in blocks of {g}; crop to a length in [{held}, {self.get_seq_length()}] or to a "
+                             f"multiple of {g}")
         parts = []
         for part, quantizer in zip(self._parts, self._quantizers):
             if length >= held:

@@ -46,13 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import (
-    as_float_array,
-    as_flag,
-    as_size,
-    as_sizes_per_sequence,
-    check_choice,
-)
+from ._validation import as_flag, as_float_array, as_size, as_sizes_per_sequence, check_choice
 from .attention import check_projection_inputs, masked_attend
 from .paged import OutOfBlocksError, PagedKVCache, paged_attention
 
@@ -256,10 +250,8 @@ def check_paged_cache_fits(cache, strategy, n_seqs, d_k, d_v, dtype, block_size,
         raise ValueError(f"block_size={block_size} does not fit the cache's block_size={cache.block_size}")
     widths = (cache.k_cache.shape[-1], cache.v_cache.shape[-1])
     if widths != (d_k, d_v):
-        raise ValueError(
-            f"cache does not fit the weights: k_cache {cache.k_cache.shape} and v_cache {cache.v_cache.shape} "
-            f"need D_k={d_k}, D_v={d_v}"
-        )
+        raise ValueError(f"cache does not fit the weights: k_cache {cache.k_cache.shape} and v_cache {cache.v_cache.shape} "
+                         f"need D_k={d_k}, D_v={d_v}")
     if cache.k_cache.dtype != dtype:
         raise TypeError(f"cache holds {cache.k_cache.dtype} but the computation is {dtype}")
     held = set(cache.seq_ids)
@@ -374,10 +366,8 @@ def _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blo
     return _BATCHES[strategy](problem, block_size, num_blocks, cache), problem, out_len
 
 
-def ragged_decode_steps(
-    x, w_q, w_k, w_v, *, lengths=None, start_steps=None, strategy="compacted", block_size=None, num_blocks=None,
-    cache=None,
-):
+def ragged_decode_steps(x, w_q, w_k, w_v, *, lengths=None, start_steps=None, strategy="compacted", block_size=None,
+                        num_blocks=None, cache=None):
     """The decode of :func:`ragged_decode` (same arguments), one step at a time, as a server streams tokens.
 
     Inputs are validated before this returns; the iterator then yields, for each
@@ -389,20 +379,8 @@ def ragged_decode_steps(
     return (step[:3] for step in _steps(batch, problem))
 
 
-def ragged_decode(
-    x,
-    w_q,
-    w_k,
-    w_v,
-    *,
-    lengths=None,
-    start_steps=None,
-    strategy="compacted",
-    block_size=None,
-    num_blocks=None,
-    return_stats=False,
-    cache=None,
-):
+def ragged_decode(x, w_q, w_k, w_v, *, lengths=None, start_steps=None, strategy="compacted", block_size=None,
+                  num_blocks=None, return_stats=False, cache=None):
     """Decode B sequences of different lengths in one batch; each equals decoding it alone.
 
     Args:

@@ -312,10 +312,8 @@ def check_serve_inputs(requests, embedding, w_q, w_k, w_v, block_size, num_block
     w_q, w_k, w_v = (as_array(name, w) for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)))  # before any shape
     for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)):
         if w.ndim == 2 and w.shape[0] != embedding.shape[1]:
-            raise ValueError(
-                f"{name} has {w.shape[0]} rows but embedding has D_model={embedding.shape[1]}: "
-                f"embedding {embedding.shape}, {name} {w.shape}"
-            )
+            raise ValueError(f"{name} has {w.shape[0]} rows but embedding has D_model={embedding.shape[1]}: "
+                             f"embedding {embedding.shape}, {name} {w.shape}")
     # x = embedding[token_ids]: the bound on |q|·|k| over every embedding row covers every token.
     embedding, w_q, w_k, w_v, dtype = check_projection_inputs(embedding, w_q, w_k, w_v, x_ndims=(2,))
     specs = _check_requests(requests, len(embedding), options[0], options[1])
@@ -350,9 +348,7 @@ def _check_request(name, request, vocab_size, block_size, num_blocks):
     outside = np.flatnonzero((tokens < 0) | (tokens >= vocab_size))
     if outside.size:
         j = int(outside[0])
-        raise ValueError(
-            f"{name}: token_ids[{j}] = {tokens[j]} is not a row of the embedding: ids must be in [0, V={vocab_size})"
-        )
+        raise ValueError(f"{name}: token_ids[{j}] = {tokens[j]} is not a row of the embedding: ids must be in [0, V={vocab_size})")
     prompt_len = as_size(f"{name}: prompt_len", request.prompt_len, minimum=1)
     if prompt_len > len(tokens):
         raise ValueError(f"{name}: prompt_len must be in [1, len(token_ids)={len(tokens)}], got {prompt_len}")
@@ -361,28 +357,15 @@ def _check_request(name, request, vocab_size, block_size, num_blocks):
         raise ValueError(f"{name}: arrival_step={arrival_step} is too large: at most 2**62")
     blocks = math.ceil(len(tokens) / block_size)
     if blocks > num_blocks:
-        raise ValueError(
-            f"{name} can never fit the pool: its {len(tokens)} tokens need {blocks} blocks of "
-            f"block_size={block_size}, and num_blocks={num_blocks}"
-        )
+        raise ValueError(f"{name} can never fit the pool: its {len(tokens)} tokens need {blocks} blocks of "
+                         f"block_size={block_size}, and num_blocks={num_blocks}")
     return request.request_id, tokens, prompt_len, arrival_step
 
 
 
 
-def serve(
-    requests,
-    embedding,
-    w_q,
-    w_k,
-    w_v,
-    *,
-    block_size=16,
-    num_blocks,
-    max_num_batched_tokens,
-    max_num_seqs=None,
-    enable_prefix_caching=False,
-):
+def serve(requests, embedding, w_q, w_k, w_v, *, block_size=16, num_blocks, max_num_batched_tokens, max_num_seqs=None,
+          enable_prefix_caching=False):
     """Serve ``requests`` to completion by the scheduler of the module docstring; returns a :class:`ServeResult`.
 
     Args:

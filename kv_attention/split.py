@@ -52,10 +52,8 @@ def as_num_splits(num_splits):
 def check_lse(name, array):
     """Raise ValueError unless every log-sum-exp of ``array`` is finite, or -inf for a state with no keys."""
     if np.isnan(array).any() or np.isposinf(array).any():
-        raise ValueError(
-            f"{name} contains NaN or +inf: an lse is finite, or -inf for a state with no keys "
-            "(FlashAttention before its PR #978 wrote +inf there; pass -inf)"
-        )
+        raise ValueError(f"{name} contains NaN or +inf: an lse is finite, or -inf for a state with no keys "
+                         "(FlashAttention before its PR #978 wrote +inf there; pass -inf)")
 
 
 def check_attention_states(states, check_finite=True):
@@ -79,13 +77,9 @@ def check_attention_states(states, check_finite=True):
             check_finite_array(f"states[{i}] out", out)
             check_lse(f"states[{i}] lse", lse)
         if out.ndim < 2 or lse.shape != out.shape[:-1]:
-            raise ValueError(
-                f"states[{i}] must be out [..., T_q, D_v] and lse [..., T_q], got out {out.shape}, lse {lse.shape}"
-            )
+            raise ValueError(f"states[{i}] must be out [..., T_q, D_v] and lse [..., T_q], got out {out.shape}, lse {lse.shape}")
         if outs and out.shape != outs[0].shape:
-            raise ValueError(
-                f"every state must have the shape of states[0]: out {outs[0].shape}, states[{i}] out {out.shape}"
-            )
+            raise ValueError(f"every state must have the shape of states[0]: out {outs[0].shape}, states[{i}] out {out.shape}")
         outs.append(out)
         lses.append(lse)
     dtype = np.result_type(*outs, *lses)
@@ -117,28 +111,22 @@ def _as_suffixes(k_suffix, v_suffix, suffix_lengths, d_k, d_v, check_finite):
             raise ValueError(f"k_suffix has {len(ks)} suffixes but v_suffix has {len(vs)}")
         for i, (k, v) in enumerate(zip(ks, vs)):
             if k.ndim != 2 or v.ndim != 2 or len(k) != len(v) or k.shape[1] != d_k or v.shape[1] != d_v:
-                raise ValueError(
-                    f"k_suffix[{i}] and v_suffix[{i}] must be [S_i, D_k={d_k}] and [S_i, D_v={d_v}], "
-                    f"got {k.shape} and {v.shape}"
-                )
+                raise ValueError(f"k_suffix[{i}] and v_suffix[{i}] must be [S_i, D_k={d_k}] and [S_i, D_v={d_v}], "
+                                 f"got {k.shape} and {v.shape}")
         lengths = np.array([len(k) for k in ks], dtype=np.int64)
         s_max = int(lengths.max(initial=0))
         full = bool((lengths == s_max).all())
         return _padded(ks, s_max, d_k), _padded(vs, s_max, d_v), None if full else lengths
     if not isinstance(k_suffix, np.ndarray) or not isinstance(v_suffix, np.ndarray):
-        raise TypeError(
-            "k_suffix and v_suffix must both be lists of B arrays [S_i, D] or both arrays [B, S_max, D], "
-            f"got {type(k_suffix).__name__} and {type(v_suffix).__name__}"
-        )
+        raise TypeError("k_suffix and v_suffix must both be lists of B arrays [S_i, D] or both arrays [B, S_max, D], "
+                        f"got {type(k_suffix).__name__} and {type(v_suffix).__name__}")
     if suffix_lengths is not None:
         read = as_array  # with lengths, the padding is not checked
     k_suffix, v_suffix = read("k_suffix", k_suffix), read("v_suffix", v_suffix)
     if (k_suffix.ndim != 3 or v_suffix.ndim != 3 or k_suffix.shape[:2] != v_suffix.shape[:2]
             or k_suffix.shape[2] != d_k or v_suffix.shape[2] != d_v):
-        raise ValueError(
-            f"k_suffix and v_suffix must be [B, S_max, D_k={d_k}] and [B, S_max, D_v={d_v}] (or lists of "
-            f"B arrays [S_i, D]), got k_suffix {k_suffix.shape}, v_suffix {v_suffix.shape}"
-        )
+        raise ValueError(f"k_suffix and v_suffix must be [B, S_max, D_k={d_k}] and [B, S_max, D_v={d_v}] (or lists of "
+                         f"B arrays [S_i, D]), got k_suffix {k_suffix.shape}, v_suffix {v_suffix.shape}")
     if suffix_lengths is None:
         return k_suffix, v_suffix, None
     lengths = as_sizes_per_sequence("suffix_lengths", suffix_lengths, k_suffix.shape[0])
@@ -171,10 +159,8 @@ def check_cascade_inputs(q, k_shared, v_shared, k_suffix, v_suffix, suffix_lengt
     if q.ndim != 3 or q.shape[-1] == 0:
         raise ValueError(f"q must be [B, T_q, D_k] with D_k >= 1, got shape {q.shape}")
     if k_shared.ndim != 2 or v_shared.ndim != 2 or len(k_shared) != len(v_shared) or k_shared.shape[1] != q.shape[2]:
-        raise ValueError(
-            f"k_shared and v_shared must be [S_p, D_k={q.shape[2]}] and [S_p, D_v], "
-            f"got k_shared {k_shared.shape}, v_shared {v_shared.shape}"
-        )
+        raise ValueError(f"k_shared and v_shared must be [S_p, D_k={q.shape[2]}] and [S_p, D_v], "
+                         f"got k_shared {k_shared.shape}, v_shared {v_shared.shape}")
     k_suffix, v_suffix, lengths = _as_suffixes(k_suffix, v_suffix, suffix_lengths, q.shape[2], v_shared.shape[1],
                                                check_finite)
     if len(k_suffix) != len(q):

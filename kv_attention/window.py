@@ -128,12 +128,10 @@ class SlidingWindowCache(Cache):
         """Raise unless the ring cut to ``length`` still holds positions ``length - window + 1 .. length - 1``."""
         lowest = max(self.n_sink, length - self.window + 1)  # the oldest window position `length` attends to
         if lowest < min(length, self._first):
-            raise ValueError(
-                f"cannot crop the sliding-window cache (window={self.window}, n_sink={self.n_sink}) from "
-                f"{self._length} to {length} positions: position {length} attends to positions from "
-                f"{length - self.window + 1}, but the ring has overwritten every position before {self._first}; "
-                f"crop to a length in [{self._first + self.window - 1}, {self._length}] or in [0, {self.n_sink}]"
-            )
+            raise ValueError(f"cannot crop the sliding-window cache (window={self.window}, n_sink={self.n_sink}) from "
+                             f"{self._length} to {length} positions: position {length} attends to positions from "
+                             f"{length - self.window + 1}, but the ring has overwritten every position before {self._first}; "
+                             f"crop to a length in [{self._first + self.window - 1}, {self._length}] or in [0, {self.n_sink}]")
 
     @property
     def nbytes(self):
