@@ -1,44 +1,23 @@
 """Ragged batches: sequences of different lengths that join and leave the batch at different steps.
 
-Sequence i (i = 0..B-1) has T_i tokens and joins at decode step
-``start_steps[i]``; at step s it is in the batch when
-``start_steps[i] <= s < start_steps[i] + T_i`` and decodes its position
-``s - start_steps[i]``. Every sequence grows from its own length: no row ever
-writes at a position taken from another row.
-
-Strategies (the ``strategy=`` of :func:`ragged_decode`):
-    padded     every step computes all B rows over a contiguous cache
-               ``[B, T_max, D]``; rows not in the batch, and key positions past
-               a row's length, are masked out (static shapes, as a GPU kernel
-               with a fixed batch would run).
-    compacted  only the rows in the batch are computed: a finished sequence
-               leaves and the batch shrinks (dynamic exit). Its cache is
-               contiguous, ``[B, T_max, D]`` with the rows in use first; when
-               sequences leave, each survivor in a row past the new end is
-               copied into a leaver's row: up to T_max positions of K and of V
-               moved per exit (its stored positions only).
+Sequence i has T_i tokens and joins at decode step ``start_steps[i]``; at step s it
+is in the batch when ``start_steps[i] <= s < start_steps[i] + T_i`` and decodes its
+position ``s - start_steps[i]``. Strategies (``strategy=``):
+    padded     all B rows every step over a contiguous ``[B, T_max, D]`` cache, rows
+               out of the batch and keys past a row's length masked (static shapes).
+    compacted  only the rows in the batch (dynamic exit); when sequences leave, each
+               survivor past the new end is copied into a leaver's row.
     paged      compacted, with K/V in a :class:`~kv_attention.paged.PagedKVCache`:
-               leaving frees blocks, no token is ever moved, and each step
-               attends through the block tables block by block
-               (:func:`~kv_attention.paged.paged_attention`), never gathering a
-               sequence's K/V. The cache is the caller's when given (``cache=``):
-               it holds sequences 0..B-1 while they are in the batch. The
-               blocks the schedule needs at its peak are counted before the
-               first step: too few free raises OutOfBlocksError, changing nothing.
+               leaving frees blocks, no token moves, and each step attends block by
+               block through the block tables (:func:`~kv_attention.paged.paged_attention`).
+               A caller's ``cache`` holds sequences 0..B-1 while they are in the batch;
+               the blocks the schedule needs at its peak are counted before the first
+               step, so a pool too small raises OutOfBlocksError and changes nothing.
 
-Axis letters: B sequences, N rows computed at a step, S key positions, D feature width.
 Inputs: ``x``, a list of B arrays ``[T_i, D_model]`` or a padded ``[B, T_max, D_model]``
-(only ``x[b, :T_b]`` is read; the padding may hold anything), and ``w_q, w_k:
-[D_model, D_k]``, ``w_v: [D_model, D_v]``, float32 or float64; outputs are in
-``np.result_type`` of the inputs.
-
-Errors, checked before the first step: TypeError or ValueError naming the argument
-for inputs of the wrong type, dtype, shape or count, NaN/inf, an unknown strategy,
-``block_size``/``num_blocks`` with a strategy other than paged, or a ``cache`` that
-does not fit (its D_k, D_v, dtype or block_size, or sequence ids 0..B-1 it holds).
-
-Method: masked attention as in Vaswani et al. 2017; continuous batching as in
-Orca (Yu et al. 2022); the paged cache as PagedAttention in vLLM (Kwon et al. 2023).
+(only ``x[b, :T_b]`` is read), ``w_q, w_k: [D_model, D_k]``, ``w_v: [D_model, D_v]``.
+Bad input raises TypeError or ValueError naming the argument before the first step.
+Continuous batching as in Orca (Yu et al. 2022).
 """
 
 import math
@@ -55,19 +34,8 @@ RAGGED_STRATEGIES = ("padded", "compacted", "paged")
 
 @dataclass(frozen=True)
 class RaggedDecodeStats:
-    """What a ragged decode computed and reserved; counts, not timings.
-
-    Attributes:
-        strategy: the strategy's name.
-        steps: decode steps run (steps with at least one sequence in the batch).
-        row_steps: query rows computed, summed over the steps (padded: B per step;
-            compacted and paged: the sequences in the batch, i.e. sum of T_i in all).
-        peak_reserved_slots: K/V token slots (positions, each holding one key and
-            one value) reserved at the peak: B × T_max for padded and compacted,
-            peak blocks × block_size for paged.
-        moved_slots: token positions copied inside the cache by compaction (compacted only).
-        peak_blocks: the most blocks in use at once (paged only, else None).
-    """
+    """What a ragged decode computed and reserved: steps run, query rows computed (``row_steps``), token slots
+    reserved at the peak (B × T_max, or peak blocks × block_size), positions moved by compaction, peak blocks."""
 
     strategy: str
     steps: int
@@ -234,12 +202,7 @@ _BATCHES = {"padded": _PaddedBatch, "compacted": _CompactedBatch, "paged": _Page
 
 
 def check_paged_cache_fits(cache, strategy, n_seqs, d_k, d_v, dtype, block_size, num_blocks):
-    """Raise unless a caller's ``cache`` is a PagedKVCache a ragged decode of ``n_seqs`` sequences can use.
-
-    It must be for ``strategy="paged"``, hold ``dtype`` with widths D_k and D_v,
-    match ``block_size`` when one is given, come without ``num_blocks`` (the
-    pool is the cache's) and not hold the decode's sequence ids 0..n_seqs-1.
-    """
+    """Raise unless a caller's ``cache`` fits a paged decode of ``n_seqs`` sequences (ids 0..n_seqs-1 free)."""
     if not isinstance(cache, PagedKVCache):
         raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
     if strategy != "paged":
@@ -286,12 +249,7 @@ def _as_sequences(x, lengths):
 
 
 def check_ragged_inputs(x, w_q, w_k, w_v, lengths, start_steps):
-    """Validate a ragged decode's inputs.
-
-    Returns ``(seqs, padded, (w_q, w_k, w_v), dtype, start_steps)``: the
-    sequences as ``[T_i, D_model]`` arrays, whether ``x`` came padded, the weights
-    in ``dtype`` and ``start_steps`` as ``[B]`` int64.
-    """
+    """Validate a ragged decode's inputs: ``(seqs, padded, (w_q, w_k, w_v), dtype, start_steps)``."""
     seqs, padded = _as_sequences(x, lengths)
     d_model = seqs[0].shape[1] if seqs else (np.shape(w_q)[:1] or (0,))[0]
     for i, seq in enumerate(seqs):
@@ -368,12 +326,9 @@ def _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blo
 
 def ragged_decode_steps(x, w_q, w_k, w_v, *, lengths=None, start_steps=None, strategy="compacted", block_size=None,
                         num_blocks=None, cache=None):
-    """The decode of :func:`ragged_decode` (same arguments), one step at a time, as a server streams tokens.
+    """The decode of :func:`ragged_decode`, one step at a time: yields ``(seq_ids [N], positions [N], out [N, D_v])``.
 
-    Inputs are validated before this returns; the iterator then yields, for each
-    step with at least one sequence in the batch, ``(seq_ids, positions, out)``:
-    ``seq_ids: [N]`` and ``positions: [N]`` int64 (the sequences in the batch and
-    the position each decoded) and ``out: [N, D_v]``, their outputs.
+    Inputs are validated before this returns.
     """
     batch, problem, _ = _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blocks, cache)
     return (step[:3] for step in _steps(batch, problem))
@@ -383,25 +338,12 @@ def ragged_decode(x, w_q, w_k, w_v, *, lengths=None, start_steps=None, strategy=
                   num_blocks=None, return_stats=False, cache=None):
     """Decode B sequences of different lengths in one batch; each equals decoding it alone.
 
-    Args:
-        lengths: B integers T_b <= T_max, for a padded x only (default: all T_max).
-        start_steps: B integers >= 0 (default all 0): sequence i joins the batch
-            at decode step start_steps[i], as in continuous batching.
-        strategy: ``"padded"``, ``"compacted"`` (default) or ``"paged"`` (see the module).
-        block_size: tokens per block of the paged cache (default 16, or the given
-            cache's); strategy="paged" only (ValueError with another, as ``cache``).
-        num_blocks: blocks in the paged cache's pool (default: enough for every
-            sequence at full length at once, sum of ceil(T_i / block_size));
-            strategy="paged" only (ValueError with another, as ``cache``).
-        return_stats: also return a :class:`RaggedDecodeStats`.
-        cache: for ``strategy="paged"``, a :class:`~kv_attention.paged.PagedKVCache`
-            of the caller's to decode in (its pool, block_size and free list; it
-            must not hold sequences 0..B-1), instead of a new one. It is left
-            with the blocks freed and its peak_blocks, for inspection.
-
-    Returns:
-        A list of B arrays ``[T_i, D_v]`` for a list x, else ``[B, T_max, D_v]``
-        with zeros past each length. With ``return_stats``, ``(outputs, stats)``.
+    ``lengths``: B integers for a padded x (default all T_max). ``start_steps``: B integers
+    (default 0), when each joins. ``block_size`` (default 16) and ``num_blocks`` (default:
+    every sequence at full length at once) size the paged pool; ``cache`` is a caller's
+    :class:`~kv_attention.paged.PagedKVCache` instead. Returns B arrays ``[T_i, D_v]`` for a
+    list x, else ``[B, T_max, D_v]`` zero past each length; with ``return_stats``, also a
+    :class:`RaggedDecodeStats`.
     """
     return_stats = as_flag("return_stats", return_stats)
     batch, problem, out_len = _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blocks, cache)
