@@ -1,33 +1,22 @@
 """Chunked prefill: a sequence attended to ``chunk_size`` positions at a time onto one K/V cache.
 
-Servers prefill a prompt in chunks onto the cache that decode then continues
-from (vLLM's chunked prefill, bounded by ``max_num_batched_tokens``; Agrawal et
-al. 2023, "SARATHI"). Each chunk projects its C positions, hands their keys and
-values to the cache, and its queries attend to the keys the cache returns under
-the mask of :func:`~kv_attention.attention.band_mask` taken at *absolute*
-positions: query i of a chunk after L cached positions is position L + i, so
-the causal diagonal is offset by L (FlashAttention aligns its causal mask to the
-bottom-right corner for the same reason; a square mask there is the bug of
-meta-llama/llama#899). ``chunk_size=1`` is decode, ``chunk_size >= T`` a one-shot
-prefill, and every chunk size gives :func:`~kv_attention.attention.causal_attention`
-with the same ``window`` and ``n_sink``, position by position.
-
-Inputs: ``x: [T, D_model]`` or ``[B, T, D_model]``, ``w_q, w_k: [D_model, D_k]``,
-``w_v: [D_model, D_v]``, float32 or float64; the output ``[..., T, D_v]`` is in
-``np.result_type`` of the inputs. For a chunk of C positions:
+Each chunk projects its C positions, hands their keys and values to the cache, and
+its queries attend to the keys the cache returns under
+:func:`~kv_attention.attention.band_mask` at absolute positions: query i of a chunk
+after L cached positions is position L + i, the causal diagonal offset by L (as
+FlashAttention aligns its causal mask bottom-right). Every ``chunk_size`` gives
+:func:`~kv_attention.attention.causal_attention` with the same ``window`` and
+``n_sink``. What matches vLLM's chunked prefill (Agrawal et al. 2023, "SARATHI"): a
+prompt computed in chunks onto the cache decode continues from. What differs: vLLM
+sizes chunks by a step's token budget shared with other requests (see ``scheduler``);
+here one sequence is cut into equal chunks. For a chunk of C positions:
     x_c   [..., C, D_model]     q_c     [..., C, D_k]
-    k     [..., S, D_k]         scores  [..., C, S]     (S: the keys the cache returns, held and new)
+    k     [..., S, D_k]         scores  [..., C, S]     (S: the keys the cache returns)
     v     [..., S, D_v]         out_c   [..., C, D_v]
-``cache``: by default a new :class:`~kv_attention.window.SlidingWindowCache` when
-``window`` is given (memory O(window) whatever T), else a StaticCache of T
-positions. A given cache (StaticCache, DynamicCache, SlidingWindowCache) must fit
-x's leading axes, D_k, D_v and the dtype, and continues from the positions in it:
-a prefill of 7 positions, then a chunk of 9, is one 16-position pass. A
-SlidingWindowCache must keep the call's ``window`` and ``n_sink``; a cache of
-every position serves any window (the mask drops the keys outside it).
-
-Bad input raises TypeError or ValueError, named, before anything is computed or
-written. ``check_finite`` (default True) scans x and the weights for NaN/inf.
+``cache``: default a :class:`~kv_attention.window.SlidingWindowCache` when ``window`` is
+given, else a StaticCache of T positions; a given cache continues from its positions.
+Bad input raises TypeError or ValueError, named, before anything is written;
+``check_finite`` (default True) scans x and the weights for NaN/inf.
 """
 
 import numpy as np

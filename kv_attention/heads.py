@@ -132,9 +132,9 @@ def _attend_repeat_kv(q, k, v, attention=None):
 def _attend_grouped(q, k, v, attention=None):
     """One decode step on the cache's own views: the G query heads of a group are G query rows.
 
-    One ``[G, D_head] x [D_head, S]`` product per K/V head instead of G against G copies.
-    FlashAttention-2 does the same for one query position (``seqlenq_ngroups_swapped`` in
-    ``flash_api.cpp``: q ``(b, 1, H_kv·G, d)`` viewed as ``(b, G, H_kv, d)``).
+    One ``[G, D_head] x [D_head, S]`` product per K/V head instead of G against G copies: the
+    layout FlashAttention-2 uses for one query position (``seqlenq_ngroups_swapped`` in
+    ``flash_api.cpp``), there inside one fused kernel, here one batched matmul.
     """
     return (attention or _attend)(q, k, v)  # scores [..., H_kv, G, S] -> [..., H_kv, G, D_head]
 

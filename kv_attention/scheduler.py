@@ -74,11 +74,7 @@ class Request:
     arrival_step: int = 0
 
     def __repr__(self):
-        """The request without its tokens: ``Request('a', 512 tokens, prompt_len=500, arrival_step=0)``.
-
-        A Request is not checked until :func:`serve`, so ``token_ids`` that have no
-        length (``Request(0, 5, 1)``) are shown as they are: ``token_ids=5``.
-        """
+        """The request without its tokens: ``Request('a', 512 tokens, prompt_len=500, arrival_step=0)``."""
         try:
             tokens = f"{len(self.token_ids)} tokens"
         except TypeError:  # no len(): an int, None, a 0-d array
@@ -100,7 +96,8 @@ class ServeStats:
         prefix_hit_tokens: tokens taken from the prefix cache at admission, and so not computed.
         peak_blocks: the most blocks in use at once, a shared block once.
         prefill_tokens_per_step: prompt (and recomputed) tokens computed at each step, a tuple of ``steps`` ints.
-        decode_tokens_per_step: decoded tokens computed at each step, likewise.
+        decode_tokens_per_step: tokens past the prompt computed for the first time, at each step (V1 has no
+            phases: this is the library's split of its tokens).
     """
 
     steps: int
@@ -293,12 +290,7 @@ class _Scheduler:
 
 def check_serve_inputs(requests, embedding, w_q, w_k, w_v, block_size, num_blocks, max_num_batched_tokens, max_num_seqs,
                        enable_prefix_caching):
-    """Validate the inputs of ``serve``.
-
-    Returns ``(specs, embedding, (w_q, w_k, w_v), dtype, (block_size, num_blocks,
-    max_num_batched_tokens, max_num_seqs, enable_prefix_caching))``: one ``(request_id, token_ids [L] int64,
-    prompt_len, arrival_step)`` per request, and the embedding and weights in ``dtype``.
-    """
+    """Validate the inputs of ``serve``: ``(specs, embedding, weights, dtype, options)``, one spec per request."""
     options = (
         as_size("block_size", block_size, minimum=1),
         as_size("num_blocks", num_blocks),

@@ -1,39 +1,20 @@
 """Split-KV (flash-decoding) and cascade attention: partial attention states merged exactly by log-sum-exp.
 
-Axis letters as in ``attention``: B batch, T_q query rows, S keys (S_p a shared
-prefix, S_i the suffix of sequence i), D_k and D_v feature widths. Leading ``...``
-axes are batch-like and never mixed.
+The attention state of ``q: [..., T_q, D_k]`` over ``k: [..., S, D_k]``, ``v: [..., S, D_v]``
+is ``out [..., T_q, D_v]`` (softmax(s) v, s = q kᵀ / sqrt(D_k)) and ``lse [..., T_q]``
+(log Σ exp(s), natural log as FlashAttention's ``softmax_lse``; FlashInfer stores base 2).
+The states of disjoint key sets A and B merge into that of A ∪ B:
+    lse = log(exp(lse_A) + exp(lse_B)),  out = exp(lse_A - lse) · out_A + exp(lse_B - lse) · out_B
+after subtracting the largest lse, so no exp overflows. The state of no keys (zeros,
+-inf) is the identity; the shift is 0 where every lse is -inf, so no NaN is formed
+(as FlashAttention's combine kernel, ``combine_attn_seqk_parallel``).
 
-The attention state of ``q: [..., T_q, D_k]`` over ``k: [..., S, D_k]`` and
-``v: [..., S, D_v]`` is the pair, for the scaled scores s = q kᵀ / sqrt(D_k):
-    out  [..., T_q, D_v]   softmax(s) v, exactly as ``attention.attend`` gives it
-    lse  [..., T_q]        log Σ_j exp(s_j), the natural log-sum-exp
-The lse is in natural log, as FlashAttention's ``softmax_lse`` and ``torch.logsumexp``;
-FlashInfer's kernels store it in base 2 (``m + log2(d)`` in ``state_t``): divide ours by
-ln 2 to compare. The states of two disjoint key sets A and B merge into that of A ∪ B:
-    lse = log(exp(lse_A) + exp(lse_B))
-    out = exp(lse_A - lse) · out_A + exp(lse_B - lse) · out_B
-computed after subtracting the largest lse, so no exp overflows whatever the scores.
-The merge is exact up to rounding, commutative and associative. The state with no
-keys, ``out`` zeros and ``lse`` -inf, is its identity: merged with a state it returns
-that state bit for bit, and merging only identities returns the identity, never NaN
-(the shift is 0 where every lse is -inf, so no -inf - (-inf) is formed).
-
-Inputs are float32 or float64 arrays and a computation runs in their
-``np.result_type``. Bad input raises TypeError (not a float32/float64 array, a state
-that is not an ``(out, lse)`` pair, a non-integer ``num_splits``) or ValueError
-(shapes that do not fit, named; ``num_splits`` below 1). ``check_finite`` (default
-True) scans the inputs for NaN/inf, and an lse for NaN or +inf.
-
-Sources: Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context inference"
-(Stanford CRFM blog); FlashAttention's ``flash_attn_with_kvcache(..., num_splits)`` and
-its combine kernel (``combine_attn_seqk_parallel`` in ``csrc/flash_attn/src/flash_fwd_kernel.h``,
-which also takes the shift 0 for an all -inf row); FlashInfer's ``merge_state`` and
-``merge_states`` (``flashinfer.cascade``), its "attention states and recursive attention"
-tutorial, and cascade inference (``MultiLevelCascadeAttentionWrapper``; the FlashInfer
-blog "Cascade Inference: Memory Bandwidth Efficient Shared Prefix Batch Decoding", 2024).
+Bad input raises TypeError or ValueError naming it; ``check_finite`` (default True) scans
+the inputs for NaN/inf, and an lse for NaN or +inf. Sources: Dao et al. 2023,
+"Flash-Decoding for long-context inference"; FlashAttention's ``flash_attn_with_kvcache(...,
+num_splits)``; FlashInfer's ``merge_state``/``merge_states`` and cascade inference
+(``MultiLevelCascadeAttentionWrapper``).
 """
-
 
 import numpy as np
 
