@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 import kv_attention as kv
-from kv_attention import attention as attention_module
 from kv_attention.attention import band_mask
 
 from ..references import naive_attend, naive_causal_attention, problem

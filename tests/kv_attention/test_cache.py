@@ -8,7 +8,6 @@ import pytest
 
 import kv_attention as kv
 
-from ..references import naive_causal_attention, naive_multi_head
 
 
 def positions(t_new, lead=(), d=3, start=0.0):

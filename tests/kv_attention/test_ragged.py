@@ -1,7 +1,5 @@
 """ragged_decode: every sequence equals its solo decode, at every step, whatever joins and leaves."""
 
-import math
-import tracemalloc
 
 import numpy as np
 import pytest
