@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from ._validation import as_flag, as_float_array, as_float_dtype, as_size
+from ._validation import as_array, as_flag, as_float_array, as_float_dtype, as_size
 from .block_allocator import BlockAllocator, OutOfBlocksError
 from .prefix_caching import PrefixCachingAllocator, hash_block_tokens
 from .split import _merge, _state
@@ -62,11 +62,9 @@ def _as_integer_array(name, values):
         raise TypeError(f"{name} must be integers, got dtype {array.dtype}")
     if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
         raise ValueError(f"{name} holds an id beyond int64: {array.max()}")
-    negative = np.argwhere(array < 0)
-    if negative.size:
-        j = tuple(negative[0].tolist())
-        index = ", ".join(map(str, j))
-        raise ValueError(f"{name}[{index}] = {array[j]} is negative: token ids are integers >= 0")
+    if (array < 0).any():
+        j = tuple(np.argwhere(array < 0)[0].tolist())
+        raise ValueError(f"{name}[{', '.join(map(str, j))}] = {array[j]} is negative: token ids are integers >= 0")
     return array.astype(np.int64)
 
 
@@ -418,6 +416,9 @@ def paged_attention(q, cache, seq_ids):
     sequence's stored keys; a sequence with none gives zeros.
     """
     lengths = cache.get_seq_lengths(seq_ids)  # [N]; checks every id
+    q = as_array("q", q)
+    if q.ndim != 3 or q.shape[0] != len(lengths) or q.shape[2] != cache.k_cache.shape[-1]:
+        raise ValueError(f"q must be [N={len(lengths)}, T_q, D_k={cache.k_cache.shape[-1]}], got shape {q.shape}")
     size = cache.block_size
     n_blocks = -(-lengths // size)  # [N], written blocks per sequence
     width = int(n_blocks.max(initial=0))

@@ -171,9 +171,7 @@ class QuantizedCache(Cache):
         residual_length = as_size("residual_length", residual_length, minimum=1)
         if residual_length < group_size:
             raise ValueError(f"residual_length must be >= group_size, got {residual_length} < {group_size}")
-        if isinstance(nbits, bool) or not isinstance(nbits, (int, np.integer)):
-            raise TypeError(f"nbits must be an integer, 2, 4 or 8, got {nbits!r}")
-        nbits = int(nbits)
+        nbits = as_size("nbits", nbits)
         if nbits not in (2, 4, 8):
             raise ValueError(f"nbits must be 2, 4 or 8, got {nbits}")
         if format is not None:

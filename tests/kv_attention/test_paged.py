@@ -659,3 +659,19 @@ def test_one_paged_step_at_position_2047_allocates_at_most_a_quarter_of_the_gath
     assert positions.tolist() == [2047] * 8
     np.testing.assert_allclose(out, kv.causal_attention(*p.args())[:, -1], rtol=1e-10, atol=1e-10)
     assert peak <= gathered / 4, f"peak {peak} bytes, gathered K/V {gathered}"
+
+
+def test_paged_attention_equals_attend_over_each_sequences_keys_and_checks_q():
+    rng = np.random.default_rng(7)
+    cache = kv.PagedKVCache(8, 3, 4, 2)
+    lengths = {"a": 7, "b": 0, "c": 3}
+    for seq_id, n in lengths.items():
+        cache.add_sequence(seq_id)
+        cache.update([seq_id], rng.standard_normal((1, n, 4)), rng.standard_normal((1, n, 2)))
+    q = rng.standard_normal((3, 2, 4))
+    out = kv.paged_attention(q, cache, ["a", "b", "c"])
+    k, v, _ = cache.gather(["a", "b", "c"])
+    for i, n in enumerate(lengths.values()):
+        np.testing.assert_allclose(out[i], kv.attend(q[i], k[i, :n], v[i, :n]), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match=r"q must be \[N=3, T_q, D_k=4\], got shape \(2, 2, 4\)"):
+        kv.paged_attention(q[:2], cache, ["a", "b", "c"])
