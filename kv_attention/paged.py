@@ -432,6 +432,7 @@ def paged_attention(q, cache, seq_ids):
     for j in range(width):
         blocks = tables[:, j]  # [N]
         valid = j * size + offsets < lengths[:, None]  # [N, block_size]
+        valid = None if valid.all() else valid
         state = _state(q, cache.k_cache[blocks], cache.v_cache[blocks], valid)  # one block: [N, T_q, D_v], [N, T_q]
         out, lse = _merge((out, state[0]), (lse, state[1]))
     return out

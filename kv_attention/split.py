@@ -199,18 +199,22 @@ def _state(q, k, v, valid=None):
     """:func:`attention_state` of checked inputs."""
     if k.shape[-2] == 0:
         return np.zeros(q.shape[:-1] + v.shape[-1:], q.dtype), np.full(q.shape[:-1], -np.inf, q.dtype)
-    with np.errstate(over="ignore", invalid="ignore"):  # a masked key may hold anything
+    if valid is None:
         scores = scaled_scores(q, k)  # [..., T_q, S]
-    if valid is not None:
-        scores = np.where(valid[..., None, :], scores, -np.inf)  # by selection: weight exactly 0
-    top = scores.max(axis=-1, keepdims=True)  # [..., T_q, 1]
-    top[np.isneginf(top)] = 0.0  # a row with nothing valid: exp(-inf - 0) = 0, total 0, lse -inf
-    weights = np.exp(scores - top)  # [..., T_q, S], the largest 1
-    total = weights.sum(axis=-1, keepdims=True)  # [..., T_q, 1], 0 for a fully masked row
-    with np.errstate(divide="ignore"):
-        lse = (top + np.log(total))[..., 0]  # [..., T_q]
+        top = scores.max(axis=-1, keepdims=True)  # [..., T_q, 1]
+        weights = np.exp(scores - top)  # [..., T_q, S], the largest 1
+        total = weights.sum(axis=-1, keepdims=True)  # [..., T_q, 1], in [1, S]
+        weights /= total
+        return weights @ v, (top + np.log(total))[..., 0]  # [..., T_q, D_v], [..., T_q]
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # a masked key may hold anything
+        scores = np.where(valid[..., None, :], scaled_scores(q, k), -np.inf)  # by selection: weight exactly 0
+        top = scores.max(axis=-1, keepdims=True)
+        top[np.isneginf(top)] = 0.0  # a row with nothing valid: exp(-inf - 0) = 0, total 0, lse -inf
+        weights = np.exp(scores - top)
+        total = weights.sum(axis=-1, keepdims=True)  # 0 for a fully masked row
+        lse = (top + np.log(total))[..., 0]
     weights /= np.where(total > 0, total, 1.0)
-    return weights @ v, lse  # [..., T_q, D_v], [..., T_q]
+    return weights @ v, lse
 
 
 def merge_attention_states(states, *, check_finite=True):
