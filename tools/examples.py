@@ -12,7 +12,7 @@ import sys
 
 DEV = "python3 tools/dev.py"
 STORED = "--results-dir docs/results --machine vm-f980c2bd"  # the README's figures' results, in every clone
-RUN = "--commit bc54311a"  # the stored run the README quotes (named: it is on main only once merged)
+RUN = "--commit 4fbab830"  # the stored run the README quotes (named: it is on main only once merged)
 EXAMPLES = {
     "": [f"{DEV} bench", f"{DEV} report tables {STORED} {RUN}", f"{DEV} test tests/tools/test_dev.py"],
     "bench": [f"{DEV} bench", f"{DEV} bench --commits 3"],
@@ -23,7 +23,7 @@ EXAMPLES = {
     "report": [f"{DEV} report tables {STORED} {RUN}", f"{DEV} report tables"],
     "report tables": [f"{DEV} report tables {STORED} {RUN} --experiment cache", f"{DEV} report tables --commit HEAD~1"],
     "report compare": [f"{DEV} report compare HEAD~1 HEAD",
-                       f"{DEV} report compare {STORED} bc54311a bc54311a --experiment batch   # one commit there"],
+                       f"{DEV} report compare {STORED} 4fbab830 4fbab830 --experiment batch   # one commit there"],
     "report csv": [f"{DEV} report csv {STORED} --out samples.csv", f"{DEV} report csv --out -"],
     "report plots": [f"{DEV} report plots {STORED} {RUN} --out plots --lab", f"{DEV} report plots --commit HEAD --out plots"],
     "publish": [f"{DEV} publish"],

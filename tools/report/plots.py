@@ -181,7 +181,7 @@ def _batch_per_step(plt, run, title, lab):
     _finish(axes[0], t, every)
     axes[0].set_ylim(bottom=0)
     axes[0].set(xlabel="T (tokens decoded)", ylabel="time per decode step (µs), one position of each sequence",
-                title="per step: the saving stays, the batched step grows")
+                title="per step: the batched step grows, the saving does not")
     axes[0].legend(fontsize=8, loc="upper left")
     _speedup(axes[1], run, lab)
     fig.suptitle(f"Batch experiment, in pairs — {title}")
