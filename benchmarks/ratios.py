@@ -45,6 +45,7 @@ Garbage collection is off while the pairs run, as in asv's own timings.
 import abc
 import gc
 import math
+import statistics
 import time
 
 from . import pairs
@@ -69,7 +70,9 @@ class Side:
 
 
 def paired_ratio(numerator, denominator, seconds, burst=pairs.BURST, factor=1.0):
-    """``{"ratio", "low", "high", "pairs", "burst"}``: ``factor`` x time(numerator) / time(denominator), paired.
+    """``{"ratio", "low", "high", "pairs", "burst", "numerator_seconds", "denominator_seconds"}``: ``factor`` x
+    time(numerator) / time(denominator), paired; the seconds lists hold each side's value (seconds a call) in
+    every pair, in order, so ``numerator_seconds[i] / denominator_seconds[i]`` is the i-th per-pair ratio.
 
     Each side is calibrated to samples of at least SAMPLE_SECONDS of calls,
     timed by CLOCK; then :func:`pairs.pairs_within` alternates them for about
@@ -78,7 +81,9 @@ def paired_ratio(numerator, denominator, seconds, burst=pairs.BURST, factor=1.0)
     ratio is the median of the per-pair ratios and low, high its 95 % interval.
     """
     numbers = [pairs.calibrate(side, SAMPLE_SECONDS) for side in (denominator, numerator)]
-    first, second = (pairs.local_side(side, n, CLOCK) for side, n in zip((denominator, numerator), numbers))
+    seconds_of = {"denominator_seconds": [], "numerator_seconds": []}  # each side's value in each pair
+    first, second = (_kept(pairs.local_side(side, n, CLOCK), seconds_of[name])
+                     for side, n, name in zip((denominator, numerator), numbers, seconds_of))
     burst = 1 if min(numbers) == 1 else burst
     enabled = gc.isenabled()
     gc.collect()
@@ -90,7 +95,18 @@ def paired_ratio(numerator, denominator, seconds, burst=pairs.BURST, factor=1.0)
             gc.enable()
     median, low, high = pairs.median_interval(ratios)
     return {"ratio": factor * median, "low": factor * low, "high": factor * high, "pairs": len(ratios),
-            "burst": burst}
+            "burst": burst, **seconds_of}
+
+
+def _kept(samples, kept):
+    """``samples`` that also appends the median of each burst to ``kept``: the side's value in that pair."""
+
+    def kept_samples(n):
+        out = samples(n)
+        kept.append(statistics.median(out))
+        return out
+
+    return kept_samples
 
 
 class Ratios(Benchmark, abc.ABC):

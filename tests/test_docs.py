@@ -66,3 +66,17 @@ def test_every_shown_command_is_accepted_by_its_program(page, argv):
 @pytest.mark.parametrize("page, code", blocks("python"), ids=[f"{p}-{i}" for i, (p, _) in enumerate(blocks("python"))])
 def test_every_python_example_runs(page, code):
     exec(compile(code, page, "exec"), {})
+
+
+def test_the_readme_reads_in_five_minutes_and_answers_the_four_questions_first():
+    text = (common.ROOT / "README.md").read_text()
+    lines = text.splitlines()
+    assert len(lines) <= 150 and len(text) <= 12_000
+    questions = [i for i, line in enumerate(lines, 1) if re.match(r"^#{2,3} [1-4]\. ", line)]
+    assert len(questions) == 4 and max(questions) <= 80
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+    paragraphs = re.split(r"\n\n|\n(?=- |#)", prose)  # a list item or a heading starts its own
+    sentences = [s for line in paragraphs for s in re.split(r"(?<=[.!?])\s+", " ".join(line.split()))]
+    assert max(len(s.split()) for s in sentences if not s.startswith(("|", "<!--"))) <= 45
+    words = sum(len(page.read_text().split()) for page in sorted((common.ROOT / "docs").glob("*.md")))
+    assert words <= 12_000

@@ -12,19 +12,20 @@ import sys
 
 DEV = "python3 tools/dev.py"
 STORED = "--results-dir docs/results --machine vm-f980c2bd"  # the README's figures' results, in every clone
+RUN = "--commit 4fbab830"  # the stored run the README quotes (named: it is on main only once merged)
 EXAMPLES = {
-    "": [f"{DEV} bench", f"{DEV} report tables {STORED}", f"{DEV} test tests/tools/test_dev.py"],
+    "": [f"{DEV} bench", f"{DEV} report tables {STORED} {RUN}", f"{DEV} test tests/tools/test_dev.py"],
     "bench": [f"{DEV} bench", f"{DEV} bench --commits 3"],
     "test": [f"{DEV} test", f"{DEV} test tests/tools/test_dev.py::test_bad_command_lines_exit_2_without_a_traceback",
              f"{DEV} test -m asv_commands"],
     "gate": [f"{DEV} gate HEAD~1 HEAD", f"{DEV} gate main HEAD --bench 'CacheStrategy.time_decode'"],
     "bisect": [f"{DEV} bisect HEAD~8 HEAD --bench \"CacheStrategy.time_decode\\(256, 'concat'\\)\""],
-    "report": [f"{DEV} report tables {STORED}", f"{DEV} report tables"],
-    "report tables": [f"{DEV} report tables {STORED} --experiment cache", f"{DEV} report tables --commit HEAD~1"],
+    "report": [f"{DEV} report tables {STORED} {RUN}", f"{DEV} report tables"],
+    "report tables": [f"{DEV} report tables {STORED} {RUN} --experiment cache", f"{DEV} report tables --commit HEAD~1"],
     "report compare": [f"{DEV} report compare HEAD~1 HEAD",
-                       f"{DEV} report compare {STORED} 74073879 74073879 --experiment batch   # one commit there"],
+                       f"{DEV} report compare {STORED} 4fbab830 4fbab830 --experiment batch   # one commit there"],
     "report csv": [f"{DEV} report csv {STORED} --out samples.csv", f"{DEV} report csv --out -"],
-    "report plots": [f"{DEV} report plots {STORED} --out plots --lab", f"{DEV} report plots --commit HEAD --out plots"],
+    "report plots": [f"{DEV} report plots {STORED} {RUN} --out plots --lab", f"{DEV} report plots --commit HEAD --out plots"],
     "publish": [f"{DEV} publish"],
     "noise": [f"{DEV} noise aa --bench CacheStrategy"],
     "noise aa": [f"{DEV} noise aa --bench CacheStrategy"],

@@ -92,7 +92,9 @@ class Tiny(ratios.Ratios):
 def test_every_point_is_measured_once_in_setup_cache_and_replayed_by_the_three_tracked_values(monkeypatch):
     fake_clock(monkeypatch, {"num": 3.0, "den": 1.0}, drift=0.0)
     measured = Tiny().setup_cache()
-    assert measured[("ok",)]["value"] == {"ratio": 6.0, "low": 6.0, "high": 6.0, "pairs": ratios.MIN_PAIRS, "burst": 1}
+    assert measured[("ok",)]["value"] == {"ratio": 6.0, "low": 6.0, "high": 6.0, "pairs": ratios.MIN_PAIRS, "burst": 1,
+                                           "numerator_seconds": [3.0] * ratios.MIN_PAIRS,
+                                           "denominator_seconds": [1.0] * ratios.MIN_PAIRS}
     bench = Tiny()
     bench.setup(measured, "ok")
     monkeypatch.setattr(pairs, "local_side", None)  # replayed: nothing is timed again
@@ -165,3 +167,17 @@ def test_a_wrong_side_fails_its_point_and_a_missing_one_skips_it(one_thread, mon
     bench.params = [[16], ["no_cache", "concat"]]
     measured = bench.measure_points()
     assert "skipped" in measured[(16, "no_cache")] and "AssertionError" in measured[(16, "concat")]["failed"]
+
+
+def test_the_batch_per_step_times_come_from_the_speedups_own_pairs():
+    from benchmarks.bench_batch import BatchRatios
+
+    seq = [3.0, 5.0, 4.0, 6.0, 4.5, 3.5, 5.5, 4.0, 5.0]  # seconds of each side's decode, pair by pair
+    bat = [2.0, 2.5, 3.0, 2.0, 2.5, 3.5, 2.0, 3.0, 2.5]
+    bench, t_len = BatchRatios(), 10
+    bench.measured = {"numerator_seconds": seq, "denominator_seconds": bat}
+    saved = sorted((s - b) / t_len for s, b in zip(seq, bat))  # 0, 0.1, 0.1, 0.1, 0.2, 0.25, 0.25, 0.35, 0.4
+    assert bench.track_sequential_step(None, t_len) == 4.5 / t_len
+    assert bench.track_batched_step(None, t_len) == 2.5 / t_len
+    assert bench.track_saved_step(None, t_len) == saved[4] == 0.2
+    assert (bench.track_saved_step_low(None, t_len), bench.track_saved_step_high(None, t_len)) == (saved[1], saved[7])

@@ -113,5 +113,5 @@ def test_the_examples_on_the_stored_results_work_on_a_fresh_clone(monkeypatch, t
             assert dev.main(argv) == 0, line
             ran += 1
     out = capsys.readouterr().out
-    assert ran >= 4 and "## kv-attention decode benchmarks at `a64faf5f` on `vm-f980c2bd`" in out  # the newest stored run
+    assert ran >= 4 and "## kv-attention decode benchmarks at `4fbab830` on `vm-f980c2bd`" in out  # the stored run
     assert (tmp_path / "samples.csv").stat().st_size > 0 and list((tmp_path / "plots").glob("*.png"))

@@ -220,11 +220,9 @@ def test_tables_of_two_machines_put_the_same_commits_figures_side_by_side(two, c
     assert "NOT comparable across machines" in out
     cache, batch, _ = medians()
     rows = rows_by_figure(out, CACHE_TITLE)
-    assert len(rows) == len(LENGTHS) * 5
+    assert len(rows) == len(LENGTHS) * 5  # the check, two paired ratios and the lab's two
     for t in LENGTHS:
-        for s in STRATEGIES:
-            a, b = cache[(t, s)], 2.0 * cache[(t, s)] * (3 if (t, s) == (16, "no_cache") else 1)
-            assert rows[(t, f"{s} / ms")] == ["machine-bound", f"{a * 1e3:.3f}", f"{b * 1e3:.3f}", f"{b / a:.3f}x"]
+        assert rows[(t, "equal to full attention")][:3] == ["exact", "yes, all 3", "yes, all 3"]
         ratio = cache[(t, "no_cache")] / cache[(t, "preallocated")]
         b_ratio = ratio * (3 if t == 16 else 1)
         # hand-written results without the paired ratios: the ratio of asv's medians, marked
@@ -233,10 +231,7 @@ def test_tables_of_two_machines_put_the_same_commits_figures_side_by_side(two, c
     assert rows[(16, "no_cache / preallocated")][3] == "3.000x" and rows[(32, "concat / preallocated")][3] == "1.000x"
     batch_rows = rows_by_figure(out, BATCH_TITLE)
     for t in LENGTHS:
-        bat = batch[(t, "batched")]
         assert batch_rows[(t, "speedup")] == ["comparable", "1.500x (unpaired)", "1.500x (unpaired)", "1.000x"]
-        assert batch_rows[(t, "positions / s")] == ["machine-bound", f"{2 * t / bat:,.0f}", f"{t / bat:,.0f}",
-                                                    "0.500x"]
 
 
 def test_tables_of_two_machines_read_from_one_results_directory_and_mark_counts_same_work(two, capsys):
@@ -298,7 +293,8 @@ def test_a_quick_runs_unbounded_interval_is_read_and_other_infinities_are_not(tw
     path.write_text(json.dumps(data))
     code, out, err = tables(two, "--machine", "box-a", "--experiment", "cache", capsys=capsys)
     assert code == 0, err
-    assert table_rows(out, CACHE_TITLE)[0][1] == f"{medians()[0][(16, 'no_cache')] * 1e3:.3f}"
+    ratio = medians()[0][(16, "no_cache")] / medians()[0][(16, "preallocated")]
+    assert table_rows(out, CACHE_TITLE)[0][1:3] == ["yes, all 3", f"{ratio:.2f}x (unpaired)"]
     row[COLUMNS.index("stats_q_25")] = [math.inf] * n
     path.write_text(json.dumps(data))
     code, _, err = tables(two, "--machine", "box-a", "--experiment", "cache", capsys=capsys)

@@ -191,7 +191,7 @@ def test_plots_replace_their_own_files_and_say_so(project, capsys, tmp_path):
     from tools.report.plots import FIGURES
 
     code, out, _ = report(project, "plots", "--out", str(figs), capsys=capsys)
-    assert code == 0 and out.count("replaced ") == len(FIGURES) == 6
+    assert code == 0 and out.count("replaced ") == len(FIGURES) == 7
     assert [p.name for p in figs.iterdir() if p.name.startswith(".tmp-")] == []
 
 

@@ -30,10 +30,15 @@ def test_one_point_per_configuration_beside_the_published_bit_widths():
         expected = [values[(t, kind)] for t in (64, 128) if values[(t, kind)][0] != "FAILED"]
         assert list(lines[kind].get_xdata()) == pytest.approx([b for b, _ in expected])
         assert list(lines[kind].get_ydata()) == pytest.approx([e for _, e in expected])
-    vertical = sorted({line.get_xdata()[0] for line in ax.get_lines() if line.get_label() not in KINDS})
+    vertical = sorted({line.get_xdata()[0] for line in ax.get_lines()
+                       if len(line.get_xdata()) == 2 and line.get_xdata()[0] == line.get_xdata()[1]})
     assert vertical == [16, 32, 48, 64, 128, 1024]  # 1, 2, 3, 4, 8 bits of 128 elements; the float64 cache
-    assert {"KIVI: 2, 4 bits (codes only)", "HF QuantizedCache, quanto: 2, 4 bits (codes only)",
-            "HF QuantizedCache, HQQ: 1, 2, 3, 4, 8 bits (codes only)"} <= set(lines)
+    labels = [t.get_text().strip() for t in ax.texts]  # each reference line labelled where it is drawn
+    assert labels == ["1 bit: HF HQQ", "2 bits: KIVI, HF quanto, HF HQQ", "3 bits: HF HQQ",
+                      "4 bits: KIVI, HF quanto, HF HQQ", "8 bits: HF HQQ", "float64 cache, error 0"]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == [*KINDS, "T = 64 decode steps", "T = 128 decode steps"]
+    assert ax.get_legend().get_bbox_to_anchor().x0 > ax.bbox.x1  # beside the axes: it hides no point
     assert ax.get_yscale() == "log"
     plt.close(fig)
 

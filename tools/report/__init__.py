@@ -8,14 +8,16 @@ through :mod:`tools.results`.
 """
 
 # The lab's experiments, defined once: name (a table of ``report tables``, ``--experiment NAME``, the
-# ``experiment`` column of ``report csv``) -> the timing its table shows. Here, not in tables.py, so
-# that the command line lists them without importing the suite.
+# ``experiment`` column of ``report csv``) -> the benchmark its table rests on: asv's timing, or where the table
+# shows paired figures only, their ratio. Here, not in tables.py, so that the command line lists them without
+# importing the suite.
 EXPERIMENTS = {
-    "cache": "bench_cache.CacheStrategy.time_decode",
-    "batch": "bench_batch.BatchStrategy.time_decode",
+    "cache": "bench_cache.CacheRatios.track_ratio",
+    "batch": "bench_batch.BatchRatios.track_ratio",
     "batch_size": "bench_batch.BatchSize.time_batched_decode",
     "heads": "bench_heads.HeadsDecode.time_decode",
     "ragged": "bench_ragged.RaggedDecode.time_decode",
     "roofline": "bench_roofline.Roofline.track_ratio",  # no timing: its paired bandwidth fraction
     "quantized": "bench_quantized.QuantizedDecode.time_decode",
+    "beyond": "bench_roofline.Roofline.track_ratio",  # one headline per experiment beyond the lab
 }

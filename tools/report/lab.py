@@ -13,6 +13,7 @@ the batch-size sweep, heads or ragged batches.
 
 SOURCE = ('the lab\'s README, "Phase 2 Lab: Causal Attention, KV Cache 与 Batched Decode": '
           "AMD Ryzen 7 9700X, CPython 3.14.7, NumPy 2.5.2, OpenBLAS 0.3.34 one thread, median of 30")
+MACHINE = "Ryzen 7 9700X, NumPy 2.5.2"
 LABEL = "lab (Ryzen 7 9700X, published)"
 
 # T -> median ms of the whole decode of one sequence, per strategy (its "KV Cache 策略" table).
@@ -31,6 +32,10 @@ BATCH_MS = {
     128: {"sequential": 2.688, "batched": 1.793},
     256: {"sequential": 6.109, "batched": 4.540},
 }
+
+# T -> the speedup it published (sequential / batched of unrounded medians), and no_cache / preallocated.
+BATCH_SPEEDUP = {16: 1.687, 32: 1.653, 64: 1.611, 128: 1.499, 256: 1.346}
+NO_CACHE_SPEEDUP = {16: 1.51, 32: 2.01, 64: 3.02, 128: 6.61, 256: 16.18}
 
 
 def cache_seconds(strategy):

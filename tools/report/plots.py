@@ -2,8 +2,11 @@
 
 - ``time_vs_T.png``: median decode time vs T per strategy, log-log, with the
   interquartile range as error bars, for the cache and the batch experiment;
+- ``batch_per_step.png``: per decode step, the sequential and batched times and
+  the saving (with its 95 % interval), all from the speedup's pairs, and the
+  speedup with its interval, vs T: why the speedup shrinks;
 - ``ratios_vs_T.png``: no_cache / preallocated, concat / preallocated and the
-  batched speedup vs T, each from zero;
+  batched speedup vs T, each paired with its 95 % interval, from zero;
 - ``positions_vs_B.png``: positions/s vs B at T = 128, with linear scaling from B = 1;
 - ``heads_vs_T.png``: repeat_kv and grouped decode time vs T per attention
   kind (log-log), and repeat_kv / grouped;
@@ -28,8 +31,8 @@ from ..common import UserError
 from ..results import is_number
 from . import lab as lab_figures
 from .quantized import error_vs_bytes
-from .tables import (BATCH_BENCHMARK, CACHE_BENCHMARK, CACHE_RATIOS, HEADS_BENCHMARK,
-                     RAGGED_BENCHMARK, batch_size_table, batch_table, cache_table, heads_table, ragged_table)
+from .tables import (BATCH_BENCHMARK, CACHE_BENCHMARK, CACHE_RATIOS, HEADS_BENCHMARK, RAGGED_BENCHMARK, Paired,
+                     batch_size_table, batch_table, cache_table, heads_table, ragged_table)
 
 LAB_STYLE = {"linestyle": "--", "marker": "s", "markersize": 4, "alpha": 0.8}
 NO_LAB_FIGURES = "the lab published no figures for this experiment"
@@ -75,6 +78,35 @@ def _numbers(table, figure):
     return [key for key, _ in rows], [v if is_number(v) else math.nan for _, v in rows]
 
 
+def _interval(table, figure):
+    """(keys, values, [below, above]) of a paired column: its distance to the 95 % interval's ends (0 where none)."""
+    keys, values = _numbers(table, figure)
+    cells = [cells[figure] for (key,), cells in table.rows if is_number(key)]
+    below = [v - c.low if isinstance(c, Paired) and c.low is not None else 0.0 for v, c in zip(values, cells)]
+    above = [c.high - v if isinstance(c, Paired) and c.high is not None else 0.0 for v, c in zip(values, cells)]
+    return keys, values, [[max(0.0, b) for b in below], [max(0.0, a) for a in above]]
+
+
+def _reference(ax, y, label, linestyle=":"):
+    """A horizontal reference line, labelled in the legend."""
+    ax.axhline(y, color="black", linewidth=0.8, linestyle=linestyle, label=label)
+
+
+def _speedup(ax, run, lab):
+    """The batch speedup with its 95 % interval vs T, the lab's published one beside it, 1x and 2x marked."""
+    t, speedup, err = _interval(batch_table(run), "speedup")
+    ax.errorbar(t, speedup, yerr=err, marker="o", capsize=3, label="this machine [95 % interval]")
+    if lab:
+        ax.plot(list(lab_figures.BATCH_SPEEDUP), list(lab_figures.BATCH_SPEEDUP.values()), color="grey",
+                **LAB_STYLE, label=f"{lab_figures.LABEL}: another machine")
+    _reference(ax, 2, "2x: the most B = 2 can save", "-.")
+    _reference(ax, 1, "1x: no saving")
+    _finish(ax, t, speedup)
+    ax.set_ylim(0, 2.2)
+    ax.set(xlabel="T (tokens decoded)", ylabel="speedup: sequential / batched (×)", title="batched speedup, B = 2")
+    ax.legend(fontsize=8, loc="lower left")
+
+
 def _finish(ax, keys, values, log_y=False):
     """Axis scales, grid and legend; a note instead of a log scale when nothing was measured."""
     _log2_axis(ax, keys)
@@ -92,12 +124,11 @@ def _no_lab(fig):
 
 def _time_vs_t(plt, run, title, lab):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
-    panels = [(axes[0], cache_table(run), CACHE_BENCHMARK, tuple(STRATEGIES["cache"]), "cache: one sequence",
-               lab_figures.cache_seconds),
-              (axes[1], batch_table(run), BATCH_BENCHMARK, tuple(STRATEGIES["batch"]), "batch: B = 2 sequences",
+    panels = [(axes[0], CACHE_BENCHMARK, tuple(STRATEGIES["cache"]), "cache: one sequence", lab_figures.cache_seconds),
+              (axes[1], BATCH_BENCHMARK, tuple(STRATEGIES["batch"]), "batch: B = 2 sequences",
                lab_figures.batch_seconds)]
-    for ax, table, benchmark, strategies, name, published in panels:
-        lengths = [t for (t,), _ in table.rows if is_number(t)]
+    for ax, benchmark, strategies, name, published in panels:
+        lengths = sorted({dict(params)["T"] for name, params in run.points if name == benchmark})
         every = []
         for strategy in strategies:
             median, err = _series(run, benchmark, lengths, strategy=strategy)
@@ -110,28 +141,50 @@ def _time_vs_t(plt, run, title, lab):
         _finish(ax, lengths, every, log_y=True)
         ax.set(xlabel="T (tokens decoded)", title=name)
         ax.legend(fontsize=8)
-    axes[0].set_ylabel("median decode time (ms)")
-    fig.suptitle(f"Decode time vs T — {title}")
+    axes[0].set_ylabel("asv's median decode time (ms), [quartiles]")
+    fig.suptitle(f"Decode time vs T, asv's unpaired medians — {title}")
     return fig
 
 
 def _ratios_vs_t(plt, run, title, lab):
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    panels = [(axes[i], cache_table(run), f"{s} / preallocated", lab_figures.ratio(
-        lab_figures.CACHE_MS, s, "preallocated")) for i, s in enumerate(CACHE_RATIOS)]
-    panels.append((axes[2], batch_table(run), "speedup",
-                   lab_figures.ratio(lab_figures.BATCH_MS, "sequential", "batched")))
-    for ax, table, figure, published in panels:
-        t, ratio = _numbers(table, figure)
-        ax.plot(t, ratio, marker="o", label="this machine")
+    table = cache_table(run)
+    for ax, s in zip(axes, CACHE_RATIOS):
+        figure = f"{s} / preallocated"
+        t, ratio, err = _interval(table, figure)
+        ax.errorbar(t, ratio, yerr=err, marker="o", capsize=3, label="this machine [95 % interval]")
         if lab:
-            ax.plot(*published, color="grey", **LAB_STYLE, label=lab_figures.LABEL)
-            ax.legend(fontsize=8)
+            ax.plot(*lab_figures.ratio(lab_figures.CACHE_MS, s, "preallocated"), color="grey", **LAB_STYLE,
+                    label=f"{lab_figures.LABEL}: another machine")
+        _reference(ax, 1, "1x: equal cost")
         _finish(ax, t, ratio)
         ax.set_ylim(bottom=0)  # ratios from zero: small wiggles look small
-        label = "batched speedup: sequential / batched" if figure == "speedup" else figure
-        ax.set(xlabel="T (tokens decoded)", ylabel=f"{label} (×)", title=label)
-    fig.suptitle(f"Ratios vs T — {title}")
+        ax.set(xlabel="T (tokens decoded)", ylabel=f"{figure} (×)", title=figure)
+        ax.legend(fontsize=8, loc="lower right" if s == "concat" else "upper left")
+    _speedup(axes[2], run, lab)
+    fig.suptitle(f"Paired ratios vs T — {title}")
+    return fig
+
+
+def _batch_per_step(plt, run, title, lab):
+    """Why the speedup shrinks: per step, the saving stays while the batched step grows (both from the pairs)."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
+    table = batch_table(run)
+    every = []
+    for figure, label in (("sequential / step, µs", "sequential, per step"),
+                          ("batched / step, µs", "batched, per step"),
+                          ("saved / step, µs", "saved by batching, per step [95 % interval]")):
+        t, seconds, err = _interval(table, figure)
+        us = [v * 1e6 for v in seconds]
+        axes[0].errorbar(t, us, yerr=[[e * 1e6 for e in side] for side in err], marker="o", capsize=3, label=label)
+        every += us
+    _finish(axes[0], t, every)
+    axes[0].set_ylim(bottom=0)
+    axes[0].set(xlabel="T (tokens decoded)", ylabel="time per decode step (µs), one position of each sequence",
+                title="per step: the batched step grows, the saving does not")
+    axes[0].legend(fontsize=8, loc="upper left")
+    _speedup(axes[1], run, lab)
+    fig.suptitle(f"Batch experiment, in pairs — {title}")
     return fig
 
 
@@ -168,7 +221,10 @@ def _heads_vs_t(plt, run, title, lab):
                              label=f"{kind} ({bench_heads.KINDS.get(kind, '?')} K/V heads), {path}")
             every += median
         rows = [(t, cells["repeat_kv / grouped"]) for (k, t), cells in table.rows if k == kind]
-        axes[1].plot([t for t, _ in rows], [r if is_number(r) else math.nan for _, r in rows], marker="o", label=kind)
+        ratios = [r if is_number(r) else math.nan for _, r in rows]
+        err = [[r - r.low if isinstance(r, Paired) and r.low is not None else 0.0 for _, r in rows],
+               [r.high - r if isinstance(r, Paired) and r.high is not None else 0.0 for _, r in rows]]
+        axes[1].errorbar([t for t, _ in rows], ratios, yerr=err, marker="o", capsize=3, label=kind)
     _finish(axes[0], lengths, every, log_y=True)
     axes[0].set(xlabel="T (tokens decoded)", ylabel="median decode time (ms)",
                 title=f"B = {bench_heads.HEADS_BATCH}, {bench_heads.HEADS_N_HEADS} query heads")
@@ -176,7 +232,9 @@ def _heads_vs_t(plt, run, title, lab):
     ratios = [r for (_, _), cells in table.rows for r in [cells["repeat_kv / grouped"]] if is_number(r)]
     _finish(axes[1], lengths, ratios or [math.nan])
     axes[1].set_ylim(bottom=0)
-    axes[1].set(xlabel="T (tokens decoded)", ylabel="repeat_kv / grouped (×)", title="repeat_kv / grouped")
+    axes[1].axhline(1, color="black", linewidth=0.8, linestyle=":", label="1x: equal cost")
+    axes[1].set(xlabel="T (tokens decoded)", ylabel="repeat_kv / grouped (×)",
+                title="repeat_kv / grouped\npaired [95 % interval] where measured so, else asv's medians")
     axes[1].legend()
     if lab:
         _no_lab(fig)
@@ -212,7 +270,8 @@ def _ragged(plt, run, title, lab):
     return fig
 
 
-FIGURES = {"time_vs_T.png": _time_vs_t, "ratios_vs_T.png": _ratios_vs_t, "positions_vs_B.png": _positions_vs_b,
+FIGURES = {"batch_per_step.png": _batch_per_step, "time_vs_T.png": _time_vs_t, "ratios_vs_T.png": _ratios_vs_t,
+           "positions_vs_B.png": _positions_vs_b,
            "heads_vs_T.png": _heads_vs_t, "ragged.png": _ragged, "quantized.png": error_vs_bytes}
 
 

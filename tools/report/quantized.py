@@ -37,26 +37,36 @@ def points(run):
 
 def error_vs_bytes(plt, run, title, lab):
     """The figure (``lab`` is unused: the lab published nothing on quantized caches)."""
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(10, 5))
     measured = points(run)
+    lengths = sorted({t for rows in measured.values() for t, _, _ in rows})
+    markers = dict(zip(lengths, "osD^v"))  # one marker per T, named once in the legend
     for kind, rows in measured.items():
-        ax.plot([b for _, b, _ in rows], [e for _, _, e in rows], marker="o", label=kind)
+        line, = ax.plot([b for _, b, _ in rows], [e for _, _, e in rows], label=kind)
         for t, b, e in rows:
-            ax.annotate(f"T={t}", (b, e), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    for name, widths in PUBLISHED.items():
-        for i, bits in enumerate(widths):
-            ax.axvline(bits * ELEMENTS_PER_POSITION / 8, color="grey", linestyle=PUBLISHED_STYLE[name], alpha=0.7,
-                       label=f"{name}: {', '.join(map(str, widths))} bits (codes only)" if i == 0 else None)
-    ax.axvline(FLOAT64_BYTES, color="black", alpha=0.5, label="float64 cache (error 0)")
+            ax.plot(b, e, marker=markers[t], color=line.get_color(), linestyle="none")
+    for t, marker in markers.items():
+        ax.plot([], [], marker=marker, color="grey", linestyle="none", label=f"T = {t} decode steps")
+    for bits in sorted({b for widths in PUBLISHED.values() for b in widths}):
+        x = bits * ELEMENTS_PER_POSITION / 8
+        who = ", ".join(name.replace("HF QuantizedCache, ", "HF ") for name, w in PUBLISHED.items() if bits in w)
+        ax.axvline(x, color="grey", linestyle="--", linewidth=0.8)
+        ax.text(x, 0.98, f" {bits} bit{'s' * (bits > 1)}: {who} ", transform=ax.get_xaxis_transform(), rotation=90,
+                va="top", ha="right", fontsize=7, color="dimgrey")
+    ax.axvline(FLOAT64_BYTES, color="black", linewidth=0.8)
+    ax.text(FLOAT64_BYTES, 0.98, " float64 cache, error 0 ", transform=ax.get_xaxis_transform(), rotation=90,
+            va="top", ha="right", fontsize=7)
     ax.set_xscale("log", base=2)
+    ax.set_xticks([16, 32, 64, 128, 256, 512, 1024], ["16", "32", "64", "128", "256", "512", "1024"])
+    ax.minorticks_off()
     errors = [e for rows in measured.values() for _, _, e in rows]
     if errors and all(e > 0 and math.isfinite(e) for e in errors):
         ax.set_yscale("log")
     if not errors:
         ax.text(0.5, 0.5, "no measured points", transform=ax.transAxes, ha="center")
-    ax.set(xlabel="bytes per position (K and V, D = 64 each)", ylabel="max abs error of the attention output",
-           title="quantized KV cache, group 32, residual 32")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.set(xlabel="bytes per position (K and V, D = 64 each); dashed: published bit widths, their codes alone",
+           ylabel="max abs error of the attention output", title="quantized KV cache, group 32, residual 32")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the axes: it hides no point
     fig.suptitle(f"Quantized cache: error vs bytes — {title}")
     return fig

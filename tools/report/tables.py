@@ -1,10 +1,12 @@
-"""The lab's three tables, derived from one run's medians, as Markdown.
+"""The lab's tables and the experiments' beyond it, derived from one run's stored results, as Markdown.
 
-- cache: per T, the median decode time of no_cache, concat and preallocated,
-  and the ratios no_cache / preallocated and concat / preallocated;
-- batch: per T, sequential vs batched decode of B sequences (both timings cover
-  the whole decode of all B), the speedup, positions/s = B x T / batched time,
-  and the batched time and the time batching saves per decode step;
+- cache: per T, whether every strategy passed the check against full attention,
+  the paired ratios no_cache / preallocated and concat / preallocated, and the
+  lab's published ones beside them (another machine's);
+- batch: per T, the paired speedup sequential / batched of B sequences, the
+  lab's published one beside it, and from the same pairs each side's time per
+  decode step and the time batching saves per step (with its interval), and
+  positions/s = B / batched step: no asv median beside a paired ratio;
 - batch size: batched decode at T = 128 per B: time, time per sequence,
   positions/s and its scaling against B = 1;
 - heads: per attention kind (mha, gqa, mqa) and T, the repeat_kv and grouped
@@ -14,7 +16,9 @@
   times, their ratios, the rows computed and the K/V slots reserved;
 - roofline: per model shape, T, B and heads path, the bytes one decode step
   reads, the fraction of the read bandwidth it reaches (paired, with its
-  interval), the step's and the read kernel's GB/s and the step's ms.
+  interval), the step's and the read kernel's GB/s and the step's ms;
+- quantized: per kind, bytes per position, error, time and paired ratios;
+- beyond: one headline per experiment beyond the lab, linked to its section of docs/results.md.
 
 A cell holds seconds, a ratio or a rate, or the marker ``failed`` (the gate or
 the benchmark raised) or ``n/a`` (skipped, or not measured at that commit); a
@@ -31,17 +35,20 @@ in separate processes at different times, an :class:`Unpaired` shown marked:
 """
 
 import datetime
+import inspect
 from dataclasses import dataclass
 
 from benchmarks import bench_batch, bench_cache, bench_heads, bench_quantized, bench_ragged, bench_roofline
-from benchmarks.common import BATCH, LENGTHS, STRATEGIES, SWEEP_BATCH_SIZES, SWEEP_LENGTH
+from benchmarks.common import BATCH, LENGTHS, STRATEGIES, SWEEP_BATCH_SIZES, SWEEP_LENGTH, verified_decode
 
 from ..common import UserError
 from ..results import FAILED, SKIPPED, is_number, param_sort_key, short
-from . import EXPERIMENTS
+from . import EXPERIMENTS, lab
 
-(CACHE_BENCHMARK, BATCH_BENCHMARK, SWEEP_BENCHMARK, HEADS_BENCHMARK, RAGGED_BENCHMARK, ROOFLINE_PAIRED,
- QUANTIZED_BENCHMARK) = EXPERIMENTS.values()  # ROOFLINE_PAIRED: the bandwidth fraction; its interval: + "_low", + "_high"
+(CACHE_PAIRED, BATCH_PAIRED, SWEEP_BENCHMARK, HEADS_BENCHMARK, RAGGED_BENCHMARK, ROOFLINE_PAIRED,
+ QUANTIZED_BENCHMARK, _) = EXPERIMENTS.values()  # a paired ratio's interval: + "_low", + "_high"
+CACHE_BENCHMARK = "bench_cache.CacheStrategy.time_decode"  # asv's timings, where no paired ratio was stored
+BATCH_BENCHMARK = "bench_batch.BatchStrategy.time_decode"
 QUANTIZED_BYTES = "bench_quantized.QuantizedAccuracy.track_bytes_per_position"
 QUANTIZED_ERROR = "bench_quantized.QuantizedAccuracy.track_max_abs_error"
 QUANTIZED_PAIRED = "bench_quantized.QuantizedRatios.track_ratio"  # the decode over a DynamicCache's
@@ -53,8 +60,6 @@ HEADS_PEAK = "bench_heads.HeadsDecode.track_decode_peak_bytes"
 HEADS_CACHE = "bench_heads.HeadsCacheBytes.track_kv_cache_bytes"
 RAGGED_SLOTS = "bench_ragged.RaggedDecode.track_reserved_slots"
 RAGGED_ROWS = "bench_ragged.RaggedDecode.track_row_steps"
-CACHE_PAIRED = "bench_cache.CacheRatios.track_ratio"  # each paired ratio; its interval: + "_low", + "_high"
-BATCH_PAIRED = "bench_batch.BatchRatios.track_ratio"
 SWEEP_PAIRED = "bench_batch.BatchSizeRatios.track_ratio"
 HEADS_PAIRED = "bench_heads.HeadsRatios.track_ratio"
 RAGGED_PAIRED = "bench_ragged.RaggedRatios.track_ratio"
@@ -62,8 +67,14 @@ PAIRED_BENCHMARKS = {CACHE_PAIRED: bench_cache.CacheRatios, BATCH_PAIRED: bench_
                      SWEEP_PAIRED: bench_batch.BatchSizeRatios, HEADS_PAIRED: bench_heads.HeadsRatios,
                      RAGGED_PAIRED: bench_ragged.RaggedRatios, QUANTIZED_PAIRED: bench_quantized.QuantizedRatios,
                      FUSED_PAIRED: bench_quantized.FusedRatios}
-PAIRED_NOTE = ("Ratios: the median of per-pair ratios of the two decodes timed in turns in one process, "
-               "[its 95 % interval]; (unpaired): the ratio of asv's medians, taken in separate processes.")
+CHECK_RTOL, CHECK_ATOL = inspect.signature(verified_decode).parameters["rtol"].default, \
+    inspect.signature(verified_decode).parameters["atol"].default  # the suite's check of every decode
+BATCH_STEP = "bench_batch.BatchRatios.track_"  # + sequential_step, batched_step, saved_step (+ _low, _high)
+LAB_CACHE_RATIOS = {"no_cache": lab.NO_CACHE_SPEEDUP,  # its concat / preallocated: from its medians
+                    "concat": dict(zip(*lab.ratio(lab.CACHE_MS, "concat", "preallocated")))}
+LAB_NOTE = f"lab's: published by the lab, on another machine ({lab.MACHINE}); n/a: none published."
+PAIRED_NOTE = ("Ratios: the median of per-pair ratios, the two sides timed in turns in one process [its 95 % "
+               "interval]. A ratio marked (unpaired) is one of asv's medians, from separate processes.")
 CACHE_RATIOS = ("no_cache", "concat")  # each over preallocated: what recomputing, and what concatenating, costs
 RAGGED_RATIOS = ("padded", "compacted")  # each over paged
 # Used where asv's benchmarks.json is missing or does not fit a result file.
@@ -76,6 +87,8 @@ KNOWN_PARAM_NAMES = {CACHE_BENCHMARK: bench_cache.CacheStrategy.param_names,
                                      bench_ragged.RaggedDecode.param_names),
                      **{name + end: cls.param_names for name, cls in PAIRED_BENCHMARKS.items()
                         for end in ("", "_low", "_high")},
+                     **{f"{BATCH_STEP}{side}_step{end}": bench_batch.BatchRatios.param_names
+                        for side in ("sequential", "batched", "saved") for end in ("", "_low", "_high")},
                      **dict.fromkeys((ROOFLINE_PAIRED, ROOFLINE_PAIRED + "_low", ROOFLINE_PAIRED + "_high",
                                       *ROOFLINE_RATES.values(), ROOFLINE_BYTES), bench_roofline.PARAM_NAMES),
                      **dict.fromkeys((QUANTIZED_BENCHMARK, QUANTIZED_BYTES, QUANTIZED_ERROR),
@@ -147,40 +160,53 @@ def _keys(run, benchmark, name, default):
     return sorted(found, key=lambda v: (order.get(v, len(order)), param_sort_key(v))) or default
 
 
+def _lab(published, t):
+    """The lab's published figure at ``t`` (another machine), n/a where it published none."""
+    return published.get(t, SKIPPED)
+
+
 def cache_table(run):
-    """Cache experiment: one sequence ``[T, 64]``, median ms per strategy, no_cache and concat / preallocated."""
+    """Cache experiment: one sequence ``[T, 64]``: no_cache and concat over preallocated, paired, beside the lab's."""
     rows = []
     for t in _keys(run, CACHE_BENCHMARK, "T", LENGTHS):
-        cells = {f"{s} / ms": run.value(CACHE_BENCHMARK, T=t, strategy=s) for s in STRATEGIES["cache"]}
+        ms = {s: run.value(CACHE_BENCHMARK, T=t, strategy=s) for s in STRATEGIES["cache"]}
+        cells = {"equal to full attention": _combine(lambda *_: "yes, all 3", *ms.values())}
         for s in CACHE_RATIOS:
-            unpaired = _combine(lambda a, b: a / b, cells[f"{s} / ms"], cells["preallocated / ms"])
+            unpaired = _combine(lambda a, b: a / b, ms[s], ms["preallocated"])
             cells[f"{s} / preallocated"] = paired(run, CACHE_PAIRED, unpaired, T=t, strategy=s)
+            cells[f"lab's {s} / preallocated"] = _lab(LAB_CACHE_RATIOS[s], t)
         rows.append(((t,), cells))
-    kinds = {f"{s} / ms": "ms" for s in STRATEGIES["cache"]} | {f"{s} / preallocated": "ratio" for s in CACHE_RATIOS}
-    return Table("Cache experiment: full decode of one sequence", ("T",), kinds, rows, PAIRED_NOTE)
+    kinds = {"equal to full attention": "text"} | {f"{s} / preallocated": "ratio" for s in CACHE_RATIOS} | {
+        f"lab's {s} / preallocated": "ratio" for s in CACHE_RATIOS}
+    note = (f"equal to full attention: all three outputs within rtol {CHECK_RTOL:g}, atol {CHECK_ATOL:g} of an "
+            "independent full attention, checked before timing. " + PAIRED_NOTE + " " + LAB_NOTE
+            + " Absolute times: `report csv` and the dashboard.")
+    return Table("Cache experiment: full decode of one sequence", ("T",), kinds, rows, note)
 
 
 def batch_table(run, batch=BATCH):
-    """Batch experiment: B sequences ``[B, T, 64]`` decoded one after another vs as one batch."""
+    """Batch experiment: B sequences ``[B, T, 64]`` decoded one after another vs as one batch, paired."""
     rows = []
-    for t in _keys(run, BATCH_BENCHMARK, "T", LENGTHS):
-        seq = run.value(BATCH_BENCHMARK, T=t, strategy="sequential")
-        bat = run.value(BATCH_BENCHMARK, T=t, strategy="batched")
+    for t in _keys(run, BATCH_PAIRED, "T", sorted({*LENGTHS, *bench_batch.RATIO_LENGTHS})):
+        unpaired = _combine(lambda a, b: a / b, *(run.value(BATCH_BENCHMARK, T=t, strategy=s)
+                                                   for s in STRATEGIES["batch"]))
+        step = {side: run.value(f"{BATCH_STEP}{side}_step", T=t) for side in ("sequential", "batched", "saved")}
         rows.append(((t,), {
-            "sequential / ms": seq,
-            "batched / ms": bat,
-            "speedup": paired(run, BATCH_PAIRED, _combine(lambda a, b: a / b, seq, bat), T=t),
-            "positions / s": _combine(lambda b: batch * t / b, bat),
-            "batched / step, µs": _combine(lambda b: b / t, bat),
-            "saved / step, µs": _combine(lambda a, b: (a - b) / t, seq, bat),
+            "speedup": paired(run, BATCH_PAIRED, unpaired, T=t),
+            "lab's speedup": _lab(lab.BATCH_SPEEDUP, t),
+            "sequential / step, µs": step["sequential"],
+            "batched / step, µs": step["batched"],
+            "saved / step, µs": paired(run, BATCH_STEP + "saved_step", step["saved"], T=t),
+            "positions / s": _combine(lambda b: batch / b, step["batched"]),
         }))
-    kinds = {"sequential / ms": "ms", "batched / ms": "ms", "speedup": "ratio3",
-             "positions / s": "rate", "batched / step, µs": "us", "saved / step, µs": "us"}
-    note = (f"Both timings cover the whole decode of all B = {batch} sequences; "
-            "positions / s = B x T / batched time; a step decodes one position of every sequence; "
-            "saved / step = (sequential - batched) / T, so speedup = 1 + saved / batched per step "
-            "(of the medians). " + PAIRED_NOTE)
-    return Table(f"Batch experiment: B = {batch} sequences, sequential vs batched", ("T",), kinds, rows, note)
+    kinds = {"speedup": "ratio3", "lab's speedup": "ratio3", "sequential / step, µs": "us",
+             "batched / step, µs": "us", "saved / step, µs": "us", "positions / s": "rate"}
+    note = (f"A step decodes one position of each of the B = {batch} sequences. The step columns are medians over "
+            "the speedup's own pairs: each side's time / T, and the saving (sequential - batched) / T [its 95 % "
+            "interval]. So speedup = 1 + saved / batched, up to their noise. Positions / s = B / batched step. "
+            + PAIRED_NOTE + " " + LAB_NOTE)
+    return Table(f"Batch experiment: B = {batch} sequences, sequential vs batched, in pairs", ("T",), kinds, rows,
+                 note)
 
 
 def batch_size_table(run, t_len=SWEEP_LENGTH):
@@ -320,12 +346,62 @@ def quantized_table(run):
     return Table(f"Quantized KV cache at T = {t_len}", ("kind",), kinds, rows, note)
 
 
+# Beyond the lab: experiment -> (where it is explained, [(what, benchmark, params, kind)]), one line each.
+RESULTS_PAGE = "docs/results.md"
+BEYOND = {
+    "heads: GQA": ("#heads", [("repeat_kv / grouped decode, 8 query over 2 K/V heads, T = 64", HEADS_PAIRED,
+                               {"kind": "gqa", "T": bench_heads.RATIO_LENGTH}, "ratio")]),
+    "ragged batch, paged cache": ("#ragged", [
+        ("padded / paged, 1 long and 7 short", RAGGED_PAIRED, {"strategy": "padded", "lengths": "skewed"}, "ratio"),
+        ("K/V slots, padded", RAGGED_SLOTS, {"strategy": "padded", "lengths": "skewed"}, "count"),
+        ("paged", RAGGED_SLOTS, {"strategy": "paged", "lengths": "skewed"}, "count")]),
+    "chunked prefill": ("#prefill", [("chunks of 64 / one-shot, T = 512", "bench_prefill.PrefillRatios.track_ratio",
+                                      {"chunk_size": 64}, "ratio")]),
+    "sliding window": ("#prefill", [
+        ("K/V bytes held at T = 1024, W = 64", "bench_prefill.WindowCacheBytes.track_kv_cache_bytes",
+         {"window": "64", "T": 1024}, "count"),
+        ("full cache", "bench_prefill.WindowCacheBytes.track_kv_cache_bytes", {"window": "none", "T": 1024}, "count")]),
+    "serving, prefix caching": ("#serving", [
+        ("peak blocks, caching on", "bench_serve.ServeCounts.track_peak_blocks",
+         {"prefix_caching": "on", "pool": "ample"}, "count"),
+        ("off", "bench_serve.ServeCounts.track_peak_blocks", {"prefix_caching": "off", "pool": "ample"}, "count"),
+        ("tokens read from the prefix cache", "bench_serve.ServeCounts.track_prefix_hit_tokens",
+         {"prefix_caching": "on", "pool": "ample"}, "count")]),
+    "split-KV": ("#split", [("16 splits / unsplit, one step at T = 2048", "bench_split.SplitRatios.track_ratio",
+                             {"num_splits": 16}, "ratio")]),
+    "cascade attention": ("#split", [
+        ("key bytes read, cascade", "bench_split.CascadeAttention.track_key_bytes_read", {"strategy": "cascade"},
+         "count"),
+        ("each its own copy", "bench_split.CascadeAttention.track_key_bytes_read", {"strategy": "concatenated"},
+         "count")]),
+    "roofline": ("#roofline", [("fraction of the read rate, Llama-2-7B, T = 16384, one step", ROOFLINE_PAIRED,
+                                {"shape": "Llama-2-7B", "T": 16384, "B": 1, "path": "grouped"}, "fraction"),
+                               ("Llama-3-8B", ROOFLINE_PAIRED,
+                                {"shape": "Llama-3-8B", "T": 16384, "B": 1, "path": "grouped"}, "fraction")]),
+    "quantized cache": ("#quantized", [
+        ("int4 bytes / position (float64: 1024)", QUANTIZED_BYTES, {"kind": "int4", "T": 128}, "count"),
+        ("max abs error", QUANTIZED_ERROR, {"kind": "int4", "T": 128}, "error")]),
+}
+
+
+def beyond_table(run):
+    """Beyond the lab: one headline per experiment, each figure paired (with its interval) or exact."""
+    rows = []
+    for experiment, (anchor, parts) in BEYOND.items():
+        cells = [(what, paired(run, benchmark, run.value(benchmark, **params), **params), kind)
+                 for what, benchmark, params, kind in parts]
+        text = "; ".join(f"{what}: {format_cell(value, kind)}" for what, value, kind in cells)
+        rows.append(((experiment,), {"headline": text, "explained in": f"[{anchor[1:]}]({RESULTS_PAGE}{anchor})"}))
+    note = f"explained in: a section of {RESULTS_PAGE}. Ratios are paired [95 % interval]; counts are exact."
+    return Table("Beyond the lab", ("experiment",), {"headline": "text", "explained in": "text"}, rows, note)
+
+
 TABLES = {"cache": cache_table, "batch": batch_table, "batch_size": batch_size_table, "heads": heads_table,
           "ragged": ragged_table, "roofline": roofline_table,
-          "quantized": quantized_table}  # one per experiment of EXPERIMENTS, in its order
+          "quantized": quantized_table, "beyond": beyond_table}  # one per experiment of EXPERIMENTS, in its order
 # Tables shown by default only where the run measured their benchmark (the last in TABLES, so that two runs'
 # default lists align where they share a table): a commit from before the roofline experiment prints no page of n/a.
-OPTIONAL = {"roofline": ROOFLINE_BYTES, "quantized": QUANTIZED_BYTES}
+OPTIONAL = {"roofline": ROOFLINE_BYTES, "quantized": QUANTIZED_BYTES, "beyond": ROOFLINE_BYTES}
 
 
 def all_tables(run, experiments=None):
@@ -347,6 +423,7 @@ FORMATS = {  # cell kind -> text of a number (seconds, ratio, rate, bytes or cou
     "fraction": lambda v: f"{100 * v:.1f}%",  # its interval reads [34.1, 37.5]
     "gbps": lambda v: f"{v:.2f}",
     "error": lambda v: f"{v:.2g}",
+    "text": str,
 }
 
 
@@ -359,17 +436,18 @@ def format_cell(value, kind):
     if not is_number(value):
         return str(value)
     text = FORMATS[kind](value)
-    if isinstance(value, Paired) and value.low is not None:
-        return f"{text} [{FORMATS[kind](value.low)[:-1]}, {FORMATS[kind](value.high)[:-1]}]"
+    if isinstance(value, Paired) and value.low is not None:  # the interval's ends without their unit (x, %)
+        return f"{text} [{FORMATS[kind](value.low).rstrip('x%')}, {FORMATS[kind](value.high).rstrip('x%')}]"
     return f"{text} (unpaired)" if isinstance(value, Unpaired) else text
 
 
-def _markdown(headers, rows, n_keys=1, figure_column=False):
+def _markdown(headers, rows, n_keys=1, figure_column=False, text=()):
     """A pipe table: ``n_keys`` key columns, then a left-aligned figure name if any (or that many text
-    columns, if ``figure_column`` is a number), then numbers."""
+    columns, if ``figure_column`` is a number), then numbers; the columns named in ``text`` left-aligned."""
     from tabulate import tabulate  # asv's own dependency
 
     align = ["right"] * n_keys + ["left"] * figure_column + ["right"] * (len(headers) - n_keys - figure_column)
+    align = ["left" if h in text else a for h, a in zip(headers, align)]
     return tabulate(rows, headers=headers, tablefmt="pipe", colalign=align, disable_numparse=True)
 
 
@@ -377,7 +455,8 @@ def render_table(table):
     """One table as Markdown: a heading, the table, and its note."""
     headers = [*table.keys, *table.kinds]
     rows = [[*map(str, key), *(format_cell(cells[f], k) for f, k in table.kinds.items())] for key, cells in table.rows]
-    parts = [f"### {table.title}", "", _markdown(headers, rows, len(table.keys))]
+    text = [figure for figure, kind in table.kinds.items() if kind == "text"]
+    parts = [f"### {table.title}", "", _markdown(headers, rows, len(table.keys), text=text)]
     return "\n".join(parts + (["", table.note] if table.note else []))
 
 
@@ -407,7 +486,7 @@ def render_compare(base_table, head_table, base_label, head_label):
 # What a figure of each cell kind says when two machines are compared (report tables --machine A --machine B).
 ACROSS_MACHINES = {"ratio": "comparable", "ratio3": "comparable", "count": "exact", "bytes": "exact",
                    "ms": "machine-bound", "us": "machine-bound", "rate": "machine-bound",
-                   "fraction": "comparable", "gbps": "machine-bound", "error": "exact"}
+                   "fraction": "comparable", "gbps": "machine-bound", "error": "exact", "text": "exact"}
 MACHINES_NOTE = ("Each row is one figure of the lab's tables at the same commit, one column per machine, and each "
                  "later machine's figure over the first's. Only the dimensionless figures (`comparable`: "
                  "no_cache / preallocated, concat / preallocated, speedup, scaling, repeat_kv / grouped, "
@@ -468,5 +547,6 @@ def describe(run, experiments=None):
         f"- machine `{run.machine}`: {machine}{cpus}{ram}",
         f"- environment `{run.env_name}`: {packages}; thread variables {threads}",
         f"- each time is asv's median of {counts} samples per point" if timed else
-        "- no timing shown: each figure is a value asv tracked once for the commit",
+        "- no asv timing shown: each figure is a value asv tracked once for the commit (a paired ratio with "
+        "its interval, a time from its pairs, or an exact count)",
     ]
