@@ -22,14 +22,12 @@ workers, and stays worse only if that confirms it (:func:`measure_confirmed`).
 asv's own results are not touched: the dashboard keeps asv's unpaired medians.
 """
 
-import glob
 import json
 import os
 import select
 import subprocess
 import sys
 import tempfile
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,7 +111,7 @@ class Worker:
         environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # asv strips it too
         environ.update(env.env_vars)  # the matrix's env_nobuild: the one-thread BLAS pin
         environ["PYTHONHASHSEED"] = "0"  # one hash seed for both: dicts and sets laid out alike
-        python = os.path.join(env._path, "bin", "python")  # asv's virtualenv interpreter
+        python = env.python
         self.process = subprocess.Popen([python, "-s", str(WORKER), str(package_dir), str(benchmark_dir)],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=environ, cwd=cwd,
                                         text=True, preexec_fn=fixed_layout if sys.platform == "linux" else None)
@@ -158,26 +156,17 @@ def one_core():
     return max(os.sched_getaffinity(0))
 
 
-def package_of(conf, env, commit, folder):
-    """``folder``/<commit>: the commit's kv_attention as asv built it (the wheel in asv's build cache), unpacked."""
-    from asv.repo import get_repo
-
-    cache_dir = env._cache.get_cache_dir(commit)
-    if cache_dir is None:  # not built, or dropped from the cache (build_cache_size): asv builds it
-        env.create()
-        env._set_installed_commit_hash(None)  # else asv skips the build of the commit it has installed
-        env.install_project(conf, get_repo(conf), commit)
-        cache_dir = env._cache.get_cache_dir(commit)
-    wheels = glob.glob(os.path.join(cache_dir or "", "*.whl"))
-    if len(wheels) != 1:
-        raise common.UserError(f"asv's build cache holds {len(wheels)} wheels for {commit[:8]} in {cache_dir}")
+def package_of(commit, folder):
+    """``folder``/<commit>: the commit's kv_attention (pure Python), from git."""
     target = Path(folder) / commit
-    with zipfile.ZipFile(wheels[0]) as wheel:
-        wheel.extractall(target)  # a pure-Python wheel unpacked is an importable folder
+    target.mkdir()
+    archive = subprocess.run(["git", "-C", str(common.ROOT), "archive", commit, "kv_attention"], capture_output=True)
+    if archive.returncode != 0 or subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout).returncode:
+        raise common.UserError(f"cannot extract kv_attention of {commit[:8]}: {archive.stderr.decode().strip()}")
     return target
 
 
-def measure(conf, env, base, head, points, progress=print, factor=None, seconds=SECONDS_PER_POINT,
+def measure(env, base, head, points, progress=print, factor=None, seconds=SECONDS_PER_POINT,
             max_pairs=MAX_PAIRS, strict=False):
     """``{label: Paired or {"skipped" or "failed": why, "role": "base" or "head"}}`` of ``points``.
 
@@ -197,12 +186,12 @@ def measure(conf, env, base, head, points, progress=print, factor=None, seconds=
 
     outcomes = {}
     with tempfile.TemporaryDirectory(prefix="kv-attention-pairs-") as folder:
-        packages = [package_of(conf, env, commit, folder) for commit in (base, head)]
+        packages = [package_of(commit, folder) for commit in (base, head)]
         workers = []
         try:
             for i, (name, param_idx, label) in enumerate(points):
                 if not workers:  # at the start, and again after a worker stopped or hung
-                    workers = start_workers(env, packages, common.ROOT / conf.benchmark_dir, folder)
+                    workers = start_workers(env, packages, common.ROOT / "benchmarks", folder)
                 try:
                     loaded, role = workers[0].ask(load=name, param_idx=param_idx, number=None), "base"
                     if "loaded" in loaded:
@@ -230,7 +219,7 @@ def measure(conf, env, base, head, points, progress=print, factor=None, seconds=
     return outcomes
 
 
-def measure_confirmed(conf, env, base, head, points, factor, progress=print):
+def measure_confirmed(env, base, head, points, factor, progress=print):
     """:func:`measure`, then each point worse than ``factor`` again with two new workers: it stays worse only if
     that confirms it (then with the smaller ratio); a false alarm rarely repeats in new processes, a regression does.
 
@@ -238,11 +227,11 @@ def measure_confirmed(conf, env, base, head, points, factor, progress=print):
     until it is worse or its whole interval is below ``factor`` (or its bounds): a noisy point's regression is
     not cleared by a second verdict as wide as 1.0015x [0.962, 1.058] after 32 pairs (the 5 % concat drill, T=256).
     """
-    measured = measure(conf, env, base, head, points, progress, factor)
+    measured = measure(env, base, head, points, progress, factor)
     confirm = [point for point in points if isinstance(measured[point[2]], Paired) and measured[point[2]].worse(factor)]
     if confirm:
         progress(f"confirming {len(confirm)} point(s) worse than {factor}x, in pairs again with two new workers:")
-        second = measure(conf, env, base, head, confirm, progress, factor, CONFIRM_SECONDS, CONFIRM_MAX_PAIRS, True)
+        second = measure(env, base, head, confirm, progress, factor, CONFIRM_SECONDS, CONFIRM_MAX_PAIRS, True)
         for label, again in second.items():
             if not (isinstance(again, Paired) and again.worse(factor)) or again.ratio < measured[label].ratio:
                 measured[label] = again  # not confirmed: the second verdict stands; confirmed: the smaller
@@ -274,9 +263,20 @@ def timing_points(benchmarks, labels):
     return found
 
 
-def environments(conf):
-    """asv's configured environments (one per matrix entry), as asv makes them."""
+@dataclass(frozen=True)
+class Env:
+    """One asv environment: its name, interpreter and the matrix's environment variables (the BLAS pin)."""
+
+    name: str
+    python: str
+    env_vars: dict
+
+
+def environments():
+    """asv's configured environments (one per matrix entry), as asv names them and where it makes them."""
+    from asv.config import Config
     from asv.environment import get_environments
 
-    return list(get_environments(conf, None, verbose=False))
-
+    conf = Config.load(str(common.ROOT / "asv.conf.json"))
+    return [Env(env.name, str(Path(conf.env_dir) / env.dir_name / "bin" / "python"), dict(env.env_vars))
+            for env in get_environments(conf, None, verbose=False)]

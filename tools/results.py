@@ -1,26 +1,10 @@
-"""The one reader of asv's result files, for every command: has-results, outcomes, comparisons, runs.
+"""The one reader of asv's result files: plain JSON for the main job, the gate and bisect; checked runs for the report.
 
 asv stores one JSON file per commit and environment under
-``<results_dir>/<machine>/<hash8>-<env_name>.json``. Two views of them:
-
-- for the main job and the gate, asv's own ``Results`` objects: whether a
-  commit has results for every benchmark (:func:`has_results`), how many
-  points passed, failed or were skipped (:func:`count_outcomes`), the rows
-  asv's ``Compare.print_table`` reads (:func:`compare_rows`) and asv's verdict
-  on two of them (:func:`head_is_worse`);
-- for the report, a checked :class:`Run` of :class:`Point` values
-  (:class:`ResultsDir`, :func:`load_run`).
-
-A *point* is one benchmark at one parameter combination at one commit: the
-value asv stored (the median, in seconds, for ``time_`` benchmarks; None when
-the benchmark failed; NaN when it was skipped), its statistics and, when asv ran
-with ``--record-samples``, every timing sample. The report's reader checks what
-it reads: a value that is neither a number, null nor NaN, a time that is not
-positive and finite, or malformed samples make the file unreadable (a
-:class:`~tools.common.UserError`), never a figure.
-
-asv is imported inside the functions, so that ``tools/dev.py`` can parse its
-command line before ``.venv`` exists.
+``<results_dir>/<machine>/<hash8>-<env_name>.json``: ``results`` maps a benchmark to one row, whose columns
+``result_columns`` names (``result``, ``params``, ``version``, ..., ``samples``). A *point* is one benchmark at one
+parameter combination, labelled as ``asv compare`` labels it (``name(16, 'concat')``); its value is a number, None
+(failed: setup's correctness check or the benchmark raised) or NaN (skipped: NotImplementedError).
 """
 
 import ast
@@ -42,146 +26,73 @@ from pathlib import Path
 from . import common, paths
 from .common import UserError
 
-# --- asv's Results, for the main job and the gate -------------------------------------------------
+# --- plain JSON, for the main job, the gate and bisect --------------------------------------------
 
 
-def asv_setup():
-    """``(conf, benchmarks or None, machine, env_names)`` of this project's asv on this machine.
+@dataclass(frozen=True)
+class Stored:
+    """One stored point: benchmark ``name``, its parameter combination's ``index``, value, samples, version."""
 
-    ``benchmarks`` is None before asv has discovered the suite once (no benchmarks.json);
-    ``machine`` is the name :func:`common.use_machine` chose (hostname plus hardware fingerprint).
-    """
-    from asv.benchmarks import Benchmarks
-    from asv.config import Config
-    from asv.environment import get_environments
-    from asv.machine import Machine
-    from asv.util import UserError as AsvUserError
+    name: str
+    index: object  # None for a benchmark without parameters
+    value: object
+    samples: list = None
+    version: str = None
 
-    conf = Config.load(str(common.ROOT / "asv.conf.json"))
+
+def results_dir():
+    conf = json.loads((common.ROOT / "asv.conf.json").read_text())
+    return common.ROOT / conf.get("results_dir", "results")
+
+
+def suite():
+    """asv's ``benchmarks.json`` (the suite it discovered last): ``{name: info}``, ``{}`` before the first run."""
     try:
-        benchmarks = Benchmarks.load(conf)
-    except AsvUserError:
-        benchmarks = None
-    env_names = {env.name for env in get_environments(conf, None, verbose=False)}
-    common.use_machine()
-    return conf, benchmarks, Machine.get_unique_machine_name(), env_names
+        data = json.loads((results_dir() / "benchmarks.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in data.items() if isinstance(v, dict)}
 
 
-def iter_results(conf, machine, commit, env_names):
-    """asv's stored Results of ``commit`` on ``machine``, in the configured environments only."""
-    from asv.results import iter_results_for_machine_and_hash
-
-    for result in iter_results_for_machine_and_hash(conf.results_dir, machine, commit):
-        if result.env_name in env_names:
-            yield result
+def files(machine, commit):
+    return sorted((results_dir() / machine).glob(f"{commit[:8]}-*.json"))
 
 
-def unsampled(result):
-    """The ``time_`` benchmarks of ``result`` with a measured point stored without samples (a --quick run's,
-    or an asv run's without --record-samples): incomplete, since the gate's test needs the samples."""
-    names = []
-    for key in result.get_all_result_keys():
-        if not key.rsplit(".", 1)[-1].startswith("time_"):
-            continue
-        params = result.get_result_params(key)
-        values = result.get_result_value(key, params)
-        samples = result.get_result_samples(key, params) or [None] * len(values)
-        if any(is_number(v) and not math.isnan(v) and s is None for v, s in zip(values, samples)):
-            names.append(key)
-    return names
-
-
-def has_results(commit, conf, benchmarks, machine, env_names):
-    """True when every benchmark of the suite has a stored result for ``commit`` in every environment,
-    every timing with its samples (:func:`unsampled`)."""
-    if benchmarks is None:
-        return False
-    stored = {}
-    for result in iter_results(conf, machine, commit, env_names):
-        stored[result.env_name] = set(result.get_all_result_keys()) - set(unsampled(result))
-    return set(stored) == env_names and all(set(benchmarks) <= keys for keys in stored.values())
-
-
-def drop_unsampled(conf, machine, env_names, commits):
-    """Forget the stored timings of ``commits`` that lack samples, so that ``asv run --skip-existing``
-    measures them again; returns the number of result files that had any."""
-    dropped = 0
-    for commit in commits:
-        for result in iter_results(conf, machine, commit, env_names):
-            names = unsampled(result)
-            for key in names:
-                result.remove_result(key)
-            if names:
-                result.save(conf.results_dir)
-                dropped += 1
-    return dropped
-
-
-def count_outcomes(commit, conf, benchmarks, machine, env_names):
-    """``(Counter of ok / failed / skipped points, sorted names of failed benchmarks)`` asv stored for ``commit``."""
-    counts, failed = Counter(), []
-    for result in iter_results(conf, machine, commit, env_names):
-        for key in result.get_result_keys(benchmarks):
-            if key not in benchmarks:
-                continue
-            value = result.get_result_value(key, benchmarks[key]["params"])
-            for point in value if isinstance(value, list) else [value]:
-                if point is None:
-                    counts["failed"] += 1
-                    failed.append(key)
-                elif isinstance(point, float) and math.isnan(point):
-                    counts["skipped"] += 1
-                else:
-                    counts["ok"] += 1
-    return counts, sorted(set(failed))
-
-
-def selected_points(conf, result, pattern):
-    """``{benchmark: [bool per parameter combination]}`` of ``result``'s benchmarks that ``--bench pattern`` selects.
-
-    Decided by asv's own ``Benchmarks`` selection, as ``asv run --bench`` decides
-    it: a parameterized benchmark's combinations by matching ``name(value1, value2)``.
-    """
-    from asv.benchmarks import Benchmarks
-
-    keys = list(result.get_all_result_keys())
-    params = {key: result.get_result_params(key) for key in keys}
-    chosen = Benchmarks(conf, [{"name": key, "params": params[key]} for key in keys], regex=pattern)
-    selection = {}
-    for key in chosen:
-        count = len(list(itertools.product(*params[key])))  # 1 for an unparameterized benchmark
-        indices = chosen.benchmark_selection[key]
-        selection[key] = [True] * count if indices is None else [i in indices for i in range(count)]
-    return selection
-
-
-def compare_rows(conf, results, pattern=None):
-    """Rows in the form asv's ``Compare.print_table`` reads, for the benchmarks ``pattern`` selects.
-
-    A combination the pattern does not select shows as n/a (NaN), never as a stored or failed value.
-    """
-    rows = []
-    for result in results:
-        for key, keep in selected_points(conf, result, pattern).items():
-            params = result.get_result_params(key)
-            columns = [result.get_result_value(key, params), result.get_result_stats(key, params),
-                       result.get_result_samples(key, params)]
-            value, stats, samples = ([c if k else blank for c, k in zip(column or [None] * len(keep), keep)]
-                                     for column, blank in zip(columns, (math.nan, None, None)))
-            rows.append((key, params, value, stats, samples, result.benchmark_version.get(key),
-                         result.params["machine"], result.env_name))
-    return rows
-
-
-def unrolled(rows):
-    """``{(benchmark(params), env): (value, (stats, samples), version)}`` of every parameter combination."""
-    from asv.commands.compare import unroll_result
-
+def stored(machine, commit):
+    """``{label: Stored}`` of every point asv stored for ``commit`` on ``machine`` (``{}`` if none)."""
     points = {}
-    for key, params, value, stats, samples, version, _, env_name in rows:
-        for name, point, point_stats, point_samples in unroll_result(key, params, value, stats, samples):
-            points[(name, env_name)] = (point, (point_stats, point_samples), version)
+    for path in files(machine, commit):
+        data = json.loads(path.read_text())
+        columns = data["result_columns"]
+        for name, row in data["results"].items():
+            row = dict(zip(columns, row))
+            params = row.get("params") or []
+            combos = list(itertools.product(*params)) if params else [None]
+            values, samples = row.get("result") or [None] * len(combos), row.get("samples") or [None] * len(combos)
+            for i, combo in enumerate(combos):
+                label = f"{name}({', '.join(combo)})" if combo is not None else name
+                points[label] = Stored(name, None if combo is None else i, values[i], samples[i], row.get("version"))
     return points
+
+
+def is_measured(value):
+    return is_number(value) and not math.isnan(value)
+
+
+def complete(machine, commit, benchmarks):
+    """Every benchmark of the suite stored for ``commit``, every measured timing with its samples."""
+    points = stored(machine, commit)
+    names = {p.name for p in points.values()}
+    unsampled = any(p.name.rsplit(".", 1)[-1].startswith("time_") and is_measured(p.value) and p.samples is None
+                    for p in points.values())
+    return bool(points) and set(benchmarks) <= names and not unsampled
+
+
+def outcomes(points):
+    """``(Counter of ok / failed / skipped points, sorted names of the failed benchmarks)``."""
+    counts = Counter("failed" if p.value is None else "ok" if is_measured(p.value) else "skipped"
+                     for p in points.values())
+    return counts, sorted({p.name for p in points.values() if p.value is None})
 
 
 RETIRE_HINT = ("note: a vanished benchmark removed on purpose passes once it is declared, with the reason, "
@@ -189,143 +100,82 @@ RETIRE_HINT = ("note: a vanished benchmark removed on purpose passes once it is 
 
 
 def retired():
-    """``{name: reason}`` of benchmarks deliberately removed: ``RETIRED`` in the suite's benchmarks/common.py.
-
-    A suite without that module (a throwaway project's) has retired nothing.
-    """
+    """``{name: reason}``: ``RETIRED`` in the suite's benchmarks/common.py (a suite without it retired nothing)."""
     try:
-        from benchmarks import common as suite
+        from benchmarks import common as bench_common
     except ImportError:
         return {}
-    return dict(getattr(suite, "RETIRED", {}))
+    return dict(getattr(bench_common, "RETIRED", {}))
 
 
 def vanished(base, head, retired_names=None):
-    """Sorted labels of the points that had a value at ``base`` and are n/a at ``head``.
+    """Sorted labels of the points with a value at ``base`` (``{label: Stored}``) that are n/a at ``head``.
 
-    ``base`` and ``head`` are :func:`unrolled` points. n/a is NaN (asv's skip)
-    or no stored point at all; a failure (None) at either commit is a failure,
-    not a vanished point, and n/a at both stays n/a. A point whose benchmark
-    name, or whose ``name(params)`` label, is a key of ``retired_names``
-    (default :func:`retired`) was removed on purpose and is not reported.
+    n/a is NaN (a skip) or no stored point; a failure is a failure, not a vanished point; a point whose
+    benchmark or label is a key of ``retired_names`` (default :func:`retired`) was removed on purpose.
     """
-    if not head:  # no results at all: the commit failed to build, reported as such, not point by point
+    if not head:  # no results at all: the commit failed to build, reported as such
         return []
     retired_names = retired() if retired_names is None else retired_names
     labels = []
-    for key, (value, _, _) in base.items():
-        label = key[0]
-        if value is None or math.isnan(value) or label in retired_names or label.split("(")[0] in retired_names:
-            continue
-        head_value = head.get(key, (math.nan,))[0]
-        if head_value is not None and math.isnan(head_value):
-            labels.append(label)
-    return sorted(set(labels))
+    for label, point in base.items():
+        if is_measured(point.value) and label not in retired_names and point.name not in retired_names:
+            now = head.get(label)
+            if now is None or (is_number(now.value) and math.isnan(now.value)):
+                labels.append(label)
+    return sorted(labels)
 
 
-def vanished_between(base, head):
-    """:func:`vanished` between the stored results of commits ``base`` and ``head`` on this machine."""
-    conf, _, machine, env_names = asv_setup()
-    base_points, head_points = (unrolled(compare_rows(conf, iter_results(conf, machine, commit, env_names)))
-                                for commit in (base, head))
-    return vanished(base_points, head_points)
+def quarantine_unreadable(machine):
+    """Move every result file of ``machine`` that is not a regular file or not readable JSON to ``.asv/corrupt/``.
 
-
-def head_is_worse(base, head, base_stats, head_stats, factor):
-    """asv compare's verdict: ``head`` worse than ``base`` by more than ``factor`` and significantly so.
-
-    Significance is Mann-Whitney U on the stored samples, else 99 % confidence
-    interval overlap: the rule of ``asv compare`` and ``asv continuous``.
+    asv writes result files in place: a killed run leaves a truncated one, which asv can neither read nor save
+    over, so its commit would never be measured again; a FIFO would block asv forever. Moved aside, the commit
+    has no results and is measured again.
     """
-    # asv 0.6.6 (pinned in setup.cfg) offers this rule only as a private function of asv compare.
-    from asv.commands.compare import _is_result_better
-
-    return _is_result_better(base, head, base_stats, head_stats, factor)
-
-
-def drop_partial(conf, machine, env_names, commits, pattern):
-    """Forget stored benchmarks that ``--bench pattern`` measured for only some parameter combinations.
-
-    asv stores NaN for the combinations it did not run, and ``asv run --skip-existing``
-    (the main job) would then never measure them. A benchmark is dropped only when
-    every combination the pattern did not select is NaN. A result file left with no
-    benchmark at all is removed (asv's ``Results.rm``), never left empty: the commit
-    then has no results, as before the command. Returns True if any was dropped.
-    """
-    dropped = False
-    for commit in commits:
-        for result in iter_results(conf, machine, commit, env_names):
-            partial = []
-            for key, keep in selected_points(conf, result, pattern).items():
-                values = result.get_result_value(key, result.get_result_params(key))
-                rest = [v for v, k in zip(values, keep) if not k]
-                if rest and all(isinstance(v, float) and math.isnan(v) for v in rest):
-                    partial.append(key)
-            for key in partial:
-                result.remove_result(key)
-            if partial and not list(result.get_all_result_keys()):
-                result.rm(conf.results_dir)
-            elif partial:
-                result.save(conf.results_dir)
-            dropped = dropped or bool(partial)
-    return dropped
-
-
-def quarantine_unreadable():
-    """Move aside every result file of this machine that asv cannot read; return the paths moved.
-
-    asv writes a result file in place, so a run killed while it writes leaves a
-    truncated file; asv then skips it when reading and cannot save over it, so
-    its commit would never be measured again. Such a file (and any non-regular
-    file where asv would read one: a FIFO would block it forever) is moved to
-    ``.asv/corrupt/`` under the same relative path, with one line naming it;
-    the commit then has no results and is measured again. Nothing else is touched.
-    """
-    from asv.config import Config
-    from asv.machine import Machine
-    from asv.results import Results, iter_results_paths
-
-    results_dir = os.path.abspath(Config.load(str(common.ROOT / "asv.conf.json")).results_dir)
-    folder = os.path.join(results_dir, Machine.get_unique_machine_name())
-    moved = []
-    for path in (os.path.join(results_dir, "benchmarks.json"), os.path.join(folder, "machine.json")):
-        if not_regular(path):  # asv rewrites both; a FIFO in their place would block it
-            moved.append(_move_aside(path, results_dir, f"{not_regular(path)}, not a regular file"))
-    for root, filename, _ in iter_results_paths(folder):
-        path = os.path.join(root, filename)
+    folder = results_dir() / machine
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         reason = not_regular(path)
-        reason = reason and f"{reason}, not a regular file"
-        if not reason:
+        if not reason and path.name != "machine.json":
             try:
-                Results.load(path)
-            except Exception as exc:  # asv raises UserError, and others on odd content
-                reason = str(exc).replace(path, "it").replace(filename, "it")[:200] or type(exc).__name__
+                data = json.loads(path.read_text())
+                assert isinstance(data["results"], dict) and isinstance(data["result_columns"], list)
+            except (OSError, ValueError, KeyError, TypeError, AssertionError, RecursionError) as error:
+                reason = f"not an asv result file: {type(error).__name__}"
+        elif reason:
+            reason = f"{reason}, not a regular file"
         if reason:
-            moved.append(_move_aside(path, results_dir, reason))
-    return moved
+            target = common.ROOT / ".asv" / "corrupt" / machine / path.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            for i in itertools.count(1):
+                if not os.path.lexists(target):
+                    break
+                target = target.with_name(f"{path.name}.{i}")
+            os.rename(path, target)
+            print(f"moved unreadable result file {path.relative_to(common.ROOT)} to "
+                  f"{target.relative_to(common.ROOT)} ({reason}): its commit is measured again", flush=True)
 
 
-def _move_aside(path, results_dir, reason):
-    """Rename ``path`` into ``.asv/corrupt/`` (never over an earlier one) and say so; the new path."""
-    target = common.ROOT / ".asv" / "corrupt" / os.path.relpath(path, results_dir)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    for i in itertools.count(1):
-        if not os.path.lexists(target):
-            break
-        target = target.with_name(f"{Path(path).name}.{i}")
-    try:
-        os.rename(path, target)
-    except OSError as exc:
-        raise UserError(f"{path} cannot be read by asv ({reason}) nor moved aside ({exc.strerror}): "
-                        "delete it, and its commit is measured again") from None
-    print(f"moved unreadable result file {os.path.relpath(path, common.ROOT)} to "
-          f"{os.path.relpath(target, common.ROOT)} ({reason}): its commit is measured again", flush=True)
-    return target
+def forget(machine, commits, keep):
+    """Remove, through asv's Results API, the stored benchmarks of ``commits`` for which ``keep(points)`` is
+    False (``points``: ``{label: Stored}`` of that benchmark); a file left empty is removed. The number removed."""
+    from asv.results import Results
 
-
-def result_files(conf, machine, commit):
-    """The path pattern of ``commit``'s result files on ``machine``: ``<results_dir>/<machine>/<hash8>-*.json``."""
-    return os.path.join(os.path.relpath(conf.results_dir, common.ROOT), machine, f"{commit[:8]}-*.json")
+    removed = 0
+    for commit in commits:
+        points = stored(machine, commit)
+        for path in files(machine, commit):
+            result = Results.load(str(path))
+            drop = [n for n in result.get_all_result_keys()
+                    if not keep({label: p for label, p in points.items() if p.name == n})]
+            for name in drop:
+                result.remove_result(name)
+            if drop and not list(result.get_all_result_keys()):
+                path.unlink()
+            elif drop:
+                result.save(str(results_dir()))
+            removed += len(drop)
+    return removed
 
 
 # --- checked runs, for the report -----------------------------------------------------------------
@@ -718,10 +568,8 @@ def check_with_dir(path, earlier):
 
 
 def _local_asv_machine():
-    """This host's asv machine name, :func:`tools.machine.default_name`."""
-    from .machine import default_name
-
-    return default_name()
+    """This host's asv machine name, :func:`tools.common.machine_name`."""
+    return common.machine_name()
 
 
 def _recorded_asv_machine():

@@ -9,7 +9,6 @@ import os
 import sys
 
 from ..common import BRANCH, UserError
-from ..machine import chosen_argument
 from ..report import EXPERIMENTS
 from ..results import RESULT_FILE, ResultsDir, not_regular
 
@@ -56,6 +55,14 @@ def _open(args):
     given = machines[0] if machines else None
     machine = results.pick_machine(given) if given or args.report_command != "csv" else None
     return results, machine
+
+
+def chosen_argument(text):
+    """argparse type of ``--machine``: a machine.json's name (matched, never joined to a path)."""
+    if not text or len(text) > 200 or "/" in text or any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise argparse.ArgumentTypeError(f"machine name must be 1-200 characters, without '/' or control "
+                                         f"characters: it is a machine.json's name, got {text!r}")
+    return text
 
 
 class MachinesAction(argparse.Action):
