@@ -31,12 +31,13 @@ class Stopped(BaseException):
 
 
 def session(sid):
-    """The live processes of session ``sid`` (asv starts each benchmark in a process group of its own)."""
-    members = set()
+    """``{pid: process group}`` of the live processes of session ``sid``, from /proc (zombies left out)."""
+    members = {}
     for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        with contextlib.suppress(OSError, ValueError):
-            if name.isdigit() and os.getsid(int(name)) == sid:
-                members.add(int(name))
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()  # state ppid pgrp session
+            if name.isdigit() and int(fields[3]) == sid and fields[0] != "Z":
+                members[int(name)] = int(fields[2])
     return members
 
 
@@ -45,11 +46,7 @@ def stop(proc, signum):
     deadline = time.monotonic() + GRACE
     sig = signum
     while True:
-        groups = {proc.pid}
-        for pid in session(proc.pid):
-            with contextlib.suppress(OSError):
-                groups.add(os.getpgid(pid))
-        for group in groups:
+        for group in {proc.pid, *session(proc.pid).values()}:
             with contextlib.suppress(OSError):
                 os.killpg(group, sig)
         proc.poll()

@@ -2,7 +2,7 @@
 
 A path is written only if nothing is there yet or a regular file is (``lstat``: never through a symlink, a
 FIFO, a device, a socket or a directory), and never inside an asv workspace (a directory named ``.asv``, or the
-results directory read) or a ``.git`` directory, as given or with its folders' symlinks resolved. A file is
+results directory read), a ``.git`` directory or /dev, /proc, /sys, as given or with its folders' symlinks resolved. A file is
 written whole or not at all: a temporary file in the same folder, renamed over the target.
 """
 
@@ -28,11 +28,14 @@ def _check_place(out, what, protected):
         raise UserError(f"{what}: the path is empty")
     given = os.path.abspath(out)
     real = os.path.join(os.path.realpath(os.path.dirname(given)), os.path.basename(given))
-    folders = {os.path.realpath(d) for d in [common.ROOT / ".asv", *protected]}
+    folders = {os.path.realpath(d) for d in [common.ROOT / ".asv", "/dev", "/proc", "/sys", *protected]}
     for path in (given, real):
         parts = path.split(os.sep)
-        if ".asv" in parts or ".git" in parts or any(os.path.commonpath([path, d]) == d for d in folders):
-            raise UserError(f"{what} is inside an asv workspace, the results read or .git: choose another path")
+        inside = [d for d in folders if os.path.commonpath([path, d]) == d]
+        inside += [os.sep.join(parts[:parts.index(d) + 1]) for d in (".asv", ".git") if d in parts]
+        if inside:
+            raise UserError(f"{what} is inside {inside[0]} (asv's workspace, the results read, .git or the "
+                            "system's devices): choose another path")
     return real
 
 
@@ -44,6 +47,8 @@ def check_file(out, protected=(), what=None):
         mode = os.lstat(real).st_mode
     except FileNotFoundError:
         return real, False
+    except OSError as exc:
+        raise UserError(f"cannot write {what}: {exc.strerror}") from None
     if not stat.S_ISREG(mode):
         raise UserError(f"{what} is {kind(mode)}, not a regular file: refusing to write through it")
     return real, True

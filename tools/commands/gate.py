@@ -116,11 +116,12 @@ def exact_regressions(base, head, count_factor=COUNT_FACTOR):
 
 def asv_compare(base, head, machine, factor=UNPAIRED_FACTOR):
     """``asv compare --split --factor F BASE HEAD`` as asv prints it; returns the labels it marks worse (+, !)."""
-    out = common.run(*common.ASV, "compare", "--split", "--factor", str(factor), "--machine", machine,
-                     base, head, check=False, capture=True).stdout
-    print(out, end="")
-    row = re.compile(r"^\s*([+!])\s.*?\s([A-Za-z_][\w.]*\w(?:\(.*\))?)\s*$")
-    return [m.group(2) for m in map(row.match, out.splitlines()) if m]
+    done = common.run(*common.ASV, "compare", "--split", "--factor", str(factor), "--machine", machine,
+                      base, head, check=False, capture=True)
+    out = done.stdout
+    print(out + done.stderr, end="")
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in out.splitlines()]
+    return [cells[-1] for cells in rows if len(cells) >= 5 and cells[0] in ("+", "!")]
 
 
 def pair(env, commits, labels, base, head, factor):
