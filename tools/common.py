@@ -102,8 +102,8 @@ def resolve(name):
 
 def machine_name():
     """``<hostname>-<8 hex digits>``: the hardware (CPU, count, architecture) and /etc/machine-id, hashed."""
-    cpu = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
-               platform.processor()) if Path("/proc/cpuinfo").is_file() else platform.processor()
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() else ""
     ident = Path("/etc/machine-id").read_text().strip() if Path("/etc/machine-id").is_file() else ""
     text = "\n".join([cpu, str(os.cpu_count()), platform.machine(), ident])
     return f"{platform.node() or 'host'}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"

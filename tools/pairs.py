@@ -1,25 +1,13 @@
 """Two commits' timings compared in pairs: one worker process per commit, taking turns on one core.
 
-asv times BASE and HEAD in separate runs, minutes apart, and compares their
-medians: on a shared VM the host's drift between the two runs decides as much
-as the code does (the gate flagged 1.44x and 2.53x on a docstring-only commit).
-Here each timing point is measured again in pairs (``benchmarks/pairs.py``,
-whose module docstring states the method): two workers
-(:mod:`tools.pair_worker`), each in the commit's own asv environment — its
-interpreter, numpy and thread pins, and the commit's ``kv_attention`` from the
-wheel asv built for it (asv's build cache; asv builds it if it is not there) —
-run the suite's own ``setup_cache``, ``setup`` and correctness check, then
-alternate bursts of samples, ABBA, pinned to the same core so that they never
-run at once, each sample timed in the worker thread's CPU time (the time
-another job holds the core is not the code's). Both start with the same hash
-seed and without address-space randomisation (:func:`fixed_layout`). The
-verdict is the median of the per-pair ratios HEAD / BASE and its 95 %
-interval: worse when the median is beyond the factor and the whole interval
-above 1. A point where only one of the two holds is measured further
-(:meth:`Paired.decided`); a worse point is measured again, longer, by two new
-workers, and stays worse only if that confirms it (:func:`measure_confirmed`).
-
-asv's own results are not touched: the dashboard keeps asv's unpaired medians.
+asv times BASE and HEAD in separate runs, minutes apart: on a shared VM the host's drift between them decides as
+much as the code does. Here each timing point is measured again in pairs (the method: ``benchmarks/pairs.py``):
+two workers (:mod:`tools.pair_worker`), each with the interpreter, numpy and thread pins of the commit's asv
+environment and the commit's ``kv_attention`` (from git), run the suite's own ``setup_cache``, ``setup`` and
+correctness check, then alternate bursts of samples on one core, timed in the thread's CPU time, with one hash
+seed and no address-space randomisation (:func:`fixed_layout`). Worse: the median of the per-pair ratios
+HEAD / BASE beyond the factor and its 95 % interval above 1, confirmed by two new workers
+(:func:`measure_confirmed`). asv's own results are not touched.
 """
 
 import json
@@ -245,22 +233,6 @@ def start_workers(env, packages, benchmark_dir, folder):
     for worker in workers:
         os.sched_setaffinity(worker.process.pid, {core})
     return workers
-
-
-def timing_points(benchmarks, labels):
-    """``[(name, param_idx, label)]`` of the ``time_`` points among ``labels`` (asv compare's point labels)."""
-    import itertools
-
-    wanted, found = set(labels), []
-    for name, info in sorted(benchmarks.items()):
-        if not name.rsplit(".", 1)[-1].startswith("time_"):
-            continue
-        combos = list(itertools.product(*info.get("params", []))) or [()]
-        for idx, combo in enumerate(combos):
-            label = f"{name}({', '.join(combo)})" if combo else name
-            if label in wanted:
-                found.append((name, idx if combo else None, label))
-    return found
 
 
 @dataclass(frozen=True)
