@@ -156,17 +156,10 @@ def package_of(commit, folder):
 
 def measure(env, base, head, points, progress=print, factor=None, seconds=SECONDS_PER_POINT,
             max_pairs=MAX_PAIRS, strict=False):
-    """``{label: Paired or {"skipped" or "failed": why, "role": "base" or "head"}}`` of ``points``.
-
-    ``points``: ``[(name, param_idx, label)]`` (:func:`timing_points`); about
-    ``seconds`` of pairs each. With ``factor``, a point whose verdict its pairs
-    left open (:meth:`Paired.decided`, ``strict``) is measured further, up to
-    ``max_pairs`` (``benchmarks.pairs.pairs_within``).
-
-    BASE and HEAD are commit hashes; each point's sides load in their worker
-    (setup_cache, setup, the correctness check), BASE first, which calibrates
-    the calls per sample for both; then they alternate (``benchmarks.pairs``).
-    """
+    """``{label: Paired or {"skipped" or "failed": why, "role": "base" or "head"}}`` of ``points``
+    (``[(benchmark, param_idx, label)]``), about ``seconds`` of pairs each; with ``factor``, a verdict its pairs
+    left open (:meth:`Paired.decided`) is measured further, up to ``max_pairs``. BASE's worker calibrates the
+    calls per sample for both."""
     from benchmarks.pairs import median_interval, pairs_within
 
     def decided(ratios):
