@@ -115,8 +115,8 @@ def exact_regressions(base, head, count_factor=COUNT_FACTOR):
 
 
 def asv_compare(base, head, machine, factor=UNPAIRED_FACTOR):
-    """``asv compare --split --factor F BASE HEAD`` as asv prints it; returns the labels it marks worse (+, !)."""
-    done = common.run(*common.ASV, "compare", "--split", "--factor", str(factor), "--machine", machine,
+    """``asv compare --only-changed --factor F BASE HEAD`` as asv prints it; the labels it marks worse (+, !)."""
+    done = common.run(*common.ASV, "compare", "--only-changed", "--factor", str(factor), "--machine", machine,
                       base, head, check=False, capture=True)
     out = done.stdout
     print(out + done.stderr, end="")
