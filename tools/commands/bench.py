@@ -169,7 +169,9 @@ def summary(machine, commits, tip, measured):
             time_worse = [(label, p.ratio) for label, p in paired.items() if p.worse(DEFAULT_FACTOR)]
         elif flagged:
             time_worse = [(label, head[label].value / base[label].value) for label in flagged]
-        print(f"summary, {tip[:8]} against {older[:8]}: work {len(work)} worse, time {len(time_worse)} worse"
+        counts = [w for w in work if w[2] == "work"]
+        print(f"summary, {tip[:8]} against {older[:8]}: work {len(counts)} worse, other values "
+              f"{len(work) - len(counts)} worse, time {len(time_worse)} worse"
               + (f" ({len(flagged)} flagged by asv compare, {'confirmed in pairs' if tip in measured else 'unpaired'})"
                  if flagged else ""))
         for label, ratio in [(label, ratio) for label, ratio, _ in work][:NAMED] + time_worse[:NAMED]:

@@ -108,7 +108,8 @@ def exact_regressions(base, head, count_factor=COUNT_FACTOR):
         limit = exact_factor(label, count_factor)
         if limit is None or method_of(label).startswith("time_") or not comparable(base, head, label):
             continue
-        ratio = head[label].value / base[label].value if base[label].value else math.inf
+        a, b = base[label].value, head[label].value
+        ratio = b / a if a else (1.0 if not b else math.inf)
         if ratio > limit:
             worse.append((label, ratio, "work" if method_of(label) in COUNT_BENCHMARKS else "value"))
     return worse
@@ -118,9 +119,11 @@ def asv_compare(base, head, machine, factor=UNPAIRED_FACTOR):
     """``asv compare --only-changed --factor F BASE HEAD`` as asv prints it; the labels it marks worse (+, !)."""
     done = common.run(*common.ASV, "compare", "--only-changed", "--factor", str(factor), "--machine", machine,
                       base, head, check=False, capture=True)
-    out = done.stdout
-    print(out + done.stderr, end="")
-    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in out.splitlines()]
+    answers = [line for line in done.stdout.splitlines() if method_of(line.rstrip(" |").split("|")[-1]) in ANSWERS]
+    print("\n".join(line for line in done.stdout.splitlines() if line not in answers) + done.stderr)
+    if answers:
+        print(f"({len(answers)} rows of the lab's answers left out: paired ratios and bandwidths, larger is better)")
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in done.stdout.splitlines()]
     return [cells[-1] for cells in rows if len(cells) >= 5 and cells[0] in ("+", "!")]
 
 
