@@ -243,5 +243,5 @@ def environments():
     from asv.environment import get_environments
 
     conf = Config.load(str(common.ROOT / "asv.conf.json"))
-    return [Env(env.name, str(Path(conf.env_dir) / env.dir_name / "bin" / "python"), dict(env.env_vars))
+    return [Env(env.name, str(common.ROOT / conf.env_dir / env.dir_name / "bin" / "python"), dict(env.env_vars))
             for env in get_environments(conf, None, verbose=False)]
