@@ -167,12 +167,11 @@ def summary(machine, commits, tip, measured):
             paired, _ = pair(next(iter(pairs.environments())), {"base": older, "head": tip}, flagged, base, head,
                              DEFAULT_FACTOR)
             time_worse = [(label, p.ratio) for label, p in paired.items() if p.worse(DEFAULT_FACTOR)]
-        elif flagged:
-            time_worse = [(label, head[label].value / base[label].value) for label in flagged]
         counts = [w for w in work if w[2] == "work"]
         print(f"summary, {tip[:8]} against {older[:8]}: work {len(counts)} worse, other values "
               f"{len(work) - len(counts)} worse, time {len(time_worse)} worse"
-              + (f" ({len(flagged)} flagged by asv compare, {'confirmed in pairs' if tip in measured else 'unpaired'})"
+              + (f" of {len(flagged)} asv compare flagged, timed again in pairs" if flagged and tip in measured else
+                 f" in pairs; asv compare flagged {len(flagged)}, measured in an earlier run: the gate pairs them"
                  if flagged else ""))
         for label, ratio in [(label, ratio) for label, ratio, _ in work][:NAMED] + time_worse[:NAMED]:
             print(f"      worse {ratio_text(ratio)}  {label}")
