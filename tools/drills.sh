@@ -42,7 +42,8 @@ esac
 base=$(git rev-parse HEAD)
 git checkout -q --detach "$base"  # the commit on no branch
 printf '%s' "$snippet" >> kv_attention/decode.py
-git -c user.name=drill -c user.email=drill@localhost commit -q --allow-empty -am "drill: $kind"
+git add kv_attention/decode.py  # the drill's change alone: other local changes stay in the working tree
+git -c user.name=drill -c user.email=drill@localhost commit -q --allow-empty -m "drill: $kind"
 head=$(git rev-parse HEAD)
 git checkout -q --detach "$base"
 echo "drill $kind: gate $base $head"
