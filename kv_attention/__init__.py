@@ -14,26 +14,19 @@ states exactly by log-sum-exp.
 
 Inputs are float32 or float64 arrays, and a computation runs in their
 ``np.result_type``. Bad input raises TypeError or ValueError naming the argument
-and the shapes, and changes nothing; each check sits in the module it guards, the
-shared primitives (sizes, dtypes, flags, arrays, the overflow guard) in ``_validation``.
-The attention functions take ``check_finite=True`` (as ``scipy.linalg`` does): with
-False, the checks that read every element (NaN/inf, the overflow bound) are skipped.
-A full cache raises :class:`CacheFullError`.
+and the shapes, before anything is written, so it changes nothing. The attention
+functions take ``check_finite=True``, as ``scipy.linalg`` does: the inputs are
+scanned for NaN/inf. A full cache raises :class:`CacheFullError`.
 """
 
 from .attention import attend, causal_attention, masked_attend
 from .cache import Cache, CacheFullError, DynamicCache, StaticCache, StaticCacheFullError
 from .capacity import MODEL_SHAPES, NAMED_ITEMSIZES, ModelShape, kv_cache_bytes
 from .chunked import chunked_attention
-from .decode import (
-    batched_cached_attention,
-    cached_attention,
-    cached_attention_preallocated,
-    decode_without_cache,
-    sequential_cached_attention,
-)
+from .decode import (batched_cached_attention, cached_attention, cached_attention_preallocated, decode_without_cache,
+                     sequential_cached_attention)
 from .heads import multi_head_attention, multi_head_decode
-from .paged import OutOfBlocksError, PagedKVCache
+from .paged import OutOfBlocksError, PagedKVCache, paged_attention
 from .problem import Problem, make_problem
 from .quantized import QuantizedCache, attend_quantized
 from .ragged import RAGGED_STRATEGIES, RaggedDecodeStats, ragged_decode, ragged_decode_steps
@@ -45,50 +38,20 @@ from .window import SlidingWindowCache
 __version__ = "0.1.0"
 
 __all__ = [
-    "causal_attention",
-    "attend",
-    "masked_attend",
-    "decode_without_cache",
-    "cached_attention",
-    "cached_attention_preallocated",
-    "sequential_cached_attention",
-    "batched_cached_attention",
-    "Cache",
-    "DynamicCache",
-    "StaticCache",
-    "CacheFullError",
-    "StaticCacheFullError",
-    "Problem",
-    "make_problem",
-    "STRATEGIES",
-    "EXPERIMENTS",
-    "get_strategy",
+    # one head: the reference, one step, the five decode strategies and their caches
+    "causal_attention", "attend", "masked_attend", "decode_without_cache", "cached_attention",
+    "cached_attention_preallocated", "sequential_cached_attention", "batched_cached_attention",
+    "Cache", "DynamicCache", "StaticCache", "CacheFullError", "StaticCacheFullError",
+    "Problem", "make_problem", "STRATEGIES", "EXPERIMENTS", "get_strategy",
     # multi-head, GQA and MQA; KV cache capacity
-    "multi_head_attention",
-    "multi_head_decode",
-    "kv_cache_bytes",
-    "ModelShape",
-    "MODEL_SHAPES",
-    "NAMED_ITEMSIZES",
-    # ragged batches and the paged KV cache
-    "PagedKVCache",
-    "OutOfBlocksError",
-    "ragged_decode",
-    "ragged_decode_steps",
-    "RaggedDecodeStats",
-    "RAGGED_STRATEGIES",
+    "multi_head_attention", "multi_head_decode", "kv_cache_bytes", "ModelShape", "MODEL_SHAPES", "NAMED_ITEMSIZES",
+    # ragged batches, the paged KV cache and paged attention
+    "PagedKVCache", "OutOfBlocksError", "paged_attention", "ragged_decode", "ragged_decode_steps",
+    "RaggedDecodeStats", "RAGGED_STRATEGIES",
     # attention states merged by log-sum-exp: split-KV (flash-decoding) and cascade attention
-    "attention_state",
-    "merge_attention_states",
-    "split_kv_attention",
-    "cascade_attention",
-    # chunked prefill, sliding windows and attention sinks
-    "chunked_attention",
-    "SlidingWindowCache",
-    "QuantizedCache", "attend_quantized",  # a quantized KV cache, and attention read from its codes
+    "attention_state", "merge_attention_states", "split_kv_attention", "cascade_attention",
+    # chunked prefill, sliding windows and attention sinks; a quantized KV cache
+    "chunked_attention", "SlidingWindowCache", "QuantizedCache", "attend_quantized",
     # serving: continuous batching, preemption and prefix caching over the paged cache
-    "Request",
-    "serve",
-    "ServeResult",
-    "ServeStats",
+    "Request", "serve", "ServeResult", "ServeStats",
 ]

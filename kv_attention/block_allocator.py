@@ -1,29 +1,17 @@
-"""The physical blocks of a paged pool: a free list and a refcount per block.
+"""The physical blocks of a paged pool: a LIFO free list and a refcount per block, as vLLM's block pool.
 
-Terms as in vLLM. A block is held by every block table that lists it; its
-refcount is the number of those tables. ``allocate`` takes blocks off the free
-list with refcount 1, ``share`` adds a holder (a fork, vLLM's
-``RefCounter.incr``), and ``free`` removes one. A block returns to the free list
-when its last holder lets go, exactly once. The allocator knows nothing of
-sequences: the map of sequence -> block table is the paged cache's
-(:class:`~kv_attention.paged.PagedKVCache`), as in vLLM, where the allocator
-(``vllm/core/block/naive_block.py``, ``vllm/v1/core/block_pool.py``) is a
-class of its own beside the block tables.
+A block's refcount is the number of block tables holding it: ``allocate`` takes
+free blocks at refcount 1, ``share`` adds a holder (a fork, vLLM's
+``RefCounter.incr``), ``free`` removes one, and a block returns to the free list
+when its last holder lets go. What matches vLLM (``vllm/core/block/naive_block.py``,
+``vllm/v1/core/block_pool.py``): the allocator is a class of its own beside the
+block tables, a freed block is the next one taken, invariants are ``assert``s and a
+double free is a ValueError ("Double free!"). What differs: the free list is a
+numpy stack rather than V1's doubly linked ``FreeKVCacheBlockQueue``.
 
-The free list is a LIFO stack in a numpy integer array, O(num_blocks) bytes
-rather than Python objects. It starts from block ``num_blocks - 1``, and a freed
-block is the next one taken, as in vLLM's ``NaiveBlockAllocator``.
-
-Invariants, after every call: every refcount is >= 0; a block is free (on the
-free list, once) exactly when its refcount is 0; free + held = num_blocks. They
-are ``assert``-ed where vLLM's ``RefCounter`` and block pool assert them: a
-refcount never goes below 0, a block taken or put back on the free list has
-refcount 0, and the free list never holds more than num_blocks blocks.
-
-Errors: TypeError for a block id that is not an integer; ValueError for one out
-of range, listed twice in one call, or not held (a free of a free block, vLLM's
-"Double free!"; a share of a free block); :class:`OutOfBlocksError` for
-allocating more blocks than are free. A call that raises changes nothing.
+Errors: TypeError for a block id that is not an integer; ValueError for one out of
+range, repeated in one call, or not held; :class:`OutOfBlocksError` for more blocks
+than are free. A call that raises changes nothing.
 """
 
 import numpy as np
@@ -33,11 +21,7 @@ from .cache import CacheFullError
 
 
 class OutOfBlocksError(CacheFullError, RuntimeError):
-    """The pool has fewer free blocks than an update needs; the cache was left unchanged.
-
-    A RuntimeError, as it always was, and a :class:`~kv_attention.cache.CacheFullError`,
-    as a full StaticCache's error is.
-    """
+    """The pool has fewer free blocks than an update needs; the cache was left unchanged."""
 
 
 def index_dtype(num_blocks):
@@ -53,11 +37,6 @@ class BlockAllocator:
         self._free = np.arange(num_blocks, dtype=index_dtype(num_blocks))  # a stack: _free[:_num_free], top taken first
         self._num_free = num_blocks
         self._ref_counts = np.zeros(num_blocks, dtype=np.int32)
-
-    @staticmethod
-    def nbytes_for(num_blocks):
-        """Bytes of bookkeeping for ``num_blocks`` blocks: the free list and the refcounts (int)."""
-        return num_blocks * (index_dtype(num_blocks).itemsize + 4)
 
     @property
     def num_blocks(self):
@@ -93,12 +72,8 @@ class BlockAllocator:
         self._ref_counts[blocks] += 1
 
     def free(self, blocks):
-        """Remove one holder from each of ``blocks`` (distinct, each held); return those it left with none.
-
-        Blocks reaching refcount 0 go back to the free list in reverse order, so
-        that ``blocks[0]`` is taken first: a sequence freed and re-made gets its
-        blocks back in the same order.
-        """
+        """Remove one holder from each of ``blocks``; return those left with none, back on the free list
+        in reverse, so a sequence freed and re-made gets its blocks back in the same order."""
         blocks = self._check_held(blocks, "free")
         self._ref_counts[blocks] -= 1
         assert (self._ref_counts[blocks] >= 0).all(), f"a refcount went below 0: {blocks}"
@@ -115,10 +90,7 @@ class BlockAllocator:
         return int(block)
 
     def _check_held(self, blocks, action, cached=()):
-        """``blocks`` as a list of distinct ints in range, each held (refcount >= 1) or in ``cached``.
-
-        ``action`` (``"free"``, ``"share"``, ``"cache"``) names the call in the message.
-        """
+        """``blocks`` as a list of distinct ints in range, each held (refcount >= 1) or in ``cached``."""
         blocks = [self._check_block_id(block) for block in blocks]
         if len(set(blocks)) != len(blocks):
             raise ValueError(f"blocks repeat a block: {blocks}")

@@ -1,46 +1,29 @@
 """Chunked prefill: a sequence attended to ``chunk_size`` positions at a time onto one K/V cache.
 
-Servers prefill a prompt in chunks onto the cache that decode then continues
-from (vLLM's chunked prefill, bounded by ``max_num_batched_tokens``; Agrawal et
-al. 2023, "SARATHI"). Each chunk projects its C positions, hands their keys and
-values to the cache, and its queries attend to the keys the cache returns under
-the mask of :func:`~kv_attention.attention.band_mask` taken at *absolute*
-positions: query i of a chunk after L cached positions is position L + i, so
-the causal diagonal is offset by L (FlashAttention aligns its causal mask to the
-bottom-right corner for the same reason; a square mask there is the bug of
-meta-llama/llama#899). ``chunk_size=1`` is decode, ``chunk_size >= T`` a one-shot
-prefill, and every chunk size gives :func:`~kv_attention.attention.causal_attention`
-with the same ``window`` and ``n_sink``, position by position.
-
-Inputs: ``x: [T, D_model]`` or ``[B, T, D_model]``, ``w_q, w_k: [D_model, D_k]``,
-``w_v: [D_model, D_v]``, float32 or float64; the output ``[..., T, D_v]`` is in
-``np.result_type`` of the inputs. For a chunk of C positions:
+Each chunk projects its C positions, hands their keys and values to the cache, and
+its queries attend to the keys the cache returns under
+:func:`~kv_attention.attention.band_mask` at absolute positions: query i of a chunk
+after L cached positions is position L + i, the causal diagonal offset by L (as
+FlashAttention aligns its causal mask bottom-right). Every ``chunk_size`` gives
+:func:`~kv_attention.attention.causal_attention` with the same ``window`` and
+``n_sink``. What matches vLLM's chunked prefill (Agrawal et al. 2023, "SARATHI"): a
+prompt computed in chunks onto the cache decode continues from. What differs: vLLM
+sizes chunks by a step's token budget shared with other requests (see ``scheduler``);
+here one sequence is cut into equal chunks. For a chunk of C positions:
     x_c   [..., C, D_model]     q_c     [..., C, D_k]
-    k     [..., S, D_k]         scores  [..., C, S]     (S: the keys the cache returns, held and new)
+    k     [..., S, D_k]         scores  [..., C, S]     (S: the keys the cache returns)
     v     [..., S, D_v]         out_c   [..., C, D_v]
-``cache``: by default a new :class:`~kv_attention.window.SlidingWindowCache` when
-``window`` is given (memory O(window) whatever T), else a StaticCache of T
-positions. A given cache (StaticCache, DynamicCache, SlidingWindowCache) must fit
-x's leading axes, D_k, D_v and the dtype, and continues from the positions in it:
-a prefill of 7 positions, then a chunk of 9, is one 16-position pass. A
-SlidingWindowCache must keep the call's ``window`` and ``n_sink``; a cache of
-every position serves any window (the mask drops the keys outside it).
-
-Bad input raises before anything is computed: TypeError for an input that is
-not a float32/float64 array, a ``chunk_size``, ``window`` or ``n_sink`` that is not
-an integer, a non-cache or a cache of another dtype; ValueError for
-``chunk_size < 1``, ``window < 1``, ``n_sink < 0``, shapes that do not fit (named in
-the message), NaN/inf in x or the weights, a cache that does not fit, is too
-short or keeps another window or sink count, or scores that overflow. A failed
-call leaves a given cache exactly as it was. ``check_finite`` (keyword, default
-True) is ``decode``'s: False skips the checks that read every element.
+``cache``: default a :class:`~kv_attention.window.SlidingWindowCache` when ``window`` is
+given, else a StaticCache of T positions; a given cache continues from its positions.
+Bad input raises TypeError or ValueError, named, before anything is written;
+``check_finite`` (default True) scans x and the weights for NaN/inf.
 """
 
 import numpy as np
 
-from ._validation import as_flag, as_size, check_finite_output
-from .attention import attend, band_mask, check_window, scaled_scores, softmax
-from .cache import StaticCache, rolled_back_on_error
+from ._validation import as_size
+from .attention import band_mask, check_window, scaled_scores, softmax
+from .cache import StaticCache
 from .decode import check_decode_inputs
 from .window import SlidingWindowCache
 
@@ -53,31 +36,27 @@ def _blocked(start, stop, k_positions, window, n_sink):
 
 def _attend_chunk(q, k, v, blocked):
     """``q: [..., C, D_k]`` over ``k: [..., S, D_k]``, ``v: [..., S, D_v]``, no weight where ``blocked: [C, S]``."""
-    if blocked is None:
-        return attend(q, k, v, check_finite=False)  # [..., C, D_v]
     scores = scaled_scores(q, k)  # [..., C, S]
-    scores[..., blocked] = -np.inf  # a query always attends its own position, so no row is all -inf
+    if blocked is not None:
+        scores[..., blocked] = -np.inf  # a query always attends its own position, so no row is all -inf
     return softmax(scores) @ v  # [..., C, D_v]
 
 
-def _prefill(x, w_q, w_k, w_v, chunk_size, window, n_sink, cache, check_finite):
+def _prefill(x, w_q, w_k, w_v, chunk_size, window, n_sink, cache):
     """The chunk loop over validated ``x: [..., T, D_model]`` through ``cache``."""
     out = np.empty(x.shape[:-1] + (w_v.shape[1],), dtype=np.result_type(x, w_v))  # [..., T, D_v]
     # A decode step through a cache of the call's window (None: every position) gets exactly the keys it attends to.
     exact_steps = cache.window == window
-    with rolled_back_on_error(cache), np.errstate(over="ignore", invalid="ignore"):
-        for begin in range(0, x.shape[-2], chunk_size):
-            x_c = x[..., begin : begin + chunk_size, :]  # [..., C, D_model]
-            start = cache.get_seq_length()
-            stop = start + x_c.shape[-2]
-            if exact_steps and stop - start == 1:
-                blocked = None
-            else:
-                blocked = _blocked(start, stop, cache.key_positions(stop - start), window, n_sink)  # [C, S] or None
-            k, v = cache.update(x_c @ w_k, x_c @ w_v)  # [..., S, D_k], [..., S, D_v]
-            out[..., begin : begin + x_c.shape[-2], :] = _attend_chunk(x_c @ w_q, k, v, blocked)  # [..., C, D_v]
-        if check_finite:
-            check_finite_output(out)
+    for begin in range(0, x.shape[-2], chunk_size):
+        x_c = x[..., begin : begin + chunk_size, :]  # [..., C, D_model]
+        start = cache.get_seq_length()
+        stop = start + x_c.shape[-2]
+        if exact_steps and stop - start == 1:
+            blocked = None
+        else:
+            blocked = _blocked(start, stop, cache.key_positions(stop - start), window, n_sink)  # [C, S] or None
+        k, v = cache.update(x_c @ w_k, x_c @ w_v)  # [..., S, D_k], [..., S, D_v]
+        out[..., begin : begin + x_c.shape[-2], :] = _attend_chunk(x_c @ w_q, k, v, blocked)  # [..., C, D_v]
     return out
 
 
@@ -90,7 +69,6 @@ def chunked_attention(x, w_q, w_k, w_v, *, chunk_size, window=None, n_sink=0, ca
     """
     chunk_size = as_size("chunk_size", chunk_size, minimum=1)
     window, n_sink = check_window(window, n_sink)
-    check_finite = as_flag("check_finite", check_finite)
     x, w_q, w_k, w_v, dtype, cache = check_decode_inputs(x, w_q, w_k, w_v, (2, 3), cache, check_finite,
                                                          window=window, n_sink=n_sink)
     lead, d_k, d_v = x.shape[:-2], w_k.shape[1], w_v.shape[1]
@@ -99,4 +77,4 @@ def chunked_attention(x, w_q, w_k, w_v, *, chunk_size, window=None, n_sink=0, ca
             cache = StaticCache(lead, x.shape[-2], d_k, d_v, dtype)
         else:
             cache = SlidingWindowCache(lead, window, d_k, d_v, n_sink, dtype)
-    return _prefill(x, w_q, w_k, w_v, chunk_size, window, n_sink, cache, check_finite)
+    return _prefill(x, w_q, w_k, w_v, chunk_size, window, n_sink, cache)

@@ -1,63 +1,47 @@
-"""A paged K/V cache: fixed-size blocks from a shared pool, one block table per sequence.
+"""A paged K/V cache: fixed-size blocks from a shared pool, one block table per sequence, and paged attention.
 
-Method: PagedAttention (Kwon et al. 2023, "Efficient Memory Management for Large
-Language Model Serving with PagedAttention", the vLLM paper). Terms as in vLLM:
+PagedAttention (Kwon et al. 2023, the vLLM paper), in vLLM's terms: ``block_size``
+tokens per block, ``num_blocks`` in the pool, a ``block_table`` per sequence
+(logical block j -> physical block), a ``slot_mapping`` per new token
+(``physical_block * block_size + offset``), a refcount per block. The allocator
+(:mod:`~kv_attention.block_allocator`) keeps the free list and the refcounts; this
+class the map of sequence -> block table. :meth:`PagedKVCache.fork` shares the
+parent's blocks, and the first write into a shared last block copies it
+(copy-on-write); with ``enable_prefix_caching`` full blocks are cached under a
+chained hash (:mod:`~kv_attention.prefix_caching`).
 
-    block_size    tokens per block
-    num_blocks    physical blocks in the shared pool
-    block_table   per sequence: logical block j -> physical block number
-    slot_mapping  per new token: its slot, physical_block * block_size + offset
-    free list     physical blocks not in any block table
-    refcount      per block: the block tables holding it (forks share blocks)
+:func:`paged_attention` reads the pool through each sequence's block table, one
+logical block at a time for all N sequences together, and folds each block's
+attention state into a running one by the exact log-sum-exp merge of
+:mod:`~kv_attention.split` (an online softmax). What matches vLLM's kernels
+(``csrc/attention/attention_kernels.cuh``) and FlashInfer's paged decode: keys and
+values are read block by block through the block table, never gathered into a
+copy. What differs: vLLM's v1 kernel keeps a whole sequence's logits in shared
+memory for one softmax, and its v2 kernel merges partitions of 512 tokens by their
+max logit and exp-sum, where this merges every block; and a block here is one NumPy
+op over N sequences, not a thread block per sequence and head.
 
-Axis letters: N sequences in one call, S gathered key positions, D feature
-width (D_k, D_v), T_new new positions per sequence.
-
-Sharing. :meth:`PagedKVCache.fork` gives a child sequence the parent's blocks,
-each block's refcount up by one; only the last, partial block can be written
-again, and the first write into it while it is shared copies it first
-(copy-on-write, vLLM's ``CopyOnWriteTracker``). With ``enable_prefix_caching``,
-full blocks are also cached under a chained hash of their tokens (see
-:mod:`~kv_attention.prefix_caching`), and a new sequence starts from the longest
-cached prefix of its token ids. The free list and the refcounts are the
-allocator's (:mod:`~kv_attention.block_allocator`); this class keeps the map of
-sequence -> block table.
-
-Errors: TypeError for a sequence id that is not hashable, ``seq_ids`` that are
-not an ordered sequence (list, tuple, array, range), k and v not both float32 or
-both float64 or float64 into a float32 pool, token ids that are not integers, a
-size that is not an integer, a dtype other than float32/float64 (None included)
-or an ``enable_prefix_caching`` other than True/False; ValueError for a sequence
-not in the cache (or, for ``add_sequence`` and a fork's child, already in it),
-``seq_ids`` that repeat one, shapes that do not fit (named in the message),
-NaN/inf, a negative token id, a size below its minimum, or a pool larger than memory
-(with the bytes it needs); :class:`OutOfBlocksError` when an update needs more
-blocks than are free. On any error the pool, the free list, the refcounts and
-every block table are unchanged. :meth:`PagedKVCache.rolled_back_on_error` extends
-that to a block of calls (a ragged decode on a caller's cache).
-
-Invariants: each block table lists only blocks its sequence holds (asserted as
-they are added); the allocator asserts its own (:mod:`~kv_attention.block_allocator`).
+Errors: TypeError or ValueError naming the argument (ids, shapes, dtypes, token ids,
+sizes, NaN/inf), :class:`OutOfBlocksError` when an update needs more blocks than are
+free. Every check, the count of free blocks included, runs before anything is
+written, so a call that raises changes nothing.
 """
 
-import copy
 import math
 
 import numpy as np
 
-from ._memory import check_memory, named_allocation_failure
-from ._validation import as_flag, as_float_array, as_float_dtype, as_size
+from ._validation import as_array, as_flag, as_float_array, as_float_dtype, as_size
 from .block_allocator import BlockAllocator, OutOfBlocksError
 from .prefix_caching import PrefixCachingAllocator, hash_block_tokens
+from .split import _merge, _state
 
 
 def as_id_list(seq_ids):
     """``seq_ids`` as a list; TypeError unless it is an ordered sequence (list, tuple, array, range)."""
     if not isinstance(seq_ids, (list, tuple, np.ndarray, range)):
-        raise TypeError(
-            f"seq_ids must be a list, tuple or array of sequence ids (ordered: row i is seq_ids[i]), "
-            f"got {type(seq_ids).__name__} {seq_ids!r}"
-        )
+        raise TypeError(f"seq_ids must be a list, tuple or array of sequence ids (ordered: row i is seq_ids[i]), "
+                        f"got {type(seq_ids).__name__} {seq_ids!r}")
     return list(seq_ids)
 
 
@@ -78,11 +62,9 @@ def _as_integer_array(name, values):
         raise TypeError(f"{name} must be integers, got dtype {array.dtype}")
     if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
         raise ValueError(f"{name} holds an id beyond int64: {array.max()}")
-    negative = np.argwhere(array < 0)
-    if negative.size:
-        j = tuple(negative[0].tolist())
-        index = ", ".join(map(str, j))
-        raise ValueError(f"{name}[{index}] = {array[j]} is negative: token ids are integers >= 0")
+    if (array < 0).any():
+        j = tuple(np.argwhere(array < 0)[0].tolist())
+        raise ValueError(f"{name}[{', '.join(map(str, j))}] = {array[j]} is negative: token ids are integers >= 0")
     return array.astype(np.int64)
 
 
@@ -100,33 +82,15 @@ def _as_update_token_ids(token_ids, n_seqs, t_new):
         return None
     array = _as_integer_array("token_ids", token_ids)
     if array.shape != (n_seqs, t_new):
-        raise ValueError(
-            f"token_ids must be [N, T_new] = [{n_seqs}, {t_new}], one per new position, got shape {array.shape}"
-        )
+        raise ValueError(f"token_ids must be [N, T_new] = [{n_seqs}, {t_new}], one per new position, got shape {array.shape}")
     return array
 
 
-def _pool_description(num_blocks, block_size, k_dim, v_dim, dtype):
-    return f"a pool of num_blocks={num_blocks} blocks of block_size={block_size}, k_dim={k_dim}, v_dim={v_dim} in {dtype}"
-
-
 class PagedKVCache:
-    """K/V of many sequences in one pool of fixed-size blocks, taken from a free list as they grow.
+    """K/V of many sequences in pools ``k_cache: [num_blocks, block_size, D_k]``, ``v_cache: [..., D_v]``.
 
-    A sequence holds whole blocks: ``ceil(length / block_size)`` of them, listed
-    in its block table, plus any reserved ahead by :meth:`allocate_slots`. Blocks
-    are taken when a sequence's last block is full and returned to the free list
-    by :meth:`free` once no sequence holds them; a freed block is the next one
-    taken (a LIFO free list starting from block ``num_blocks - 1``, as vLLM's
-    original ``UncachedBlockAllocator``). Tokens never move once written, except
-    that a write into a shared partial block first copies it.
-
-    ``num_blocks >= 0``, ``block_size`` and ``k_dim`` (D_k) >= 1, ``v_dim`` (D_v) >= 0
-    (the library's rule: every width may be 0 but D_k);
-    the pools are ``k_cache: [num_blocks, block_size, D_k]`` and ``v_cache:
-    [num_blocks, block_size, D_v]``, float32 or float64 (default float64).
-    ``enable_prefix_caching`` (default False) keeps full blocks cached by the
-    hash of their tokens; the token ids come with :meth:`update`.
+    A sequence holds ``ceil(length / block_size)`` blocks, plus any reserved by
+    :meth:`allocate_slots`; tokens never move once written.
     """
 
     def __init__(self, num_blocks, block_size, k_dim, v_dim, dtype=np.float64, *, enable_prefix_caching=False):
@@ -135,20 +99,14 @@ class PagedKVCache:
         block_size = as_size("block_size", block_size, minimum=1)
         dtype = as_float_dtype(dtype)
         enable_prefix_caching = as_flag("enable_prefix_caching", enable_prefix_caching)
-        what = _pool_description(num_blocks, block_size, k_dim, v_dim, dtype)
-        nbytes = num_blocks * block_size * (k_dim + v_dim) * dtype.itemsize + BlockAllocator.nbytes_for(num_blocks)
-        check_memory(nbytes, what)
-        allocator = PrefixCachingAllocator if enable_prefix_caching else BlockAllocator
-        with named_allocation_failure(nbytes, what):
-            self.k_cache = np.zeros((num_blocks, block_size, k_dim), dtype)
-            self.v_cache = np.zeros((num_blocks, block_size, v_dim), dtype)
-            self.allocator = allocator(num_blocks)
+        self.k_cache = np.zeros((num_blocks, block_size, k_dim), dtype)  # [num_blocks, block_size, D_k]
+        self.v_cache = np.zeros((num_blocks, block_size, v_dim), dtype)  # [num_blocks, block_size, D_v]
+        self.allocator = (PrefixCachingAllocator if enable_prefix_caching else BlockAllocator)(num_blocks)
         self._block_tables = {}  # seq_id -> [physical block, ...]
         self._lengths = {}  # seq_id -> tokens stored
         self._block_hashes = {}  # prefix caching: seq_id -> hashes of its full blocks, or None once a write had no ids
         self._partial_tokens = {}  # prefix caching: seq_id -> token ids in its last, partial block
         self._peak_blocks = 0
-        self._journal = None  # inside rolled_back_on_error: block -> its (k, v) before its first write there
 
     def __repr__(self):
         return (f"PagedKVCache(num_blocks={self.num_blocks}, block_size={self.block_size}, "
@@ -176,14 +134,10 @@ class PagedKVCache:
         return tuple(self._block_tables)
 
     def add_sequence(self, seq_id, token_ids=None):
-        """Start sequence ``seq_id`` (any hashable); it takes no new block until written.
+        """Start sequence ``seq_id`` (any hashable); returns the tokens it starts with.
 
-        With prefix caching and ``token_ids`` (the sequence's first tokens), it
-        starts holding the cached blocks of the longest run of full blocks of
-        ``token_ids`` found in the cache (a hit): returns the tokens so held, a
-        multiple of block_size, from which the next :meth:`update` continues.
-        Else returns 0. A caller that must compute a token's output passes the
-        tokens before it only (a fully cached prompt still computes its last token).
+        With prefix caching and ``token_ids``, it holds the longest run of cached full
+        blocks of ``token_ids`` (a hit) and returns their tokens; else 0.
         """
         self._check_new(seq_id)
         token_ids = None if token_ids is None else as_token_ids("token_ids", token_ids)
@@ -201,13 +155,7 @@ class PagedKVCache:
         return tuple(self._cached_prefix(as_token_ids("token_ids", token_ids))[0])
 
     def fork(self, parent_id, child_id):
-        """Start ``child_id`` as a copy of ``parent_id`` that shares its blocks (each refcount + 1); no copy now.
-
-        The child holds the parent's written blocks only (not blocks the parent
-        reserved ahead). Either may then grow on its own: the first write of
-        either into the shared last partial block copies that block for the
-        writer (copy-on-write); full blocks stay shared until both are freed.
-        """
+        """Start ``child_id`` sharing ``parent_id``'s written blocks (each refcount + 1); copy-on-write after."""
         self._check_known([parent_id])
         self._check_new(child_id)
         blocks = self._block_tables[parent_id][: self._blocks_for(self._lengths[parent_id])]
@@ -220,11 +168,7 @@ class PagedKVCache:
             self._partial_tokens[child_id] = list(self._partial_tokens[parent_id])
 
     def free(self, seq_id):
-        """Remove sequence ``seq_id``; each of its blocks returns to the free list once no sequence holds it.
-
-        Their contents stay; with prefix caching, a cached block stays findable
-        by its hash until it is evicted.
-        """
+        """Remove ``seq_id``; a block no sequence holds goes back to the free list (a cached one stays findable)."""
         self._check_known([seq_id])
         self.allocator.free(self._block_tables.pop(seq_id))
         del self._lengths[seq_id]
@@ -252,12 +196,9 @@ class PagedKVCache:
         return self.allocator.ref_count(block)
 
     def allocate_slots(self, seq_id, num_tokens):
-        """Make ``seq_id`` hold blocks for ``num_tokens`` more tokens now, so that writing them takes none.
+        """Reserve blocks for ``num_tokens`` more tokens of ``seq_id`` (vLLM's ``allocate_slots``); returns how many.
 
-        Takes the blocks (and copies a shared last block) that an update of
-        ``num_tokens`` positions would; returns how many blocks it took. All or
-        nothing: :class:`OutOfBlocksError` if fewer are free. vLLM's
-        ``allocate_slots``: a scheduler reserves a prompt's blocks when it admits it.
+        All or nothing: :class:`OutOfBlocksError` if fewer are free.
         """
         self._check_known([seq_id])
         num_tokens = as_size("num_tokens", num_tokens)
@@ -269,17 +210,11 @@ class PagedKVCache:
         return needed
 
     def update(self, seq_ids, k, v, token_ids=None):
-        """Append ``k: [N, T_new, D_k]``, ``v: [N, T_new, D_v]`` to the N distinct sequences ``seq_ids``.
+        """Append ``k: [N, T_new, D_k]``, ``v: [N, T_new, D_v]``, row i to sequence ``seq_ids[i]``; return slot_mapping.
 
-        Row i goes to ``seq_ids[i]``, taking blocks as needed (and copying a
-        shared last partial block before writing into it); the blocks needed are
-        counted before any is taken, so either every sequence gets its positions
-        or nothing changes. ``token_ids: [N, T_new]`` integers name the new
-        tokens; with prefix caching, each block they fill is cached under its
-        chained hash (a write of T_new >= 1 without them ends caching for those
-        sequences: their later blocks are not cached). T_new = 0 changes nothing.
-        Returns slot_mapping, ``[N, T_new]`` int64: the pool slot each new
-        position was written to, ``physical_block * block_size + offset``.
+        ``token_ids: [N, T_new]`` name the new tokens; with prefix caching each block they
+        fill is cached (a write without them ends caching for those sequences).
+        slot_mapping ``[N, T_new]`` int64 is the slot each new position was written to.
         """
         seq_ids = as_id_list(seq_ids)
         self._check_known(seq_ids)
@@ -294,8 +229,6 @@ class PagedKVCache:
         for seq_id in seq_ids:
             self._make_room(seq_id, t_new)
         slot_mapping = self._slot_mapping(seq_ids, t_new)  # [N, T_new]
-        if self._journal is not None:
-            self._keep(np.unique(slot_mapping // self.block_size).tolist())
         slots, new = self.num_blocks * self.block_size, slot_mapping.size  # explicit: reshape(-1, 0) is ambiguous
         self.k_cache.reshape(slots, k.shape[-1])[slot_mapping.ravel()] = k.reshape(new, k.shape[-1])
         self.v_cache.reshape(slots, v.shape[-1])[slot_mapping.ravel()] = v.reshape(new, v.shape[-1])
@@ -307,14 +240,10 @@ class PagedKVCache:
         return slot_mapping
 
     def gather(self, seq_ids):
-        """Keys and values of the N sequences ``seq_ids``, each read through its own block table only.
+        """Copies ``(k [N, S, D_k], v [N, S, D_v], lengths [N])`` of the sequences ``seq_ids``, for inspection.
 
-        Returns ``(k, v, lengths)``: copies ``k: [N, S, D_k]``, ``v: [N, S, D_v]`` and
-        ``lengths: [N]`` int64, with S = the most written blocks any of them
-        holds × block_size. Row i holds the tokens of ``seq_ids[i]`` at positions
-        ``< lengths[i]``, bit for bit as written; past that, the unwritten slots
-        of its own last block, then that block repeated (zeros for a sequence with
-        no written block): mask them.
+        Row i holds ``seq_ids[i]``'s tokens at positions ``< lengths[i]``; past that, slots of
+        its own last block (mask them). The decode never gathers: see :func:`paged_attention`.
         """
         seq_ids = as_id_list(seq_ids)
         lengths = self.get_seq_lengths(seq_ids)  # checks every id
@@ -368,11 +297,7 @@ class PagedKVCache:
 
     @property
     def internal_fragmentation(self):
-        """Allocated token slots that hold no token, slots_allocated - slots_used (int).
-
-        At most block_size - 1 per sequence, in its last block, plus the blocks
-        reserved ahead by :meth:`allocate_slots`.
-        """
+        """Allocated token slots that hold no token, slots_allocated - slots_used (int)."""
         return self.slots_allocated - self.slots_used
 
     @property
@@ -380,25 +305,6 @@ class PagedKVCache:
         """Logical size of the stored keys and values, in bytes (int); not the pool's size."""
         per_slot = (self.k_cache.nbytes + self.v_cache.nbytes) // max(self.num_blocks * self.block_size, 1)
         return per_slot * self.slots_used
-
-    def rolled_back_on_error(self):
-        """Context manager: on any error in the block, the cache is put back exactly as it was; the error propagates.
-
-        The pool, the free list, the refcounts, every block table, the prefix
-        cache's hashes and ``peak_blocks`` are put back. It copies only what the
-        block could change: the bookkeeping (integers, a few bytes per block) on
-        entry, and each block's keys and values before the block's first write
-        in it, so a failed decode in a large pool copies the blocks it wrote,
-        not the pool. "Any error" includes the GeneratorExit of a generator closed
-        inside the block (a ragged decode abandoned midway).
-        """
-        return _RolledBack(self)
-
-    def _keep(self, blocks):
-        """Inside :meth:`rolled_back_on_error`: keep the contents of each of ``blocks`` before its first write."""
-        for block in blocks:
-            if block not in self._journal:
-                self._journal[block] = self.k_cache[block].copy(), self.v_cache[block].copy()
 
     def _check_new(self, seq_id):
         """Raise unless ``seq_id`` is hashable and not in the cache."""
@@ -419,26 +325,19 @@ class PagedKVCache:
         expected_k = (n_seqs, k.shape[1] if k.ndim == 3 else "T_new", self.k_cache.shape[-1])
         expected_v = (n_seqs, expected_k[1], self.v_cache.shape[-1])
         if k.shape != expected_k or v.shape != expected_v:
-            raise ValueError(
-                f"k and v must be [N, T_new, D_k] and [N, T_new, D_v] for N={n_seqs} seq_ids, "
-                f"D_k={expected_k[2]}, D_v={expected_v[2]}: got k {k.shape}, v {v.shape}"
-            )
+            raise ValueError(f"k and v must be [N, T_new, D_k] and [N, T_new, D_v] for N={n_seqs} seq_ids, "
+                             f"D_k={expected_k[2]}, D_v={expected_v[2]}: got k {k.shape}, v {v.shape}")
         if v.dtype != k.dtype or not np.can_cast(k.dtype, self.k_cache.dtype, casting="safe"):
-            raise TypeError(
-                f"k and v must both be float32 or both float64 and fit the pool's {self.k_cache.dtype}: "
-                f"got {k.dtype} and {v.dtype}"
-            )
+            raise TypeError(f"k and v must both be float32 or both float64 and fit the pool's {self.k_cache.dtype}: "
+                            f"got {k.dtype} and {v.dtype}")
         return k, v
 
     def _blocks_for(self, length):
         return math.ceil(length / self.block_size)
 
     def _blocks_needed(self, seq_ids, t_new):
-        """Blocks that writing ``t_new`` more positions of each of ``seq_ids`` takes: new ones, and copies.
-
-        A shared last partial block is copied for each of its holders that
-        writes, except the last of them when all of its holders write.
-        """
+        """Blocks that writing ``t_new`` more positions of each of ``seq_ids`` takes: new ones, and
+        copies of a shared last block (for each writer but the last, when all its holders write)."""
         if t_new == 0:
             return 0
         size, new, writers = self.block_size, 0, {}
@@ -456,8 +355,6 @@ class PagedKVCache:
         if t_new and length % self.block_size and self.allocator.ref_count(table[length // self.block_size]) > 1:
             j = length // self.block_size
             (fresh,) = self.allocator.allocate(1)
-            if self._journal is not None:
-                self._keep([fresh])
             self.k_cache[fresh], self.v_cache[fresh] = self.k_cache[table[j]], self.v_cache[table[j]]
             self.allocator.free([table[j]])  # the other holders keep it
             table[j] = fresh
@@ -467,10 +364,8 @@ class PagedKVCache:
             assert all(self.allocator.ref_count(b) == 1 for b in table[-new:]), "a new block table entry is not held"
 
     def _out_of_blocks(self, n_seqs, needed):
-        return OutOfBlocksError(
-            f"out of blocks: {n_seqs} sequence(s) need {needed} new block(s) of "
-            f"block_size={self.block_size}, {self.num_free_blocks} of num_blocks={self.num_blocks} free"
-        )
+        return OutOfBlocksError(f"out of blocks: {n_seqs} sequence(s) need {needed} new block(s) of "
+                                f"block_size={self.block_size}, {self.num_free_blocks} of num_blocks={self.num_blocks} free")
 
     def _note_peak(self):
         self._peak_blocks = max(self._peak_blocks, self.blocks_in_use)
@@ -512,29 +407,32 @@ class PagedKVCache:
         return np.array(slots, dtype=np.int64).reshape(len(seq_ids), t_new)
 
 
-class _RolledBack:
-    """The context manager of :meth:`PagedKVCache.rolled_back_on_error`.
+def paged_attention(q, cache, seq_ids):
+    """Attention of ``q: [N, T_q, D_k]`` (row i of sequence ``seq_ids[i]``) over each sequence's keys in the pool.
 
-    A class, as ``cache.rolled_back_on_error`` is: a generator-based one would execute more Python lines.
+    Reads ``cache``'s pool block by block through the block tables (the module's
+    method), so no step copies a sequence's whole K/V. Returns ``[N, T_q, D_v]``,
+    equal up to rounding to :func:`~kv_attention.attention.attend` over each
+    sequence's stored keys; a sequence with none gives zeros.
     """
-
-    def __init__(self, cache):
-        self.cache = cache
-
-    def __enter__(self):
-        cache = self.cache
-        state = (cache.allocator, cache._block_tables, cache._lengths, cache._block_hashes, cache._partial_tokens)
-        self.saved, self.outer, cache._journal = (copy.deepcopy(state), cache._peak_blocks), cache._journal, {}
-        return cache
-
-    def __exit__(self, error_type, error, traceback):
-        cache, journal = self.cache, self.cache._journal
-        cache._journal = self.outer
-        if self.outer is not None:  # nested: the outer block must be able to undo this one's writes too
-            for block, kept in journal.items():
-                self.outer.setdefault(block, kept)
-        if error_type is not None:
-            state, cache._peak_blocks = self.saved
-            cache.allocator, cache._block_tables, cache._lengths, cache._block_hashes, cache._partial_tokens = state
-            for block, (k, v) in journal.items():
-                cache.k_cache[block], cache.v_cache[block] = k, v
+    lengths = cache.get_seq_lengths(seq_ids)  # [N]; checks every id
+    q = as_array("q", q)
+    if q.ndim != 3 or q.shape[0] != len(lengths) or q.shape[2] != cache.k_cache.shape[-1]:
+        raise ValueError(f"q must be [N={len(lengths)}, T_q, D_k={cache.k_cache.shape[-1]}], got shape {q.shape}")
+    size = cache.block_size
+    n_blocks = -(-lengths // size)  # [N], written blocks per sequence
+    width = int(n_blocks.max(initial=0))
+    tables = np.zeros((len(lengths), width), dtype=np.int64)  # [N, blocks]: past its own, a row repeats its last block
+    for i, (seq_id, n) in enumerate(zip(seq_ids, n_blocks.tolist())):
+        if n:
+            tables[i, :n], tables[i, n:] = cache._block_tables[seq_id][:n], cache._block_tables[seq_id][n - 1]
+    out = np.zeros(q.shape[:-1] + cache.v_cache.shape[-1:], np.result_type(q, cache.v_cache))  # [N, T_q, D_v]
+    lse = np.full(q.shape[:-1], -np.inf, out.dtype)  # [N, T_q]: the state of no keys
+    offsets = np.arange(size)
+    for j in range(width):
+        blocks = tables[:, j]  # [N]
+        valid = j * size + offsets < lengths[:, None]  # [N, block_size]
+        valid = None if valid.all() else valid
+        state = _state(q, cache.k_cache[blocks], cache.v_cache[blocks], valid)  # one block: [N, T_q, D_v], [N, T_q]
+        out, lse = _merge((out, state[0]), (lse, state[1]))
+    return out

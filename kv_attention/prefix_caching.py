@@ -1,30 +1,20 @@
 """Automatic prefix caching: full blocks named by a chained hash, kept after use until evicted, LRU first.
 
-A full block is named by :func:`hash_block_tokens` of its parent block's hash
-and its own token ids, so a hash names the whole prefix up to the block's end,
-not just the block: two sequences share a cached block only when every token
-before it is the same too. Only full blocks are cached (a partial block is still
-written); a block table is append-only, so a cached block is never written again.
+A full block is named by :func:`hash_block_tokens` of its parent block's hash and its
+own token ids, so two sequences share a cached block only when every token before it
+is the same too. When the last holder of a cached block frees it, the block keeps
+its contents and hash, refcount 0, on an evictable list; a later sequence whose prefix
+hashes the same takes it back. A new block comes from the plain free list first, then
+by evicting the least recently freed cached block, its hash dropped with it.
 
-:class:`PrefixCachingAllocator` is the :class:`~kv_attention.block_allocator.BlockAllocator`
-with a map of hash -> block. When the last holder of a cached block frees it,
-the block keeps its contents and its hash and waits, refcount 0, on an
-evictable list. A later sequence whose prefix hashes the same takes it back
-(``share``), and a new block is taken from the plain free list first and only
-then by evicting the least recently freed cached block, whose hash is dropped
-with it (a stale hash surviving a block's reuse would hand out another
-prefix's K/V). Among the blocks of one free, the last block of the sequence is
-evicted first, so a shared prefix outlives its tails.
-
-Sources: vLLM's automatic prefix caching. ``vllm/v1/core/kv_cache_utils.py``
-(``hash_block_tokens``, ``FreeKVCacheBlockQueue``) and ``block_pool.py``
-(``cache_full_blocks``, ``touch``, ``_maybe_evict_cached_block``), and the V0
-``PrefixCachingBlockAllocator`` (``vllm/core/block/prefix_caching_block.py``),
-which takes hashless free blocks before evicting (``LRUEvictor``). The hash is
-sha256, vLLM's collision-safe choice (``--prefix-caching-hash-algo sha256``).
-
-Errors as in :mod:`~kv_attention.block_allocator`; a share may also take back
-a cached block of refcount 0.
+What matches vLLM (``vllm/v1/core/kv_cache_utils.py``: ``hash_block_tokens``;
+``vllm/v1/core/block_pool.py``: ``cache_full_blocks``, ``touch``,
+``_maybe_evict_cached_block``): the chained hash (sha256, vLLM's
+``--prefix-caching-hash-algo sha256``), full blocks only, the tail of a freed sequence
+evicted first. What differs: V1 keeps one
+``FreeKVCacheBlockQueue`` of free and cached blocks and evicts a cached block as it
+reaches it; here hashless free blocks are taken before any cached one, as V0's
+``PrefixCachingBlockAllocator`` (``vllm/core/block/prefix_caching_block.py``) did.
 """
 
 import hashlib

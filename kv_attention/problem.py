@@ -1,16 +1,13 @@
 """A seeded decode problem: inputs, projection weights and a token embedding table, for users and tests.
 
-A size or seed below its minimum, or sizes whose arrays memory cannot hold (the
-bytes named), raise ValueError; a size or seed that is not an integer, or a dtype
-other than float32/float64 (None included), raises TypeError.
+A size or seed below its minimum raises ValueError; a size or seed that is not an
+integer, or a dtype other than float32/float64 (None included), raises TypeError.
 """
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from ._memory import check_memory, named_allocation_failure
 from ._validation import as_float_dtype, as_size
 
 
@@ -74,16 +71,7 @@ def make_problem(seq_len, batch_size=None, *, d_model=64, d_k=64, d_v=64, seed=4
     if vocab_size is not None:
         vocab_size = as_size("vocab_size", vocab_size, minimum=1)
     x_shape = (seq_len, d_model) if batch_size is None else (batch_size, seq_len, d_model)
-    nbytes, what = _check_problem_size(x_shape, d_model, d_k, d_v, vocab_size, dtype)
-    with named_allocation_failure(nbytes, what):
-        return _draw(np.random.default_rng(seed), x_shape, d_model, d_k, d_v, vocab_size, dtype)
-
-
-def _check_problem_size(x_shape, d_model, d_k, d_v, vocab_size, dtype):
-    """``(bytes, text)`` of the problem's arrays, each drawn in float64 and then cast; ValueError beyond memory."""
-    elements = math.prod(x_shape) + d_model * (2 * d_k + d_v) + (vocab_size or 0) * d_model
-    what = f"a problem of x {list(x_shape)}, d_k={d_k}, d_v={d_v}, vocab_size={vocab_size} in {dtype}"
-    return check_memory(elements * (8 + dtype.itemsize), what), what
+    return _draw(np.random.default_rng(seed), x_shape, d_model, d_k, d_v, vocab_size, dtype)
 
 
 def _draw(rng, x_shape, d_model, d_k, d_v, vocab_size, dtype):

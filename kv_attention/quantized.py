@@ -1,66 +1,29 @@
 """A quantized K/V cache: integer groups of 2, 4 or 8 bits or float8, an exact residual, and attention from the codes.
 
-The cache holds ``[*batch_shape, T, D]`` keys and values (``D`` = ``k_dim`` for
-keys, ``v_dim`` for values) as Hugging Face's ``QuantizedCache`` and KIVI (Liu et
-al. 2024) do, with a contract a test can hold each position to:
+Keys and values ``[*batch_shape, T, D]`` are held as Hugging Face's ``QuantizedCache``
+and KIVI (Liu et al. 2024) hold them, to a contract a test can hold each position to:
 
-*Groups* (``key_axis``, ``value_axis``, KIVI's default: keys per channel, values per token):
-    ``"channel"``: each channel of each block of ``group_size`` (G) consecutive
-    positions ``[j·G, (j+1)·G)`` is one group of G elements.
-    ``"token"``: each position's channels, in runs of G (the last run may be
-    shorter), are groups.
-*Rounding* (integer codes, asymmetric min-max per group, in the cache's dtype):
-    ``scale = (max - min) / (2**nbits - 1)``, ``zero = min``,
-    ``code = clip(round((x - min) / scale), 0, 2**nbits - 1)`` (round half to even),
-    ``x̂ = code · scale + zero``; a constant group (scale 0) has code 0 and is held exactly.
-    Hence ``|x̂ - x| <= scale / 2`` for every element, up to a few ULPs of the group's max |x|,
-    where the scale is a normal number of the dtype (a group spanning less than about
-    ``(2**nbits - 1)·tiny`` has a subnormal scale and only the dtype's absolute spacing there).
-*Range*: every held value has ``|x| <= max / 4`` of the dtype (4.5e307 in float64), so that
-    ``max - min`` of a group and ``code · scale + zero`` cannot overflow; ``update`` refuses a
-    larger one (ValueError), as it refuses NaN/inf, in the call that brings it.
-*Float8* (``nbits=8``, ``format="float8_e4m3fn"`` or ``"float8_e5m2"``, the OCP formats of ml_dtypes):
-    one scale per group, ``scale = max|x| / F`` (F the format's max: 448, 57344),
-    ``x̂ = fp8(x / scale) · scale`` (round to nearest even; 0 for a group of zeros). Hence
-    ``|x̂ - x| <= (ε/2)·|x| + scale·σ/2``, up to a few ULPs of |x|, with ε the format's
-    relative spacing (``finfo.eps``: 2**-3 for e4m3fn, 2**-2 for e5m2) and σ its smallest
-    subnormal (2**-9, 2**-16): the relative bound, and an absolute floor below the normal range.
-*Residual*: positions enter a full-precision residual and are held there
-    exactly. Whenever it holds more than ``residual_length`` (R) positions, its
-    oldest G positions are quantized, repeatedly. Each position is quantized once,
-    from its exact value, and never re-quantized (Hugging Face's cache re-quantizes
-    dequantized values whenever its residual fills). So after T positions, however
-    they arrived (one update of T, T updates of 1, any chunking), the first
-    ``num_quantized = G · ceil(max(0, T - R) / G)`` are quantized and the state is the same.
-    ``residual_length >= group_size`` is required.
-*Codes packed*: 8-bit codes (and float8) take one byte, 4-bit two per byte, 2-bit
-    four per byte, packed along each position's channels. With Q = ``num_quantized``,
-    T the length, b = ``nbits``, s the dtype's itemsize, per sequence of the batch:
-        codes     Q · (ceil(D_k·b/8) + ceil(D_v·b/8)) bytes
-        scales    s per group: Q/G · D for a ``"channel"`` tensor, Q · ceil(D/G) for ``"token"``
-        zeros     as many as scales (integer codes only; float8 has none)
-        residual  (T - Q) · (D_k + D_v) · s
-    and ``nbytes`` is their sum times ``prod(batch_shape)``.
-*Crop*: ``crop(length)`` keeps the first ``length`` positions exactly as they were
-    held (``update`` then returns a prefix of what it returned before); quantized
-    positions are never re-quantized, so a crop to a length in ``[num_quantized, T]`` cuts
-    the residual and one to a multiple of G below it drops whole blocks (the residual
-    goes). A length inside a quantized block would cut groups and is refused. After a crop
-    the state need not equal that of a cache given only the kept tokens: it may hold more
-    positions quantized (``num_quantized`` stays a multiple of G, and updates go on by the rule).
+*Groups*: ``"channel"`` (KIVI's keys): each channel of each block of ``group_size`` (G)
+    positions; ``"token"`` (KIVI's values): each position's channels in runs of G.
+*Rounding* (integer codes, asymmetric min-max per group): ``scale = (max - min) / (2**nbits - 1)``,
+    ``zero = min``, ``code = clip(round((x - min) / scale))``, ``x̂ = code · scale + zero``, so
+    ``|x̂ - x| <= scale / 2`` up to a few ULPs; ``|x| <= max / 4`` of the dtype, so no step
+    overflows (``update`` refuses more, as it refuses NaN/inf).
+*Float8* (``nbits=8``, ``format="float8_e4m3fn"`` or ``"float8_e5m2"``): ``scale = max|x| / F``
+    (F: 448, 57344), ``x̂ = fp8(x / scale) · scale``, round to nearest even.
+*Residual*: positions enter an exact residual; whenever it holds more than
+    ``residual_length`` (R >= G), its oldest G are quantized, once, from their exact
+    values. What differs from Hugging Face's cache: it re-quantizes dequantized values
+    whenever its residual fills; here the state after T positions is the same however
+    they arrived, with ``num_quantized = G · ceil(max(0, T - R) / G)``.
+*Codes packed* along each position's channels (8 bits one per byte, 4 bits two, 2 bits four);
+    ``nbytes`` counts codes, scales, zeros (integer codes only) and the residual.
+*Crop* keeps positions as held: to a length in ``[num_quantized, T]``, or a multiple of G below.
 
-``update(k, v)`` returns the dequantized ``K̂: [*batch_shape, T, D_k]``, ``V̂: [*batch_shape,
-T, D_v]`` (new arrays), so every decode that takes a cache (``cached_attention``, the
-batched strategies, ``multi_head_decode`` with ``batch_shape (B, H_kv)``,
-``chunked_attention``) attends exactly over K̂/V̂. :func:`attend_quantized` reads scores
-from the codes instead (``q·k̂ = Σ_c (q_c·scale_c)·code_c + Σ_c q_c·zero_c`` per group), without forming K̂ or V̂.
-
-Bad input raises and leaves the cache unchanged: TypeError for a size that is not an
-integer, a dtype other than float32/float64, k/v that are not float arrays or that the
-cache's dtype cannot hold without loss; ValueError for ``nbits`` other than 2/4/8, a float8
-format with ``nbits != 8``, an unknown format or axis, a size of 0, ``residual_length <
-group_size``, NaN/inf in k/v, shapes that do not fit (named), values whose max - min
-overflows the dtype, or a crop length that cuts a quantized block.
+``update(k, v)`` returns the dequantized ``K̂``, ``V̂`` (new arrays), so every decode that
+takes a cache attends over them; :func:`attend_quantized` reads the scores from the codes
+instead, without forming K̂ or V̂. Bad input raises TypeError or ValueError naming it, and
+leaves the cache unchanged.
 """
 
 import math
@@ -68,9 +31,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from ._validation import (
-    NonFiniteError, _as_array, as_flag, as_float_array, as_float_dtype, as_size, check_choice, check_finite_output,
-)
+from ._validation import as_array, as_flag, as_float_array, as_float_dtype, as_size, check_choice
 from .attention import softmax
 from .cache import Cache, as_batch_shape, check_crop
 
@@ -81,11 +42,9 @@ FORMATS = {"float8_e4m3fn": (4, 3, 127), "float8_e5m2": (5, 2, 124)}
 
 
 def float8_values(name):
-    """The finite values >= 0 of float8 format ``name``, ``[n]`` float64, increasing: code i (bits 0..6) is value i.
+    """The finite values >= 0 of float8 format ``name``, ``[n]`` float64: code i (bits 0..6) is value i.
 
-    Written from the OCP format (sign, E exponent bits of bias 2**(E-1) - 1, M mantissa
-    bits; subnormals at exponent 0), without inf and NaN. Sign bit 7 negates. The library
-    needs no ml_dtypes (the tests compare with its formats).
+    From the OCP format itself (the library needs no ml_dtypes; the tests compare with it).
     """
     exponent_bits, mantissa_bits, finite = FORMATS[name]
     bias = 2 ** (exponent_bits - 1) - 1
@@ -159,7 +118,7 @@ class _Quantizer:
         with np.errstate(over="ignore"):
             scale = (hi - lo) / levels
         if not np.isfinite(scale).all():
-            raise NonFiniteError(f"k or v too large to quantize in {self.dtype}: max - min of a group overflows (or is NaN)")
+            raise ValueError(f"k or v too large to quantize in {self.dtype}: max - min of a group overflows (or is NaN)")
         with np.errstate(divide="ignore", invalid="ignore"):
             ratio = (xg - lo[..., None]) / scale[..., None]
         codes = np.where(scale[..., None] > 0, np.clip(np.rint(ratio), 0, levels), 0).astype(np.uint8)
@@ -199,15 +158,9 @@ def _concat(old, new):
 
 
 class QuantizedCache(Cache):
-    """A K/V cache of ``[*batch_shape, T, k_dim]`` keys and ``[*batch_shape, T, v_dim]`` values held quantized.
+    """``[*batch_shape, T, k_dim]`` keys and ``[*batch_shape, T, v_dim]`` values held quantized (the module's contract).
 
-    The contract (groups, rounding, float8, residual, packing, crop) is the module's.
-    ``batch_shape``: e.g. ``()``, ``(B,)`` or ``(B, H_kv)``; ``k_dim``, ``v_dim``, ``group_size``
-    and ``residual_length`` are integers >= 1, ``residual_length >= group_size``;
-    ``nbits`` 2, 4 or 8; ``key_axis``, ``value_axis`` ``"channel"`` or ``"token"``;
-    ``format`` None (integer codes) or a float8 format (``nbits=8``); ``dtype`` float32
-    or float64 (scales, zeros, the residual and what ``update`` returns). Unbounded, as a
-    DynamicCache: each update allocates new arrays.
+    ``nbits`` 2, 4 or 8; ``format`` None or a float8 format; ``dtype`` that of scales, zeros and the residual.
     """
 
     def __init__(self, batch_shape, k_dim, v_dim, *, nbits=4, group_size=32, residual_length=32,
@@ -218,9 +171,7 @@ class QuantizedCache(Cache):
         residual_length = as_size("residual_length", residual_length, minimum=1)
         if residual_length < group_size:
             raise ValueError(f"residual_length must be >= group_size, got {residual_length} < {group_size}")
-        if isinstance(nbits, bool) or not isinstance(nbits, (int, np.integer)):
-            raise TypeError(f"nbits must be an integer, 2, 4 or 8, got {nbits!r}")
-        nbits = int(nbits)
+        nbits = as_size("nbits", nbits)
         if nbits not in (2, 4, 8):
             raise ValueError(f"nbits must be 2, 4 or 8, got {nbits}")
         if format is not None:
@@ -258,7 +209,7 @@ class QuantizedCache(Cache):
         if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
             raise TypeError(f"k and v must be numpy arrays, got {type(k).__name__}, {type(v).__name__}")
         check_finite = as_flag("check_finite", check_finite)
-        read = as_float_array if check_finite else _as_array
+        read = as_float_array if check_finite else as_array
         k, v = read("k", k), read("v", v)
         if k.dtype != v.dtype:
             raise TypeError(f"k and v must both be float32 or both float64, got {k.dtype} and {v.dtype}")
@@ -268,15 +219,13 @@ class QuantizedCache(Cache):
         expected_k, expected_v = self.batch_shape + (t_new, self.k_dim), self.batch_shape + (t_new, self.v_dim)
         if k.shape != expected_k or v.shape != expected_v:
             lead = ", ".join(map(str, self.batch_shape + ("T_new",)))
-            raise ValueError(
-                f"k {k.shape} and v {v.shape} do not fit the cache: they must be [{lead}, {self.k_dim}] "
-                f"and [{lead}, {self.v_dim}]"
-            )
+            raise ValueError(f"k {k.shape} and v {v.shape} do not fit the cache: they must be [{lead}, {self.k_dim}] "
+                             f"and [{lead}, {self.v_dim}]")
         if check_finite:
             limit = float(np.finfo(self.dtype).max) / 4
             for name, array in (("k", k), ("v", v)):
                 if array.size and float(np.abs(array).max()) > limit:
-                    raise NonFiniteError(f"{name} holds |x| = {float(np.abs(array).max()):.3g}, beyond max / 4 = "
+                    raise ValueError(f"{name} holds |x| = {float(np.abs(array).max()):.3g}, beyond max / 4 = "
                                      f"{limit:.3g} of {self.dtype} that a quantized cache holds (the module's Range)")
         return k.astype(self.dtype, copy=False), v.astype(self.dtype, copy=False)
 
@@ -297,12 +246,9 @@ class QuantizedCache(Cache):
         self._parts = tuple(parts)
 
     def update(self, k, v, *, check_finite=True):
-        """Store ``k: [*batch_shape, T_new, k_dim]``, ``v: [*batch_shape, T_new, v_dim]``; return ``(K̂, V̂)`` so far.
+        """Store ``k: [*batch_shape, T_new, k_dim]``, ``v: [..., v_dim]``; return ``(K̂, V̂)`` so far (new arrays).
 
-        ``K̂: [*batch_shape, T, k_dim]``, ``V̂: [*batch_shape, T, v_dim]`` in the cache's dtype, new arrays.
-        ``check_finite=False`` skips the scan for NaN/inf and the range (the caller vouches for
-        them: a NaN then spoils its whole group; with integer codes a quantized group holding one
-        is refused as too large, with float8 it is stored).
+        ``check_finite=False`` skips the scan for NaN/inf and the range.
         """
         self.store(k, v, check_finite=check_finite)
         return self.dequantize()
@@ -332,19 +278,13 @@ class QuantizedCache(Cache):
         return self._parts[0].codes.shape[-2]
 
     def crop(self, length):
-        """Keep the first ``length`` positions as they are held (the module's *Crop*).
-
-        ``length`` in ``[num_quantized, T]``, or a multiple of group_size below
-        num_quantized; ValueError for a length inside a quantized block.
-        """
+        """Keep the first ``length`` positions as held (the module's *Crop*); ValueError inside a quantized block."""
         length = check_crop(length, self.get_seq_length())
         held, g = self.num_quantized, self.group_size
         if length < held and length % g:
-            raise ValueError(
-                f"crop length {length} cuts a quantized block of group_size={g}: positions 0..{held - 1} are "
-                f"quantized in blocks of {g}; crop to a length in [{held}, {self.get_seq_length()}] or to a "
-                f"multiple of {g}"
-            )
+            raise ValueError(f"crop length {length} cuts a quantized block of group_size={g}: positions 0..{held - 1} are "
+                             f"quantized in blocks of {g}; crop to a length in [{held}, {self.get_seq_length()}] or to a "
+                             f"multiple of {g}")
         parts = []
         for part, quantizer in zip(self._parts, self._quantizers):
             if length >= held:
@@ -356,23 +296,6 @@ class QuantizedCache(Cache):
                                part.residual[..., :0, :].copy()))
         self._parts = tuple(parts)
 
-    def snapshot(self):
-        """The state, for ``rolled_back_on_error``: its arrays are replaced, never written, so references suffice.
-
-        (The base's default, a crop back to the length, cannot undo a block quantized since.)
-        """
-        return self._parts
-
-    def restore(self, snapshot):
-        """Put back a :meth:`snapshot` of this cache; TypeError for anything else (the cache is then unchanged)."""
-        fits = (isinstance(snapshot, tuple) and len(snapshot) == 2
-                and all(isinstance(part, _Part) and part.residual.dtype == self.dtype
-                        and part.residual.shape[:-2] == self.batch_shape and part.residual.shape[-1] == q.dim
-                        for part, q in zip(snapshot, self._quantizers)))
-        if not fits:
-            raise TypeError(f"restore takes a snapshot() of this cache, got {type(snapshot).__name__}")
-        self._parts = snapshot
-
     @property
     def nbytes(self):
         """Bytes held: codes, scales, zeros and the residual (the module's formula; int)."""
@@ -382,18 +305,10 @@ class QuantizedCache(Cache):
 def attend_quantized(q, cache, *, check_finite=True):
     """``softmax(q K̂ᵀ / sqrt(D_k)) V̂`` over every position of ``cache``, read from its codes.
 
-    ``q: [*batch_shape, C, k_dim]`` in the cache's dtype -> ``[*batch_shape, C, v_dim]``.
-    Keys per channel: block j's scores are ``(q · scale_j) @ codes_jᵀ + q @ zero_jᵀ``, one
-    batched matmul of scaled queries against the codes; values per token: group g's output
-    is ``(p · scale_g) @ codes_g + p @ zero_g``; the residual is attended as it is. K̂ and V̂
-    are never formed (the codes are unpacked, as the dtype, by one lookup in a 256-entry table of a byte's codes).
-    Equal to ``attend(q, *cache.dequantize())`` up to rounding. Needs a cache of keys per
-    channel and values per token (KIVI's layout; ValueError otherwise) holding >= 1 position;
-    TypeError for a q that is not an array of the cache's dtype, ValueError for its shape.
-    No mask: every held position is attended to (a decode step's query is the last position).
-    ``check_finite`` (default True): refuse NaN/inf in q, and an output that overflowed
-    (the sums over the codes can overflow where ``q·k̂`` does not), with a ValueError; False
-    skips both scans.
+    ``q: [*batch_shape, C, k_dim]`` in the cache's dtype -> ``[*batch_shape, C, v_dim]``. Keys per
+    channel: block j's scores are ``(q · scale_j) @ codes_jᵀ + q @ zero_jᵀ``; values per token:
+    group g's output is ``(p · scale_g) @ codes_g + p @ zero_g``. Equal to ``attend(q,
+    *cache.dequantize())`` up to rounding. Needs KIVI's layout and >= 1 position (ValueError).
     """
     if not isinstance(cache, QuantizedCache):
         raise TypeError(f"cache must be a QuantizedCache, got {type(cache).__name__}")
@@ -405,7 +320,7 @@ def attend_quantized(q, cache, *, check_finite=True):
     check_finite = as_flag("check_finite", check_finite)
     if not isinstance(q, np.ndarray):
         raise TypeError(f"q must be a numpy array, got {type(q).__name__}")
-    q = (as_float_array if check_finite else _as_array)("q", q)
+    q = (as_float_array if check_finite else as_array)("q", q)
     if q.dtype != cache.dtype:
         raise TypeError(f"q is {q.dtype} but the cache holds {cache.dtype}")
     if q.ndim < 2 or q.shape[:-2] != cache.batch_shape or q.shape[-1] != cache.k_dim:
@@ -414,14 +329,10 @@ def attend_quantized(q, cache, *, check_finite=True):
     if q.size == 0:  # C = 0 or a batch axis of 0: empty, as attend gives
         return np.zeros(q.shape[:-1] + (cache.v_dim,), cache.dtype)
     (k_quantizer, v_quantizer), (k_part, v_part) = cache._quantizers, cache._parts
-    with np.errstate(over="ignore", invalid="ignore"):  # an overflow shows in the output, checked below
-        scores = np.concatenate([_key_scores(q, k_quantizer, k_part), q @ k_part.residual.swapaxes(-1, -2)], axis=-1)
-        p = softmax(scores * (1.0 / math.sqrt(cache.k_dim)))  # [..., C, T]
-        held = cache.num_quantized
-        out = _value_output(p[..., :held], v_quantizer, v_part) + p[..., held:] @ v_part.residual  # [..., C, D_v]
-    if check_finite:
-        check_finite_output(out)
-    return out
+    scores = np.concatenate([_key_scores(q, k_quantizer, k_part), q @ k_part.residual.swapaxes(-1, -2)], axis=-1)
+    p = softmax(scores * (1.0 / math.sqrt(cache.k_dim)))  # [..., C, T]
+    held = cache.num_quantized
+    return _value_output(p[..., :held], v_quantizer, v_part) + p[..., held:] @ v_part.residual  # [..., C, D_v]
 
 
 def _key_scores(q, quantizer, part):

@@ -1,89 +1,41 @@
 """Ragged batches: sequences of different lengths that join and leave the batch at different steps.
 
-Sequence i (i = 0..B-1) has T_i tokens and joins at decode step
-``start_steps[i]``; at step s it is in the batch when
-``start_steps[i] <= s < start_steps[i] + T_i`` and decodes its position
-``s - start_steps[i]``. Every sequence grows from its own length: no row ever
-writes at a position taken from another row.
-
-Strategies (the ``strategy=`` of :func:`ragged_decode`):
-    padded     every step computes all B rows over a contiguous cache
-               ``[B, T_max, D]``; rows not in the batch, and key positions past
-               a row's length, are masked out (static shapes, as a GPU kernel
-               with a fixed batch would run).
-    compacted  only the rows in the batch are computed: a finished sequence
-               leaves and the batch shrinks (dynamic exit). Its cache is
-               contiguous, ``[B, T_max, D]`` with the rows in use first; when
-               sequences leave, each survivor in a row past the new end is
-               copied into a leaver's row: up to T_max positions of K and of V
-               moved per exit (its stored positions only).
+Sequence i has T_i tokens and joins at decode step ``start_steps[i]``; at step s it
+is in the batch when ``start_steps[i] <= s < start_steps[i] + T_i`` and decodes its
+position ``s - start_steps[i]``. Strategies (``strategy=``):
+    padded     all B rows every step over a contiguous ``[B, T_max, D]`` cache, rows
+               out of the batch and keys past a row's length masked (static shapes).
+    compacted  only the rows in the batch (dynamic exit); when sequences leave, each
+               survivor past the new end is copied into a leaver's row.
     paged      compacted, with K/V in a :class:`~kv_attention.paged.PagedKVCache`:
-               leaving frees blocks, and no token is ever moved. The cache is
-               the caller's when given (``cache=``), to inspect afterwards: it
-               holds sequences 0..B-1 while they are in the batch. A decode
-               that fails at a step (OutOfBlocksError, overflow), or a
-               :func:`ragged_decode_steps` iterator closed before its end
-               (``close()``, or dropped), puts the caller's cache back as it
-               was before its first step: the sequences it added are gone, and
-               its pool, free list, refcounts and peak_blocks are as before.
+               leaving frees blocks, no token moves, and each step attends block by
+               block through the block tables (:func:`~kv_attention.paged.paged_attention`).
+               A caller's ``cache`` holds sequences 0..B-1 while they are in the batch;
+               the blocks the schedule needs at its peak are counted before the first
+               step, so a pool too small raises OutOfBlocksError and changes nothing.
 
-Axis letters: B sequences, N rows computed at a step, S key positions, D feature width.
 Inputs: ``x``, a list of B arrays ``[T_i, D_model]`` or a padded ``[B, T_max, D_model]``
-(only ``x[b, :T_b]`` is read; the padding may hold anything), and ``w_q, w_k:
-[D_model, D_k]``, ``w_v: [D_model, D_v]``, float32 or float64; outputs are in
-``np.result_type`` of the inputs.
-
-Errors, checked before the first step: TypeError for an x that is neither a list
-nor an ndarray, an input that is not a float32/float64 array, or a length or start
-step that is not an integer, a ``return_stats`` other than True/False, or a
-``cache`` that is not a PagedKVCache or holds another dtype; ValueError for an unknown strategy, shapes that do not fit (named
-in the message), lengths or start_steps of the wrong count or out of range,
-NaN/inf, scores that overflow, a ``block_size`` < 1 or ``num_blocks`` < 0, either
-of them with a strategy other than paged (they size the pool only paged has),
-or a ``cache`` that does not fit (its D_k, D_v or block_size, a sequence id 0..B-1
-it already holds, ``num_blocks`` given beside it, or a strategy other than paged).
-OutOfBlocksError comes from the step at which the pool is too small for the
-sequences in the batch.
-
-Method: masked attention as in Vaswani et al. 2017; continuous batching as in
-Orca (Yu et al. 2022); the paged cache as PagedAttention in vLLM (Kwon et al. 2023).
+(only ``x[b, :T_b]`` is read), ``w_q, w_k: [D_model, D_k]``, ``w_v: [D_model, D_v]``.
+Bad input raises TypeError or ValueError naming the argument before the first step.
+Continuous batching as in Orca (Yu et al. 2022).
 """
 
-import contextlib
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import (
-    as_float_array,
-    as_flag,
-    as_size,
-    as_sizes_per_sequence,
-    check_choice,
-    check_finite_output,
-)
+from ._validation import as_flag, as_float_array, as_size, as_sizes_per_sequence, check_choice
 from .attention import check_projection_inputs, masked_attend
-from .paged import PagedKVCache
+from .paged import OutOfBlocksError, PagedKVCache, paged_attention
 
 RAGGED_STRATEGIES = ("padded", "compacted", "paged")
 
 
 @dataclass(frozen=True)
 class RaggedDecodeStats:
-    """What a ragged decode computed and reserved; counts, not timings.
-
-    Attributes:
-        strategy: the strategy's name.
-        steps: decode steps run (steps with at least one sequence in the batch).
-        row_steps: query rows computed, summed over the steps (padded: B per step;
-            compacted and paged: the sequences in the batch, i.e. sum of T_i in all).
-        peak_reserved_slots: K/V token slots (positions, each holding one key and
-            one value) reserved at the peak: B × T_max for padded and compacted,
-            peak blocks × block_size for paged.
-        moved_slots: token positions copied inside the cache by compaction (compacted only).
-        peak_blocks: the most blocks in use at once (paged only, else None).
-    """
+    """What a ragged decode computed and reserved: steps run, query rows computed (``row_steps``), token slots
+    reserved at the peak (B × T_max, or peak blocks × block_size), positions moved by compaction, peak blocks."""
 
     strategy: str
     steps: int
@@ -123,10 +75,6 @@ class _ContiguousCache:
         self.v_cache = np.zeros((n_seqs, t_max, problem.weights[2].shape[1]), problem.dtype)  # [B, T_max, D_v]
         self.lengths = np.zeros(n_seqs, dtype=np.int64)  # positions stored per row
         self.reserved_slots, self.moved_slots, self.peak_blocks = n_seqs * t_max, 0, None
-
-    def rolled_back(self):
-        """Nothing to roll back: the cache is the decode's own."""
-        return contextlib.nullcontext()
 
 
 class _PaddedBatch(_ContiguousCache):
@@ -205,11 +153,11 @@ class _PagedBatch:
                 num_blocks = sum(math.ceil(int(n) / block_size) for n in problem.lengths)
             w_k, w_v = problem.weights[1:]
             cache = PagedKVCache(num_blocks, block_size, w_k.shape[1], w_v.shape[1], problem.dtype)
-        self.callers, self.cache, self.seqs, self.moved_slots = cache is not None, cache, [], 0
-
-    def rolled_back(self):
-        """For a caller's cache: on an error or GeneratorExit in the block, the cache put back as it was."""
-        return self.cache.rolled_back_on_error() if self.callers else contextlib.nullcontext()
+        needed = _peak_blocks(problem, cache.block_size)
+        if needed > cache.num_free_blocks:  # before the first step: a refused decode changes nothing
+            raise OutOfBlocksError(f"out of blocks: the decode needs {needed} blocks at its peak, "
+                                   f"{cache.num_free_blocks} of num_blocks={cache.num_blocks} are free")
+        self.cache, self.seqs, self.moved_slots = cache, [], 0
 
     def join(self, seq):
         self.cache.add_sequence(seq)
@@ -225,10 +173,7 @@ class _PagedBatch:
         positions = self.cache.get_seq_lengths(self.seqs)  # [N]
         q, k, v = problem.project(seqs, positions)
         self.cache.update(self.seqs, k, v)
-        k_seq, v_seq, lengths = self.cache.gather(self.seqs)  # [N, S, D_k], [N, S, D_v], [N]
-        span = int(lengths.max())
-        valid = np.arange(span) < lengths[:, None]  # [N, S]
-        out = masked_attend(q, k_seq[:, :span], v_seq[:, :span], valid, check_finite=False)  # [N, 1, D_v]
+        out = paged_attention(q, self.cache, self.seqs)  # [N, 1, D_v], block by block
         return seqs, positions, out[:, 0], len(seqs)
 
     @property
@@ -240,6 +185,16 @@ class _PagedBatch:
         return self.cache.peak_blocks * self.cache.block_size
 
 
+def _peak_blocks(problem, block_size):
+    """The most blocks the schedule holds at once: blocks only grow between leaves, so just before one."""
+    starts, ends = problem.start_steps, problem.start_steps + problem.lengths
+    peak = 0
+    for t in np.unique(ends[problem.lengths > 0]).tolist():  # step t - 1, sequence i has t - start_i positions
+        held = (starts < t) & (t <= ends)
+        peak = max(peak, int((-(-(t - starts[held]) // block_size)).sum()))
+    return peak
+
+
 _BATCHES = {"padded": _PaddedBatch, "compacted": _CompactedBatch, "paged": _PagedBatch}
 
 
@@ -247,12 +202,7 @@ _BATCHES = {"padded": _PaddedBatch, "compacted": _CompactedBatch, "paged": _Page
 
 
 def check_paged_cache_fits(cache, strategy, n_seqs, d_k, d_v, dtype, block_size, num_blocks):
-    """Raise unless a caller's ``cache`` is a PagedKVCache a ragged decode of ``n_seqs`` sequences can use.
-
-    It must be for ``strategy="paged"``, hold ``dtype`` with widths D_k and D_v,
-    match ``block_size`` when one is given, come without ``num_blocks`` (the
-    pool is the cache's) and not hold the decode's sequence ids 0..n_seqs-1.
-    """
+    """Raise unless a caller's ``cache`` fits a paged decode of ``n_seqs`` sequences (ids 0..n_seqs-1 free)."""
     if not isinstance(cache, PagedKVCache):
         raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
     if strategy != "paged":
@@ -263,10 +213,8 @@ def check_paged_cache_fits(cache, strategy, n_seqs, d_k, d_v, dtype, block_size,
         raise ValueError(f"block_size={block_size} does not fit the cache's block_size={cache.block_size}")
     widths = (cache.k_cache.shape[-1], cache.v_cache.shape[-1])
     if widths != (d_k, d_v):
-        raise ValueError(
-            f"cache does not fit the weights: k_cache {cache.k_cache.shape} and v_cache {cache.v_cache.shape} "
-            f"need D_k={d_k}, D_v={d_v}"
-        )
+        raise ValueError(f"cache does not fit the weights: k_cache {cache.k_cache.shape} and v_cache {cache.v_cache.shape} "
+                         f"need D_k={d_k}, D_v={d_v}")
     if cache.k_cache.dtype != dtype:
         raise TypeError(f"cache holds {cache.k_cache.dtype} but the computation is {dtype}")
     held = set(cache.seq_ids)
@@ -301,12 +249,7 @@ def _as_sequences(x, lengths):
 
 
 def check_ragged_inputs(x, w_q, w_k, w_v, lengths, start_steps):
-    """Validate a ragged decode's inputs.
-
-    Returns ``(seqs, padded, (w_q, w_k, w_v), dtype, start_steps)``: the
-    sequences as ``[T_i, D_model]`` arrays, whether ``x`` came padded, the weights
-    in ``dtype`` and ``start_steps`` as ``[B]`` int64.
-    """
+    """Validate a ragged decode's inputs: ``(seqs, padded, (w_q, w_k, w_v), dtype, start_steps)``."""
     seqs, padded = _as_sequences(x, lengths)
     d_model = seqs[0].shape[1] if seqs else (np.shape(w_q)[:1] or (0,))[0]
     for i, seq in enumerate(seqs):
@@ -341,15 +284,8 @@ def _steps(batch, problem):
 
     Sequence i joins at step start_steps[i] and leaves at start_steps[i] + T_i
     (leaving first, so a joiner can reuse what a leaver freed); a sequence with
-    T_i = 0 never joins. Steps with no sequence in the batch are skipped. An error
-    or a close before the end rolls a caller's paged cache back (the module's contract).
+    T_i = 0 never joins. Steps with no sequence in the batch are skipped.
     """
-    with batch.rolled_back():
-        yield from _schedule(batch, problem)
-
-
-def _schedule(batch, problem):
-    """:func:`_steps` without the rollback."""
     joins, leaves = {}, {}
     for seq in np.flatnonzero(problem.lengths > 0).tolist():
         start = int(problem.start_steps[seq])
@@ -366,9 +302,7 @@ def _schedule(batch, problem):
             batch.join(seq)
         in_batch += len(joins.get(event, ())) - len(leaves.get(event, ()))
         for _ in range(next_event - event if in_batch else 0):
-            seq_ids, positions, out, rows = batch.step(problem)
-            check_finite_output(out)
-            yield seq_ids, positions, out, rows
+            yield batch.step(problem)
     if events:  # the last to leave leave too, so that a caller's paged cache is left holding none of them
         batch.leave(leaves[events[-1]])
 
@@ -390,65 +324,26 @@ def _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blo
     return _BATCHES[strategy](problem, block_size, num_blocks, cache), problem, out_len
 
 
-def ragged_decode_steps(
-    x, w_q, w_k, w_v, *, lengths=None, start_steps=None, strategy="compacted", block_size=None, num_blocks=None,
-    cache=None,
-):
-    """The decode of :func:`ragged_decode` (same arguments), one step at a time, as a server streams tokens.
+def ragged_decode_steps(x, w_q, w_k, w_v, *, lengths=None, start_steps=None, strategy="compacted", block_size=None,
+                        num_blocks=None, cache=None):
+    """The decode of :func:`ragged_decode`, one step at a time: yields ``(seq_ids [N], positions [N], out [N, D_v])``.
 
-    Inputs are validated before this returns; the iterator then yields, for each
-    step with at least one sequence in the batch, ``(seq_ids, positions, out)``:
-    ``seq_ids: [N]`` and ``positions: [N]`` int64 (the sequences in the batch and
-    the position each decoded) and ``out: [N, D_v]``, their outputs. Closing it
-    before its end rolls a caller's ``cache`` back (see the module).
+    Inputs are validated before this returns.
     """
     batch, problem, _ = _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blocks, cache)
-    return _streamed(_steps(batch, problem))
+    return (step[:3] for step in _steps(batch, problem))
 
 
-def _streamed(steps):
-    """``steps`` without their row counts; closing this closes ``steps`` at once (and so rolls back)."""
-    with contextlib.closing(steps):
-        for seq_ids, positions, out, _ in steps:
-            yield seq_ids, positions, out
-
-
-def ragged_decode(
-    x,
-    w_q,
-    w_k,
-    w_v,
-    *,
-    lengths=None,
-    start_steps=None,
-    strategy="compacted",
-    block_size=None,
-    num_blocks=None,
-    return_stats=False,
-    cache=None,
-):
+def ragged_decode(x, w_q, w_k, w_v, *, lengths=None, start_steps=None, strategy="compacted", block_size=None,
+                  num_blocks=None, return_stats=False, cache=None):
     """Decode B sequences of different lengths in one batch; each equals decoding it alone.
 
-    Args:
-        lengths: B integers T_b <= T_max, for a padded x only (default: all T_max).
-        start_steps: B integers >= 0 (default all 0): sequence i joins the batch
-            at decode step start_steps[i], as in continuous batching.
-        strategy: ``"padded"``, ``"compacted"`` (default) or ``"paged"`` (see the module).
-        block_size: tokens per block of the paged cache (default 16, or the given
-            cache's); strategy="paged" only (ValueError with another, as ``cache``).
-        num_blocks: blocks in the paged cache's pool (default: enough for every
-            sequence at full length at once, sum of ceil(T_i / block_size));
-            strategy="paged" only (ValueError with another, as ``cache``).
-        return_stats: also return a :class:`RaggedDecodeStats`.
-        cache: for ``strategy="paged"``, a :class:`~kv_attention.paged.PagedKVCache`
-            of the caller's to decode in (its pool, block_size and free list; it
-            must not hold sequences 0..B-1), instead of a new one. It is left
-            with the blocks freed and its peak_blocks, for inspection; after a
-            failed decode, exactly as it was (see the module).
-
-    Returns:
-        A list of B arrays ``[T_i, D_v]`` for a list x, else ``[B, T_max, D_v]``
-        with zeros past each length. With ``return_stats``, ``(outputs, stats)``.
+    ``lengths``: B integers for a padded x (default all T_max). ``start_steps``: B integers
+    (default 0), when each joins. ``block_size`` (default 16) and ``num_blocks`` (default:
+    every sequence at full length at once) size the paged pool; ``cache`` is a caller's
+    :class:`~kv_attention.paged.PagedKVCache` instead. Returns B arrays ``[T_i, D_v]`` for a
+    list x, else ``[B, T_max, D_v]`` zero past each length; with ``return_stats``, also a
+    :class:`RaggedDecodeStats`.
     """
     return_stats = as_flag("return_stats", return_stats)
     batch, problem, out_len = _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blocks, cache)

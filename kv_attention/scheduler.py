@@ -11,42 +11,31 @@ They equal ``causal_attention(embedding[token_ids], w_q, w_k, w_v)[prompt_len - 
 however the request was chunked, batched, preempted or served from the cache.
 
 A request knows its prompt and, after each output, one token more (the one a
-model would have sampled from it). Each step has a budget of
-``max_num_batched_tokens`` tokens, spent in this order:
+model would have sampled from it). The scheduler is vLLM V1's
+(``vllm/v1/core/sched/scheduler.py``, ``Scheduler.schedule``), with no decode or
+prefill phase: each request has ``num_computed`` tokens in the cache and
+``num_tokens`` known, and each step spends a budget of ``max_num_batched_tokens``
+tokens bringing the first up to the second:
 
-1. Decode. Every running request past its prompt gets its next token, the
-   earliest admitted first. One whose last block is full takes a block. When
-   none is free, the most recently admitted running request is preempted (its
-   blocks freed, its K/V to be recomputed, as vLLM V1 always does) until one is
-   free, or until the request itself was the one preempted.
-2. Prefill. Running requests still prefilling get their next chunk, in order of admission.
-3. Admission, only in a step that preempted no request (vLLM V1's rule: the
-   pool is oversubscribed, and admitting would preempt again). Waiting requests
-   are taken first come, first served, a preempted one first. Each is admitted
-   when the blocks of all the tokens it knows fit the free list; those blocks
-   are taken at once, and it gets its first chunk. The first that does not fit
-   stops admission, as do ``max_num_seqs`` running requests. Without the rule a
-   request could be preempted and readmitted in one step: with prefix caching
-   its prefix may be a hit on blocks others hold, so that freeing it released
-   more blocks than readmitting it takes.
+1. Running requests, in order of admission: each gets ``min(num_tokens -
+   num_computed, budget)`` tokens (chunked prefill; a decode is 1 token), once
+   the paged cache has slots for them (``allocate_slots``). When it has not, the
+   last running request is preempted (``self.running.pop()``: its blocks freed,
+   ``num_computed = 0``, back at the head of the waiting queue, to be recomputed)
+   until the slots fit or the request itself was the one preempted.
+2. Waiting requests, first come first served, only in a step that preempted none
+   (V1's ``if not preempted_reqs``) and while fewer than ``max_num_seqs`` run: a
+   request starts from its prefix-cache hit, capped at ``num_tokens - 1`` tokens
+   (V1's ``get_computed_blocks``), and gets ``min(num_tokens - num_computed,
+   budget)`` tokens if their slots fit; the first that does not fit stops admission.
 
 The step then computes k and v of every scheduled token, and one query for each
-request whose known tokens are now all in the cache: its next output. (This is
-one layer, so the attention outputs of earlier prompt positions would feed
-nothing: they are not computed.) With ``enable_prefix_caching``, full blocks
-are cached by a chained hash of their tokens (:mod:`~kv_attention.prefix_caching`).
-An admitted request starts from the longest cached run of full blocks among its
-known tokens but the last, so a fully cached prompt still computes its last
-token. The tokens of that run are not computed.
-
-Sources: the scheduling policy of vLLM's chunked prefill (``vllm/core/scheduler.py``,
-``_schedule_chunked_prefill``: running decodes, then running prefills, then new
-prefills); preemption by recompute as in ``vllm/v1/core/sched/scheduler.py``
-(``self.running.pop()``, ``num_computed_tokens = 0``, the request back at the
-head of the queue), and no admission after a preemption as in its ``if not
-preempted_reqs:``; the prompt's blocks taken at admission as in V0's
-``BlockSpaceManager.allocate``; the cache hit limited to ``num_tokens - 1`` as in
-V1's ``get_computed_blocks``. Continuous batching: Orca (Yu et al. 2022).
+request whose known tokens are now all in the cache: its next output. What
+differs from V1: no sampling (tokens are teacher-forced), one layer of one head,
+FCFS only (no priority policy), no ``long_prefill_token_threshold``, speculative
+decoding, encoder inputs or KV connectors, and the blocks a waiting request needs
+are counted before it takes its cached prefix, so a refused admission leaves the
+prefix cache's LRU order as it was. Continuous batching: Orca (Yu et al. 2022).
 
 Errors, all before anything runs: TypeError for ``requests`` that are not a list
 or tuple of :class:`Request`, a request id that is not hashable, token ids that
@@ -56,7 +45,7 @@ request for a repeated request id, ``prompt_len`` outside [1, len(token_ids)],
 token ids outside [0, V), or a request whose full length needs more blocks than
 ``num_blocks`` (it could never fit the pool). ValueError also for a budget or
 ``max_num_seqs`` below 1, ``block_size`` below 1, shapes that do not fit (named in
-the message), NaN/inf, or inputs large enough to overflow the scores.
+the message), or NaN/inf.
 """
 
 import math
@@ -66,16 +55,9 @@ from typing import Any
 
 import numpy as np
 
-from ._validation import (
-    _MAX_STEP,
-    _as_array,
-    as_flag,
-    as_float_array,
-    as_size,
-    check_finite_output,
-)
-from .attention import check_projection_inputs, masked_attend
-from .paged import OutOfBlocksError, PagedKVCache, as_token_ids
+from ._validation import _MAX_STEP, as_array, as_flag, as_float_array, as_size
+from .attention import check_projection_inputs
+from .paged import OutOfBlocksError, PagedKVCache, as_token_ids, paged_attention
 
 
 @dataclass(frozen=True)
@@ -92,11 +74,7 @@ class Request:
     arrival_step: int = 0
 
     def __repr__(self):
-        """The request without its tokens: ``Request('a', 512 tokens, prompt_len=500, arrival_step=0)``.
-
-        A Request is not checked until :func:`serve`, so ``token_ids`` that have no
-        length (``Request(0, 5, 1)``) are shown as they are: ``token_ids=5``.
-        """
+        """The request without its tokens: ``Request('a', 512 tokens, prompt_len=500, arrival_step=0)``."""
         try:
             tokens = f"{len(self.token_ids)} tokens"
         except TypeError:  # no len(): an int, None, a 0-d array
@@ -118,7 +96,8 @@ class ServeStats:
         prefix_hit_tokens: tokens taken from the prefix cache at admission, and so not computed.
         peak_blocks: the most blocks in use at once, a shared block once.
         prefill_tokens_per_step: prompt (and recomputed) tokens computed at each step, a tuple of ``steps`` ints.
-        decode_tokens_per_step: decoded tokens computed at each step, likewise.
+        decode_tokens_per_step: tokens past the prompt computed for the first time, at each step (V1 has no
+            phases: this is the library's split of its tokens).
     """
 
     steps: int
@@ -174,7 +153,6 @@ class _Sequence:
         self.num_emitted = 0  # outputs computed
         self.num_computed = 0  # tokens whose k and v are in the cache
         self.high_water = 0  # the most tokens it ever had in the cache: below it, a token is recomputed
-        self.prefilling = self.running = False
 
     @property
     def num_tokens(self):
@@ -204,96 +182,81 @@ class _Scheduler:
                 clock = max(clock, self.arrivals[0].arrival_step)  # jump over an idle stretch
             while self.arrivals and self.arrivals[0].arrival_step <= clock:
                 self.waiting.append(self.arrivals.popleft())
-            decodes, prefills = self.schedule()
-            if not (decodes or prefills):  # cannot happen: the earliest admitted request always fits the pool
-                raise RuntimeError("the scheduler made no progress")
-            self.execute(decodes, prefills)
+            scheduled = self.schedule()
+            assert scheduled, "the earliest admitted request always fits the pool alone"
+            self.execute(scheduled)
             clock += 1
 
     def schedule(self):
-        """This step's work: the decoding requests (a token each), and ``(request, chunk)`` for the prefilling."""
-        token_budget, decodes, prefills, preemptions_before = self.max_num_batched_tokens, [], [], self.preemptions
-        for seq in [s for s in self.running if not s.prefilling]:
-            if token_budget == 0:
+        """This step's ``(request, num_new_tokens)`` pairs: running requests first, then waiting ones (V1's loop)."""
+        token_budget, scheduled, preempted = self.max_num_batched_tokens, [], False
+        index = 0
+        while index < len(self.running) and token_budget > 0:
+            seq = self.running[index]
+            num_new = min(seq.num_tokens - seq.num_computed, token_budget)
+            while seq in self.running and not self.allocate_slots(seq, num_new):
+                self.preempt(self.running.pop())  # the last admitted, not yet scheduled in this step
+                preempted = True
+            if seq not in self.running:  # it preempted itself: no request is left to schedule
                 break
-            if not seq.running:  # preempted to make room for an earlier one
-                continue
-            full = seq.num_computed % self.cache.block_size == 0  # its last block is full: it needs another
-            if full and not self.make_room(seq):  # it was the latest admitted: none after it is left
+            scheduled.append((seq, num_new))
+            token_budget -= num_new
+            index += 1
+        while not preempted and self.waiting and token_budget > 0 and self.has_seat():
+            seq = self.waiting[0]
+            hits = self.cache.find_cached_blocks(seq.token_ids[: seq.num_tokens - 1])  # a hit leaves 1 token
+            num_hit = len(hits) * self.cache.block_size
+            num_new = min(seq.num_tokens - num_hit, token_budget)
+            idle = sum(self.cache.ref_count(b) == 0 for b in hits)  # cached, held by none: taken from the free count
+            if math.ceil((num_hit + num_new) / self.cache.block_size) - len(hits) + idle > self.cache.num_free_blocks:
                 break
-            decodes.append(seq)
-            token_budget -= 1
-        preempted = self.preemptions > preemptions_before  # vLLM V1: no admission in a step that preempted
-        for seq in [s for s in self.running if s.prefilling]:
-            if token_budget == 0:
-                break
-            prefills.append((seq, min(seq.num_tokens - seq.num_computed, token_budget)))
-            token_budget -= prefills[-1][1]
-        while not preempted and token_budget and self.waiting and self.has_seat() and self.admit(self.waiting[0]):
-            seq = self.waiting.popleft()
-            prefills.append((seq, min(seq.num_tokens - seq.num_computed, token_budget)))
-            token_budget -= prefills[-1][1]
-        return decodes, prefills
+            self.waiting.popleft()
+            seq.num_computed = self.cache.add_sequence(seq.request_id, seq.token_ids[: num_hit] if hits else None)
+            self.cache.allocate_slots(seq.request_id, num_new)
+            self.prefix_hit_tokens += seq.num_computed
+            self.running.append(seq)
+            scheduled.append((seq, num_new))
+            token_budget -= num_new
+        return scheduled
 
-    def make_room(self, seq):
-        """Give ``seq`` a slot for one more token, preempting the latest admitted requests until there is one."""
-        while True:
-            try:
-                self.cache.allocate_slots(seq.request_id, 1)
-                return True
-            except OutOfBlocksError:
-                victim = self.running.pop()
-                self.preempt(victim)
-                if victim is seq:
-                    return False
+    def allocate_slots(self, seq, num_new):
+        """Whether the cache could give ``seq`` slots for ``num_new`` more tokens (all or nothing)."""
+        try:
+            self.cache.allocate_slots(seq.request_id, num_new)
+            return True
+        except OutOfBlocksError:
+            return False
 
     def preempt(self, seq):
         """Free ``seq``'s blocks and put it back at the head of the queue, to recompute what it knew."""
         self.cache.free(seq.request_id)
-        seq.num_computed, seq.running = 0, False
+        seq.num_computed = 0
         self.waiting.appendleft(seq)
         self.preemptions += 1
 
     def has_seat(self):
         return self.max_num_seqs is None or len(self.running) < self.max_num_seqs
 
-    def admit(self, seq):
-        """Admit ``seq`` if the blocks of its known tokens fit the free list: take them, and any cached prefix."""
-        known = seq.num_tokens
-        prefix = seq.token_ids[: known - 1]  # the last known token is computed, cached or not
-        hits = self.cache.find_cached_blocks(prefix)
-        idle = sum(self.cache.ref_count(b) == 0 for b in hits)  # cached but held by none: free until taken
-        if math.ceil(known / self.cache.block_size) - len(hits) + idle > self.cache.num_free_blocks:
-            return False
-        seq.num_computed = self.cache.add_sequence(seq.request_id, prefix if hits else None)
-        self.cache.allocate_slots(seq.request_id, known - seq.num_computed)
-        self.prefix_hit_tokens += seq.num_computed
-        seq.prefilling = seq.running = True
-        self.running.append(seq)
-        return True
-
-    def execute(self, decodes, prefills):
+    def execute(self, scheduled):
         """Compute the scheduled tokens' k and v, then the outputs of the requests now up to date."""
-        if decodes:
-            self.write_kv(decodes, 1)
-        for seq, chunk in prefills:
-            self.write_kv([seq], chunk)
-        self.attend([s for s in decodes + [s for s, _ in prefills] if s.num_computed == s.num_tokens])
-        self.prefill_per_step.append(sum(chunk for _, chunk in prefills))
-        self.decode_per_step.append(len(decodes))
+        decodes = [(s, n) for s, n in scheduled if s.num_computed >= max(s.prompt_len, s.high_water)]
+        self.decode_per_step.append(sum(n for _, n in decodes))
+        self.prefill_per_step.append(sum(n for _, n in scheduled) - self.decode_per_step[-1])
+        for seq, n in scheduled:
+            self.write_kv(seq, n)
+        self.attend([s for s, _ in scheduled if s.num_computed == s.num_tokens])
 
-    def write_kv(self, seqs, n):
-        """Project and store k, v of the next ``n`` tokens of each of ``seqs``."""
+    def write_kv(self, seq, n):
+        """Project and store k, v of the next ``n`` tokens of ``seq``."""
         _, w_k, w_v = self.weights
-        starts = [s.num_computed for s in seqs]
-        tokens = np.stack([s.token_ids[a : a + n] for s, a in zip(seqs, starts)])  # [N, n]
-        x = self.embedding[tokens]  # [N, n, D_model]
+        start = seq.num_computed
+        tokens = seq.token_ids[None, start : start + n]  # [1, n]
+        x = self.embedding[tokens]  # [1, n, D_model]
         token_ids = tokens if self.cache.enable_prefix_caching else None
-        self.cache.update([s.request_id for s in seqs], x @ w_k, x @ w_v, token_ids=token_ids)  # [N, n, D_k], [N, n, D_v]
-        for seq, start in zip(seqs, starts):
-            self.recomputed_tokens += max(0, min(start + n, seq.high_water) - start)
-            seq.num_computed = start + n
-            seq.high_water = max(seq.high_water, seq.num_computed)
+        self.cache.update([seq.request_id], x @ w_k, x @ w_v, token_ids=token_ids)  # [1, n, D_k], [1, n, D_v]
+        self.recomputed_tokens += max(0, min(start + n, seq.high_water) - start)
+        seq.num_computed = start + n
+        seq.high_water = max(seq.high_water, seq.num_computed)
 
     def attend(self, seqs):
         """The next output of each of ``seqs``: its last known token's query over its keys in the cache."""
@@ -301,20 +264,13 @@ class _Scheduler:
             return
         tokens = [s.token_ids[s.num_computed - 1] for s in seqs]
         q = (self.embedding[tokens] @ self.weights[0])[:, None, :]  # [N, 1, D_k]
-        k, v, lengths = self.cache.gather([s.request_id for s in seqs])  # [N, S, D_k], [N, S, D_v], [N]
-        span = int(lengths.max())
-        valid = np.arange(span) < lengths[:, None]  # [N, S]
-        with np.errstate(over="ignore", invalid="ignore"):
-            out = masked_attend(q, k[:, :span], v[:, :span], valid, check_finite=False)[:, 0]  # [N, D_v]
-        check_finite_output(out)
+        out = paged_attention(q, self.cache, [s.request_id for s in seqs])[:, 0]  # [N, D_v]
         for seq, row in zip(seqs, out):
             seq.outputs[seq.num_emitted] = row
             seq.num_emitted += 1
-            seq.prefilling = False
             if seq.num_emitted == len(seq.outputs):
                 self.cache.free(seq.request_id)
                 self.running.remove(seq)
-                seq.running = False
 
     def result(self, seqs):
         stats = ServeStats(
@@ -334,12 +290,7 @@ class _Scheduler:
 
 def check_serve_inputs(requests, embedding, w_q, w_k, w_v, block_size, num_blocks, max_num_batched_tokens, max_num_seqs,
                        enable_prefix_caching):
-    """Validate the inputs of ``serve``.
-
-    Returns ``(specs, embedding, (w_q, w_k, w_v), dtype, (block_size, num_blocks,
-    max_num_batched_tokens, max_num_seqs, enable_prefix_caching))``: one ``(request_id, token_ids [L] int64,
-    prompt_len, arrival_step)`` per request, and the embedding and weights in ``dtype``.
-    """
+    """Validate the inputs of ``serve``: ``(specs, embedding, weights, dtype, options)``, one spec per request."""
     options = (
         as_size("block_size", block_size, minimum=1),
         as_size("num_blocks", num_blocks),
@@ -350,13 +301,11 @@ def check_serve_inputs(requests, embedding, w_q, w_k, w_v, block_size, num_block
     embedding = as_float_array("embedding", embedding)
     if embedding.ndim != 2:
         raise ValueError(f"embedding must be [V, D_model], got shape {embedding.shape}")
-    w_q, w_k, w_v = (_as_array(name, w) for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)))  # before any shape
+    w_q, w_k, w_v = (as_array(name, w) for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)))  # before any shape
     for name, w in (("w_q", w_q), ("w_k", w_k), ("w_v", w_v)):
         if w.ndim == 2 and w.shape[0] != embedding.shape[1]:
-            raise ValueError(
-                f"{name} has {w.shape[0]} rows but embedding has D_model={embedding.shape[1]}: "
-                f"embedding {embedding.shape}, {name} {w.shape}"
-            )
+            raise ValueError(f"{name} has {w.shape[0]} rows but embedding has D_model={embedding.shape[1]}: "
+                             f"embedding {embedding.shape}, {name} {w.shape}")
     # x = embedding[token_ids]: the bound on |q|·|k| over every embedding row covers every token.
     embedding, w_q, w_k, w_v, dtype = check_projection_inputs(embedding, w_q, w_k, w_v, x_ndims=(2,))
     specs = _check_requests(requests, len(embedding), options[0], options[1])
@@ -391,9 +340,7 @@ def _check_request(name, request, vocab_size, block_size, num_blocks):
     outside = np.flatnonzero((tokens < 0) | (tokens >= vocab_size))
     if outside.size:
         j = int(outside[0])
-        raise ValueError(
-            f"{name}: token_ids[{j}] = {tokens[j]} is not a row of the embedding: ids must be in [0, V={vocab_size})"
-        )
+        raise ValueError(f"{name}: token_ids[{j}] = {tokens[j]} is not a row of the embedding: ids must be in [0, V={vocab_size})")
     prompt_len = as_size(f"{name}: prompt_len", request.prompt_len, minimum=1)
     if prompt_len > len(tokens):
         raise ValueError(f"{name}: prompt_len must be in [1, len(token_ids)={len(tokens)}], got {prompt_len}")
@@ -402,28 +349,15 @@ def _check_request(name, request, vocab_size, block_size, num_blocks):
         raise ValueError(f"{name}: arrival_step={arrival_step} is too large: at most 2**62")
     blocks = math.ceil(len(tokens) / block_size)
     if blocks > num_blocks:
-        raise ValueError(
-            f"{name} can never fit the pool: its {len(tokens)} tokens need {blocks} blocks of "
-            f"block_size={block_size}, and num_blocks={num_blocks}"
-        )
+        raise ValueError(f"{name} can never fit the pool: its {len(tokens)} tokens need {blocks} blocks of "
+                         f"block_size={block_size}, and num_blocks={num_blocks}")
     return request.request_id, tokens, prompt_len, arrival_step
 
 
 
 
-def serve(
-    requests,
-    embedding,
-    w_q,
-    w_k,
-    w_v,
-    *,
-    block_size=16,
-    num_blocks,
-    max_num_batched_tokens,
-    max_num_seqs=None,
-    enable_prefix_caching=False,
-):
+def serve(requests, embedding, w_q, w_k, w_v, *, block_size=16, num_blocks, max_num_batched_tokens, max_num_seqs=None,
+          enable_prefix_caching=False):
     """Serve ``requests`` to completion by the scheduler of the module docstring; returns a :class:`ServeResult`.
 
     Args:

@@ -1,64 +1,25 @@
 """Split-KV (flash-decoding) and cascade attention: partial attention states merged exactly by log-sum-exp.
 
-Axis letters as in ``attention``: B batch, T_q query rows, S keys (S_p a shared
-prefix, S_i the suffix of sequence i), D_k and D_v feature widths. Leading ``...``
-axes are batch-like and never mixed.
+The attention state of ``q: [..., T_q, D_k]`` over ``k: [..., S, D_k]``, ``v: [..., S, D_v]``
+is ``out [..., T_q, D_v]`` (softmax(s) v, s = q kᵀ / sqrt(D_k)) and ``lse [..., T_q]``
+(log Σ exp(s), natural log as FlashAttention's ``softmax_lse``; FlashInfer stores base 2).
+The states of disjoint key sets A and B merge into that of A ∪ B:
+    lse = log(exp(lse_A) + exp(lse_B)),  out = exp(lse_A - lse) · out_A + exp(lse_B - lse) · out_B
+after subtracting the largest lse, so no exp overflows. The state of no keys (zeros,
+-inf) is the identity; the shift is 0 where every lse is -inf, so no NaN is formed
+(as FlashAttention's combine kernel, ``combine_attn_seqk_parallel``).
 
-The attention state of ``q: [..., T_q, D_k]`` over ``k: [..., S, D_k]`` and
-``v: [..., S, D_v]`` is the pair, for the scaled scores s = q kᵀ / sqrt(D_k):
-    out  [..., T_q, D_v]   softmax(s) v, exactly as ``attention.attend`` gives it
-    lse  [..., T_q]        log Σ_j exp(s_j), the natural log-sum-exp
-The lse is in natural log, as FlashAttention's ``softmax_lse`` and ``torch.logsumexp``;
-FlashInfer's kernels store it in base 2 (``m + log2(d)`` in ``state_t``): divide ours by
-ln 2 to compare. The states of two disjoint key sets A and B merge into that of A ∪ B:
-    lse = log(exp(lse_A) + exp(lse_B))
-    out = exp(lse_A - lse) · out_A + exp(lse_B - lse) · out_B
-computed after subtracting the largest lse, so no exp overflows whatever the scores.
-The merge is exact up to rounding, commutative and associative. The state with no
-keys, ``out`` zeros and ``lse`` -inf, is its identity: merged with a state it returns
-that state bit for bit, and merging only identities returns the identity, never NaN
-(the shift is 0 where every lse is -inf, so no -inf - (-inf) is formed).
-
-Inputs are float32 or float64 arrays and a computation runs in their
-``np.result_type``. Bad input raises before anything is computed: TypeError for
-an input that is not a float32/float64 array, a state that is not an ``(out, lse)``
-pair, a ``num_splits`` that is not an integer, or a ``return_lse`` other than
-True/False; ValueError for shapes that do not fit (named in the message), NaN/inf
-in an input, an lse of NaN or +inf, ``num_splits`` below 1, or scores that could
-overflow the dtype. ``check_finite`` (keyword, default True) is ``attention``'s: with
-False the checks that read every element (NaN/inf, lse values, the overflow bound,
-the output) are skipped, and padding past ``suffix_lengths`` must then be finite.
-
-Sources: Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context inference"
-(Stanford CRFM blog); FlashAttention's ``flash_attn_with_kvcache(..., num_splits)`` and
-its combine kernel (``combine_attn_seqk_parallel`` in ``csrc/flash_attn/src/flash_fwd_kernel.h``,
-which also takes the shift 0 for an all -inf row); FlashInfer's ``merge_state`` and
-``merge_states`` (``flashinfer.cascade``), its "attention states and recursive attention"
-tutorial, and cascade inference (``MultiLevelCascadeAttentionWrapper``; the FlashInfer
-blog "Cascade Inference: Memory Bandwidth Efficient Shared Prefix Batch Decoding", 2024).
+Bad input raises TypeError or ValueError naming it; ``check_finite`` (default True) scans
+the inputs for NaN/inf, and an lse for NaN or +inf. Sources: Dao et al. 2023,
+"Flash-Decoding for long-context inference"; FlashAttention's ``flash_attn_with_kvcache(...,
+num_splits)``; FlashInfer's ``merge_state``/``merge_states`` and cascade inference
+(``MultiLevelCascadeAttentionWrapper``).
 """
-
 
 import numpy as np
 
-from ._validation import (
-    NonFiniteError,
-    _as_array,
-    as_flag,
-    as_float_array,
-    as_size,
-    as_sizes_per_sequence,
-    check_finite_array,
-    check_finite_output,
-)
-from .attention import (
-    _NO_MASK,
-    check_attention_inputs,
-    check_scores_fit,
-    finite_where_valid,
-    scaled_scores,
-    weighted_values,
-)
+from ._validation import as_array, as_flag, as_float_array, as_size, as_sizes_per_sequence, check_finite_array
+from .attention import as_key_mask, check_attention_inputs, scaled_scores
 
 
 # Checks of num_splits, attention states and cascade inputs
@@ -72,10 +33,8 @@ def as_num_splits(num_splits):
 def check_lse(name, array):
     """Raise ValueError unless every log-sum-exp of ``array`` is finite, or -inf for a state with no keys."""
     if np.isnan(array).any() or np.isposinf(array).any():
-        raise NonFiniteError(
-            f"{name} contains NaN or +inf: an lse is finite, or -inf for a state with no keys "
-            "(FlashAttention before its PR #978 wrote +inf there; pass -inf)"
-        )
+        raise ValueError(f"{name} contains NaN or +inf: an lse is finite, or -inf for a state with no keys "
+                         "(FlashAttention before its PR #978 wrote +inf there; pass -inf)")
 
 
 def check_attention_states(states, check_finite=True):
@@ -94,18 +53,14 @@ def check_attention_states(states, check_finite=True):
     for i, state in enumerate(states):
         if not isinstance(state, (tuple, list)) or len(state) != 2:
             raise TypeError(f"states[{i}] must be an (out, lse) pair, got {type(state).__name__}")
-        out, lse = _as_array(f"states[{i}] out", state[0]), _as_array(f"states[{i}] lse", state[1])
+        out, lse = as_array(f"states[{i}] out", state[0]), as_array(f"states[{i}] lse", state[1])
         if check_finite:
             check_finite_array(f"states[{i}] out", out)
             check_lse(f"states[{i}] lse", lse)
         if out.ndim < 2 or lse.shape != out.shape[:-1]:
-            raise ValueError(
-                f"states[{i}] must be out [..., T_q, D_v] and lse [..., T_q], got out {out.shape}, lse {lse.shape}"
-            )
+            raise ValueError(f"states[{i}] must be out [..., T_q, D_v] and lse [..., T_q], got out {out.shape}, lse {lse.shape}")
         if outs and out.shape != outs[0].shape:
-            raise ValueError(
-                f"every state must have the shape of states[0]: out {outs[0].shape}, states[{i}] out {out.shape}"
-            )
+            raise ValueError(f"every state must have the shape of states[0]: out {outs[0].shape}, states[{i}] out {out.shape}")
         outs.append(out)
         lses.append(lse)
     dtype = np.result_type(*outs, *lses)
@@ -124,12 +79,10 @@ def _as_suffixes(k_suffix, v_suffix, suffix_lengths, d_k, d_v, check_finite):
     """The suffixes padded, ``[B, S_max, D_k]`` and ``[B, S_max, D_v]``, and their lengths ``[B]`` (None: all S_max).
 
     Lists of B arrays ``[S_i, D]`` are padded with zeros; arrays ``[B, S_max, D]``
-    come with ``suffix_lengths`` (default: every suffix S_max long), and only the keys
-    and values within the lengths must be finite: the padding may hold anything, and
-    padding that holds NaN/inf is returned as 0 (in a copy), as masked_attend takes a masked key.
-    ``check_finite=False`` reads no element: nothing is checked or zeroed.
+    come with ``suffix_lengths`` (default: every suffix S_max long); the padding may hold
+    anything, and is returned as 0 (in a copy) where it holds NaN/inf.
     """
-    read = as_float_array if check_finite else _as_array
+    read = as_float_array if check_finite else as_array
     if isinstance(k_suffix, (list, tuple)) and isinstance(v_suffix, (list, tuple)):
         if suffix_lengths is not None:
             raise ValueError("suffix_lengths is for padded suffixes [B, S_max, D]; lists of suffixes carry their own")
@@ -139,38 +92,33 @@ def _as_suffixes(k_suffix, v_suffix, suffix_lengths, d_k, d_v, check_finite):
             raise ValueError(f"k_suffix has {len(ks)} suffixes but v_suffix has {len(vs)}")
         for i, (k, v) in enumerate(zip(ks, vs)):
             if k.ndim != 2 or v.ndim != 2 or len(k) != len(v) or k.shape[1] != d_k or v.shape[1] != d_v:
-                raise ValueError(
-                    f"k_suffix[{i}] and v_suffix[{i}] must be [S_i, D_k={d_k}] and [S_i, D_v={d_v}], "
-                    f"got {k.shape} and {v.shape}"
-                )
+                raise ValueError(f"k_suffix[{i}] and v_suffix[{i}] must be [S_i, D_k={d_k}] and [S_i, D_v={d_v}], "
+                                 f"got {k.shape} and {v.shape}")
         lengths = np.array([len(k) for k in ks], dtype=np.int64)
         s_max = int(lengths.max(initial=0))
         full = bool((lengths == s_max).all())
         return _padded(ks, s_max, d_k), _padded(vs, s_max, d_v), None if full else lengths
     if not isinstance(k_suffix, np.ndarray) or not isinstance(v_suffix, np.ndarray):
-        raise TypeError(
-            "k_suffix and v_suffix must both be lists of B arrays [S_i, D] or both arrays [B, S_max, D], "
-            f"got {type(k_suffix).__name__} and {type(v_suffix).__name__}"
-        )
+        raise TypeError("k_suffix and v_suffix must both be lists of B arrays [S_i, D] or both arrays [B, S_max, D], "
+                        f"got {type(k_suffix).__name__} and {type(v_suffix).__name__}")
     if suffix_lengths is not None:
-        read = _as_array  # with lengths, the padding is not checked
+        read = as_array  # with lengths, the padding is not checked
     k_suffix, v_suffix = read("k_suffix", k_suffix), read("v_suffix", v_suffix)
     if (k_suffix.ndim != 3 or v_suffix.ndim != 3 or k_suffix.shape[:2] != v_suffix.shape[:2]
             or k_suffix.shape[2] != d_k or v_suffix.shape[2] != d_v):
-        raise ValueError(
-            f"k_suffix and v_suffix must be [B, S_max, D_k={d_k}] and [B, S_max, D_v={d_v}] (or lists of "
-            f"B arrays [S_i, D]), got k_suffix {k_suffix.shape}, v_suffix {v_suffix.shape}"
-        )
+        raise ValueError(f"k_suffix and v_suffix must be [B, S_max, D_k={d_k}] and [B, S_max, D_v={d_v}] (or lists of "
+                         f"B arrays [S_i, D]), got k_suffix {k_suffix.shape}, v_suffix {v_suffix.shape}")
     if suffix_lengths is None:
         return k_suffix, v_suffix, None
     lengths = as_sizes_per_sequence("suffix_lengths", suffix_lengths, k_suffix.shape[0])
     if lengths.size and lengths.max() > k_suffix.shape[1]:
         raise ValueError(f"suffix_lengths must be at most S_max={k_suffix.shape[1]}, got {lengths.tolist()}")
-    if not check_finite:
-        return k_suffix, v_suffix, lengths
     held = _held_suffix_keys(k_suffix, lengths)  # [B, S_max]
-    k_suffix = finite_where_valid("k_suffix", k_suffix, k_suffix[held], held, "within suffix_lengths")
-    v_suffix = finite_where_valid("v_suffix", v_suffix, v_suffix[held], held, "within suffix_lengths")
+    for name, a in (("k_suffix", k_suffix), ("v_suffix", v_suffix)):
+        if check_finite and not np.isfinite(a[held]).all():
+            raise ValueError(f"{name} contains NaN or inf within suffix_lengths")
+    if not np.isfinite(v_suffix).all():  # padding: 0·NaN would be NaN
+        v_suffix = np.where(held[..., None], v_suffix, 0.0).astype(v_suffix.dtype, copy=False)
     return k_suffix, v_suffix, lengths
 
 
@@ -185,27 +133,21 @@ def check_cascade_inputs(q, k_shared, v_shared, k_suffix, v_suffix, suffix_lengt
     Returns ``(q, k_shared, v_shared, k_suffix, v_suffix, lengths, dtype)``: the
     arrays in ``dtype = np.result_type`` of them all, the suffixes padded to
     ``[B, S_max, D]``, ``lengths`` ``[B]`` int64 or None when every suffix is S_max long.
-    The overflow bound takes the suffix keys within the lengths only, as masked_attend takes its valid keys.
     """
-    read = as_float_array if check_finite else _as_array
+    read = as_float_array if check_finite else as_array
     q = read("q", q)
     k_shared, v_shared = read("k_shared", k_shared), read("v_shared", v_shared)
     if q.ndim != 3 or q.shape[-1] == 0:
         raise ValueError(f"q must be [B, T_q, D_k] with D_k >= 1, got shape {q.shape}")
     if k_shared.ndim != 2 or v_shared.ndim != 2 or len(k_shared) != len(v_shared) or k_shared.shape[1] != q.shape[2]:
-        raise ValueError(
-            f"k_shared and v_shared must be [S_p, D_k={q.shape[2]}] and [S_p, D_v], "
-            f"got k_shared {k_shared.shape}, v_shared {v_shared.shape}"
-        )
+        raise ValueError(f"k_shared and v_shared must be [S_p, D_k={q.shape[2]}] and [S_p, D_v], "
+                         f"got k_shared {k_shared.shape}, v_shared {v_shared.shape}")
     k_suffix, v_suffix, lengths = _as_suffixes(k_suffix, v_suffix, suffix_lengths, q.shape[2], v_shared.shape[1],
                                                check_finite)
     if len(k_suffix) != len(q):
         raise ValueError(f"q has B={len(q)} sequences but there are {len(k_suffix)} suffixes: q {q.shape}")
     arrays = (q, k_shared, v_shared, k_suffix, v_suffix)
     dtype = np.result_type(*arrays)
-    if check_finite:
-        suffix_keys = k_suffix if lengths is None else k_suffix[_held_suffix_keys(k_suffix, lengths)]  # [..., D_k]
-        check_scores_fit(dtype, q, k_shared, suffix_keys)
     return (*(a.astype(dtype, copy=False) for a in arrays), lengths, dtype)
 
 
@@ -238,104 +180,92 @@ def _split_bounds(s_len, num_splits):
 def attention_state(q, k, v, *, valid=None, check_finite=True):
     """The attention state ``(out, lse)`` of ``q: [..., T_q, D_k]`` over ``k: [..., S, D_k]``, ``v: [..., S, D_v]``.
 
-    ``out: [..., T_q, D_v]`` is ``attend(q, k, v)`` bit for bit and ``lse: [..., T_q]``
-    the natural log-sum-exp of the scaled scores. S = 0 gives the identity of the
-    merge: ``out`` zeros and ``lse`` -inf, never NaN. ``valid: [..., S]`` (bool,
-    default None: every key) masks keys out as :func:`~kv_attention.attention.masked_attend`
-    does; a row with no valid key gets the identity.
+    ``out: [..., T_q, D_v]`` is ``attend(q, k, v)`` and ``lse: [..., T_q]`` the natural
+    log-sum-exp of the scaled scores. S = 0 gives the identity of the merge: zeros and
+    -inf. ``valid: [..., S]`` (bool, default None: every key) masks keys as
+    :func:`~kv_attention.attention.masked_attend` does; a row with no valid key gets the identity.
     """
     check_finite = as_flag("check_finite", check_finite)
-    q, k, v, dtype = check_attention_inputs(q, k, v, _NO_MASK if valid is None else valid, check_finite)
+    q, k, v, dtype = check_attention_inputs(q, k, v, check_finite and valid is None)
+    if valid is not None:
+        valid = as_key_mask(valid, k)
+        if check_finite:
+            for name, a in (("q", q), ("k", k[valid]), ("v", v[valid])):
+                check_finite_array(name, a)
+    return _state(q, k, v, valid)
+
+
+def _state(q, k, v, valid=None):
+    """:func:`attention_state` of checked inputs."""
     if k.shape[-2] == 0:
-        return np.zeros(q.shape[:-1] + v.shape[-1:], dtype), np.full(q.shape[:-1], -np.inf, dtype)
-    with np.errstate(over="ignore", invalid="ignore"):
+        return np.zeros(q.shape[:-1] + v.shape[-1:], q.dtype), np.full(q.shape[:-1], -np.inf, q.dtype)
+    if valid is None:
         scores = scaled_scores(q, k)  # [..., T_q, S]
-        if valid is not None:
-            scores = np.where(np.asarray(valid)[..., None, :], scores, -np.inf)  # by selection: weight exactly 0
         top = scores.max(axis=-1, keepdims=True)  # [..., T_q, 1]
-        if valid is not None:
-            top[np.isneginf(top)] = 0.0  # a row with nothing valid: exp(-inf - 0) = 0, total 0, lse -inf
         weights = np.exp(scores - top)  # [..., T_q, S], the largest 1
-        total = weights.sum(axis=-1, keepdims=True)  # [..., T_q, 1], in [1, S] (0 for a fully masked row)
-        with np.errstate(divide="ignore"):
-            lse = (top + np.log(total))[..., 0]  # [..., T_q]
-        weights /= total if valid is None else np.where(total > 0, total, 1.0)
-        out = weighted_values(weights, v)  # [..., T_q, D_v]
-    if check_finite:
-        check_finite_output(out)
-    return out, lse
+        total = weights.sum(axis=-1, keepdims=True)  # [..., T_q, 1], in [1, S]
+        weights /= total
+        return weights @ v, (top + np.log(total))[..., 0]  # [..., T_q, D_v], [..., T_q]
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # a masked key may hold anything
+        scores = np.where(valid[..., None, :], scaled_scores(q, k), -np.inf)  # by selection: weight exactly 0
+        top = scores.max(axis=-1, keepdims=True)
+        top[np.isneginf(top)] = 0.0  # a row with nothing valid: exp(-inf - 0) = 0, total 0, lse -inf
+        weights = np.exp(scores - top)
+        total = weights.sum(axis=-1, keepdims=True)  # 0 for a fully masked row
+        lse = (top + np.log(total))[..., 0]
+    weights /= np.where(total > 0, total, 1.0)
+    return weights @ v, lse
 
 
 def merge_attention_states(states, *, check_finite=True):
-    """Merge a sequence of attention states ``(out, lse)`` over disjoint key sets into the state over their union.
+    """Merge attention states ``(out, lse)`` over disjoint key sets into the state over their union.
 
-    Every ``out`` is ``[..., T_q, D_v]`` and every ``lse`` ``[..., T_q]``, finite or
-    -inf (a state with no keys: no weight, its ``out`` is not used). Returns ``(out,
-    lse)`` of the same shapes. A state whose lse is -inf changes nothing; only such
-    states give zeros and -inf.
+    Every ``out`` is ``[..., T_q, D_v]`` and every ``lse`` ``[..., T_q]``, finite or -inf
+    (no keys: its ``out`` gets no weight). Returns ``(out, lse)`` of the same shapes.
     """
-    check_finite = as_flag("check_finite", check_finite)
-    outs, lses, _ = check_attention_states(states, check_finite)
-    with np.errstate(over="ignore", invalid="ignore"):
-        out, lse = _merge(outs, lses)
-    if check_finite:
-        check_finite_output(out)
-    return out, lse
+    outs, lses, _ = check_attention_states(states, as_flag("check_finite", check_finite))
+    return _merge(outs, lses)
 
 
 def split_kv_attention(q, k, v, *, num_splits, return_lse=False, check_finite=True):
     """``attend(q, k, v)`` computed as flash-decoding does: S split into ``num_splits`` parts, their states merged.
 
-    Shapes as :func:`attention_state`. Part i holds keys ``i·S // num_splits`` to
-    ``(i+1)·S // num_splits - 1``: contiguous, as equal as possible, empty where
-    ``num_splits > S``. Equal to ``attend`` for every ``num_splits >= 1`` up to
-    rounding, and bit for bit at ``num_splits = 1``. ``return_lse=True`` also returns
-    the lse ``[..., T_q]``, as FlashAttention's ``return_softmax_lse``.
+    Part i holds keys ``i·S // num_splits`` to ``(i+1)·S // num_splits - 1``. Equal to
+    ``attend`` up to rounding. ``return_lse=True`` also returns the lse ``[..., T_q]``,
+    as FlashAttention's ``return_softmax_lse``.
     """
     num_splits, return_lse = as_num_splits(num_splits), as_flag("return_lse", return_lse)
-    check_finite = as_flag("check_finite", check_finite)
-    q, k, v, _ = check_attention_inputs(q, k, v, check_finite=check_finite)
-    bounds = _split_bounds(k.shape[-2], num_splits)
-    with np.errstate(over="ignore", invalid="ignore"):
-        parts = [attention_state(q, k[..., a:b, :], v[..., a:b, :], check_finite=False) for a, b in zip(bounds, bounds[1:])]
-        out, lse = _merge(*zip(*parts))  # each part [..., T_q, D_v] and [..., T_q]
-    if check_finite:
-        check_finite_output(out)
+    q, k, v, _ = check_attention_inputs(q, k, v, as_flag("check_finite", check_finite))
+    out, lse = _split(q, k, v, num_splits)
     return (out, lse) if return_lse else out
+
+
+def _split(q, k, v, num_splits):
+    """:func:`split_kv_attention` of checked inputs: ``(out, lse)``."""
+    bounds = _split_bounds(k.shape[-2], num_splits)
+    parts = [_state(q, k[..., a:b, :], v[..., a:b, :]) for a, b in zip(bounds, bounds[1:])]
+    return _merge(*zip(*parts))  # each part [..., T_q, D_v] and [..., T_q]
 
 
 def cascade_attention(q, k_shared, v_shared, k_suffix, v_suffix, *, suffix_lengths=None, return_lse=False,
                       check_finite=True):
     """Attention of B sequences over one shared prefix and their own suffixes, the prefix read once for all.
 
-    ``q: [B, T_q, D_k]``; the prefix ``k_shared: [S_p, D_k]``, ``v_shared: [S_p, D_v]``;
-    the suffixes either as lists of B arrays ``k_suffix[i]: [S_i, D_k]``, ``v_suffix[i]:
-    [S_i, D_v]`` (ragged, S_i >= 0), or as arrays ``[B, S_max, D_k]``, ``[B, S_max, D_v]``
-    with ``suffix_lengths`` (B integers in [0, S_max]; default all S_max; keys past a
-    length get weight exactly 0 whatever they hold, NaN and inf included, and are left
-    out of the overflow bound, as :func:`~kv_attention.attention.masked_attend`'s masked
-    keys). Returns ``[B, T_q, D_v]`` (and the lse ``[B, T_q]`` with ``return_lse=True``),
-    equal up to rounding to sequence i attending over the concatenation of the prefix and its suffix.
-
-    The prefix is attended by all B·T_q query rows in ONE matrix product,
-    ``[B·T_q, D_k] x [D_k, S_p]``, so its keys and values are read once rather than
-    B times; each suffix state is then merged with the prefix state (FlashInfer's
-    two-level cascade). Also raises ValueError for a q that is not 3-D, a number of
-    suffixes other than B, or suffix_lengths with lists.
+    ``q: [B, T_q, D_k]``; the prefix ``k_shared: [S_p, D_k]``, ``v_shared: [S_p, D_v]``; the
+    suffixes as lists of B arrays ``[S_i, D]``, or as arrays ``[B, S_max, D]`` with
+    ``suffix_lengths`` (keys past a length get weight exactly 0). Returns ``[B, T_q, D_v]``
+    (and the lse ``[B, T_q]`` with ``return_lse=True``), equal up to rounding to sequence i
+    attending over the prefix and its suffix. The prefix is attended by all B·T_q query
+    rows in one matrix product, then each suffix state is merged with it (FlashInfer's
+    two-level cascade).
     """
     return_lse, check_finite = as_flag("return_lse", return_lse), as_flag("check_finite", check_finite)
     q, k_shared, v_shared, k_suffix, v_suffix, lengths, _ = check_cascade_inputs(
         q, k_shared, v_shared, k_suffix, v_suffix, suffix_lengths, check_finite
     )
     batch, t_q, d_k = q.shape
-    d_v = v_shared.shape[1]
-    with np.errstate(over="ignore", invalid="ignore"):
-        shared_out, shared_lse = attention_state(q.reshape(batch * t_q, d_k), k_shared, v_shared,
-                                                 check_finite=False)  # [B·T_q, D_v], [B·T_q]
-        shared = (shared_out.reshape(batch, t_q, d_v), shared_lse.reshape(batch, t_q))  # [B, T_q, D_v], [B, T_q]
-        valid = None if lengths is None else _held_suffix_keys(k_suffix, lengths)  # [B, S_max]
-        suffix = attention_state(q, k_suffix, v_suffix, valid=valid, check_finite=False)
-        out, lse = _merge((shared[0], suffix[0]), (shared[1], suffix[1]))
-    if check_finite:
-        check_finite_output(out)
+    shared_out, shared_lse = _state(q.reshape(batch * t_q, d_k), k_shared, v_shared)  # [B·T_q, D_v], [B·T_q]
+    valid = None if lengths is None else _held_suffix_keys(k_suffix, lengths)  # [B, S_max]
+    suffix_out, suffix_lse = _state(q, k_suffix, v_suffix, valid)
+    out, lse = _merge((shared_out.reshape(batch, t_q, v_shared.shape[1]), suffix_out), (shared_lse.reshape(batch, t_q), suffix_lse))
     return (out, lse) if return_lse else out

@@ -5,13 +5,8 @@ sequence ``x: [T, D_model]``; the batch experiment decodes ``x: [B, T, D_model]`
 """
 
 from ._validation import check_choice
-from .decode import (
-    batched_cached_attention,
-    cached_attention,
-    cached_attention_preallocated,
-    decode_without_cache,
-    sequential_cached_attention,
-)
+from .decode import (batched_cached_attention, cached_attention, cached_attention_preallocated, decode_without_cache,
+                     sequential_cached_attention)
 
 STRATEGIES = {
     "no_cache": decode_without_cache,

@@ -1,50 +1,28 @@
-"""The sliding-window K/V cache: ``n_sink`` fixed positions beside a ring buffer of ``window`` positions.
+"""The sliding-window K/V cache: ``n_sink`` fixed slots beside a ring buffer of ``window`` slots.
 
-A model that attends with a window of W (the mask of
-:func:`~kv_attention.attention.band_mask`) never reads a key more than W - 1
-positions back, apart from its ``n_sink`` attention sinks (StreamingLLM, Xiao
-et al. 2023). So its cache needs ``n_sink + W`` slots whatever the length: the
-sinks keep slots ``0..n_sink-1`` for good, and position p >= n_sink lives in
-ring slot ``n_sink + (p - n_sink) % W``, overwriting position p - W. This is
-Hugging Face ``cache_utils``' sliding-window layer (``DynamicSlidingWindowLayer``
-keeps W - 1 positions, ``StaticSlidingWindowLayer`` W slots) and Mistral's
-rotating buffer, plus the sinks; the cache interface is that of ``cache.py``.
-
-The ring overwrites, so a chunk of new positions must be attended to before it
-replaces the keys its own first queries need (a chunk longer than W overwrites
-all of them): :meth:`SlidingWindowCache.update` returns the positions held
-*before* the chunk, followed by the whole chunk, and only then writes the chunk's
-last W positions into the ring, as Hugging Face's layer returns ``cat(kept,
-new)``. The caller masks them by position (:meth:`~SlidingWindowCache.key_positions`).
-One new position (a decode step) overwrites only the position W back, which it
-does not attend to: it is written first, and the step attends on the buffers'
-own views (attention does not depend on the order of the keys), with no copy.
-
-Errors: as ``cache.py``'s caches (``update``: TypeError, ValueError for shapes
-that do not fit or NaN/inf; the constructor: sizes, dtype, buffers larger than
-memory); the constructor also needs an integer ``window >= 1`` and ``n_sink >=
-0``, and ``key_positions`` an integer ``t_new >= 0``; ``crop`` refuses what the
-ring can no longer serve (see :meth:`~SlidingWindowCache.crop`). A call that
-raises leaves the cache unchanged.
+A model that attends with a window of W (:func:`~kv_attention.attention.band_mask`)
+never reads a key more than W - 1 positions back, apart from its ``n_sink``
+attention sinks (StreamingLLM, Xiao et al. 2023), so its cache needs ``n_sink + W``
+slots: position p >= n_sink lives in ring slot ``n_sink + (p - n_sink) % W``. What
+matches Hugging Face's sliding-window layers (``cache_utils``:
+``DynamicSlidingWindowLayer`` keeps W - 1 positions, ``StaticSlidingWindowLayer``
+W slots) and Mistral's rotating buffer: a chunk is attended to before it overwrites
+the ring, as HF's layer returns ``cat(kept, new)``. What differs: the sinks, which
+neither keeps, and one new position is written first and attended on the buffers'
+own views, in slot order (attention does not depend on the order of the keys).
+Errors as ``cache.py``'s caches; ``crop`` also refuses what the ring no longer holds.
 """
 
 import numpy as np
 
-from ._memory import named_allocation_failure
 from ._validation import as_float_dtype, as_size
-from .cache import Cache, as_batch_shape, check_buffer_size, check_crop, check_new_positions
+from .cache import Cache, as_batch_shape, check_crop, check_new_positions
 
 
 class SlidingWindowCache(Cache):
-    """A K/V cache of ``n_sink`` sink slots and a ring of ``window`` slots, allocated once.
+    """``k_cache: [*batch_shape, n_sink + window, k_dim]``, ``v_cache`` likewise, in slot order, allocated once.
 
-    ``batch_shape`` is the leading axes, e.g. ``()``, ``(B,)`` or ``(B, H_kv)``;
-    the buffers are ``k_cache: [*batch_shape, n_sink + window, k_dim]`` and
-    ``v_cache: [*batch_shape, n_sink + window, v_dim]``, in slot order (not
-    position order), zero in every slot that holds no position. ``k_dim`` (D_k) >= 1,
-    ``v_dim`` (D_v) and the batch sizes >= 0, as throughout the library. ``dtype``:
-    float32 or float64 (default float64). ``get_seq_length()`` counts every
-    position seen, ``nbytes`` only those held: at most ``n_sink + window``.
+    ``get_seq_length()`` counts every position seen, ``nbytes`` only those held.
     """
 
     def __init__(self, batch_shape, window, k_dim, v_dim, n_sink=0, dtype=np.float64):
@@ -52,11 +30,9 @@ class SlidingWindowCache(Cache):
         window, n_sink = as_size("window", window, minimum=1), as_size("n_sink", n_sink)
         k_dim, v_dim = as_size("k_dim", k_dim, minimum=1), as_size("v_dim", v_dim)  # the library's rule for widths
         dtype = as_float_dtype(dtype)
-        nbytes, what = check_buffer_size("a SlidingWindowCache", batch_shape, n_sink + window, k_dim, v_dim, dtype)
         self.window, self.n_sink = window, n_sink
-        with named_allocation_failure(nbytes, what):
-            self.k_cache = np.zeros(batch_shape + (n_sink + window, k_dim), dtype)
-            self.v_cache = np.zeros(batch_shape + (n_sink + window, v_dim), dtype)
+        self.k_cache = np.zeros(batch_shape + (n_sink + window, k_dim), dtype)  # [*batch_shape, n_sink + W, D_k]
+        self.v_cache = np.zeros(batch_shape + (n_sink + window, v_dim), dtype)  # [*batch_shape, n_sink + W, D_v]
         self._length = 0  # positions seen
         self._first = n_sink  # the oldest window position held; the ring holds _first.._length-1
 
@@ -67,10 +43,7 @@ class SlidingWindowCache(Cache):
                 f"seq_length={self._length})")
 
     def _ring(self, first, count):
-        """The slots of ring positions ``first..first+count-1`` (first >= n_sink, count <= W), in position order.
-
-        One slice, or two when they wrap past the end of the buffer.
-        """
+        """The slots of ring positions ``first..first+count-1``, in position order: one slice, or two that wrap."""
         begin = self.n_sink + (first - self.n_sink) % self.window
         head = min(count, self.n_sink + self.window - begin)  # up to the end of the buffer
         if head == count:
@@ -88,10 +61,7 @@ class SlidingWindowCache(Cache):
         return np.concatenate([sinks, np.arange(self._first, self._length)])
 
     def key_positions(self, t_new):
-        """The positions of the keys :meth:`update` returns for ``t_new`` new positions, in its order (int64 ``[S]``).
-
-        ``t_new``: an integer >= 0 (TypeError, ValueError).
-        """
+        """The positions of the keys :meth:`update` returns for ``t_new`` new positions, in its order (int64 ``[S]``)."""
         t_new = as_size("t_new", t_new)
         if t_new != 1:  # the held positions, ascending, then the new ones
             sinks = np.arange(min(self.n_sink, self._length))
@@ -104,17 +74,9 @@ class SlidingWindowCache(Cache):
     def update(self, k, v, *, check_finite=True):
         """Add ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]``; return every key and value they may attend to.
 
-        The positions of what it returns are :meth:`key_positions` ``(T_new)``,
-        read before the update. For T_new != 1: new arrays ``[..., S + T_new, D]``,
-        the S positions held before the update in position order, then all the
-        new ones; only then are the new positions written (those below
-        ``n_sink`` into their sink slots, the last ``window`` of the others into
-        the ring), so a chunk longer than the window still sees every key its
-        first queries need. For one new position (a decode step) it is written
-        first, over the one position it never attends to (p - W), and the
-        buffers' filled slots are returned as views, in slot order: exactly the
-        keys it attends to, without a copy. Do not write to the views.
-        ``check_finite=False`` skips the scan for NaN/inf (a decode's own keys, finite by its overflow guard).
+        T_new != 1: new arrays, the positions held then all the new ones, written
+        only after. T_new = 1: written first (over position p - W, which it never
+        attends to), then the buffers' filled slots as views (do not write to them).
         """
         k, v = check_new_positions(k, v, self, check_finite)
         start, stop = self._length, self._length + k.shape[-2]
@@ -149,15 +111,8 @@ class SlidingWindowCache(Cache):
         return self._length
 
     def crop(self, length):
-        """Keep only the first ``length`` positions, as if the later ones had never been added.
-
-        Only a crop after which the cache still holds every key position
-        ``length`` attends to: ``length <= n_sink`` (``crop(0)`` empties it), or
-        ``length - window + 1`` at or after the oldest position the ring holds.
-        With W slots for the W - 1 keys before a query, that is one position
-        back once the ring has wrapped (one rejected draft token); anything
-        further raises ValueError, as does a length outside [0, get_seq_length()].
-        """
+        """Keep the first ``length`` positions, if the ring still holds every key position ``length`` attends to
+        (once wrapped, one position back: a rejected draft token); else ValueError."""
         length = check_crop(length, self._length)
         self._check_crop(length)
         first = max(length, self._first)  # the dropped window positions: first.._length-1
@@ -170,31 +125,17 @@ class SlidingWindowCache(Cache):
         self._first = max(min(self._first, length), self.n_sink)  # with length <= n_sink the ring holds nothing
 
     def _check_crop(self, length):
-        """Raise unless the cache cut to ``length`` (already in [0, get_seq_length()]) still holds every key
-        position ``length`` would attend to: the sinks, and ``length - window + 1 .. length - 1``."""
+        """Raise unless the ring cut to ``length`` still holds positions ``length - window + 1 .. length - 1``."""
         lowest = max(self.n_sink, length - self.window + 1)  # the oldest window position `length` attends to
         if lowest < min(length, self._first):
-            raise ValueError(
-                f"cannot crop the sliding-window cache (window={self.window}, n_sink={self.n_sink}) from "
-                f"{self._length} to {length} positions: position {length} attends to positions from "
-                f"{length - self.window + 1}, but the ring has overwritten every position before {self._first}; "
-                f"crop to a length in [{self._first + self.window - 1}, {self._length}] or in [0, {self.n_sink}]"
-            )
-
-    def snapshot(self):
-        """A copy of the whole state (``n_sink + window`` slots), for ``rolled_back_on_error``: a crop cannot
-        undo overwritten slots."""
-        return self.k_cache.copy(), self.v_cache.copy(), self._length, self._first
-
-    def restore(self, snapshot):
-        """Put back a :meth:`snapshot` of this cache, into the same buffers."""
-        k_cache, v_cache, self._length, self._first = snapshot
-        self.k_cache[...] = k_cache
-        self.v_cache[...] = v_cache
+            raise ValueError(f"cannot crop the sliding-window cache (window={self.window}, n_sink={self.n_sink}) from "
+                             f"{self._length} to {length} positions: position {length} attends to positions from "
+                             f"{length - self.window + 1}, but the ring has overwritten every position before {self._first}; "
+                             f"crop to a length in [{self._first + self.window - 1}, {self._length}] or in [0, {self.n_sink}]")
 
     @property
     def nbytes(self):
-        """Logical size of the keys and values held, in bytes (int): at most the buffers' ``n_sink + window`` positions."""
+        """Bytes of the keys and values held (int)."""
         per_position = (self.k_cache.nbytes + self.v_cache.nbytes) // self.k_cache.shape[-2]
         held = min(self.n_sink, self._length) + max(self._length - self._first, 0)
         return per_position * held

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 import kv_attention as kv
-from kv_attention import attention as attention_module
 from kv_attention.attention import band_mask
 
 from ..references import naive_attend, naive_causal_attention, problem
@@ -205,17 +204,13 @@ def test_masked_attend_with_every_key_valid_is_attend():
     np.testing.assert_array_equal(kv.masked_attend(q, k, v, np.ones((3, 5), dtype=bool)), kv.attend(q, k, v))
 
 
-def test_masked_keys_may_be_huge_the_bound_takes_the_valid_keys_only():
+def test_masked_keys_may_be_huge():
     q, k, v = step_inputs()
     valid = np.array([[True, True, False, False, False]] * 3)
     k[:, 2:], v[:, 2:] = 1e308, -1e308  # q·k would overflow, and |v| is past half of float64's range
     with np.errstate(all="raise"):
         out = kv.masked_attend(q, k, v, valid)
     np.testing.assert_allclose(out, naive_attend(q, k[:, :2], v[:, :2]), rtol=1e-12, atol=1e-12)
-    with pytest.raises(ValueError, match=r"q and k are too large for float64: \|q·k\| could overflow"):
-        kv.masked_attend(q, k, v, np.ones((3, 5), dtype=bool))
-    with pytest.raises(ValueError, match=r"v is too large for float64: \|v\| could overflow"):
-        kv.masked_attend(q, k * (np.arange(5) < 2)[:, None], v, np.ones((3, 5), dtype=bool))  # only v is huge
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
@@ -232,10 +227,10 @@ def test_a_masked_key_or_value_may_hold_nan_or_inf_its_content_does_not_matter(b
     np.testing.assert_array_equal(out, finite)
     assert not np.isfinite(k_bad[~valid]).any() and not np.isfinite(v_bad[~valid]).any()  # the caller's, unwritten
     k_bad[0, 0, 0] = bad  # a valid key: refused, naming k
-    with pytest.raises(ValueError, match=r"^k contains NaN or inf at a valid key$"):
+    with pytest.raises(ValueError, match=r"^k at a valid key contains NaN or inf$"):
         kv.masked_attend(q, k_bad, v, valid)
     v_bad[1, 1, 2] = bad
-    with pytest.raises(ValueError, match=r"^v contains NaN or inf at a valid key$"):
+    with pytest.raises(ValueError, match=r"^v at a valid key contains NaN or inf$"):
         kv.masked_attend(q, k, v_bad, valid)
 
 
@@ -255,8 +250,6 @@ def test_no_key_position_gives_zeros():
         (lambda q, k, v: (q[..., :0], k[..., :0], v), ValueError, r"D_k must be at least 1"),
         (lambda q, k, v: (q.astype(np.int64), k, v), TypeError, r"q must be a float32 or float64 array"),
         (lambda q, k, v: (q, np.where(k > 1, np.nan, k), v), ValueError, r"^k contains NaN or inf$"),
-        (lambda q, k, v: (q * 1e200, k * 1e200, v), ValueError,
-         r"^q and k are too large for float64: \|q·k\| could overflow \(\|q·k\| <= \|q_t\|·\|k_s\| = [\d.]+e\+400;"),
     ],
 )
 def test_attend_refuses_bad_input(change, error, message):
@@ -276,15 +269,6 @@ def test_nan_in_k_or_v_is_found_when_no_score_is_computed():
     k[0, 0, 0] = np.nan
     with pytest.raises(ValueError, match="^k contains NaN or inf$"):
         kv.attend(q[:, :0], k, v)  # T_q = 0
-
-
-def test_a_score_overflowing_to_minus_inf_raises_though_the_output_is_finite():
-    # q·k_0 = -1e400 is -inf: unchecked, k_0 gets weight 0 and the output is v_1, finite and wrong.
-    q, k, v = np.array([[1e200, 0.0]]), np.array([[-1e200, 0.0], [1.0, 0.0]]), np.eye(2)
-    with np.errstate(over="ignore"):
-        assert np.isfinite(kv.attend(q, k, v, check_finite=False)).all()
-    with pytest.raises(ValueError, match=r"^q and k are too large for float64: \|q·k\| could overflow"):
-        kv.attend(q, k, v)
 
 
 @pytest.mark.parametrize(
@@ -310,49 +294,3 @@ def test_masked_attend_refuses_none_or_a_masked_array_as_the_mask_naming_valid(v
         kv.masked_attend(*step_inputs(), valid)
     with pytest.raises(TypeError, match=r"valid must be a bool array \[\.\.\., S\] = \[3\] for k \(3, 4\), got None"):
         kv.masked_attend(np.ones((1, 4)), np.ones((3, 4)), np.ones((3, 2)), None)
-
-
-# --- a long step: few query rows against many keys, computed block by block ------------------------
-
-
-@pytest.mark.parametrize("s_len", [2 * 256 + 1, 3 * 256, 4 * 256 + 7])
-@pytest.mark.parametrize("t_q", [2, 4, 16])
-def test_a_long_step_block_by_block_matches_naive(monkeypatch, s_len, t_q):
-    # S > 2 blocks of 256 keys and 2 <= T_q <= 16: scores and output are computed a block of keys at a time,
-    # the last block shorter; against the loop-by-loop reference, independent of the blocking.
-    monkeypatch.setattr(attention_module, "_LONG_STEP_BYTES", 0)  # small matrices, blocked as a large one is
-    q, k, v = step_inputs(lead=(2,), t_q=t_q, s=s_len, d_k=8, d_v=3)
-    assert attention_module._is_long_step(q, k)
-    np.testing.assert_allclose(kv.attend(q, k, v), naive_attend(q, k, v), rtol=1e-12, atol=1e-12)
-    out, lse = kv.attention_state(q, k, v)
-    np.testing.assert_array_equal(out, kv.attend(q, k, v))  # the same computation: bit for bit
-    scores = np.einsum("...td,...sd->...ts", q, k) / np.sqrt(8)
-    np.testing.assert_allclose(lse, np.log(np.exp(scores).sum(axis=-1)), rtol=1e-12)
-
-
-def test_a_long_step_over_a_caches_view_matches_the_contiguous_keys(monkeypatch):
-    # A StaticCache's k_cache[..., :T, :] is not contiguous across heads; the blocks are its rows.
-    monkeypatch.setattr(attention_module, "_LONG_STEP_BYTES", 0)
-    q, k, v = step_inputs(lead=(2, 3), t_q=4, s=700, d_k=8, d_v=3)
-    assert attention_module._is_long_step(q, k)
-    k_buffer, v_buffer = np.zeros((2, 3, 701, 8)), np.zeros((2, 3, 701, 3))
-    k_buffer[..., :700, :], v_buffer[..., :700, :] = k, v
-    out = kv.attend(q, k_buffer[..., :700, :], v_buffer[..., :700, :])
-    np.testing.assert_allclose(out, naive_attend(q, k, v), rtol=1e-12, atol=1e-12)
-
-
-def test_a_short_step_or_many_query_rows_is_one_product():
-    q, k, v = step_inputs(t_q=17, s=2000)
-    assert not attention_module._is_long_step(q, k)  # many query rows: one matmul reads K well
-    assert not attention_module._is_long_step(q[..., :2, :], k[..., :512, :])  # two blocks or fewer
-
-
-def test_a_long_step_is_blocked_only_where_a_heads_keys_outgrow_l2():
-    q = np.ones((1, 1, 2, 128), np.float32)
-    assert not attention_module._is_long_step(q, np.ones((1, 1, 2048, 128), np.float32))  # 1 MiB: one product
-    assert attention_module._is_long_step(q, np.ones((1, 1, 2049, 128), np.float32))  # past 1 MiB: blocked
-
-
-def test_one_query_row_is_never_blocked():
-    # Its products are matrix-vector products, which stream K and V whole (see attention._is_long_step).
-    assert not attention_module._is_long_step(np.ones((1, 1, 1, 128), np.float32), np.ones((1, 1, 65536, 128), np.float32))

@@ -72,8 +72,6 @@ def test_allocating_more_than_is_free_raises_out_of_blocks_and_takes_none(alloca
 def test_the_free_list_is_an_integer_array_not_python_objects():
     allocator = BlockAllocator(1000)
     assert isinstance(allocator._free, np.ndarray) and allocator._free.dtype == np.int32
-    assert BlockAllocator.nbytes_for(1000) == 1000 * (4 + 4)
-    assert BlockAllocator.nbytes_for(2**31) == 2**31 * (8 + 4)  # ids past int32 take int64
 
 
 def test_hash_block_tokens_is_sha256_of_the_parent_hash_and_the_tokens():

@@ -212,8 +212,8 @@ def test_nan_in_the_last_chunk_raises_before_any_chunk_is_written():
         (kv.SlidingWindowCache((), 4, 2, 5, n_sink=1), ValueError, "cache does not fit x"),
         (kv.SlidingWindowCache((), 4, 3, 5, n_sink=1, dtype=np.float32), TypeError, "cache holds float32"),
         (kv.StaticCache((), 5, 3, 5), ValueError, "cache too short"),
-        (kv.StaticCache, TypeError, "must be a cache instance"),
-        ("cache", TypeError, "must be a cache instance"),
+        (kv.StaticCache, TypeError, "must be a kv_attention.Cache instance"),
+        ("cache", TypeError, "must be a kv_attention.Cache instance"),
     ],
     ids=["batch", "d_k", "dtype", "short", "class", "str"],
 )
@@ -238,34 +238,6 @@ class FailingCache(kv.SlidingWindowCache):
         if self.calls == self.fail_at:
             raise RuntimeError("injected failure")
         return super().update(k, v)
-
-
-@pytest.mark.parametrize("fail_at", [1, 2, 4])
-def test_a_failed_chunk_leaves_the_window_cache_exactly_as_it_was(fail_at):
-    args = problem(20)
-    cache = FailingCache((), 3, 3, 5, n_sink=1, fail_at=fail_at + 2)
-    kv.chunked_attention(args[0][:6], *args[1:], chunk_size=3, window=3, n_sink=1, cache=cache)  # 2 calls
-    before = state(cache)
-    with pytest.raises(RuntimeError, match="injected failure"):
-        kv.chunked_attention(args[0][6:], *args[1:], chunk_size=2, window=3, n_sink=1, cache=cache)
-    assert_same_state(cache, before)
-    # and the cache still serves: the rest of the sequence continues exactly
-    cache.fail_at = 0
-    out = kv.chunked_attention(args[0][6:], *args[1:], chunk_size=5, window=3, n_sink=1, cache=cache)
-    np.testing.assert_allclose(out, naive_causal_attention(*args, window=3, n_sink=1)[6:], rtol=1e-10, atol=1e-10)
-
-
-@pytest.mark.parametrize("kind", ["static", "window"])
-def test_an_output_that_is_not_finite_raises_and_restores_the_cache(kind):
-    # A value of inf already in the cache passes every input check; the output shows it after every chunk is written.
-    args = problem(10)
-    cache = make_cache(kind, (), 4, 0, t_len=10)
-    cache.update(np.zeros((1, 3)), np.zeros((1, 5)))
-    cache.v_cache[0] = np.inf  # position 0's slot, written in the buffer: update itself refuses inf
-    before = state(cache)
-    with pytest.raises(ValueError, match="not finite"):
-        kv.chunked_attention(args[0][:9], *args[1:], chunk_size=2, window=4, cache=cache)
-    assert_same_state(cache, before)
 
 
 def test_decode_paths_refuse_a_window_cache():

@@ -165,35 +165,6 @@ def test_read_only_inputs_work_and_are_not_written(strategy):
         np.testing.assert_array_equal(a, original)  # against a copy
 
 
-def test_inputs_too_large_for_the_dtype_raise_instead_of_returning_nan(strategy):
-    x, w_q, w_k, w_v = strategy_problem(strategy, 4, dtype=np.float32)
-    with pytest.raises(ValueError, match="too large for float32"):
-        run(strategy, x * np.float32(1e20), w_q, w_k, w_v)
-
-
-@pytest.mark.parametrize("name", ["no_cache", "concat", "preallocated"])
-def test_a_score_that_would_overflow_to_minus_inf_raises(name):
-    # q1·k0 = -c·c' + ... : a partial sum can overflow to -inf, which softmax would
-    # silently treat as a masked position (weight 0). The true scaled score is finite.
-    c = 1e308
-    x = np.eye(2)
-    w_q = np.array([[0.0] * 5, [1.0] * 5])
-    w_k = np.array([[-c, -c, c, c, c], [0.0] * 5])
-    with pytest.raises(ValueError, match="too large for float64"):
-        run(name, x, w_q, w_k, np.eye(2))
-    with pytest.raises(ValueError, match="too large for float64"):
-        kv.causal_attention(x, w_q, w_k, np.eye(2))
-
-
-def test_keys_already_in_a_cache_enter_the_overflow_check():
-    x, w_q, w_k, w_v = strategy_problem("preallocated", 3)
-    cache = kv.StaticCache((), 8, 3, 5)
-    cache.update(np.full((1, 3), 1e308), np.ones((1, 5)))
-    with pytest.raises(ValueError, match="too large for float64"):
-        kv.cached_attention_preallocated(x, w_q, w_k, w_v, cache=cache)
-    assert cache.get_seq_length() == 1
-
-
 def test_masked_and_ragged_inputs_are_refused(strategy):
     x, w_q, w_k, w_v = strategy_problem(strategy, 3)
     with pytest.raises(TypeError, match="x is a masked array"):
@@ -227,8 +198,8 @@ def test_a_cache_too_short_for_t_is_refused_and_unchanged():
         ("preallocated", kv.StaticCache((), 9, 2, 5), ValueError, "cache does not fit x"),  # D_k 2, not 3
         ("preallocated", kv.StaticCache((), 9, 3, 5, np.float32), TypeError, "float32"),
         ("batched", kv.StaticCache((2,), 9, 3, 5), ValueError, "cache does not fit x"),  # B = 2, x has 3
-        ("concat", "not a cache", TypeError, "cache must be a cache instance"),
-        ("concat", kv.DynamicCache, TypeError, "cache must be a cache instance"),
+        ("concat", "not a cache", TypeError, "cache must be a kv_attention.Cache instance"),
+        ("concat", kv.DynamicCache, TypeError, "cache must be a kv_attention.Cache instance"),
     ],
 )
 def test_a_cache_that_does_not_fit_is_refused(name, cache, error, message):
@@ -242,15 +213,6 @@ def test_a_cache_that_does_not_fit_is_refused_even_for_t_0():
     x, w_q, w_k, w_v = strategy_problem("preallocated", 0)
     with pytest.raises(ValueError, match="cache does not fit x"):
         kv.cached_attention_preallocated(x, w_q, w_k, w_v, cache=kv.StaticCache((), 4, 2, 5))
-
-
-def test_a_failed_call_leaves_a_new_dynamic_cache_new():
-    x, w_q, w_k, w_v = strategy_problem("concat", 4, dtype=np.float32)
-    cache = kv.DynamicCache()
-    cache.update = lambda k, v, _update=cache.update: _update(k, v) if cache.get_seq_length() < 2 else 1 / 0
-    with pytest.raises(ZeroDivisionError):
-        kv.cached_attention(x, w_q, w_k, w_v, cache=cache)
-    assert cache.k_cache is None and cache.get_seq_length() == 0
 
 
 # --- properties (hypothesis) ---------------------------------------------------------------------

@@ -94,11 +94,6 @@ def test_repr_gives_shapes_and_dtype_not_the_arrays():
     assert repr(with_vocab) == "Problem(x=[3, 4], w_q=[4, 2], w_k=[4, 2], w_v=[4, 5], embedding=[100, 4], dtype=float64)"
 
 
-def test_a_problem_larger_than_memory_or_of_dtype_none_is_refused():
-    needed = 10**12 * 64 * (8 + 8) + 64 * 192 * (8 + 8)  # x and the weights, drawn in float64, then cast
-    with pytest.raises(ValueError, match=rf"^a problem of x \[1000000000000, 64\], .* needs {needed} bytes"):
-        kv.make_problem(10**12)
-    with pytest.raises(ValueError, match=r"vocab_size=1000000000000 in float32 needs"):
-        kv.make_problem(4, dtype=np.float32, vocab_size=10**12)
+def test_a_problem_of_dtype_none_is_refused():
     with pytest.raises(TypeError, match="^dtype must be float32 or float64, got None$"):
         kv.make_problem(4, dtype=None)

@@ -323,18 +323,6 @@ def test_bad_update_is_refused_and_changes_nothing(change, error, message):
     assert_unchanged(cache, before)
 
 
-def test_a_failed_decode_puts_back_the_state_even_across_a_quantized_block():
-    cache, k, v = filled(dict(nbits=2, format=None, group_size=2, residual_length=2), (), 3)
-    cache.update(k[:3], v[:3])  # 0..1 quantized, 2 exact
-    assert isinstance(cache, kv.Cache)
-    before = (cache.dequantize(), cache.nbytes, cache.num_quantized)
-    with pytest.raises(RuntimeError, match="midway"):
-        with kv.cache.rolled_back_on_error(cache):
-            cache.update(k[:3], v[:3])  # quantizes 2..5: a crop back to 3 could not undo it
-            raise RuntimeError("the decode failed midway")
-    assert_unchanged(cache, before)
-
-
 def test_check_finite_false_skips_the_scan_and_a_nan_group_is_still_refused():
     cache = kv.QuantizedCache((), 2, 2, group_size=2, residual_length=2)
     k = np.ones((4, 2))
@@ -379,39 +367,12 @@ def test_unchecked_values_whose_group_range_overflows_are_still_refused_when_qua
     assert_unchanged(cache, before)
 
 
-def test_attention_from_the_codes_refuses_an_output_that_overflowed():
-    # q·k̂ is small, but the sum over the codes, q·scale·code + q·zero, overflows: ValueError, never NaN.
-    d = g = 32
-    k = np.zeros((g + 1, d))
-    k[np.arange(g), np.arange(g)] = -1e154
-    v = np.random.default_rng(0).standard_normal((g + 1, d))
-    cache = kv.QuantizedCache((), d, d, nbits=4, group_size=g, residual_length=g)
-    cache.update(k, v)
-    q = np.full((1, d), 5e153 / np.sqrt(d))
-    assert np.isfinite(kv.attend(q, *cache.dequantize())).all()
-    with pytest.raises(ValueError, match="attention overflowed float64"):
-        kv.attend_quantized(q, cache)
-
-
 @pytest.mark.parametrize("q_shape, batch_shape", [((0, 4), ()), ((0, 3, 4), (0,)), ((2, 0, 4), (2,))])
 def test_attention_from_the_codes_of_zero_queries_or_sequences_is_empty(q_shape, batch_shape):
     cache = kv.QuantizedCache(batch_shape, 4, 5, group_size=2, residual_length=2)
     cache.update(np.ones(batch_shape + (5, 4)), np.ones(batch_shape + (5, 5)))
     out = kv.attend_quantized(np.ones(q_shape), cache)
     assert out.shape == q_shape[:-1] + (5,) and out.dtype == np.float64
-
-
-@pytest.mark.parametrize("snapshot", [3, None, (1, 2)])
-def test_restore_refuses_what_is_not_a_snapshot_of_this_cache(snapshot):
-    cache = kv.QuantizedCache((), 4, 4, group_size=2, residual_length=2)
-    cache.update(np.ones((5, 4)), np.ones((5, 4)))
-    before = (cache.dequantize(), cache.nbytes, cache.num_quantized)
-    with pytest.raises(TypeError, match="restore takes a snapshot"):
-        cache.restore(snapshot)
-    other = kv.QuantizedCache((), 8, 4, group_size=2, residual_length=2)
-    with pytest.raises(TypeError, match="restore takes a snapshot"):
-        cache.restore(other.snapshot())  # another cache's widths
-    assert_unchanged(cache, before)
 
 
 @pytest.mark.parametrize("nbits, error", [(True, TypeError), (2.0, TypeError), (-4, ValueError), (16, ValueError)])
