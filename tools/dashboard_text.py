@@ -1,21 +1,10 @@
 """The published dashboard shows text from the repository and the result files as text, never as markup.
 
-asv 0.6.6's pages build parts of themselves by pasting strings into HTML:
-tag names (``graphdisplay.js``, the labels over the graph), benchmark names,
-their code and parameter names (the benchmark tree, the summary grid, the
-tooltips, the panel headings) and the machine details (their tooltips). A git
-tag such as ``<img/src="x"/onerror="alert(document.domain)">`` then runs
-script in the browser of everyone who opens the dashboard. :func:`neutralise`
-rewrites each of those places in a published ``html_dir`` so that it inserts
-text (``.text()``, ``.attr()``, an HTML escape, tooltips without ``html``),
-and adds a Content-Security-Policy to ``index.html`` that allows no inline
-script but asv's own load-failure handler, as a second wall should a place be
-missed. The data (``index.json``, the graphs) is left as asv wrote it, so names
-and file paths still match.
-
-Each rewrite must find its original exactly once: a different asv (setup.cfg
-pins 0.6.6) raises :class:`UnsafeDashboard`, and the caller must not serve
-that dashboard. ``tools/dev.py publish`` runs this after every ``asv publish``.
+asv 0.6.6's pages paste tag names, benchmark names and code, parameter names and machine details into HTML, so a
+git tag such as ``<img/src="x"/onerror="alert(document.domain)">`` runs script in every visitor's browser.
+:func:`neutralise` rewrites each such place of a published ``html_dir`` to insert text, and adds a
+Content-Security-Policy allowing no inline script but asv's load-failure handler. Each rewrite must find asv
+0.6.6's code exactly once, else :class:`UnsafeDashboard` (the caller must not serve that dashboard).
 """
 
 import base64
@@ -145,17 +134,10 @@ def with_policy(index_html):
 
 
 def neutralise(html_dir):
-    """Make the dashboard in ``html_dir`` (as ``asv publish`` wrote it) insert repository text as text.
-
-    Every file is rewritten in memory first; nothing is written unless every
-    rewrite applies; a page rewritten already is left as it is. Call it after
-    :func:`tools.dashboard.vendor`: the policy allows the script hosts
-    ``index.html`` loads when it is called (none once vendored). Returns the
-    number of places made safe.
-
-    Raises:
-        UnsafeDashboard: a page is not asv 0.6.6's (html_dir is then unchanged).
-    """
+    """Make the dashboard in ``html_dir`` (as ``asv publish`` wrote it) insert repository text as text; the
+    number of places made safe. Nothing is written unless every rewrite applies (UnsafeDashboard otherwise); a page
+    rewritten already is left as it is. After :func:`tools.commands.publish.vendor`: the policy allows the
+    script hosts ``index.html`` loads when it is called (none once vendored)."""
     html_dir = Path(html_dir)
     files = {name: html_dir / name for name in [*REWRITES, "index.html"]}
     missing = [name for name, path in files.items() if not path.is_file()]

@@ -1,29 +1,27 @@
 #!/usr/bin/env python3
 """The project's commands, for a fresh machine with Python >= 3.10, git and pip.
 
-    python3 tools/dev.py bench [--all | --commits N] [--machine NAME]
-                                                  the main job: benchmark a bounded sample of the commits of
-                                                  main that can change a result, publish the dashboard
-    python3 tools/dev.py test [ARGS]              python -m pytest: tests, or only the paths and node ids
-                                                  ARGS name (ARGS go to pytest as given)
-    python3 tools/dev.py gate BASE HEAD [--factor F] [--count-factor F] [--bench REGEX]
-                                                  benchmark two commits where needed, compare the counts
-                                                  (work) and the timings (time), exit 0/1/2
+    python3 tools/dev.py bench [--commits N | --all] [--machine NAME]
+                                   the main job: benchmark a bounded sample of main's commits that can change a
+                                   result (asv run --record-samples), publish the offline dashboard, summarise
+    python3 tools/dev.py test [ARGS]      python -m pytest ARGS inside .venv
+    python3 tools/dev.py gate BASE HEAD [--factor F] [--count-factor F] [--bench REGEX] [--unpaired]
+                                   compare two commits: counts (work), timings in pairs (time); exit 0/1/2
     python3 tools/dev.py bisect GOOD BAD --bench REGEX   the first commit where one point got worse (gate's rule)
     python3 tools/dev.py report {tables,compare,csv,plots} ...   the lab's tables, samples and plots
-    python3 tools/dev.py publish                  the dashboard from the stored results
-    python3 tools/dev.py noise {aa,slowdown,work,broken,history} ...   drills of the gate and the main job
-    python3 tools/dev.py browser-check            the dashboard in headless Chromium, offline
+    python3 tools/dev.py publish   asv publish, then the dashboard's scripts copied for offline use
 
-Each command is a module of ``tools/commands/``. This file only parses the
-command line, makes ``.venv`` and installs the project with its test, bench
-and browser extras there (again only when setup.cfg or pyproject.toml
-change), re-runs itself inside it, and calls the command. asv builds its own
-per-commit virtualenvs under .asv/env.
+Examples: ``python3 tools/dev.py report tables --results-dir docs/results --machine vm-f980c2bd``,
+``python3 tools/dev.py gate HEAD~1 HEAD --bench CacheStrategy``.
+
+This file parses the command line, makes ``.venv`` with the project's test, bench and browser extras
+(again when setup.cfg or pyproject.toml change), re-runs itself inside it and calls the command
+(a module of ``tools/commands/``). SIGTERM and SIGINT stop the command and every process it started.
 """
 
 import hashlib
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +30,7 @@ if not __package__:  # run as a file: run as the module tools.dev, from the repo
     os.chdir(Path(__file__).resolve().parents[1])
     os.execv(sys.executable, [sys.executable, "-m", "tools.dev", *sys.argv[1:]])
 
-from . import common, examples, lock, processes  # noqa: E402
+from . import common  # noqa: E402
 from .commands import COMMANDS  # noqa: E402
 
 VENV = common.ROOT / ".venv"
@@ -61,30 +59,29 @@ def ensure_venv():
 
 
 def make_parser():
-    """``(parser, {command: module})``: every command's parser, each with its examples (tools/examples.py)."""
-    parser = examples.Parser(prog="tools/dev.py", description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    subparsers = parser.add_subparsers(dest="command", required=True)  # each a Parser too: argparse's default
+    """``(parser, {command: module})``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="tools/dev.py", description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    subparsers = parser.add_subparsers(dest="command", required=True)
     modules = {}
     for module in COMMANDS:
         modules[module.setup_arguments(subparsers).prog.split()[-1]] = module
-    return examples.add(parser), modules
+    return parser, modules
 
 
 def parse_args(argv):
     parser, modules = make_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(modules[args.command], "PASSTHROUGH", False):
-        examples.chosen(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.module, args.rest = modules[args.command], extra
     return args
 
 
-def run_command(args):
-    """``args.module.run(args)``, holding the workspace lock if the command declares ``LOCKS_WORKSPACE``."""
-    if not getattr(args.module, "LOCKS_WORKSPACE", False):
-        return args.module.run(args) or 0
-    with lock.workspace(f"tools/dev.py {args.command}"):
-        return args.module.run(args) or 0
+def stopped(signum, frame):
+    signal.signal(signum, signal.SIG_IGN)  # a second signal while the children stop changes nothing
+    raise common.Stopped(signum)
 
 
 def main(argv=None):
@@ -95,17 +92,18 @@ def main(argv=None):
             ensure_venv()
             os.environ[common.INSIDE_VENV] = "1"
             os.execv(str(venv_python()), [str(venv_python()), "-m", "tools.dev", *argv])
-        with processes.handle_signals():
-            return run_command(args)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, stopped)
+        if not getattr(args.module, "LOCKS_WORKSPACE", False):
+            return args.module.run(args) or 0
+        with common.workspace_lock(f"tools/dev.py {args.command}"):
+            return args.module.run(args) or 0
     except common.UserError as error:
         print(f"tools/dev.py {args.command}: error: {error}", file=sys.stderr)
         return getattr(args.module, "ERROR_EXIT", 1)  # gate: 1 means a regression, never an error
-    except processes.Stopped as stopped:
-        print(f"tools/dev.py {args.command}: stopped by {stopped}, with every process it started "
-              f"(exit {stopped.exit_code})", file=sys.stderr)
-        return stopped.exit_code
-    except KeyboardInterrupt:
-        return 130
+    except common.Stopped as stop:
+        print(f"tools/dev.py {args.command}: stopped by {stop}, with every process it started", file=sys.stderr)
+        return 128 + stop.signum
 
 
 if __name__ == "__main__":

@@ -1,25 +1,14 @@
 """One side of a paired comparison: the suite's benchmarks, timed in one commit's asv environment, on request.
 
-Started by :mod:`tools.pairs` as ``<env python> -s tools/pair_worker.py PACKAGE_DIR BENCHMARK_DIR``:
-the interpreter and numpy of the commit's asv environment, ``kv_attention`` from
-``PACKAGE_DIR`` (the commit's wheel, as asv built it, unpacked) and the suite
-from ``BENCHMARK_DIR`` (the working tree's, as asv imports it: asv_runner's
-discovery and its SpecificImporter, no folder of the repository on sys.path).
+``<env python> -s tools/pair_worker.py PACKAGE_DIR BENCHMARK_DIR`` (started by :mod:`tools.pairs`): the commit's
+``kv_attention`` from PACKAGE_DIR, the suite imported as asv_runner imports it. One JSON request a line on stdin,
+one JSON answer a line on stdout (what benchmarks print goes to stderr):
 
-It reads one JSON request per line on stdin and answers one JSON line on the
-stdout it was started with (what benchmarks print goes to stderr):
-
-- ``{"load": NAME, "param_idx": I, "number": N or null}``: asv_runner's
-  benchmark NAME at parameter combination I, its ``setup_cache`` (once per
-  cache key in this process) and ``setup``, so the suite's own correctness
-  check runs, and calibrates (both workers make the same calls, so that
-  neither starts its pairs from a colder state); answers ``{"loaded": True,
-  "number": N}`` (N the calibrated one when null), ``{"skipped": why}`` or
+- ``{"load": NAME, "param_idx": I, "number": N or null}``: the point's ``setup_cache`` (once per key), ``setup``
+  (the suite's correctness check) and calibration; ``{"loaded": True, "number": N}``, ``{"skipped": why}`` or
   ``{"failed": why}``;
-- ``{"samples": K}``: K samples of the loaded point, each after its setup again
-  (as asv re-runs setup before every sample) and of N calls, in the thread's
-  CPU time (:data:`CLOCK`); answers ``{"samples": [seconds per call, ...]}``;
-- ``{"stop": True}``, or the end of stdin: the worker exits.
+- ``{"samples": K}``: K samples of N calls each, setup again before each as asv does, in the thread's CPU time;
+  ``{"samples": [seconds per call, ...]}``; the end of stdin: the worker exits.
 """
 
 import json

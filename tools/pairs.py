@@ -1,35 +1,21 @@
 """Two commits' timings compared in pairs: one worker process per commit, taking turns on one core.
 
-asv times BASE and HEAD in separate runs, minutes apart, and compares their
-medians: on a shared VM the host's drift between the two runs decides as much
-as the code does (the gate flagged 1.44x and 2.53x on a docstring-only commit).
-Here each timing point is measured again in pairs (``benchmarks/pairs.py``,
-whose module docstring states the method): two workers
-(:mod:`tools.pair_worker`), each in the commit's own asv environment — its
-interpreter, numpy and thread pins, and the commit's ``kv_attention`` from the
-wheel asv built for it (asv's build cache; asv builds it if it is not there) —
-run the suite's own ``setup_cache``, ``setup`` and correctness check, then
-alternate bursts of samples, ABBA, pinned to the same core so that they never
-run at once, each sample timed in the worker thread's CPU time (the time
-another job holds the core is not the code's). Both start with the same hash
-seed and without address-space randomisation (:func:`fixed_layout`). The
-verdict is the median of the per-pair ratios HEAD / BASE and its 95 %
-interval: worse when the median is beyond the factor and the whole interval
-above 1. A point where only one of the two holds is measured further
-(:meth:`Paired.decided`); a worse point is measured again, longer, by two new
-workers, and stays worse only if that confirms it (:func:`measure_confirmed`).
-
-asv's own results are not touched: the dashboard keeps asv's unpaired medians.
+asv times BASE and HEAD in separate runs, minutes apart: on a shared VM the host's drift between them decides as
+much as the code does. Here each timing point is measured again in pairs (the method: ``benchmarks/pairs.py``):
+two workers (:mod:`tools.pair_worker`), each with the interpreter, numpy and thread pins of the commit's asv
+environment and the commit's ``kv_attention`` (from git), run the suite's own ``setup_cache``, ``setup`` and
+correctness check, then alternate bursts of samples on one core, timed in the thread's CPU time, with one hash
+seed and no address-space randomisation (:func:`fixed_layout`). Worse: the median of the per-pair ratios
+HEAD / BASE beyond the factor and its 95 % interval above 1, confirmed by two new workers
+(:func:`measure_confirmed`). asv's own results are not touched.
 """
 
-import glob
 import json
 import os
 import select
 import subprocess
 import sys
 import tempfile
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,7 +99,7 @@ class Worker:
         environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # asv strips it too
         environ.update(env.env_vars)  # the matrix's env_nobuild: the one-thread BLAS pin
         environ["PYTHONHASHSEED"] = "0"  # one hash seed for both: dicts and sets laid out alike
-        python = os.path.join(env._path, "bin", "python")  # asv's virtualenv interpreter
+        python = env.python
         self.process = subprocess.Popen([python, "-s", str(WORKER), str(package_dir), str(benchmark_dir)],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=environ, cwd=cwd,
                                         text=True, preexec_fn=fixed_layout if sys.platform == "linux" else None)
@@ -158,38 +144,22 @@ def one_core():
     return max(os.sched_getaffinity(0))
 
 
-def package_of(conf, env, commit, folder):
-    """``folder``/<commit>: the commit's kv_attention as asv built it (the wheel in asv's build cache), unpacked."""
-    from asv.repo import get_repo
-
-    cache_dir = env._cache.get_cache_dir(commit)
-    if cache_dir is None:  # not built, or dropped from the cache (build_cache_size): asv builds it
-        env.create()
-        env._set_installed_commit_hash(None)  # else asv skips the build of the commit it has installed
-        env.install_project(conf, get_repo(conf), commit)
-        cache_dir = env._cache.get_cache_dir(commit)
-    wheels = glob.glob(os.path.join(cache_dir or "", "*.whl"))
-    if len(wheels) != 1:
-        raise common.UserError(f"asv's build cache holds {len(wheels)} wheels for {commit[:8]} in {cache_dir}")
+def package_of(commit, folder):
+    """``folder``/<commit>: the commit's kv_attention (pure Python), from git."""
     target = Path(folder) / commit
-    with zipfile.ZipFile(wheels[0]) as wheel:
-        wheel.extractall(target)  # a pure-Python wheel unpacked is an importable folder
+    target.mkdir()
+    archive = subprocess.run(["git", "-C", str(common.ROOT), "archive", commit, "kv_attention"], capture_output=True)
+    if archive.returncode != 0 or subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout).returncode:
+        raise common.UserError(f"cannot extract kv_attention of {commit[:8]}: {archive.stderr.decode().strip()}")
     return target
 
 
-def measure(conf, env, base, head, points, progress=print, factor=None, seconds=SECONDS_PER_POINT,
+def measure(env, base, head, points, progress=print, factor=None, seconds=SECONDS_PER_POINT,
             max_pairs=MAX_PAIRS, strict=False):
-    """``{label: Paired or {"skipped" or "failed": why, "role": "base" or "head"}}`` of ``points``.
-
-    ``points``: ``[(name, param_idx, label)]`` (:func:`timing_points`); about
-    ``seconds`` of pairs each. With ``factor``, a point whose verdict its pairs
-    left open (:meth:`Paired.decided`, ``strict``) is measured further, up to
-    ``max_pairs`` (``benchmarks.pairs.pairs_within``).
-
-    BASE and HEAD are commit hashes; each point's sides load in their worker
-    (setup_cache, setup, the correctness check), BASE first, which calibrates
-    the calls per sample for both; then they alternate (``benchmarks.pairs``).
-    """
+    """``{label: Paired or {"skipped" or "failed": why, "role": "base" or "head"}}`` of ``points``
+    (``[(benchmark, param_idx, label)]``), about ``seconds`` of pairs each; with ``factor``, a verdict its pairs
+    left open (:meth:`Paired.decided`) is measured further, up to ``max_pairs``. BASE's worker calibrates the
+    calls per sample for both."""
     from benchmarks.pairs import median_interval, pairs_within
 
     def decided(ratios):
@@ -197,12 +167,12 @@ def measure(conf, env, base, head, points, progress=print, factor=None, seconds=
 
     outcomes = {}
     with tempfile.TemporaryDirectory(prefix="kv-attention-pairs-") as folder:
-        packages = [package_of(conf, env, commit, folder) for commit in (base, head)]
+        packages = [package_of(commit, folder) for commit in (base, head)]
         workers = []
         try:
             for i, (name, param_idx, label) in enumerate(points):
                 if not workers:  # at the start, and again after a worker stopped or hung
-                    workers = start_workers(env, packages, common.ROOT / conf.benchmark_dir, folder)
+                    workers = start_workers(env, packages, common.ROOT / "benchmarks", folder)
                 try:
                     loaded, role = workers[0].ask(load=name, param_idx=param_idx, number=None), "base"
                     if "loaded" in loaded:
@@ -230,7 +200,7 @@ def measure(conf, env, base, head, points, progress=print, factor=None, seconds=
     return outcomes
 
 
-def measure_confirmed(conf, env, base, head, points, factor, progress=print):
+def measure_confirmed(env, base, head, points, factor, progress=print):
     """:func:`measure`, then each point worse than ``factor`` again with two new workers: it stays worse only if
     that confirms it (then with the smaller ratio); a false alarm rarely repeats in new processes, a regression does.
 
@@ -238,11 +208,11 @@ def measure_confirmed(conf, env, base, head, points, factor, progress=print):
     until it is worse or its whole interval is below ``factor`` (or its bounds): a noisy point's regression is
     not cleared by a second verdict as wide as 1.0015x [0.962, 1.058] after 32 pairs (the 5 % concat drill, T=256).
     """
-    measured = measure(conf, env, base, head, points, progress, factor)
+    measured = measure(env, base, head, points, progress, factor)
     confirm = [point for point in points if isinstance(measured[point[2]], Paired) and measured[point[2]].worse(factor)]
     if confirm:
         progress(f"confirming {len(confirm)} point(s) worse than {factor}x, in pairs again with two new workers:")
-        second = measure(conf, env, base, head, confirm, progress, factor, CONFIRM_SECONDS, CONFIRM_MAX_PAIRS, True)
+        second = measure(env, base, head, confirm, progress, factor, CONFIRM_SECONDS, CONFIRM_MAX_PAIRS, True)
         for label, again in second.items():
             if not (isinstance(again, Paired) and again.worse(factor)) or again.ratio < measured[label].ratio:
                 measured[label] = again  # not confirmed: the second verdict stands; confirmed: the smaller
@@ -258,25 +228,20 @@ def start_workers(env, packages, benchmark_dir, folder):
     return workers
 
 
-def timing_points(benchmarks, labels):
-    """``[(name, param_idx, label)]`` of the ``time_`` points among ``labels`` (asv compare's point labels)."""
-    import itertools
+@dataclass(frozen=True)
+class Env:
+    """One asv environment: its name, interpreter and the matrix's environment variables (the BLAS pin)."""
 
-    wanted, found = set(labels), []
-    for name, info in sorted(benchmarks.items()):
-        if not name.rsplit(".", 1)[-1].startswith("time_"):
-            continue
-        combos = list(itertools.product(*info.get("params", []))) or [()]
-        for idx, combo in enumerate(combos):
-            label = f"{name}({', '.join(combo)})" if combo else name
-            if label in wanted:
-                found.append((name, idx if combo else None, label))
-    return found
+    name: str
+    python: str
+    env_vars: dict
 
 
-def environments(conf):
-    """asv's configured environments (one per matrix entry), as asv makes them."""
+def environments():
+    """asv's configured environments (one per matrix entry), as asv names them and where it makes them."""
+    from asv.config import Config
     from asv.environment import get_environments
 
-    return list(get_environments(conf, None, verbose=False))
-
+    conf = Config.load(str(common.ROOT / "asv.conf.json"))
+    return [Env(env.name, str(common.ROOT / conf.env_dir / env.dir_name / "bin" / "python"), dict(env.env_vars))
+            for env in get_environments(conf, None, verbose=False)]

@@ -1,28 +1,14 @@
 """Where a command may write a file the user named (``report csv --out``, ``report plots --out``).
 
-One rule for every command that writes files: a path is written only if it is
-a regular file or does not exist yet, checked twice, on the path as given and
-on the path with every symlink resolved (the file is then written at the
-resolved place, so an existing symlink keeps pointing at it). Refused with one
-line (:class:`~tools.common.UserError`):
-
-- a device, FIFO, socket or directory in its place;
-- a read-only file;
-- anything inside an asv workspace (a directory named ``.asv``, or another
-  protected directory such as the results directory in use) or inside a
-  ``.git`` directory;
-- a file git tracks (``git ls-files``) in the repository it lies in.
-
-A file is written whole or not at all: into a temporary file in the same
-directory, then renamed over the target (``os.replace``), so a reader never
-sees half of it and a failure leaves the old file as it was. Replacing an
-existing file keeps its permission bits, and the command says it replaced it.
+A path is written only if nothing is there yet or a regular file is (``lstat``: never through a symlink, a
+FIFO, a device, a socket or a directory), and never inside an asv workspace (a directory named ``.asv``, or the
+results directory read), a ``.git`` directory or /dev, /proc, /sys, as given or with its folders' symlinks resolved. A file is
+written whole or not at all: a temporary file in the same folder, renamed over the target.
 """
 
 import contextlib
 import os
 import stat
-import subprocess
 import tempfile
 
 from . import common
@@ -37,103 +23,40 @@ def kind(mode):
     return KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
-SYSTEM_DIRS = ("/dev", "/proc", "/sys")  # the kernel's and devices' file systems: never an output
-
-
-def _check_given(out, what):
-    """UserError for an empty path, or one in :data:`SYSTEM_DIRS` as given or resolved."""
+def _check_place(out, what, protected):
     if not isinstance(out, (str, os.PathLike)) or not os.fspath(out):
         raise UserError(f"{what}: the path is empty")
-    given, real = os.path.abspath(out), os.path.realpath(out)
-    for path, label in ((given, what), (real, f"{what} (resolved to {real})")):
-        system = [d for d in SYSTEM_DIRS if _inside(path, d)]
-        if system:
-            raise UserError(f"{label} is inside {system[0]}, the system's device and kernel files: choose another path")
-
-
-def _inside(path, folder):
-    return os.path.commonpath([path, folder]) == folder
-
-
-def _git_says(existing_dir, *args):
-    """True if ``git -C existing_dir ARGS`` succeeds and prints ``true`` or a path; False without git."""
-    try:
-        out = subprocess.run(["git", "--literal-pathspecs", "-C", existing_dir, *args], capture_output=True,
-                             text=True)
-    except OSError:
-        return False
-    return out.returncode == 0 and out.stdout.strip() not in ("", "false")
-
-
-def _nearest_existing(path):
-    """``(the deepest existing directory above path, path relative to it)``."""
-    folder = os.path.dirname(path)
-    while not os.path.isdir(folder):
-        folder = os.path.dirname(folder)
-    return folder, os.path.relpath(path, folder)
-
-
-def _check_workspace(path, what, protected):
-    """UserError if ``path`` lies in a protected directory or any ``.asv`` directory."""
-    parts = path.split(os.sep)
-    inside = [folder for folder in protected if _inside(path, folder)]
-    if ".asv" in parts:
-        inside.append(os.sep.join(parts[:parts.index(".asv") + 1]))
-    if inside:
-        raise UserError(f"{what} is inside {inside[0]}, which only asv and these tools write: choose another path")
-
-
-def _check_place(path, what, protected):
-    """UserError if ``path`` (absolute, normalised) lies in a protected directory, a .git directory or is tracked."""
-    _check_workspace(path, what, protected)
-    folder, rest = _nearest_existing(path)
-    if ".git" in path.split(os.sep) or _git_says(folder, "rev-parse", "--is-inside-git-dir"):
-        raise UserError(f"{what} is inside a .git directory: choose another path")
-    if _git_says(folder, "ls-files", "--full-name", "--", rest):
-        raise UserError(f"{what} is a file git tracks: choose a path that is not part of the repository")
-
-
-def protected_dirs(*extra):
-    """The directories no output may be written into: this repository's ``.asv/`` and ``extra``, resolved."""
-    dirs = [common.ROOT / ".asv", *extra]
-    return sorted({os.path.realpath(d) for d in dirs} | {os.path.abspath(d) for d in dirs})
+    given = os.path.abspath(out)
+    real = os.path.join(os.path.realpath(os.path.dirname(given)), os.path.basename(given))
+    folders = {os.path.realpath(d) for d in [common.ROOT / ".asv", "/dev", "/proc", "/sys", *protected]}
+    for path in (given, real):
+        parts = path.split(os.sep)
+        inside = [d for d in folders if os.path.commonpath([path, d]) == d]
+        inside += [os.sep.join(parts[:parts.index(d) + 1]) for d in (".asv", ".git") if d in parts]
+        if inside:
+            raise UserError(f"{what} is inside {inside[0]} (asv's workspace, the results read, .git or the "
+                            "system's devices): choose another path")
+    return real
 
 
 def check_file(out, protected=(), what=None):
-    """The resolved path ``out`` may be written to, and whether a file is there already.
-
-    Raises:
-        UserError: ``out`` (as given or resolved) is not a regular file nor a
-            missing path, is read-only, protected, inside .git or tracked.
-    """
+    """``(path to write, whether a file is there already)``; UserError where ``out`` may not be written."""
     what = what or f"--out {out}"
-    _check_given(out, what)
-    protected = protected_dirs(*protected)
-    given, real = os.path.abspath(out), os.path.realpath(out)
-    _check_place(given, what, protected)
-    if real != given:
-        _check_place(real, f"{what} (resolved to {real})", protected)
+    real = _check_place(out, what, protected)
     try:
-        info = os.stat(real)
+        mode = os.lstat(real).st_mode
     except FileNotFoundError:
         return real, False
     except OSError as exc:
         raise UserError(f"cannot write {what}: {exc.strerror}") from None
-    if not stat.S_ISREG(info.st_mode):
-        resolved = "" if real == given else f" (resolved to {real})"
-        raise UserError(f"{what}{resolved} is {kind(info.st_mode)}, not a regular file: refusing to replace it")
-    if not os.access(real, os.W_OK) or not info.st_mode & 0o222:
-        raise UserError(f"{what} is a read-only file: refusing to replace it")
+    if not stat.S_ISREG(mode):
+        raise UserError(f"{what} is {kind(mode)}, not a regular file: refusing to write through it")
     return real, True
 
 
 @contextlib.contextmanager
 def atomic_write(real, binary=False):
-    """Yield a file object writing a temporary file next to ``real``; renamed over ``real`` if the block succeeds.
-
-    ``real`` is a path :func:`check_file` returned; missing parent directories
-    are made. Raises UserError when the file cannot be written.
-    """
+    """A file object writing a temporary file next to ``real``, renamed over ``real`` if the block succeeds."""
     folder = os.path.dirname(real)
     try:
         os.makedirs(folder, exist_ok=True)
@@ -141,13 +64,9 @@ def atomic_write(real, binary=False):
     except OSError as exc:
         raise UserError(f"cannot write {real}: {exc.strerror}") from None
     try:
-        try:
-            mode = stat.S_IMODE(os.stat(real).st_mode)
-        except FileNotFoundError:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask  # as open() would make it, not mkstemp's 0600
-        os.chmod(tmp, mode)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as open() would make it, not mkstemp's 0600
         with os.fdopen(fd, "wb" if binary else "w", newline=None if binary else "") as f:
             yield f
         os.replace(tmp, real)
@@ -159,21 +78,10 @@ def atomic_write(real, binary=False):
 
 
 def check_dir(out, protected=(), what=None):
-    """The resolved directory ``out`` (existing, or to be made) that files may be written into.
-
-    Raises:
-        UserError: ``out`` (as given or resolved) exists and is not a directory,
-            or lies in a protected directory or inside .git.
-    """
+    """The directory ``out`` (made if missing) files may be written into; UserError if it may not."""
     what = what or f"--out {out}"
-    _check_given(out, what)
-    protected = protected_dirs(*protected)
-    given, real = os.path.abspath(out), os.path.realpath(out)
-    for path in {given, real}:
-        _check_workspace(path, what, protected)
-        if ".git" in path.split(os.sep):
-            raise UserError(f"{what} is inside a .git directory: choose another directory")
-    if os.path.lexists(real) and not os.path.isdir(real):
+    real = _check_place(out, what, protected)
+    if os.path.lexists(real) and not stat.S_ISDIR(os.lstat(real).st_mode):
         raise UserError(f"{what} is {kind(os.lstat(real).st_mode)}, not a directory")
     try:
         os.makedirs(real, exist_ok=True)

@@ -40,11 +40,10 @@ def run(monkeypatch, base_cost, head_cost, names, stops=None):
         started.append(workers)
         return workers
 
-    monkeypatch.setattr(pairs, "package_of", lambda conf, env, commit, folder: commit)
+    monkeypatch.setattr(pairs, "package_of", lambda commit, folder: commit)
     monkeypatch.setattr(pairs, "start_workers", start)
-    conf = SimpleNamespace(benchmark_dir="benchmarks")
     points = [(name, 0, name) for name in names]
-    return pairs.measure(conf, None, "base", "head", points, progress=lambda line: None), started
+    return pairs.measure(None, "base", "head", points, progress=lambda line: None), started
 
 
 def test_each_point_gets_the_median_of_its_per_pair_ratios_and_its_interval(monkeypatch):
@@ -92,11 +91,10 @@ def test_the_gate_measures_an_open_verdict_further_and_a_settled_one_not(monkeyp
 
     def measured(factor, seed=1):
         draw = random.Random(seed)
-        monkeypatch.setattr(pairs, "package_of", lambda conf, env, commit, folder: commit)
+        monkeypatch.setattr(pairs, "package_of", lambda commit, folder: commit)
         monkeypatch.setattr(pairs, "start_workers",
                             lambda *args: [Timed(1.0), Timed(1.0, lambda: 1.04 if draw.random() < 0.55 else 0.97)])
-        conf = SimpleNamespace(benchmark_dir="benchmarks")
-        return pairs.measure(conf, None, "b", "h", [("a", 0, "a")], progress=lambda line: None, factor=factor)["a"]
+        return pairs.measure(None, "b", "h", [("a", 0, "a")], progress=lambda line: None, factor=factor)["a"]
 
     first = measured(factor=None)
     assert first.pairs == pairs.MIN_PAIRS and not first.decided(1.03)  # 1.04x, 0.97 inside its interval
@@ -117,13 +115,13 @@ def test_workers_start_without_address_space_randomisation():
 def test_a_flagged_point_is_confirmed_by_a_longer_measurement_that_settles_strictly(monkeypatch):
     calls = []
 
-    def measure(conf, env, base, head, points, progress=print, factor=None, seconds=pairs.SECONDS_PER_POINT,
+    def measure(env, base, head, points, progress=print, factor=None, seconds=pairs.SECONDS_PER_POINT,
                 max_pairs=pairs.MAX_PAIRS, strict=False):
         calls.append((seconds, max_pairs, strict, factor))
         return {label: pairs.Paired(1.05, 1.02, 1.08, 20) for *_, label in points}
 
     monkeypatch.setattr(pairs, "measure", measure)
-    out = pairs.measure_confirmed(None, None, "b", "h", [("a", 0, "a")], 1.03, progress=lambda line: None)
+    out = pairs.measure_confirmed(None, "b", "h", [("a", 0, "a")], 1.03, progress=lambda line: None)
     assert calls == [(pairs.SECONDS_PER_POINT, pairs.MAX_PAIRS, False, 1.03),
                      (pairs.CONFIRM_SECONDS, pairs.CONFIRM_MAX_PAIRS, True, 1.03)]
     assert out["a"].worse(1.03) and pairs.CONFIRM_SECONDS > pairs.SECONDS_PER_POINT
@@ -151,11 +149,10 @@ def test_a_point_whose_setup_fails_while_sampled_fails_alone_and_the_workers_go_
         started.append([FakeWorker(1.0), FailsAt(1.0)])
         return started[-1]
 
-    monkeypatch.setattr(pairs, "package_of", lambda conf, env, commit, folder: commit)
+    monkeypatch.setattr(pairs, "package_of", lambda commit, folder: commit)
     monkeypatch.setattr(pairs, "start_workers", start)
-    conf = SimpleNamespace(benchmark_dir="benchmarks")
     points = [(name, 0, name) for name in ("flaky", "fine")]
-    outcomes = pairs.measure(conf, None, "b", "h", points, progress=lambda line: None)
+    outcomes = pairs.measure(None, "b", "h", points, progress=lambda line: None)
     assert outcomes["flaky"] == {"failed": "AssertionError: check failed on the 7th setup", "role": "head"}
     assert outcomes["fine"].ratio == pytest.approx(1.0) and len(started) == 1
 

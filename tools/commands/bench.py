@@ -1,19 +1,14 @@
-"""``bench``: the main job. Benchmark a bounded sample of main's commits that can change a result, publish, judge main.
+"""``bench``: the main job. Benchmark a bounded sample of main's commits that can change a result, publish, summarise.
 
-Benchmark files always come from the working tree, so only a commit that
-changes what asv builds and installs (the package, its build files, asv's own
-config) can change a result. Of those commits of main the job takes a bounded,
-stable sample (:func:`sample_commits`): main, main~1 and the newest ones
-always, older ones spread over the whole history, never one the package cannot
-be built from; ``--all`` takes every commit and ``--commits N`` sets the bound.
-Commits that already have results for every benchmark are skipped, so a
-re-run costs only what is new; a stored timing without samples (a plain
-``asv run --quick``'s) counts as missing and is measured again. One line per
-commit says which of how many it is measuring and roughly how long is left.
-Results are stored under this machine's name, hostname plus a hardware
-fingerprint (:mod:`tools.machine`), or ``--machine NAME``. The job exits 2
-when a benchmark failed its correctness check at main's tip, or a point
-measured at main~1 is n/a there (it vanished); 1 on an error.
+Benchmark files come from the working tree, so only a commit that changes what asv builds (the package, its build
+files, asv's config) can change a result. Of those commits of main the job takes a bounded, stable sample
+(:func:`sample_commits`); ``--all`` takes every commit. It runs ``asv machine --yes --machine NAME`` (NAME: the
+hostname and a hardware fingerprint, or ``--machine``), ``asv run --record-samples --skip-existing`` over the
+commits without complete results (a timing stored without samples counts as missing), ``asv publish`` and the
+offline copies of the dashboard's scripts (:mod:`tools.commands.publish`). Its summary compares main with the
+newest older commit that has results, both named: the counts by the gate's factor, the timings by ``asv compare``
+on asv's samples, and each timing asv flags measured again in pairs, as the gate does. Exit 2 when a benchmark
+failed at main or a point measured at main~1 is n/a there (it vanished); 1 on an error.
 """
 
 import argparse
@@ -21,21 +16,21 @@ import math
 import re
 import time
 
-from .. import common, machine, results
-from .gate import DEFAULT_FACTOR, UNPAIRED_FACTOR, channel_summary, pair_timings
-from .publish import publish, view_lines
+from .. import common, results
+from . import publish
+from .gate import (COUNT_FACTOR, DEFAULT_FACTOR, UNPAIRED_FACTOR, VANISHED, asv_compare, exact_regressions, failures,
+                   method_of, pair, ratio_text)
 
-LOCKS_WORKSPACE = True  # one job at a time in .asv/ (tools/lock.py)
-
+LOCKS_WORKSPACE = True
 RESULT_PATHS = ["kv_attention", "setup.cfg", "pyproject.toml", "asv.conf.json"]
 BUILD_FILES = ["setup.cfg", "pyproject.toml", "kv_attention/__init__.py"]  # all present => buildable
-# Commits the default selection benchmarks at most, so that a fresh clone's main job stays within 15 minutes:
-# the suite measured 89 s of benchmarks a commit on a quiet 2-core machine, 95 s with its install
-# (docs/benchmarking.md, "Cost per commit"), so 5 fit beside the .venv and the first asv environment.
-DEFAULT_COMMITS = 5
+DEFAULT_COMMITS = 5  # 5 x ~100 s beside the .venv and the first asv environment: a fresh clone within 12 min
 NEWEST = 2  # main and main~1: always in the sample
-SECONDS_PER_COMMIT = 100  # the estimate of the time left until one commit has been measured
+# Seconds of each phase, for the time left (measured on the 2-core VM, docs/benchmarking.md): a commit's build,
+# install and suite; the first asv environment; asv publish with the offline copies; one timing point in pairs.
+SECONDS_PER_COMMIT, FIRST_ENV, PUBLISH, PER_PAIRED_POINT = 100, 60, 20, 8
 ASV_COMMIT_LINE = re.compile(r"For \S+ commit ([0-9a-f]{8})")  # asv run's line as it starts a commit
+NAMED = 5  # points named under the summary, per channel
 
 
 def commit_count(text):
@@ -49,20 +44,24 @@ def commit_count(text):
     return value
 
 
+def machine_name(text):
+    """argparse type of ``--machine``: one plain folder name (asv stores the results in ``<results_dir>/<name>/``)."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", text):
+        raise argparse.ArgumentTypeError(f"must be letters, digits, '.', '_' or '-', not starting with '.' (it names "
+                                         f"a folder of the results), got {text!r}")
+    return text
+
+
 def setup_arguments(subparsers):
-    parser = subparsers.add_parser("bench", allow_abbrev=False,
-                                   help="benchmark a bounded sample of the commits of main that can change a "
-                                        "result, and publish")
+    parser = subparsers.add_parser("bench", allow_abbrev=False, help="benchmark a bounded sample of the commits of "
+                                   "main that can change a result, publish, summarise")
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--all", action="store_true",
-                       help="every buildable commit of main, not only a sample of main, main~1 and those that "
-                            "changed " + ", ".join(RESULT_PATHS))
+    which.add_argument("--all", action="store_true", help="every buildable commit of main")
     which.add_argument("--commits", type=commit_count, default=DEFAULT_COMMITS, metavar="N",
-                       help=f"benchmark at most N commits: main, main~1, the newest that can change a result and "
-                            f"older ones spread over the history (default {DEFAULT_COMMITS})")
-    parser.add_argument("--machine", metavar="NAME", type=machine.name_argument,
-                        help="asv machine name to store the results under (default: hostname plus a short "
-                             "fingerprint of the CPU and /etc/machine-id)")
+                       help=f"at most N commits: main, main~1, the newest that can change a result and older ones "
+                            f"spread over the history (default {DEFAULT_COMMITS})")
+    parser.add_argument("--machine", metavar="NAME", type=machine_name,
+                        help="asv machine name (default: hostname plus a fingerprint of the hardware)")
     return parser
 
 
@@ -116,63 +115,15 @@ def sample_commits(commits, bound):
     return newest + [c for c in commits[NEWEST:] if c in spread]
 
 
-NAMED = 5  # points named under a summary line, per channel
-
-
-def print_outcomes(commits, head, pair_tip=False):
-    """Print one line per commit (ok / failed / skipped points) and the points behind its channels; return the
-    benchmarks that failed at ``head``.
-
-    Each commit is compared with the next older commit listed: counts (work) beyond the gate's count factor,
-    timings (time) on asv's unpaired medians at the gate's unpaired factor, except for ``head`` against
-    the commit before it when ``pair_tip``: its timings are measured again in pairs (:mod:`tools.pairs`),
-    as the gate does.
-    """
-    conf, benchmarks, machine, env_names = results.asv_setup()
-    if benchmarks is None:
-        raise common.UserError("asv found no benchmarks to report on (no benchmarks.json: "
-                               "did asv run discover the suite?)")
-    head_failed, head_measured = [], False
-    rows = [results.compare_rows(conf, results.iter_results(conf, machine, c, env_names)) for c in commits]
-    paired, older_tip = None, next((c for c, r in zip(commits[1:], rows[1:]) if r), None)
-    if pair_tip and commits[0] == head and rows[0] and older_tip:
-        paired, _ = pair_timings(conf, benchmarks, {"base": older_tip, "head": head},
-                                 {"base": rows[commits.index(older_tip)], "head": rows[0]})
-    print(f"\nresults on machine {machine!r} (work: counts vs the next older commit listed; time: timings vs it, "
-          f"asv's unpaired medians beyond {UNPAIRED_FACTOR}x"
-          + (f", {head[:8]}'s in pairs beyond {DEFAULT_FACTOR}x" if paired else "") + "):")
-    for i, commit in enumerate(commits):
-        counts, failed = results.count_outcomes(commit, conf, benchmarks, machine, env_names)
-        subject = common.git("log", "-1", "--format=%s", commit)
-        status = ", ".join(f"{counts[k]} {k}" for k in ("ok", "failed", "skipped")) if counts else "no results"
-        older = next((r for r in rows[i + 1:] if r), None)
-        channels, points = "work -, time -", []
-        if rows[i] and older:
-            factor = DEFAULT_FACTOR if paired and i == 0 else UNPAIRED_FACTOR
-            channels, points = channel_summary(older, rows[i], benchmarks, factor, paired=paired if i == 0 else None)
-        print(f"  {commit[:8]}  {status:<28}  {channels:<36}  {subject[:50]}")
-        for channel in ("work", "time"):
-            named = [(label, ratio) for c, label, ratio in points if c == channel]
-            for label, ratio in named[:NAMED]:
-                print(f"      {channel} worse {ratio:.4f}x  {label}")
-            if len(named) > NAMED:
-                print(f"      {channel}: and {len(named) - NAMED} more")
-        if commit == head:
-            head_failed, head_measured = failed, bool(counts)
-    if not head_measured:
-        raise common.UserError(f"{common.BRANCH} ({head[:8]}) has no results: its build or install failed "
-                               "(see above)")
-    print(f"this summary is not a gate: the job exits 2 only for a failed correctness check or a vanished point at "
-          f"{common.BRANCH}. The gate is `python3 tools/dev.py gate {common.BRANCH}~1 {common.BRANCH}` (exit 0, 1 "
-          "or 2; its timings in pairs)")
-    return head_failed
+def minutes(seconds):
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
 
 
 class Progress:
-    """One line per commit as asv starts it: which of how many, and roughly how long is left."""
+    """One line per commit as asv starts it: which of how many, and the time left for every phase still to come."""
 
-    def __init__(self, commits):
-        self.commits, self.started, self.done = commits, time.monotonic(), 0
+    def __init__(self, commits, after):
+        self.commits, self.after, self.started, self.done = commits, after, time.monotonic(), 0
         self.subjects = {c[:8]: common.git("log", "-1", "--format=%s", c) for c in commits}
 
     def __call__(self, line):
@@ -181,54 +132,85 @@ class Progress:
             return
         elapsed = time.monotonic() - self.started
         per_commit = elapsed / self.done if self.done else SECONDS_PER_COMMIT
-        left = per_commit * (len(self.commits) - self.done)
+        left = per_commit * (len(self.commits) - self.done) + self.after
         self.done += 1
         print(f"[bench] commit {self.done} of {len(self.commits)}: {match.group(1)} "
-              f"{self.subjects[match.group(1)][:50]!r}; about {format_minutes(left)} left", flush=True)
+              f"{self.subjects[match.group(1)][:50]!r}; about {minutes(left)} left (publish and pairs included)",
+              flush=True)
 
 
-def format_minutes(seconds):
-    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+def describe(commit, name):
+    return f"{name} {commit[:8]} {common.git('log', '-1', '--format=%s', commit)[:50]!r}"
+
+
+def summary(machine, commits, tip, measured):
+    """Print each commit's outcomes and main against the newest older commit with results; the failures at main."""
+    stored = {c: results.stored(machine, c) for c in commits}
+    print(f"\nresults on machine {machine!r}:")
+    for commit in commits:
+        counts, _ = results.outcomes(stored[commit])
+        status = ", ".join(f"{counts[k]} {k}" for k in ("ok", "failed", "skipped")) if counts else "no results"
+        print(f"  {commit[:8]}  {status:<28}  {common.git('log', '-1', '--format=%s', commit)[:60]}")
+    if not stored[tip]:
+        raise common.UserError(f"{common.BRANCH} ({tip[:8]}) has no results: its build or install failed (see above)")
+    older = next((c for c in commits[1:] if stored[c]), None)
+    if older:
+        base, head = stored[older], stored[tip]
+        print(f"\n{describe(tip, common.BRANCH)} against {describe(older, 'the older')}:")
+        flagged = [label for label in asv_compare(older, tip, machine, UNPAIRED_FACTOR)
+                   if method_of(label).startswith("time_")]
+        work = exact_regressions(base, head, COUNT_FACTOR)
+        time_worse = []
+        if flagged and tip in measured:  # asv's samples flag these: the gate's pairs confirm or clear each
+            from .. import pairs
+
+            paired, _ = pair(next(iter(pairs.environments())), {"base": older, "head": tip}, flagged, base, head,
+                             DEFAULT_FACTOR)
+            time_worse = [(label, p.ratio) for label, p in paired.items() if p.worse(DEFAULT_FACTOR)]
+        counts = [w for w in work if w[2] == "work"]
+        print(f"summary, {tip[:8]} against {older[:8]}: work {len(counts)} worse, other values "
+              f"{len(work) - len(counts)} worse, time {len(time_worse)} worse"
+              + (f" of {len(flagged)} asv compare flagged, timed again in pairs" if flagged and tip in measured else
+                 f" in pairs; asv compare flagged {len(flagged)}, measured in an earlier run: the gate pairs them"
+                 if flagged else ""))
+        for label, ratio in [(label, ratio) for label, ratio, _ in work][:NAMED] + time_worse[:NAMED]:
+            print(f"      worse {ratio_text(ratio)}  {label}")
+    print(f"this summary is not a gate: the gate is `python3 tools/dev.py gate {common.BRANCH}~1 {common.BRANCH}`")
+    parent = common.git("rev-list", "--first-parent", "--skip=1", "--max-count=1", tip)
+    return failures(results.stored(machine, parent) if parent else {}, stored[tip])
+
+
+def verdict(tip, failed):
+    """Exit 2 naming each point that failed at main's tip or vanished there since main~1, else 0."""
+    failed = [(label, role) for label, role in failed if role == "head"]
+    for label, _ in failed:
+        print(f"{'VANISHED' if label.endswith(VANISHED) else 'FAILED'} at {common.BRANCH} {tip[:8]}  {label}")
+    if any(label.endswith(VANISHED) for label, _ in failed):
+        print(results.RETIRE_HINT)
+    if failed:
+        print(f"bench: exit 2 ({len(failed)} point(s) failed or vanished at {common.BRANCH})")
+        return 2
+    return 0
 
 
 def run(args):
     commits = select_commits(args.all, None if args.all else args.commits)
-    common.record_machine(args.machine)
-    results.quarantine_unreadable()
-    conf, benchmarks, machine, env_names = results.asv_setup()
-    todo = [c for c in commits if not results.has_results(c, conf, benchmarks, machine, env_names)]
-    if results.drop_unsampled(conf, machine, env_names, todo):
-        print("stored timings without samples (asv run --quick, or without --record-samples) are measured again")
-    print(f"{len(commits)} commit(s) of {common.BRANCH} selected (of those that can change a result: "
-          f"{'all' if args.all else f'at most {args.commits}'}); {len(commits) - len(todo)} already have results "
-          f"on this machine, benchmarking {len(todo)}", flush=True)
+    machine = common.record_machine(args.machine)
+    results.quarantine_unreadable(machine)
+    results.forget(machine, commits, lambda points: not any(  # a timing without samples is measured again
+        method_of(label).startswith("time_") and results.is_measured(p.value) and p.samples is None
+        for label, p in points.items()))
+    benchmarks = results.suite()
+    todo = [c for c in commits if not benchmarks or not results.complete(machine, c, benchmarks)]
+    after = PUBLISH + (8 * PER_PAIRED_POINT if todo else 0)  # pairs: a few points asv flags, as a rule
+    estimate = SECONDS_PER_COMMIT * len(todo) + after + (0 if (common.ROOT / ".asv" / "env").is_dir() else FIRST_ENV)
+    print(f"{len(commits)} commit(s) of {common.BRANCH} selected; {len(commits) - len(todo)} already have results on "
+          f"{machine!r}, benchmarking {len(todo)}: about {minutes(estimate)} with publish and pairs", flush=True)
+    started = time.monotonic()
     if todo:
-        started = time.monotonic()
-        common.asv_run(todo, progress=Progress(todo))
-        print(f"[bench] {len(todo)} commit(s) measured in {format_minutes(time.monotonic() - started)}", flush=True)
-    publish()
+        common.asv_run(todo, machine, lines=Progress(todo, after))
+    publish.publish()
     tip = common.git("rev-parse", common.BRANCH)
-    head_failed = print_outcomes(commits, tip, pair_tip=tip in todo)
-    print(f"\n{view_lines(common.ROOT / '.asv' / 'html')}")
-    return verdict(tip, head_failed)
-
-
-def verdict(tip, head_failed):
-    """Exit 2 naming each benchmark that failed at main's tip and each point that vanished there, else 0.
-
-    A point vanished when it had a value at main~1 and is n/a at main
-    (:func:`tools.results.vanished`; a benchmark retired in benchmarks/common.py is not).
-    """
-    parent = common.git("rev-list", "--first-parent", "--skip=1", "--max-count=1", tip)
-    vanished = results.vanished_between(parent, tip) if parent else []
-    for name in head_failed:
-        print(f"FAILED at {common.BRANCH} {tip[:8]}  {name}")
-    for label in vanished:
-        print(f"VANISHED at {common.BRANCH} {tip[:8]}  {label}  (a value at {common.BRANCH}~1 {parent[:8]}, n/a now)")
-    if vanished:
-        print(results.RETIRE_HINT)
-    if head_failed or vanished:
-        print(f"bench: exit 2 ({len(head_failed)} benchmark(s) failed their correctness check, {len(vanished)} "
-              f"point(s) vanished at {common.BRANCH})")
-        return 2
-    return 0
+    failed = summary(machine, commits, tip, todo)
+    print(f"\n{publish.VIEW}\n[bench] done in {minutes(time.monotonic() - started)}")
+    return verdict(tip, failed)

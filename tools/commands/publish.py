@@ -1,111 +1,130 @@
-"""``publish``: write the HTML dashboard from the results already stored, offline-ready; benchmarks nothing.
+"""``publish``: ``asv publish``, then the dashboard made to render offline and to show repository text as text.
 
-``asv publish`` writes ``.asv/html``; then :func:`finish` makes it the
-dashboard this repository publishes: where npm is present, the page's
-JavaScript and CSS are installed as npm packages under ``.asv/npm`` and copied
-next to it (:mod:`tools.dashboard`), so that it renders without internet; each
-graph opens on a view that shows its comparison; and every place where asv's
-pages would insert a tag, branch, benchmark or machine name as HTML is rewritten
-to insert text (:mod:`tools.dashboard_text`). The asv plugin
-(:mod:`tools.asv_plugin`) calls :func:`finish` after every ``asv publish``, so
-a plain ``asv publish``, this command and the main job write the same
-dashboard: whatever a published dashboard needs goes into :func:`finish`.
+asv 0.6.6's index.html loads jQuery, flot, bootstrap and the rest from CDNs: without internet it shows only an
+error banner. After ``asv publish`` has finished, the same libraries are installed as npm packages under
+``.asv/npm`` and copied into ``.asv/html/vendor``, and the page's tags point at the copies (:func:`vendor`);
+where npm is missing the page keeps asv's CDN links. Then :mod:`tools.dashboard_text` makes every place where
+asv's pages paste a tag, branch, benchmark or machine name as HTML insert it as text. asv publishes every
+machine of its results folder (copy another machine's folder, e.g. ``docs/results/vm-f980c2bd``, into
+``.asv/results/`` to see it beside this one's).
 """
 
-import argparse
-import os
+import re
+import shutil
 from pathlib import Path
 
-from .. import combined, common, dashboard, dashboard_text
+from .. import common, dashboard_text
 
-LOCKS_WORKSPACE = True  # one job at a time in .asv/ (tools/lock.py)
+LOCKS_WORKSPACE = True
+VIEW = ("dashboard written to .asv/html; serve it (browsers refuse its JSON from file://) with\n"
+        "  .venv/bin/python -m asv preview\nand open the address it prints")
 
-VIEW_COMMAND = ".venv/bin/python -m asv preview"  # serves .asv/html on 127.0.0.1 (tools/asv_plugin.py)
+# CDN address in asv 0.6.6's index.html -> (npm package@version, file in the package).
+# stupid-table-plugin is on npm from 1.1.3 only (the CDN serves 1.0.1, same $.fn.stupidtable).
+CDN_FILES = {
+    "https://code.jquery.com/jquery-3.3.1.min.js": ("jquery@3.3.1", "dist/jquery.min.js"),
+    "https://cdnjs.cloudflare.com/ajax/libs/flot/0.8.3/jquery.flot.min.js": ("flot@0.8.3", "jquery.flot.js"),
+    "https://cdnjs.cloudflare.com/ajax/libs/flot/0.8.3/jquery.flot.time.min.js": ("flot@0.8.3", "jquery.flot.time.js"),
+    "https://cdnjs.cloudflare.com/ajax/libs/flot/0.8.3/jquery.flot.selection.min.js": (
+        "flot@0.8.3", "jquery.flot.selection.js"),
+    "https://cdnjs.cloudflare.com/ajax/libs/flot/0.8.3/jquery.flot.categories.min.js": (
+        "flot@0.8.3", "jquery.flot.categories.js"),
+    "https://cdn.jsdelivr.net/npm/flot-orderbars@1.0.0/js/jquery.flot.orderBars.js": (
+        "flot-orderbars@1.0.0", "js/jquery.flot.orderBars.js"),
+    "https://cdnjs.cloudflare.com/ajax/libs/stupidtable/1.0.1/stupidtable.min.js": (
+        "stupid-table-plugin@1.1.3", "stupidtable.min.js"),
+    "https://cdnjs.cloudflare.com/ajax/libs/blueimp-md5/2.19.0/js/md5.min.js": ("blueimp-md5@2.19.0", "js/md5.min.js"),
+    "https://cdn.jsdelivr.net/npm/bootstrap@3.1.1/dist/js/bootstrap.min.js": ("bootstrap@3.1.1", "dist/js/bootstrap.min.js"),
+    "https://cdn.jsdelivr.net/npm/bootstrap@3.1.1/dist/css/bootstrap.min.css": (
+        "bootstrap@3.1.1", "dist/css/bootstrap.min.css"),
+}
+EXTRA_DIRS = {"bootstrap@3.1.1": ["dist/fonts"]}  # bootstrap.min.css loads ../fonts/glyphicons-*
+TAG = re.compile(r'<(script|link)\b[^>]*?\b(?:src|href)="(https?://[^"]+)"[^>]*>')
 
 
-EXAMPLE = """example, this machine's results and the stored ones of docs/results in one dashboard:
-  python3 tools/dev.py publish --with docs/results
-  .venv/bin/python -m asv preview   # then choose a machine in the "machine" panel of a graph"""
 
 
-def setup_arguments(subparsers):
-    parser = subparsers.add_parser("publish", allow_abbrev=False, epilog=EXAMPLE,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter,
-                                   help="write the dashboard (.asv/html) from the stored results, offline-ready")
-    parser.add_argument("--with", dest="with_dirs", action="append", default=[], metavar="RESULTS_DIR",
-                        help="also publish every machine of this asv results directory (e.g. docs/results), "
-                             "each under its own name, copied unchanged (tools/combined.py); repeatable")
-    return parser
+class VendorError(Exception):
+    """The dashboard could not be made to work offline; it keeps its CDN links."""
 
 
-def finish(html_dir, say=print):
-    """What follows asv's own publish of ``html_dir``: local JavaScript, default graph views, text kept text.
+def npm_install():
+    """``npm install`` every package of :data:`CDN_FILES` under ``.asv/npm``; VendorError if npm fails."""
+    prefix = common.ROOT / ".asv" / "npm"
+    if all((prefix / "node_modules" / spec.rsplit("@", 1)[0] / file).is_file() for spec, file in CDN_FILES.values()):
+        return prefix / "node_modules"  # installed by an earlier publish
+    if shutil.which("npm") is None:
+        raise VendorError("npm not found")
+    prefix.mkdir(parents=True, exist_ok=True)
+    specs = sorted({spec for spec, _ in CDN_FILES.values()})
+    result = common.run("npm", "install", "--prefix", prefix, "--no-audit", "--no-fund", "--no-save",
+                        "--package-lock=false", *specs, check=False, capture=True)
+    if result.returncode != 0:
+        raise VendorError(f"npm install failed: {(result.stderr or '').strip()[-500:]}")
+    return prefix / "node_modules"
 
-    ``say`` prints a line (the asv plugin passes asv's log). Raises UserError as
-    :func:`make_safe` does.
+
+def vendor(html_dir, node_modules=None):
+    """Copy the dashboard's libraries into ``html_dir/vendor`` and point index.html at them; the tags rewritten.
+
+    VendorError (the page unchanged) when npm fails or index.html loads an address not in :data:`CDN_FILES`.
     """
-    html_dir = Path(html_dir)
-    try:
-        count = dashboard.vendor(html_dir)
-        say(f"dashboard made offline-ready: its {count} external files are served from {html_dir / 'vendor'}")
-    except dashboard.VendorError as error:
-        say(f"dashboard keeps asv's CDN links (needs internet to render): {error}")
-    views = dashboard.add_default_views(html_dir)
-    say(f"dashboard graphs open on a view of their comparison: {views} benchmarks")
-    count = make_safe(html_dir)
-    say(f"dashboard shows tag, branch, benchmark and machine names as text ({count} places of asv's pages "
-        "rewritten, and a Content-Security-Policy)")
+    index = Path(html_dir) / "index.html"
+    html = index.read_text(encoding="utf-8")
+    unknown = sorted({url for _, url in TAG.findall(html)} - set(CDN_FILES))
+    if unknown:
+        raise VendorError(f"index.html loads addresses this tool does not know: {', '.join(unknown)}")
+    node_modules = Path(node_modules) if node_modules else npm_install()
+    local = {}
+    for url, (spec, file) in CDN_FILES.items():
+        name = spec.rsplit("@", 1)[0]
+        target = Path(html_dir) / "vendor" / name / file
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            shutil.copyfile(node_modules / name / file, target)
+            for folder in EXTRA_DIRS.get(spec, []):
+                shutil.copytree(node_modules / name / folder, Path(html_dir) / "vendor" / name / folder,
+                                dirs_exist_ok=True)
+        except OSError as error:
+            raise VendorError(f"{spec}: {error}") from None
+        local[url] = target.relative_to(html_dir).as_posix()
+
+    def tag(match):
+        kind, url = match.groups()
+        if kind == "script":
+            return f'<script src="{local[url]}" onerror="js_load_failure()">'
+        return f'<link rel="stylesheet" href="{local[url]}">'
+
+    index.write_text(TAG.sub(tag, html), encoding="utf-8")
+    return len(local)
 
 
-def make_safe(html_dir):
-    """:func:`tools.dashboard_text.neutralise`; if it cannot, ``index.html`` is removed (never served unsafe)."""
+def finish(html_dir):
+    """What follows ``asv publish``: local copies of the scripts, then repository text shown as text."""
     try:
-        return dashboard_text.neutralise(html_dir)
+        print(f"dashboard made offline-ready: {vendor(html_dir)} files served from {html_dir}/vendor")
+    except VendorError as error:
+        print(f"dashboard keeps asv's CDN links (needs internet to render): {error}")
+    try:
+        dashboard_text.neutralise(html_dir)
     except dashboard_text.UnsafeDashboard as error:
         (Path(html_dir) / "index.html").unlink(missing_ok=True)
         raise common.UserError(f"the dashboard was not published (index.html removed): it could not be made to "
                                f"show repository text as text: {error}") from None
-
-
-def view_lines(html_dir):
-    """How to view the dashboard in ``html_dir``: the command that serves it and the address it will print.
-
-    The address is the one ``asv preview`` takes now (:func:`tools.asv_plugin.serve`: 127.0.0.1, the
-    first free port from 8080): the page fetches its JSON, which browsers refuse from disk (file://).
-    """
-    from asv.util import UserError
-
-    from .. import asv_plugin
-
-    host = os.environ.get(asv_plugin.PREVIEW_HOST) or "127.0.0.1"
-    try:
-        server, _ = asv_plugin.serve(html_dir, host)
-    except UserError as error:
-        address = f"no address yet: {error}"
-    else:
-        address = asv_plugin._url(*server.server_address[:2])
-        server.server_close()
-    return (f"dashboard written to {html_dir}; opened from disk it shows \"Error fetching content\" (browsers "
-            f"refuse to fetch its JSON from file://), so serve it:\n  {VIEW_COMMAND}\nand open {address}")
+    print("dashboard shows tag, branch, benchmark and machine names as text")
 
 
 def publish():
-    """``asv publish``, which the asv plugin follows with :func:`finish`."""
     common.run(*common.ASV, "publish")
+    finish(common.ROOT / ".asv" / "html")
+
+
+def setup_arguments(subparsers):
+    return subparsers.add_parser("publish", allow_abbrev=False,
+                                 help="asv publish, then the dashboard made offline-ready and text kept text")
 
 
 def run(args):
-    if not args.with_dirs:
-        publish()
-        print(view_lines(common.ROOT / ".asv" / "html"))
-        return 0
-    html, machines = combined.publish_together(args.with_dirs)
-    print(f"dashboard of {len(machines)} machines written to {html}, each under its own name "
-          "(choose one in the \"machine\" panel of a graph or of the summary list):")
-    for name, source, files, graphs, left in machines:
-        print(f"  {name}: {combined.files(files)} from {combined.shown(source)}{combined.left_out(left)}, "
-              f"{graphs} benchmarks graphed"
-              + ("" if graphs else " (none: its results are of other benchmark versions than benchmarks.json, "
-                                   "or of commits on no branch asv publishes)"))
-    print(view_lines(html))
+    publish()
+    print(VIEW)
     return 0

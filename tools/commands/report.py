@@ -9,73 +9,37 @@ import os
 import sys
 
 from ..common import BRANCH, UserError
-from ..machine import chosen_argument
 from ..report import EXPERIMENTS
-from ..results import RESULT_FILE, ResultsDir, not_regular
+from ..results import ResultsDir, read_json
 
 DEFAULT_CONFIG = "asv.conf.json"
-
-
-def _load_config(path):
-    """asv.conf.json (JSON with comments and trailing commas, read by asv's own loader) as a dict."""
-    try:
-        from asv.util import load_json
-    except ImportError:
-        raise UserError("asv is not installed here: run inside .venv (source .venv/bin/activate)") from None
-    what = not_regular(path)
-    if what:
-        raise UserError(f"cannot read asv config {path}: it is {what}, not a regular file")
-    try:
-        conf = load_json(path, js_comments=True)
-    except Exception as exc:  # asv raises UserError (or others) for a missing or malformed file
-        raise UserError(f"cannot read asv config {path}: {str(exc) or type(exc).__name__}") from None
-    if not isinstance(conf, dict) or not isinstance(conf.get("results_dir", "results"), str):
-        raise UserError(f"cannot read asv config {path}: not an object with a string results_dir")
-    return conf
 
 
 def _open(args):
     """The results directory (``--results-dir`` or the config's ``results_dir``) and the machine."""
     from ..report.tables import KNOWN_PARAM_NAMES
 
-    branch = BRANCH
-    if args.results_dir:
-        path, repo = args.results_dir, "."
-    else:
-        conf = _load_config(args.config)
+    branch, path, repo = BRANCH, args.results_dir, "."
+    if not path:
+        conf = read_json(args.config, f"asv config {args.config}")
+        if not isinstance(conf, dict) or not isinstance(conf.get("results_dir", "results"), str):
+            raise UserError(f"cannot read asv config {args.config}: not an object with a string results_dir")
         root = os.path.dirname(os.path.abspath(args.config))
         path = os.path.join(root, conf.get("results_dir", "results"))
-        repo = os.path.join(root, conf.get("repo", ".")) if isinstance(conf.get("repo"), str) else root
+        repo = os.path.join(root, conf["repo"]) if isinstance(conf.get("repo"), str) else root
         branches = conf.get("branches")  # the branch the results measure: main
         branch = branches[0] if isinstance(branches, list) and branches and isinstance(branches[0], str) else BRANCH
-    results = ResultsDir(path, repo_dir=repo, known_param_names=KNOWN_PARAM_NAMES, also=args.with_dirs or (),
-                         branch=branch)
-    machines = _machines_given(args)
-    if len(machines) > 1:
-        return results, [results.pick_machine(m) for m in machines]
-    given = machines[0] if machines else None
-    machine = results.pick_machine(given) if given or args.report_command != "csv" else None
+    results = ResultsDir(path, repo_dir=repo, known_param_names=KNOWN_PARAM_NAMES, branch=branch)
+    machine = results.pick_machine(args.machine) if args.machine or args.report_command != "csv" else None
     return results, machine
 
 
-class MachinesAction(argparse.Action):
-    """``--machine NAME``, repeatable: ``args.machine`` is the first name given, ``args.machines`` all, in order."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        namespace.machines = [*(getattr(namespace, "machines", None) or []), values]
-        namespace.machine = namespace.machines[0]
-
-
-def _machines_given(args):
-    """The ``--machine`` names given, in order: several only for ``tables`` (side by side), each once."""
-    machines = getattr(args, "machines", None) or ([args.machine] if args.machine else [])
-    twice = sorted({m for m in machines if machines.count(m) > 1})
-    if twice:
-        raise UserError(f"--machine {twice[0]} is given twice: give each machine once")
-    if len(machines) > 1 and args.report_command != "tables":
-        raise UserError(f"--machine is given {len(machines)} times: {args.report_command} reads one machine; "
-                        "only tables puts several side by side")
-    return machines
+def chosen_argument(text):
+    """argparse type of ``--machine``: a machine.json's name (matched, never joined to a path)."""
+    if not text or len(text) > 200 or "/" in text or any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise argparse.ArgumentTypeError(f"machine name must be 1-200 characters, without '/' or control "
+                                         f"characters: it is a machine.json's name, got {text!r}")
+    return text
 
 
 def _run(results, machine, rev, env):
@@ -87,46 +51,10 @@ def cmd_tables(args):
     from ..report.tables import all_tables, describe, render_table
 
     results, machine = _open(args)
-    if isinstance(machine, list):
-        return machine_tables(results, machine, args)
     run = _run(results, machine, args.commit, args.env)
     lines = [f"## kv-attention decode benchmarks at `{run.commit[:8]}` on `{run.machine}`", "",
              *describe(run, args.experiment)]
     lines += ["\n" + render_table(table) for table in all_tables(run, args.experiment)]
-    print("\n".join(lines))
-
-
-def _common_commit(results, machines, env):
-    """The hash prefix of the newest commit (by commit date) with results on every one of ``machines``."""
-    prefixes = [{RESULT_FILE.match(n).group(1): n for n in results.files(m, env)} for m in machines]
-    shared = set(prefixes[0]).intersection(*prefixes[1:])
-    if not shared:
-        newest = [f"{m} {results.load(m, env=env).commit[:8] if p else 'none'}" for m, p in zip(machines, prefixes)]
-        raise UserError(f"no commit has results on every machine given ({', '.join(machines)}; newest: "
-                        f"{', '.join(newest)}): measure one commit on each, or choose one with --commit")
-    return max(shared, key=lambda h: results.load_file(machines[0], prefixes[0][h]).date)
-
-
-def machine_tables(results, machines, args):
-    """``report tables --machine A --machine B``: one commit's tables on each machine, side by side."""
-    from ..report.tables import MACHINES_NOTE, all_tables, describe, render_machines
-
-    if args.commit is None:
-        hash8 = _common_commit(results, machines, args.env)
-        runs = [results.load(m, hash8, args.env) for m in machines]
-    else:
-        runs = [_run(results, m, args.commit, args.env) for m in machines]
-    commits = {run.commit for run in runs}
-    if len(commits) > 1:  # a hash prefix naming different commits on different machines
-        raise UserError(f"{runs[0].commit[:8]} names different commits on the machines given "
-                        f"({', '.join(sorted(c[:12] for c in commits))}): give --commit a longer hash")
-    lines = [f"## kv-attention decode benchmarks at `{runs[0].commit[:8]}` on {len(machines)} machines: "
-             + ", ".join(f"`{m}`" for m in machines), ""]
-    for run in runs:
-        lines += [f"`{run.machine}`:", *describe(run, args.experiment), ""]
-    lines.append(MACHINES_NOTE)
-    per_machine = [all_tables(run, args.experiment) for run in runs]
-    lines += ["\n" + render_machines(tables, machines) for tables in zip(*per_machine)]
     print("\n".join(lines))
 
 
@@ -184,15 +112,11 @@ def setup_arguments(subparsers):
                                    description="The lab's tables, samples and plots, read from asv's result "
                                                "files (times nothing).")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--machine", type=chosen_argument, action=MachinesAction,
-                        help="asv machine name (default: this host's, or the only one); tables takes it "
-                             "twice or more to put the machines side by side")
+    common.add_argument("--machine", type=chosen_argument,
+                        help="asv machine name (default: this host's, or the only one)")
     common.add_argument("--env", help="part of the asv environment name, if a commit has several")
     common.add_argument("--config", default=DEFAULT_CONFIG, help="asv config (default: %(default)s)")
     common.add_argument("--results-dir", help="asv results directory (default: the config's results_dir)")
-    common.add_argument("--with", dest="with_dirs", action="append", metavar="RESULTS_DIR",
-                        help="also read the machines of this asv results directory (e.g. docs/results), each "
-                             "under its own name; repeatable")
     experiments = argparse.ArgumentParser(add_help=False)
     experiments.add_argument("--experiment", action="append", choices=EXPERIMENTS, metavar="NAME",
                              help=f"only this experiment's table ({', '.join(EXPERIMENTS)}); repeatable")
