@@ -1,5 +1,6 @@
 """What every command shares: the repository, git, asv's command line, the workspace lock, stopping children."""
 
+import argparse
 import contextlib
 import fcntl
 import hashlib
@@ -29,6 +30,19 @@ class Stopped(BaseException):
     def __init__(self, signum):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+
+
+def checked(convert, test, what):
+    """An argparse type: ``convert(text)``, refused in one usage line unless ``test`` holds for it."""
+    def parse(text):
+        try:
+            value = convert(text)
+        except (ValueError, re.error):
+            value = None
+        if value is None or not test(value):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return value
+    return parse
 
 
 def session(sid):
