@@ -2,9 +2,8 @@
 
 asv 0.6.6's pages paste tag names, benchmark names and code, parameter names and machine details into HTML, so a
 git tag such as ``<img/src="x"/onerror="alert(document.domain)">`` runs script in every visitor's browser.
-:func:`neutralise` rewrites each such place of a published ``html_dir`` to insert text, and adds a
-Content-Security-Policy allowing no inline script but asv's load-failure handler. Each rewrite must find asv
-0.6.6's code exactly once, else :class:`UnsafeDashboard` (the caller must not serve that dashboard).
+:func:`neutralise` rewrites each such place to insert text (each rewrite must find asv 0.6.6's code exactly once)
+and adds a Content-Security-Policy allowing no inline script but asv's own.
 """
 
 import base64
@@ -96,20 +95,13 @@ def _sha256(text):
 
 
 def policy(index_html):
-    """The Content-Security-Policy for ``index_html``: scripts from this server (and the CDNs it loads), no
-    other inline script than asv's load-failure handler, no plugins, images from this server only."""
+    """The Content-Security-Policy for ``index_html``: scripts from this server (and the CDNs it loads), no inline
+    script but asv's own and its load-failure handler, no plugins, images from this server only."""
     hosts = " ".join(sorted(set(SCRIPT_SOURCES.findall(index_html))))
-    inline = [_sha256(m) for m in INLINE_SCRIPT.findall(index_html)] + [_sha256(INLINE_HANDLER)]
-    return "; ".join([
-        "default-src 'self'",
-        f"script-src 'self' {hosts} 'unsafe-hashes' {' '.join(inline)}".replace("  ", " "),
-        f"style-src 'self' 'unsafe-inline' {hosts}".strip(),
-        f"font-src 'self' {hosts}".strip(),
-        "img-src 'self' data:",
-        "object-src 'none'",
-        "base-uri 'none'",
-        "form-action 'none'",
-    ])
+    inline = " ".join([_sha256(m) for m in INLINE_SCRIPT.findall(index_html)] + [_sha256(INLINE_HANDLER)])
+    return " ".join(f"default-src 'self'; script-src 'self' {hosts} 'unsafe-hashes' {inline}; style-src 'self' "
+                    f"'unsafe-inline' {hosts}; font-src 'self' {hosts}; img-src 'self' data:; object-src 'none'; "
+                    "base-uri 'none'; form-action 'none'".split(" ")).replace(" ;", ";")
 
 
 def rewrite(name, text):
@@ -117,27 +109,16 @@ def rewrite(name, text):
     for old, new in REWRITES.get(name, []):
         if new in text and old not in text.replace(new, ""):
             continue  # rewritten already
-        count = text.count(old)
-        if count != 1:
-            raise UnsafeDashboard(f"{name} holds {count} copies of a place this tool rewrites (expected 1: "
+        if text.count(old) != 1:
+            raise UnsafeDashboard(f"{name} holds {text.count(old)} copies of a place this tool rewrites (expected 1: "
                                   f"asv 0.6.6's): {old.strip()[:80]!r}")
         text = text.replace(old, new)
     return text
 
 
-def with_policy(index_html):
-    """``index_html`` with the :func:`policy` in a ``<meta>`` before its first script (where it applies from)."""
-    if "<script" not in index_html or index_html.index("<script") < index_html.find("<head>"):
-        raise UnsafeDashboard("index.html has no script in its <head>")
-    meta = f'<meta http-equiv="Content-Security-Policy" content="{policy(index_html)}">\n    '
-    return index_html.replace("<script", meta + "<script", 1)
-
-
 def neutralise(html_dir):
-    """Make the dashboard in ``html_dir`` (as ``asv publish`` wrote it) insert repository text as text; the
-    number of places made safe. Nothing is written unless every rewrite applies (UnsafeDashboard otherwise); a page
-    rewritten already is left as it is. After :func:`tools.commands.publish.vendor`: the policy allows the
-    script hosts ``index.html`` loads when it is called (none once vendored)."""
+    """Make the dashboard in ``html_dir`` (as ``asv publish`` wrote it, then vendored) insert repository text as
+    text; the number of places made safe. Nothing is written unless every rewrite applies; idempotent."""
     html_dir = Path(html_dir)
     files = {name: html_dir / name for name in [*REWRITES, "index.html"]}
     missing = [name for name, path in files.items() if not path.is_file()]
@@ -145,8 +126,11 @@ def neutralise(html_dir):
         raise UnsafeDashboard(f"{html_dir} lacks {', '.join(missing)}: run asv publish first")
     new = {name: rewrite(name, path.read_text(encoding="utf-8")) for name, path in files.items() if name in REWRITES}
     index = files["index.html"].read_text(encoding="utf-8")
-    if "Content-Security-Policy" not in index:
-        new["index.html"] = with_policy(index)
+    if "Content-Security-Policy" not in index:  # a <meta> before the first script, where it applies from
+        if "<script" not in index or index.index("<script") < index.find("<head>"):
+            raise UnsafeDashboard("index.html has no script in its <head>")
+        meta = f'<meta http-equiv="Content-Security-Policy" content="{policy(index)}">\n    '
+        new["index.html"] = index.replace("<script", meta + "<script", 1)
     for name, text in new.items():
         files[name].write_text(text, encoding="utf-8")
-    return len([change for name in REWRITES for change in REWRITES[name]])
+    return sum(len(changes) for changes in REWRITES.values())

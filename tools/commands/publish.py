@@ -1,12 +1,10 @@
 """``publish``: ``asv publish``, then the dashboard made to render offline and to show repository text as text.
 
-asv 0.6.6's index.html loads jQuery, flot, bootstrap and the rest from CDNs: without internet it shows only an
-error banner. After ``asv publish`` has finished, the same libraries are installed as npm packages under
-``.asv/npm`` and copied into ``.asv/html/vendor``, and the page's tags point at the copies (:func:`vendor`);
-where npm is missing the page keeps asv's CDN links. Then :mod:`tools.dashboard_text` makes every place where
-asv's pages paste a tag, branch, benchmark or machine name as HTML insert it as text. asv publishes every
-machine of its results folder (copy another machine's folder, e.g. ``docs/results/vm-f980c2bd``, into
-``.asv/results/`` to see it beside this one's).
+asv 0.6.6's index.html loads jQuery, flot, bootstrap and the rest from CDNs: offline it shows only an error banner.
+After ``asv publish``, the same libraries are installed from npm under ``.asv/npm``, copied into
+``.asv/html/vendor`` and the page's tags pointed at them (without npm the page keeps asv's CDN links); then
+:mod:`tools.dashboard_text` makes the pages insert repository text as text. asv publishes every machine of its
+results folder (copy e.g. ``docs/results/vm-f980c2bd`` into ``.asv/results/`` to see it beside this one's).
 """
 
 import re
@@ -21,27 +19,21 @@ VIEW = ("dashboard written to .asv/html; serve it (browsers refuse its JSON from
 
 # CDN address in asv 0.6.6's index.html -> (npm package@version, file in the package).
 # stupid-table-plugin is on npm from 1.1.3 only (the CDN serves 1.0.1, same $.fn.stupidtable).
+FLOT, JSDELIVR = "https://cdnjs.cloudflare.com/ajax/libs/flot/0.8.3/jquery.flot", "https://cdn.jsdelivr.net/npm/"
 CDN_FILES = {
     "https://code.jquery.com/jquery-3.3.1.min.js": ("jquery@3.3.1", "dist/jquery.min.js"),
-    "https://cdnjs.cloudflare.com/ajax/libs/flot/0.8.3/jquery.flot.min.js": ("flot@0.8.3", "jquery.flot.js"),
-    "https://cdnjs.cloudflare.com/ajax/libs/flot/0.8.3/jquery.flot.time.min.js": ("flot@0.8.3", "jquery.flot.time.js"),
-    "https://cdnjs.cloudflare.com/ajax/libs/flot/0.8.3/jquery.flot.selection.min.js": (
-        "flot@0.8.3", "jquery.flot.selection.js"),
-    "https://cdnjs.cloudflare.com/ajax/libs/flot/0.8.3/jquery.flot.categories.min.js": (
-        "flot@0.8.3", "jquery.flot.categories.js"),
-    "https://cdn.jsdelivr.net/npm/flot-orderbars@1.0.0/js/jquery.flot.orderBars.js": (
-        "flot-orderbars@1.0.0", "js/jquery.flot.orderBars.js"),
+    **{f"{FLOT}{part}.min.js": ("flot@0.8.3", f"jquery.flot{part}.js")
+       for part in ("", ".time", ".selection", ".categories")},
+    f"{JSDELIVR}flot-orderbars@1.0.0/js/jquery.flot.orderBars.js": ("flot-orderbars@1.0.0",
+                                                                  "js/jquery.flot.orderBars.js"),
     "https://cdnjs.cloudflare.com/ajax/libs/stupidtable/1.0.1/stupidtable.min.js": (
         "stupid-table-plugin@1.1.3", "stupidtable.min.js"),
     "https://cdnjs.cloudflare.com/ajax/libs/blueimp-md5/2.19.0/js/md5.min.js": ("blueimp-md5@2.19.0", "js/md5.min.js"),
-    "https://cdn.jsdelivr.net/npm/bootstrap@3.1.1/dist/js/bootstrap.min.js": ("bootstrap@3.1.1", "dist/js/bootstrap.min.js"),
-    "https://cdn.jsdelivr.net/npm/bootstrap@3.1.1/dist/css/bootstrap.min.css": (
-        "bootstrap@3.1.1", "dist/css/bootstrap.min.css"),
+    f"{JSDELIVR}bootstrap@3.1.1/dist/js/bootstrap.min.js": ("bootstrap@3.1.1", "dist/js/bootstrap.min.js"),
+    f"{JSDELIVR}bootstrap@3.1.1/dist/css/bootstrap.min.css": ("bootstrap@3.1.1", "dist/css/bootstrap.min.css"),
 }
 EXTRA_DIRS = {"bootstrap@3.1.1": ["dist/fonts"]}  # bootstrap.min.css loads ../fonts/glyphicons-*
 TAG = re.compile(r'<(script|link)\b[^>]*?\b(?:src|href)="(https?://[^"]+)"[^>]*>')
-
-
 
 
 class VendorError(Exception):
@@ -65,10 +57,8 @@ def npm_install():
 
 
 def vendor(html_dir, node_modules=None):
-    """Copy the dashboard's libraries into ``html_dir/vendor`` and point index.html at them; the tags rewritten.
-
-    VendorError (the page unchanged) when npm fails or index.html loads an address not in :data:`CDN_FILES`.
-    """
+    """Copy the dashboard's libraries into ``html_dir/vendor`` and point index.html at them; VendorError (the page
+    unchanged) when npm fails or index.html loads an address not in :data:`CDN_FILES`."""
     index = Path(html_dir) / "index.html"
     html = index.read_text(encoding="utf-8")
     unknown = sorted({url for _, url in TAG.findall(html)} - set(CDN_FILES))
@@ -91,9 +81,8 @@ def vendor(html_dir, node_modules=None):
 
     def tag(match):
         kind, url = match.groups()
-        if kind == "script":
-            return f'<script src="{local[url]}" onerror="js_load_failure()">'
-        return f'<link rel="stylesheet" href="{local[url]}">'
+        return (f'<script src="{local[url]}" onerror="js_load_failure()">' if kind == "script"
+                else f'<link rel="stylesheet" href="{local[url]}">')
 
     index.write_text(TAG.sub(tag, html), encoding="utf-8")
     return len(local)
