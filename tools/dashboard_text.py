@@ -101,7 +101,7 @@ def policy(index_html):
     inline = " ".join([_sha256(m) for m in INLINE_SCRIPT.findall(index_html)] + [_sha256(INLINE_HANDLER)])
     return " ".join(f"default-src 'self'; script-src 'self' {hosts} 'unsafe-hashes' {inline}; style-src 'self' "
                     f"'unsafe-inline' {hosts}; font-src 'self' {hosts}; img-src 'self' data:; object-src 'none'; "
-                    "base-uri 'none'; form-action 'none'".split(" ")).replace(" ;", ";")
+                    "base-uri 'none'; form-action 'none'".split()).replace(" ;", ";")
 
 
 def rewrite(name, text):
