@@ -1,15 +1,12 @@
 """``browser-check``: the dashboard in headless Chromium, offline, checked for what a person would see.
 
-In a temporary workspace (a clone of this repository whose main~1 carries a script-injection tag,
-:data:`XSS_TAG`; results and html under /tmp; the asv environments of .asv/env reused) it runs
-``asv run --quick --bench bench_cache`` on main~1 and main, copies main~1's results to older commits (a flat
-history), makes main's :data:`REGRESSED` 3x slower, copies the machines of docs/results into the results folder,
-runs ``asv publish`` and the main job's step after it (:func:`tools.commands.publish.finish`), serves it on
-127.0.0.1 and opens it in Debian's chromium through Playwright, every request off 127.0.0.1 aborted. It checks:
-no error page, the benchmarks listed and graphed, the tag shown over the graph as text (no element, no dialog,
-no Content-Security-Policy violation), the regression on the Regressions page, every machine in the summary
-list's machine panel. Exit 0 on success, 1 on a failed check, 0 with a line starting "SKIPPED" without
-Chromium, Playwright or npm.
+In a temporary clone whose main~1 carries the tag XSS_TAG (results and html under /tmp, .asv/env reused): ``asv run
+--quick --bench bench_cache`` on main~1 and main, main~1's results copied to older commits, main's REGRESSED made
+3x slower, docs/results' machines added, ``asv publish`` and the main job's step after it. Served on 127.0.0.1 and
+opened in Debian's chromium through Playwright, every other request aborted, it checks: the benchmarks listed and
+graphed, the tag shown as text (no element, dialog or policy violation), the regression on the Regressions page,
+every machine listed. Exit 0 on success, 1 on a failed check, 0 with a line starting "SKIPPED" without Chromium,
+Playwright or npm.
 """
 
 import functools
@@ -74,11 +71,6 @@ def make_results(config, work):
     return sorted(json.loads(p.read_text())["machine"] for p in (work / "results").glob("*/machine.json"))
 
 
-class Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
 def check_page(chromium, sync_playwright, url, machines):
     shots = common.ROOT / ".asv" / "browser-check"
     shots.mkdir(parents=True, exist_ok=True)
@@ -135,31 +127,26 @@ def setup_arguments(subparsers):
 def run(args):
     chromium = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
     try:
-        from playwright.sync_api import sync_playwright
+        from playwright.sync_api import Error as PlaywrightError, sync_playwright
     except ImportError:
         sync_playwright = None
     if not chromium or not sync_playwright or not shutil.which("npm"):
         print("SKIPPED browser check: it needs chromium (apt-get install chromium), Playwright (.[browser]) and npm")
         return 0
-    work = Path(tempfile.mkdtemp(prefix="kv-attention-browser-"))
-    server = None
+    work, server = Path(tempfile.mkdtemp(prefix="kv-attention-browser-")), None
     try:
         config = workspace(work)
         machines = make_results(config, work)
         common.run(*common.ASV, "--config", config, "publish")
         publish.finish(work / "html")
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=work / "html"))
+        quiet = type("Quiet", (http.server.SimpleHTTPRequestHandler,), {"log_message": lambda *args: None})
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(quiet, directory=work / "html"))
         threading.Thread(target=server.serve_forever, daemon=True).start()
-        try:
-            print("browser check passed: " + check_page(chromium, sync_playwright,
-                                                        f"http://127.0.0.1:{server.server_address[1]}/", machines))
-        except Exception as error:  # Playwright's TimeoutError: what the page did not show in time
-            if isinstance(error, CheckFailed) or type(error).__module__.split(".")[0] != "playwright":
-                raise
-            raise CheckFailed(f"the page did not show what was awaited: {str(error).strip().splitlines()[0]}")
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        print("browser check passed: " + check_page(chromium, sync_playwright, url, machines))
         return 0
-    except CheckFailed as error:
-        print(f"browser check FAILED: {error}", file=sys.stderr)
+    except (CheckFailed, PlaywrightError) as error:  # Playwright's TimeoutError: what the page did not show in time
+        print(f"browser check FAILED: {str(error).strip().splitlines()[0]}", file=sys.stderr)
         return 1
     finally:
         if server is not None:
