@@ -1,18 +1,17 @@
-"""``report {tables,compare,csv,plots}``: the lab's tables, raw samples and plots, from asv's stored results.
-
-It times nothing: every figure is derived from ``.asv/results`` (see
-:mod:`tools.report`). Errors the user can fix print one line and exit 1.
-"""
+"""``report {tables,compare,csv,plots}``: the lab's tables, raw samples and plots from asv's stored results
+(:mod:`tools.report`); it times nothing. Errors the user can fix print one line and exit 1."""
 
 import argparse
 import os
 import sys
 
-from ..common import BRANCH, UserError
+from ..common import BRANCH, UserError, checked
 from ..report import EXPERIMENTS
 from ..results import ResultsDir, read_json
 
 DEFAULT_CONFIG = "asv.conf.json"
+MACHINE = checked(str, lambda text: 0 < len(text) <= 200 and "/" not in text and text.isprintable(),
+                  "1-200 characters without '/' or control characters (a machine.json's name, never a path)")
 
 
 def _open(args):
@@ -32,14 +31,6 @@ def _open(args):
     results = ResultsDir(path, repo_dir=repo, known_param_names=KNOWN_PARAM_NAMES, branch=branch)
     machine = results.pick_machine(args.machine) if args.machine or args.report_command != "csv" else None
     return results, machine
-
-
-def chosen_argument(text):
-    """argparse type of ``--machine``: a machine.json's name (matched, never joined to a path)."""
-    if not text or len(text) > 200 or "/" in text or any(ord(c) < 32 or ord(c) == 127 for c in text):
-        raise argparse.ArgumentTypeError(f"machine name must be 1-200 characters, without '/' or control "
-                                         f"characters: it is a machine.json's name, got {text!r}")
-    return text
 
 
 def _run(results, machine, rev, env):
@@ -112,7 +103,7 @@ def setup_arguments(subparsers):
                                    description="The lab's tables, samples and plots, read from asv's result "
                                                "files (times nothing).")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--machine", type=chosen_argument,
+    common.add_argument("--machine", type=MACHINE,
                         help="asv machine name (default: this host's, or the only one)")
     common.add_argument("--env", help="part of the asv environment name, if a commit has several")
     common.add_argument("--config", default=DEFAULT_CONFIG, help="asv config (default: %(default)s)")
