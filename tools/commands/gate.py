@@ -3,8 +3,8 @@
 Each point is judged on its own, in two channels:
 - work: the instruction counts and estimated cycles (``benchmarks/counts.py``), worse beyond ``--count-factor``;
 - time: every ``time_`` point measured again in pairs (:mod:`tools.pairs`), worse when the median per-pair ratio
-  HEAD / BASE is beyond ``--factor``, its 95 % interval above 1 and new workers confirm it; ``--unpaired`` takes
-  asv compare's verdict on the two runs' samples instead.
+  HEAD / BASE is beyond ``--factor``, its 95 % interval above 1 and new workers confirm it (asv compare's medians
+  of two separate runs are printed, not judged: on a shared machine they move with the load).
 Other ``track_`` values are worse beyond the unpaired factor, ``peakmem_`` beyond PEAKMEM_FACTOR; the lab's answers
 (ANSWERS) never are. Exit 0: nothing worse; 1: a point worse; 2: a point failed or vanished (a value at BASE, n/a at
 HEAD), a commit has no results, or a usage error.
@@ -36,10 +36,8 @@ def setup_arguments(subparsers):
                                    help="compare two commits; exit 0 (no regression), 1 (regression), 2 (failure)")
     parser.add_argument("base", metavar="BASE", help="the reference commit (e.g. HEAD~1 or main)")
     parser.add_argument("head", metavar="HEAD", help="the commit under test (e.g. HEAD)")
-    parser.add_argument("--factor", type=FACTOR, help=f"a timing is worse beyond this ratio (default "
-                        f"{DEFAULT_FACTOR} in pairs, {UNPAIRED_FACTOR} with --unpaired)")
-    parser.add_argument("--unpaired", action="store_true",
-                        help="judge timings by asv compare on the two runs' samples, without pairs")
+    parser.add_argument("--factor", type=FACTOR, default=DEFAULT_FACTOR,
+                        help=f"a timing is worse beyond this paired ratio (default {DEFAULT_FACTOR})")
     parser.add_argument("--count-factor", type=FACTOR, default=COUNT_FACTOR,
                         help=f"a count is worse beyond this ratio (default {COUNT_FACTOR})")
     parser.add_argument("--bench", type=REGEX, metavar="REGEX", help="only these benchmarks (asv run --bench)")
@@ -164,23 +162,17 @@ def judge(args, commits, machine, base, head):
         return 2
     print(f"\nasv compare of {args.base} ({commits['base'][:8]}) and {args.head} ({commits['head'][:8]}), "
           f"machine {machine}:")
-    factor = args.factor or (UNPAIRED_FACTOR if args.unpaired else DEFAULT_FACTOR)
-    flagged = asv_compare(commits["base"], commits["head"], machine, args.factor or UNPAIRED_FACTOR)
+    asv_compare(commits["base"], commits["head"], machine)
     worse, failed = exact_regressions(base, head, args.count_factor), failures(base, head)
-    timings = [label for label in head if method_of(label).startswith("time_")]
-    if args.unpaired:
-        worse += [(label, head[label].value / base[label].value, "time")
-                  for label in flagged if label in timings and comparable(base, head, label)]
-    else:
-        paired, pair_failed = pair(commits, timings, base, head, factor)
-        failed += pair_failed
-        worse += [(label, p.ratio, "time, paired") for label, p in paired.items() if p.worse(factor)]
+    paired, pair_failed = pair(commits, list(head), base, head, args.factor)
+    failed += pair_failed
+    worse += [(label, p.ratio, "time, paired") for label, p in paired.items() if p.worse(args.factor)]
     for label, ratio, channel in worse:
         print(f"REGRESSION {ratio_text(ratio)}  {label}  ({channel})")
     print_failures(failed, lambda role: f"{role} {commits[role][:8]}")
     if failed:
         print(f"gate: exit 2 ({len(failed)} failed benchmark point(s), {len(worse)} regression(s))")
         return 2
-    limits = f"counts beyond {args.count_factor}x, timings beyond {factor}x{'' if args.unpaired else ' in pairs'}"
-    print(f"gate: exit {int(bool(worse))} ({len(worse)} point(s) worse: {limits})")
+    print(f"gate: exit {int(bool(worse))} ({len(worse)} point(s) worse: counts beyond {args.count_factor}x, "
+          f"timings beyond {args.factor}x in pairs)")
     return int(bool(worse))
