@@ -10,9 +10,10 @@ commits could not be judged, or on an error.
 import re
 
 from .. import common, results
-from .gate import COUNT_FACTOR, DEFAULT_FACTOR, ERROR_EXIT, FACTOR, REGEX, exact_factor, method_of, partial  # noqa: F401
+from .gate import COUNT_FACTOR, DEFAULT_FACTOR, FACTOR, REGEX, exact_factor, method_of, partial
 
 LOCKS_WORKSPACE = True
+ERROR_EXIT = 2  # 1 means no change to find
 
 
 def setup_arguments(subparsers):
