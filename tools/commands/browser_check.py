@@ -75,42 +75,40 @@ def check_page(chromium, sync_playwright, url, machines):
     shots = common.ROOT / ".asv" / "browser-check"
     shots.mkdir(parents=True, exist_ok=True)
     blocked, dialogs, violations = [], [], []
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(url)
-                       else (blocked.append(route.request.url), route.abort()))
-            page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
-            page.on("console", lambda message: violations.append(message.text)
-                    if "Content Security Policy" in message.text else None)
-            page.goto(url + "index.html")
-            page.wait_for_selector("#summarygrid-display .benchmark-container", timeout=30_000)
-            listed = page.eval_on_selector_all("#summarygrid-display .benchmark-container",
-                                               "nodes => nodes.map(n => n.getAttribute('href'))")
-            if "error.html" in page.url or f"#{REGRESSED}" not in listed:
-                raise CheckFailed(f"the dashboard shows no list of {REGRESSED} (blocked: {blocked})")
-            page.goto(f"{url}index.html#{REGRESSED}")
-            page.wait_for_selector("#main-graph canvas.flot-base", timeout=30_000)
+    with sync_playwright() as playwright:  # its end closes the browser
+        page = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"]).new_page(
+            viewport={"width": 1400, "height": 1000})
+        page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(url)
+                   else (blocked.append(route.request.url), route.abort()))
+        page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+        page.on("console", lambda message: violations.append(message.text)
+                if "Content Security Policy" in message.text else None)
+
+        def show(fragment, selector, shot=None):
+            page.goto(f"{url}index.html{fragment}")
+            page.wait_for_selector(selector, timeout=30_000)
             page.wait_for_timeout(1000)  # an onerror handler runs once the image fails to load
-            page.screenshot(path=str(shots / "graph.png"))
-            shown, images = page.inner_text("#main-graph"), page.locator("#main-graph img").count()
-            if dialogs or violations or XSS_TAG not in shown or images:
-                raise CheckFailed(f"the tag {XSS_TAG} is not shown as text: dialogs {dialogs}, {images} img "
-                                  f"elements, policy violations {violations[:3]}, the graph's text {shown[:200]!r}")
-            page.goto(f"{url}index.html#regressions")
-            page.wait_for_selector("#regressions-body table", timeout=30_000)
-            page.screenshot(path=str(shots / "regressions.png"))
-            if REGRESSED not in page.inner_text("#regressions-body"):
-                raise CheckFailed(f"the Regressions page does not list {REGRESSED}")
-            page.goto(f"{url}index.html#summarylist")
-            page.wait_for_selector("#summarylist-navigation a.btn", timeout=30_000)
-            buttons = sorted(set(page.eval_on_selector_all("#summarylist-navigation a.btn",
-                                                           "nodes => nodes.map(n => n.textContent)")))
-            if not set(machines) <= set(buttons):
-                raise CheckFailed(f"the summary list's panels show {buttons}, not every machine of {machines}")
-        finally:
-            browser.close()
+            if shot:
+                page.screenshot(path=str(shots / shot))
+
+        show("", "#summarygrid-display .benchmark-container")
+        listed = page.eval_on_selector_all("#summarygrid-display .benchmark-container",
+                                           "nodes => nodes.map(n => n.getAttribute('href'))")
+        if "error.html" in page.url or f"#{REGRESSED}" not in listed:
+            raise CheckFailed(f"the dashboard shows no list of {REGRESSED} (blocked: {blocked})")
+        show(f"#{REGRESSED}", "#main-graph canvas.flot-base", "graph.png")
+        shown, images = page.inner_text("#main-graph"), page.locator("#main-graph img").count()
+        if dialogs or violations or XSS_TAG not in shown or images:
+            raise CheckFailed(f"the tag {XSS_TAG} is not shown as text: dialogs {dialogs}, {images} img "
+                              f"elements, policy violations {violations[:3]}, the graph's text {shown[:200]!r}")
+        show("#regressions", "#regressions-body table", "regressions.png")
+        if REGRESSED not in page.inner_text("#regressions-body"):
+            raise CheckFailed(f"the Regressions page does not list {REGRESSED}")
+        show("#summarylist", "#summarylist-navigation a.btn")
+        buttons = set(page.eval_on_selector_all("#summarylist-navigation a.btn",
+                                                "nodes => nodes.map(n => n.textContent)"))
+        if not set(machines) <= buttons:
+            raise CheckFailed(f"the summary list's panels show {sorted(buttons)}, not every machine of {machines}")
     if blocked:
         raise CheckFailed(f"the page asked for addresses off this machine: {', '.join(sorted(set(blocked)))}")
     return (f"{REGRESSED} listed, graphed and on the Regressions page, the tag {XSS_TAG} shown as text with no "
