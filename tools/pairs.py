@@ -47,9 +47,6 @@ class Paired:
             return self.worse(factor) or self.high < factor
         return (self.ratio > factor) == (self.low > 1)
 
-    def text(self):
-        return f"{self.ratio:.4f}x [{self.low:.4f}, {self.high:.4f}], {self.pairs} pairs"
-
 
 class WorkerError(common.UserError):
     """A worker process could not start or stopped answering."""
@@ -169,8 +166,10 @@ def measure(env, base, head, points, progress=print, factor=None, seconds=SECOND
                         worker.stop()
                     workers = []
                     continue
-                outcomes[label] = Paired(*median_interval(ratios), len(ratios))
-                progress(f"[pairs] {i + 1}/{len(points)} {label}: {outcomes[label].text()}")
+                ratio, low, high = median_interval(ratios)
+                outcomes[label] = Paired(ratio, low, high, len(ratios))
+                progress(f"[pairs] {i + 1}/{len(points)} {label}: {ratio:.4f}x [{low:.4f}, {high:.4f}], "
+                         f"{len(ratios)} pairs")
         finally:
             for worker in workers:
                 worker.stop()

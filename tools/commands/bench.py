@@ -104,13 +104,8 @@ def describe(commit, name=""):
 
 
 def summary(machine, commits, tip, measured):
-    """Print each commit's outcomes and main against the newest older commit with results; the failures at main."""
+    """Print main against the newest older commit with results; the failures at main."""
     stored = {c: results.stored(machine, c) for c in commits}
-    print(f"\nresults on machine {machine!r}:")
-    for commit in commits:
-        counts, _ = results.outcomes(stored[commit])
-        status = ", ".join(f"{counts[k]} {k}" for k in ("ok", "failed", "skipped")) if counts else "no results"
-        print(f"  {status:<28}  {describe(commit)}")
     if not stored[tip]:
         raise common.UserError(f"{common.BRANCH} ({tip[:8]}) has no results: its build or install failed (see above)")
     older = next((c for c in commits[1:] if stored[c]), None)
