@@ -48,10 +48,6 @@ class Paired:
         return (self.ratio > factor) == (self.low > 1)
 
 
-class WorkerError(common.UserError):
-    """A worker process could not start or stopped answering."""
-
-
 class PointFailed(Exception):
     """A worker's point skipped or failed while it was being sampled (asv's setup runs before every sample)."""
 
@@ -88,7 +84,7 @@ class Worker:
                                         text=True, preexec_fn=fixed_layout if sys.platform == "linux" else None)
 
     def ask(self, **request):
-        """The worker's answer to ``request``; WorkerError if it stopped or gave none within :data:`ANSWER_TIMEOUT`."""
+        """The worker's answer to ``request``; UserError if it stopped or gave none within :data:`ANSWER_TIMEOUT`."""
         try:
             self.process.stdin.write(json.dumps(request) + "\n")
             self.process.stdin.flush()
@@ -98,9 +94,9 @@ class Worker:
             line = ""
         if line is None:
             self.process.kill()
-            raise WorkerError(f"no answer within {ANSWER_TIMEOUT} s")
+            raise common.UserError(f"no answer within {ANSWER_TIMEOUT} s")
         if not line:
-            raise WorkerError(f"the worker stopped (exit {self.process.wait()}; see its output above)")
+            raise common.UserError(f"the worker stopped (exit {self.process.wait()}; see its output above)")
         return json.loads(line)
 
     def samples(self, count):
@@ -159,7 +155,7 @@ def measure(env, base, head, points, progress=print, factor=None, seconds=SECOND
                 except PointFailed as error:  # its setup or call raised midway: the point fails (or skips) only
                     outcomes[label] = {**error.answer, "role": "base" if error.worker is workers[0] else "head"}
                     continue
-                except WorkerError as error:  # this point fails; the next starts two new workers
+                except common.UserError as error:  # a worker stopped: this point fails; the next starts two new ones
                     dead = [role for role, w in zip(("base", "head"), workers) if w.process.poll() is not None]
                     outcomes[label] = {"failed": f"paired-timing worker: {error}", "role": (dead or ["head"])[0]}
                     for worker in workers:

@@ -20,7 +20,7 @@ class FakeWorker:
     def ask(self, load=None, param_idx=None, number=None):
         if load == self.stops:
             self.process = SimpleNamespace(poll=lambda: -9, pid=0)
-            raise pairs.WorkerError("the worker stopped (exit -9; see its output above)")
+            raise pairs.common.UserError("the worker stopped (exit -9; see its output above)")
         if load == "skips":
             return {"skipped": "not at this commit"}
         return {"loaded": True, "number": number or 4}
