@@ -100,6 +100,17 @@ ESCAPE = ("function kv_escape_html(text) {  /* tools/commands/publish.py: text, 
           "}\n")
 STRICT = "'use strict';\n"
 
+# the machine tooltip: every field of machine.json
+DETAILS = ("""                details.push(key + ': ' + val);""",
+           """                details.push(kv_escape_html(key) + ': ' + kv_escape_html(val));""")
+
+
+def as_text(title, indent):
+    """A bootstrap tooltip of ``title`` inserted as text (``html: false``), as asv's code indents it."""
+    old = f"{' ' * indent}title: {title},\n{' ' * indent}html: true,"
+    return old, old.replace("html: true", "html: false")
+
+
 # file -> [(asv 0.6.6's code, the code that inserts text instead)]
 REWRITES = {
     "graphdisplay.js": [
@@ -110,18 +121,9 @@ REWRITES = {
         # the benchmark tree: its link, and its code as a tooltip
         ("""var top = $('<li><a href="#' + bm_name + '">' + name + '</li>');""",
          """var top = $('<li/>').append($('<a/>').attr('href', '#' + bm_name).text(name));"""),
-        ("""                title: bm.code,
-                html: true,""",
-         """                title: bm.code,
-                html: false,"""),
-        # a point's tooltip: value, unit (the benchmark's) and commit
-        ("""                    title: contents,
-                    html: true,""",
-         """                    title: contents,
-                    html: false,"""),
-        # the machine tooltip: every field of machine.json
-        ("""                details.push(key + ': ' + val);""",
-         """                details.push(kv_escape_html(key) + ': ' + kv_escape_html(val));"""),
+        as_text("bm.code", 16),
+        as_text("contents", 20),  # a point's tooltip: value, unit (the benchmark's) and commit
+        DETAILS,
         # the tag labels over the graph: git tag names
         ("""font-size:smaller;'>" + tag + "</div>");""",
          """font-size:smaller;'>" + kv_escape_html(tag) + "</div>");"""),
@@ -143,17 +145,13 @@ REWRITES = {
         name.tooltip({
             title: bm.name,
             html: false,"""),
-        ("""            title: bm.code,
-            html: true,""",
-         """            title: bm.code,
-            html: false,"""),
+        as_text("bm.code", 12),
         ("""group_container.append($('<h1>' + group + '</h1>'));""",
          """group_container.append($('<h1/>').text(group));"""),
     ],
     "summarylist.js": [
         (STRICT, STRICT + ESCAPE),
-        ("""                details.push(key + ': ' + val);""",
-         """                details.push(kv_escape_html(key) + ': ' + kv_escape_html(val));"""),
+        DETAILS,
     ],
     "asv_ui.js": [
         # a panel's heading: a parameter name of a benchmark or of the machine
