@@ -121,7 +121,7 @@ def summary(machine, commits, tip, measured):
             time_worse = [(label, p.ratio) for label, p in paired.items() if p.worse(DEFAULT_FACTOR)]
         print(f"summary, {tip[:8]} against {older[:8]}: work {len(counts)} worse, other values "
               f"{len(work) - len(counts)} worse, time {len(time_worse)} worse in pairs of {len(flagged)} asv "
-              "compare flagged" + ("" if tip in measured or not flagged else " (measured earlier: the gate pairs them)"))
+              "compare flagged" + ("" if tip in measured or not flagged else " (measured earlier: the gate pairs)"))
         for label, ratio in [(label, ratio) for label, ratio, _ in work][:NAMED] + time_worse[:NAMED]:
             print(f"      worse {ratio_text(ratio)}  {label}")
     print(f"this summary is not a gate: the gate is `python3 tools/dev.py gate {common.BRANCH}~1 {common.BRANCH}`")
