@@ -1,10 +1,8 @@
 """One side of a paired comparison: the suite's benchmarks timed in one commit's asv environment, on request.
 
-``<env python> -s tools/pair_worker.py PACKAGE_DIR BENCHMARK_DIR`` (started by :mod:`tools.pairs`). One JSON
-request a line on stdin, one JSON answer a line on stdout (what benchmarks print goes to stderr):
-- ``{"load": NAME, "param_idx": I, "number": N or null}``: the point's ``setup_cache``, ``setup`` (the suite's
-  correctness check) and calibration; ``{"loaded": true, "number": N}``, ``{"skipped": why}`` or ``{"failed": why}``;
-- ``{"samples": K}``: K samples of N calls each, setup again before each as asv does, in the thread's CPU time.
+``<env python> -s tools/pair_worker.py PACKAGE_DIR BENCHMARK_DIR`` (started by :mod:`tools.pairs`): a JSON
+request a line on stdin (``load`` a point: its setup_cache, setup and calibration; ``samples``: K samples of N calls,
+setup before each as asv does), a JSON answer a line on stdout; what benchmarks print goes to stderr.
 """
 
 import json

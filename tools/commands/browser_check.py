@@ -1,12 +1,9 @@
 """``browser-check``: the dashboard in headless Chromium, offline, checked for what a person would see.
 
-In a temporary clone whose main~1 carries the tag XSS_TAG (results and html under /tmp, .asv/env reused): ``asv run
---quick --bench bench_cache`` on main~1 and main, main~1's results copied to older commits, main's REGRESSED made
-3x slower, docs/results' machines added, ``asv publish`` and the main job's step after it. Served on 127.0.0.1 and
-opened in Debian's chromium through Playwright, every other request aborted, it checks: the benchmarks listed and
-graphed, the tag shown as text (no element, dialog or policy violation), the regression on the Regressions page,
-every machine listed. Exit 0 on success, 1 on a failed check, 0 with a line starting "SKIPPED" without Chromium,
-Playwright or npm.
+A temporary clone whose main~1 carries the tag XSS_TAG, results of a quick asv run (main 3x slower at REGRESSED)
+and docs/results' machines, published as the main job does; served on 127.0.0.1 and opened in chromium through
+Playwright, every other request aborted. Exit 0 on success, 1 on a failed check, 0 with a line starting "SKIPPED"
+without Chromium, Playwright or npm.
 """
 
 import functools
