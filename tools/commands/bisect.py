@@ -10,6 +10,7 @@ commits could not be judged, or on an error.
 import re
 
 from .. import common, results
+from .bench import describe
 from .gate import COUNT_FACTOR, DEFAULT_FACTOR, FACTOR, REGEX, exact_factor, method_of, partial
 
 LOCKS_WORKSPACE = True
@@ -58,10 +59,6 @@ class Point:
             return (outcome.worse(self.factor), outcome.ratio) if isinstance(outcome, pairs.Paired) else (None, None)
         limit = self.factor if method_of(self.label).startswith("time_") else exact_factor(self.label, COUNT_FACTOR)
         return (None if limit is None else b.value / a.value > limit), b.value / a.value
-
-
-def describe(commit):
-    return f"{commit[:8]} {common.git('log', '-1', '--format=%s', commit)[:70]}"
 
 
 def run(args):
