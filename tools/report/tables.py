@@ -1,37 +1,11 @@
-"""The lab's tables and the experiments' beyond it, derived from one run's stored results, as Markdown.
+"""The lab's tables and those of the experiments beyond it, from one run's stored results, as Markdown.
 
-- cache: per T, whether every strategy passed the check against full attention,
-  the paired ratios no_cache / preallocated and concat / preallocated, and the
-  lab's published ones beside them (another machine's);
-- batch: per T, the paired speedup sequential / batched of B sequences, the
-  lab's published one beside it, and from the same pairs each side's time per
-  decode step and the time batching saves per step (with its interval), and
-  positions/s = B / batched step: no asv median beside a paired ratio;
-- batch size: batched decode at T = 128 per B: time, time per sequence,
-  positions/s and its scaling against B = 1;
-- heads: per attention kind (mha, gqa, mqa) and T, the repeat_kv and grouped
-  decode times, their ratio, the peak bytes each allocated, and the logical
-  K/V cache bytes;
-- ragged: per length distribution, the padded, compacted and paged decode
-  times, their ratios, the rows computed and the K/V slots reserved;
-- roofline: per model shape, T, B and heads path, the bytes one decode step
-  reads, the fraction of the read bandwidth it reaches (paired, with its
-  interval), the step's and the read kernel's GB/s and the step's ms;
-- quantized: per kind, bytes per position, error, time and paired ratios;
-- beyond: one headline per experiment beyond the lab, linked to its section of docs/results.md.
-
-A cell holds seconds, a ratio or a rate, or the marker ``failed`` (the gate or
-the benchmark raised) or ``n/a`` (skipped, or not measured at that commit); a
-figure derived from a marked cell carries the marker on.
-
-The ratio columns (no_cache / preallocated, concat / preallocated, the batch
-speedup, the scaling over B = 1, repeat_kv / grouped, padded / paged and
-compacted / paged) are the suite's paired ratios where the run has them
-(``benchmarks/ratios.py``: the median of per-pair ratios of the two sides
-timed in turns in one process, a :class:`Paired`, shown with its 95 %
-interval: ``1.73x [1.71, 1.75]``), else the ratio of asv's two medians, taken
-in separate processes at different times, an :class:`Unpaired` shown marked:
-``1.73x (unpaired)``.
+A cell holds seconds, a ratio, a rate or a count, or the marker ``failed`` (the check or the benchmark raised) or
+``n/a`` (skipped, or not measured at that commit); a figure derived from a marked cell carries the marker on. A
+ratio column holds the suite's paired ratio where the run has one (``benchmarks/ratios.py``: the median of per-pair
+ratios of the two sides timed in turns in one process, a :class:`Paired`, shown with its 95 % interval:
+``1.73x [1.71, 1.75]``), else the ratio of asv's two medians from separate processes, an :class:`Unpaired`
+shown marked: ``1.73x (unpaired)``.
 """
 
 import datetime
@@ -42,7 +16,7 @@ from benchmarks import bench_batch, bench_cache, bench_heads, bench_quantized, b
 from benchmarks.common import BATCH, LENGTHS, STRATEGIES, SWEEP_BATCH_SIZES, SWEEP_LENGTH, verified_decode
 
 from ..common import UserError
-from ..results import FAILED, SKIPPED, is_number, param_sort_key, short
+from ..results import FAILED, SKIPPED, is_number, short
 from . import EXPERIMENTS, lab
 
 (CACHE_PAIRED, BATCH_PAIRED, SWEEP_BENCHMARK, HEADS_BENCHMARK, RAGGED_BENCHMARK, ROOFLINE_PAIRED,
@@ -63,12 +37,7 @@ RAGGED_ROWS = "bench_ragged.RaggedDecode.track_row_steps"
 SWEEP_PAIRED = "bench_batch.BatchSizeRatios.track_ratio"
 HEADS_PAIRED = "bench_heads.HeadsRatios.track_ratio"
 RAGGED_PAIRED = "bench_ragged.RaggedRatios.track_ratio"
-PAIRED_BENCHMARKS = {CACHE_PAIRED: bench_cache.CacheRatios, BATCH_PAIRED: bench_batch.BatchRatios,
-                     SWEEP_PAIRED: bench_batch.BatchSizeRatios, HEADS_PAIRED: bench_heads.HeadsRatios,
-                     RAGGED_PAIRED: bench_ragged.RaggedRatios, QUANTIZED_PAIRED: bench_quantized.QuantizedRatios,
-                     FUSED_PAIRED: bench_quantized.FusedRatios}
-CHECK_RTOL, CHECK_ATOL = inspect.signature(verified_decode).parameters["rtol"].default, \
-    inspect.signature(verified_decode).parameters["atol"].default  # the suite's check of every decode
+CHECK_RTOL, CHECK_ATOL = (inspect.signature(verified_decode).parameters[k].default for k in ("rtol", "atol"))
 BATCH_STEP = "bench_batch.BatchRatios.track_"  # + sequential_step, batched_step, saved_step (+ _low, _high)
 LAB_CACHE_RATIOS = {"no_cache": lab.NO_CACHE_SPEEDUP,  # its concat / preallocated: from its medians
                     "concat": dict(zip(*lab.ratio(lab.CACHE_MS, "concat", "preallocated")))}
@@ -77,22 +46,11 @@ PAIRED_NOTE = ("Ratios: the median of per-pair ratios, the two sides timed in tu
                "interval]. A ratio marked (unpaired) is one of asv's medians, from separate processes.")
 CACHE_RATIOS = ("no_cache", "concat")  # each over preallocated: what recomputing, and what concatenating, costs
 RAGGED_RATIOS = ("padded", "compacted")  # each over paged
-# Used where asv's benchmarks.json is missing or does not fit a result file.
-KNOWN_PARAM_NAMES = {CACHE_BENCHMARK: bench_cache.CacheStrategy.param_names,
-                     BATCH_BENCHMARK: bench_batch.BatchStrategy.param_names,
-                     SWEEP_BENCHMARK: bench_batch.BatchSize.param_names,
-                     **dict.fromkeys((HEADS_BENCHMARK, HEADS_PEAK), bench_heads.HeadsDecode.param_names),
-                     HEADS_CACHE: bench_heads.HeadsCacheBytes.param_names,
-                     **dict.fromkeys((RAGGED_BENCHMARK, RAGGED_SLOTS, RAGGED_ROWS),
-                                     bench_ragged.RaggedDecode.param_names),
-                     **{name + end: cls.param_names for name, cls in PAIRED_BENCHMARKS.items()
-                        for end in ("", "_low", "_high")},
-                     **{f"{BATCH_STEP}{side}_step{end}": bench_batch.BatchRatios.param_names
-                        for side in ("sequential", "batched", "saved") for end in ("", "_low", "_high")},
-                     **dict.fromkeys((ROOFLINE_PAIRED, ROOFLINE_PAIRED + "_low", ROOFLINE_PAIRED + "_high",
-                                      *ROOFLINE_RATES.values(), ROOFLINE_BYTES), bench_roofline.PARAM_NAMES),
-                     **dict.fromkeys((QUANTIZED_BENCHMARK, QUANTIZED_BYTES, QUANTIZED_ERROR),
-                                     bench_quantized.QuantizedDecode.param_names)}
+# benchmark -> param_names, from the suite in the working tree: where asv's benchmarks.json is missing or does not fit
+KNOWN_PARAM_NAMES = {f"{m.__name__.rsplit('.', 1)[-1]}.{c.__name__}.{a}": getattr(c, "param_names", [])
+                     for m in (bench_batch, bench_cache, bench_heads, bench_quantized, bench_ragged, bench_roofline)
+                     for c in vars(m).values() if isinstance(c, type) and c.__module__ == m.__name__
+                     for a in dir(c) if a.startswith(("time_", "track_", "peakmem_"))}
 
 
 class Paired(float):
@@ -157,7 +115,7 @@ def _keys(run, benchmark, name, default):
         raise UserError(f"results of {benchmark} at {run.commit[:8]} hold {name} = {short(odd[0])}, "
                         "not a number in range")
     order = {v: i for i, v in enumerate(default)}
-    return sorted(found, key=lambda v: (order.get(v, len(order)), param_sort_key(v))) or default
+    return sorted(found, key=lambda v: (order.get(v, len(order)), not is_number(v), v if is_number(v) else str(v))) or default
 
 
 def _lab(published, t):
@@ -481,42 +439,6 @@ def render_compare(base_table, head_table, base_label, head_label):
                 rows.append([*map(str, key), figure, SKIPPED, format_cell(h, kind), SKIPPED])
     headers = [*base_table.keys, "figure", base_label, head_label, "head / base"]
     return "\n".join([f"### {base_table.title}", "", _markdown(headers, rows, len(base_table.keys), True)])
-
-
-# What a figure of each cell kind says when two machines are compared (report tables --machine A --machine B).
-ACROSS_MACHINES = {"ratio": "comparable", "ratio3": "comparable", "count": "exact", "bytes": "exact",
-                   "ms": "machine-bound", "us": "machine-bound", "rate": "machine-bound",
-                   "fraction": "comparable", "gbps": "machine-bound", "error": "exact", "text": "exact"}
-MACHINES_NOTE = ("Each row is one figure of the lab's tables at the same commit, one column per machine, and each "
-                 "later machine's figure over the first's. Only the dimensionless figures (`comparable`: "
-                 "no_cache / preallocated, concat / preallocated, speedup, scaling, repeat_kv / grouped, "
-                 "padded / paged, compacted / paged) compare the mechanisms across machines: there, 1.000x "
-                 "means the mechanism gains as much on both. Absolute times and rates (`machine-bound`: ms, µs, "
-                 "positions / s) are NOT comparable across machines: their ratio measures the machines (CPU, "
-                 "load, samples), not the mechanism. Counts and bytes (`exact`) are what the code did: equal "
-                 "on machines that run the same code with the same numpy.")
-
-
-def render_machines(tables, labels):
-    """One table as measured on several machines at one commit, side by side.
-
-    ``tables`` are the same table (same title and figures) of each machine's run,
-    ``labels`` the machines' names, first the reference. One row per (key,
-    figure): what the figure says across machines (:data:`ACROSS_MACHINES`), its
-    value on each machine, and each later machine's value over the first's.
-    """
-    first = tables[0]
-    cells = [dict(table.rows) for table in tables]
-    keys = list(dict.fromkeys(key for table in tables for key, _ in table.rows))  # the first's order, then others'
-    rows = []
-    for key in keys:
-        for figure, kind in first.kinds.items():
-            values = [machine.get(key, {}).get(figure, SKIPPED) for machine in cells]
-            rows.append([*map(str, key), figure, ACROSS_MACHINES[kind], *(format_cell(v, kind) for v in values),
-                         *(format_cell(_change(values[0], v), "ratio3") for v in values[1:])])
-    headers = [*first.keys, "figure", "across machines", *labels, *(f"{label} / {labels[0]}" for label in labels[1:])]
-    parts = [f"### {first.title}", "", _markdown(headers, rows, len(first.keys), 2)]
-    return "\n".join(parts + (["", first.note] if first.note else []))
 
 
 def _utc(ms):
