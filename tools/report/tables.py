@@ -115,7 +115,7 @@ def _keys(run, benchmark, name, default):
         raise UserError(f"results of {benchmark} at {run.commit[:8]} hold {name} = {short(odd[0])}, "
                         "not a number in range")
     order = {v: i for i, v in enumerate(default)}
-    return sorted(found, key=lambda v: (order.get(v, len(order)), not is_number(v), v if is_number(v) else str(v))) or default
+    return sorted(found, key=lambda v: (order.get(v, len(order)), *((0, v) if is_number(v) else (1, str(v))))) or default
 
 
 def _lab(published, t):
