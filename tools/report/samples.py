@@ -59,8 +59,8 @@ def _write_rows(results, files, f):
 def write_csv(results, out, machine=None, env=None):
     """Write the samples of every commit (of ``machine`` or every machine; ``env`` filters) to ``out``.
 
-    Only ``time_`` benchmarks have samples (seconds). ``out`` "-" is stdout; a file is one :func:`tools.paths.check_file`
-    allows, written whole or not at all. Returns counts: rows, runs, points, points_without_samples, and ``replaced``
+    Only ``time_`` benchmarks have samples (seconds). ``out`` "-" is stdout; a file is one
+    :func:`tools.paths.check_file` allows, written whole or not at all. Returns counts: rows, runs, points, points_without_samples, and ``replaced``
     (a file was there). UserError: ``out`` may not or cannot be written.
     """
     files = [(m, n) for m in ([machine] if machine else results.machines) for n in results.files(m, env)]

@@ -9,6 +9,7 @@ shown marked: ``1.73x (unpaired)``.
 """
 
 import datetime
+import itertools
 import inspect
 from dataclasses import dataclass
 
@@ -54,10 +55,7 @@ KNOWN_PARAM_NAMES = {f"{m.__name__.rsplit('.', 1)[-1]}.{c.__name__}.{a}": getatt
 
 
 class Paired(float):
-    """A paired ratio (``track_ratio``): the median of per-pair ratios, with its 95 % interval ``low``, ``high``.
-
-    ``low`` and ``high`` are None where the run holds no interval.
-    """
+    """A paired ratio (``track_ratio``): the median of per-pair ratios, its 95 % interval ``low``, ``high``."""
 
     def __new__(cls, median, low=None, high=None):
         ratio = super().__new__(cls, median)
@@ -70,12 +68,8 @@ class Unpaired(float):
 
 
 def paired(run, benchmark, unpaired, **params):
-    """The paired ratio ``benchmark`` at ``params`` (a :class:`Paired`), if ``run`` has it, else ``unpaired``.
-
-    ``unpaired`` (the ratio of two medians) is returned marked :class:`Unpaired`
-    where it is a number, else as the marker it is. A paired ratio that failed
-    stays ``failed``: its correctness check is the timings' own.
-    """
+    """The paired ratio ``benchmark`` at ``params`` if ``run`` has it, else ``unpaired`` (two medians' ratio) marked
+    :class:`Unpaired`. A failed paired ratio stays ``failed``: its correctness check is the timings' own."""
     value = run.value(benchmark, **params)
     if is_number(value):
         low, high = (run.value(benchmark + end, **params) for end in ("_low", "_high"))
@@ -90,8 +84,8 @@ class Table:
     """A table of one run: ``rows`` are ``(key tuple, {figure: cell})``; ``kinds`` maps figure -> format."""
 
     title: str
-    keys: tuple  # headers of the key columns: ("T",), ("B",), ("kind", "T"), ("lengths",)
-    kinds: dict  # figure label -> "ms" | "ratio" | "ratio3" | "rate" | "us" | "bytes" | "count" | "fraction" | "gbps"
+    keys: tuple  # headers of the key columns: ("T",), ("kind", "T"), ...
+    kinds: dict  # figure -> a key of FORMATS
     rows: list
     note: str = ""
 
@@ -115,12 +109,8 @@ def _keys(run, benchmark, name, default):
         raise UserError(f"results of {benchmark} at {run.commit[:8]} hold {name} = {short(odd[0])}, "
                         "not a number in range")
     order = {v: i for i, v in enumerate(default)}
-    return sorted(found, key=lambda v: (order.get(v, len(order)), *((0, v) if is_number(v) else (1, str(v))))) or default
-
-
-def _lab(published, t):
-    """The lab's published figure at ``t`` (another machine), n/a where it published none."""
-    return published.get(t, SKIPPED)
+    rank = {v: (order.get(v, len(order)), *((0, v) if is_number(v) else (1, str(v)))) for v in found}
+    return sorted(found, key=rank.get) or default
 
 
 def cache_table(run):
@@ -132,7 +122,7 @@ def cache_table(run):
         for s in CACHE_RATIOS:
             unpaired = _combine(lambda a, b: a / b, ms[s], ms["preallocated"])
             cells[f"{s} / preallocated"] = paired(run, CACHE_PAIRED, unpaired, T=t, strategy=s)
-            cells[f"lab's {s} / preallocated"] = _lab(LAB_CACHE_RATIOS[s], t)
+            cells[f"lab's {s} / preallocated"] = LAB_CACHE_RATIOS[s].get(t, SKIPPED)
         rows.append(((t,), cells))
     kinds = {"equal to full attention": "text"} | {f"{s} / preallocated": "ratio" for s in CACHE_RATIOS} | {
         f"lab's {s} / preallocated": "ratio" for s in CACHE_RATIOS}
@@ -151,7 +141,7 @@ def batch_table(run, batch=BATCH):
         step = {side: run.value(f"{BATCH_STEP}{side}_step", T=t) for side in ("sequential", "batched", "saved")}
         rows.append(((t,), {
             "speedup": paired(run, BATCH_PAIRED, unpaired, T=t),
-            "lab's speedup": _lab(lab.BATCH_SPEEDUP, t),
+            "lab's speedup": lab.BATCH_SPEEDUP.get(t, SKIPPED),
             "sequential / step, µs": step["sequential"],
             "batched / step, µs": step["batched"],
             "saved / step, µs": paired(run, BATCH_STEP + "saved_step", step["saved"], T=t),
@@ -215,12 +205,7 @@ def heads_table(run):
 
 def _runs(values):
     """``[256, 16, 16]`` -> ``"256, 16 x2"``."""
-    runs = []
-    for v in values:
-        if runs and runs[-1][0] == v:
-            runs[-1][1] += 1
-        else:
-            runs.append([v, 1])
+    runs = [(v, len(list(group))) for v, group in itertools.groupby(values)]
     return ", ".join(f"{v}" + (f" x{n}" if n > 1 else "") for v, n in runs)
 
 
@@ -252,19 +237,18 @@ def ragged_table(run):
 def roofline_table(run):
     """Roofline experiment: one decode step at model shapes, as a fraction of the read bandwidth in its process."""
     rows = []
-    for shape in _keys(run, ROOFLINE_BYTES, "shape", bench_roofline.ROOFLINE_SHAPES):
-        for t in _keys(run, ROOFLINE_BYTES, "T", bench_roofline.ROOFLINE_LENGTHS):
-            for b in _keys(run, ROOFLINE_BYTES, "B", bench_roofline.ROOFLINE_BATCHES):
-                for path in _keys(run, ROOFLINE_BYTES, "path", bench_roofline.ROOFLINE_PATHS):
-                    point = {"shape": shape, "T": t, "B": b, "path": path}
-                    nbytes = run.value(ROOFLINE_BYTES, **point)
-                    rates = {label: run.value(name, **point) for label, name in ROOFLINE_RATES.items()}
-                    rows.append(((shape, t, b, path), {
-                        "bytes / step": nbytes,
-                        "fraction of read bandwidth": paired(run, ROOFLINE_PAIRED, SKIPPED, **point),
-                        **rates,
-                        "step / ms": _combine(lambda n, r: n / r / 1e9, nbytes, rates["step GB/s"]),
-                    }))
+    keys = ("shape", "T", "B", "path")
+    for key in itertools.product(*(_keys(run, ROOFLINE_BYTES, name, getattr(bench_roofline, f"ROOFLINE_{plural}"))
+                                   for name, plural in zip(keys, ("SHAPES", "LENGTHS", "BATCHES", "PATHS")))):
+        point = dict(zip(keys, key))
+        nbytes = run.value(ROOFLINE_BYTES, **point)
+        rates = {label: run.value(name, **point) for label, name in ROOFLINE_RATES.items()}
+        rows.append((key, {
+            "bytes / step": nbytes,
+            "fraction of read bandwidth": paired(run, ROOFLINE_PAIRED, SKIPPED, **point),
+            **rates,
+            "step / ms": _combine(lambda n, r: n / r / 1e9, nbytes, rates["step GB/s"]),
+        }))
     kinds = {"bytes / step": "bytes", "fraction of read bandwidth": "fraction", "step GB/s": "gbps",
              "read GB/s": "gbps", "step / ms": "ms"}
     note = ("One decode step (one new token per sequence) through the public multi_head_decode, with its default "
@@ -276,7 +260,7 @@ def roofline_table(run):
             "side's median sample (10^9 bytes / s). n/a: not measured, over the 2 GiB memory budget, or B = 4 "
             "beyond T = 1024 (the time budget). 1 MiB = 2^20 bytes.")
     return Table("Roofline experiment: one decode step at model shapes, as a fraction of the read bandwidth",
-                 ("shape", "T", "B", "path"), kinds, rows, note)
+                 keys, kinds, rows, note)
 
 
 def quantized_table(run):
@@ -386,11 +370,7 @@ FORMATS = {  # cell kind -> text of a number (seconds, ratio, rate, bytes or cou
 
 
 def format_cell(value, kind):
-    """A cell as text: ms with 3 decimals, ratios as ``16.18x``, rates with thousands separators; markers as is.
-
-    A :class:`Paired` ratio adds its interval, ``16.18x [16.02, 16.31]``; an :class:`Unpaired` one its mark,
-    ``16.18x (unpaired)``.
-    """
+    """A cell as text (markers as they are): ``16.18x [16.02, 16.31]`` for a Paired, ``16.18x (unpaired)``."""
     if not is_number(value):
         return str(value)
     text = FORMATS[kind](value)
@@ -399,27 +379,20 @@ def format_cell(value, kind):
     return f"{text} (unpaired)" if isinstance(value, Unpaired) else text
 
 
-def _markdown(headers, rows, n_keys=1, figure_column=False, text=()):
-    """A pipe table: ``n_keys`` key columns, then a left-aligned figure name if any (or that many text
-    columns, if ``figure_column`` is a number), then numbers; the columns named in ``text`` left-aligned."""
+def _markdown(table, headers, rows, left=(), note=""):
+    """A heading, a pipe table (the columns named in ``left`` left-aligned, the rest right-aligned), the note."""
     from tabulate import tabulate  # asv's own dependency
 
-    align = ["right"] * n_keys + ["left"] * figure_column + ["right"] * (len(headers) - n_keys - figure_column)
-    align = ["left" if h in text else a for h, a in zip(headers, align)]
-    return tabulate(rows, headers=headers, tablefmt="pipe", colalign=align, disable_numparse=True)
+    align = ["left" if h in left else "right" for h in headers]
+    text = tabulate(rows, headers=headers, tablefmt="pipe", colalign=align, disable_numparse=True)
+    return "\n".join([f"### {table.title}", "", text] + (["", note] if note else []))
 
 
 def render_table(table):
     """One table as Markdown: a heading, the table, and its note."""
-    headers = [*table.keys, *table.kinds]
     rows = [[*map(str, key), *(format_cell(cells[f], k) for f, k in table.kinds.items())] for key, cells in table.rows]
-    text = [figure for figure, kind in table.kinds.items() if kind == "text"]
-    parts = [f"### {table.title}", "", _markdown(headers, rows, len(table.keys), text=text)]
-    return "\n".join(parts + (["", table.note] if table.note else []))
-
-
-def _change(base, head):
-    return _combine(lambda a, b: b / a, base, head)
+    left = [figure for figure, kind in table.kinds.items() if kind == "text"]
+    return _markdown(table, [*table.keys, *table.kinds], rows, left, table.note)
 
 
 def render_compare(base_table, head_table, base_label, head_label):
@@ -431,14 +404,13 @@ def render_compare(base_table, head_table, base_label, head_label):
         for figure, kind in base_table.kinds.items():
             b, h = base_cells[figure], head_cells.get(figure, SKIPPED)
             rows.append([*map(str, key), figure, format_cell(b, kind), format_cell(h, kind),
-                         format_cell(_change(b, h), "ratio3")])
+                         format_cell(_combine(lambda x, y: y / x, b, h), "ratio3")])
     for key, _ in head_table.rows:  # keys only the newer run measured
         if key not in dict(base_table.rows):
             for figure, kind in head_table.kinds.items():
                 h = head_rows[key][figure]
                 rows.append([*map(str, key), figure, SKIPPED, format_cell(h, kind), SKIPPED])
-    headers = [*base_table.keys, "figure", base_label, head_label, "head / base"]
-    return "\n".join([f"### {base_table.title}", "", _markdown(headers, rows, len(base_table.keys), True)])
+    return _markdown(base_table, [*base_table.keys, "figure", base_label, head_label, "head / base"], rows, ["figure"])
 
 
 def _utc(ms):
@@ -446,13 +418,11 @@ def _utc(ms):
 
 
 def describe(run, experiments=None):
-    """Lines naming the commit, the machine and the environment a run was measured in.
-
-    The samples per point are those of the timings the tables of ``experiments`` show (default: every table).
-    """
+    """Lines naming the commit, machine and environment of a run, and the samples per point of the timings the
+    tables of ``experiments`` show (default: every table)."""
     p = run.machine_params
     when = _utc(run.date)
-    ram = f", {int(p['ram']) / 2**30:.1f} GiB RAM" if str(p.get("ram", "")).isdigit() else ""
+    ram = f", {int(p['ram']) / 2**30:.1f} GiB RAM" if p.get("ram", "").isdecimal() else ""
     machine = ", ".join(str(p[k]) for k in ("cpu", "arch", "os") if p.get(k))
     cpus = f", {p['num_cpu']} CPUs" if p.get("num_cpu") else ""
     packages = ", ".join(f"{k} {v}" for k, v in p.items()
