@@ -267,26 +267,27 @@ class ResultsDir:
 
     def __init__(self, path, repo_dir=".", known_param_names=None, branch=common.BRANCH):
         if not os.path.isdir(path):
-            raise UserError(f"no asv results directory at {path}: run the main job first "
-                            "(python3 tools/dev.py bench)")
+            raise UserError(f"no asv results directory at {path}: run the main job first (python3 tools/dev.py bench)")
         self.path, self.paths, self.repo_dir, self.branch, self._noted = path, [path], repo_dir, branch, set()
         self.machines = sorted(n for n in os.listdir(path) if os.path.isfile(os.path.join(path, n, "machine.json")))
         if not self.machines:
             raise UserError(f"{path} holds no machine's results: run the main job first")
         try:
-            suite_info = read_json(os.path.join(path, "benchmarks.json"), "benchmarks.json")
+            info = read_json(os.path.join(path, "benchmarks.json"), "benchmarks.json")
         except UserError:
-            suite_info = {}
-        suite_info = suite_info if isinstance(suite_info, dict) else {}
-        self.param_names = [{n: b.get("param_names") for n, b in suite_info.items() if isinstance(b, dict)},
-                            dict(known_param_names or {})]
+            info = {}
+        self.param_names = [{n: b.get("param_names") for n, b in info.items() if isinstance(b, dict)}
+                            if isinstance(info, dict) else {}, dict(known_param_names or {})]
+        listed = _git(repo_dir, "rev-list", "--first-parent", branch, "--")
+        self.branch_hashes = None if listed is None else {c[:8] for c in listed.split()}  # None: no such branch
+
+    def on_branch(self, name):
+        return self.branch_hashes is None or name[:8] in self.branch_hashes
 
     def pick_machine(self, machine=None):
         """The machine to report: ``machine`` if given, else this host's asv machine, else the only one."""
-        if machine is None and common.machine_name() in self.machines:
-            return common.machine_name()
-        if machine is None and len(self.machines) == 1:
-            return self.machines[0]
+        here = common.machine_name() if common.machine_name() in self.machines else None
+        machine = machine or here or (self.machines[0] if len(self.machines) == 1 else None)
         if machine is None:
             raise UserError(f"results from several machines in {self.path} ({', '.join(self.machines)}): "
                             "choose one with --machine")
@@ -295,15 +296,6 @@ class ResultsDir:
                             f"{', '.join(self.machines)})")
         return machine
 
-    @functools.cached_property
-    def branch_hashes(self):
-        """The hash8 of every commit of the branch's first-parent history, or None without such a branch."""
-        listed = _git(self.repo_dir, "rev-list", "--first-parent", self.branch, "--")
-        return None if listed is None else {c[:8] for c in listed.split()}
-
-    def on_branch(self, name):
-        return self.branch_hashes is None or name[:8] in self.branch_hashes
-
     def files(self, machine, env=None, every=False):
         """Result file names of ``machine`` (``env``: a part of the env name), sorted, regular files only; those of
         commits off the branch only if ``every`` (else named in a note)."""
@@ -311,14 +303,12 @@ class ResultsDir:
         names = [n for n in sorted(os.listdir(folder)) if (m := RESULT_FILE.match(n))
                  and (env is None or env in m[2]) and os.path.isfile(os.path.join(folder, n))]
         off = sorted({n[:8] for n in names if not self.on_branch(n)})
-        if every:
-            return names
-        if off and machine not in self._noted:
+        if off and not every and machine not in self._noted:
             self._noted.add(machine)
             print(f"note: results of {len(off)} commit(s) on machine {machine!r} not read: not on {self.branch}'s "
                   f"history: {', '.join(off[:5])}{', ...' if len(off) > 5 else ''}; name one to read it",
                   file=sys.stderr)
-        return [n for n in names if self.on_branch(n)]
+        return names if every else [n for n in names if self.on_branch(n)]
 
     def resolve(self, rev, machine):
         """``(hash8, commit)`` of ``rev`` (a git revision, or a hash prefix of at least 4 digits of a commit with
@@ -329,7 +319,7 @@ class ResultsDir:
             raise UserError(f"commit {full[:8]} ({rev}) has no results on machine {machine!r}: "
                             f"benchmark it with asv run {full[:8]}^! --record-samples")
         commit = full or rev.lower()
-        if not full and re.fullmatch(r"[0-9a-f]{1,3}", commit):
+        if re.fullmatch(r"[0-9a-f]{1,3}", commit):
             raise UserError(f"commit prefix {rev!r} is too short: give at least 4 hex digits")
         found = sorted(p for p in prefixes if re.fullmatch(r"[0-9a-f]{4,40}", commit) and p.startswith(commit[:8]))
         if len(found) != 1:
@@ -345,18 +335,16 @@ class ResultsDir:
         """One run: commit ``hash8`` (default: the newest commit with results) on ``machine``."""
         where = f"machine {machine!r}" + (f" in an env matching {env!r}" if env else "")
         names = self.files(machine, env, every=hash8 is not None)
-        if hash8 is None:
-            runs = [self.load_file(machine, n) for n in names]
-            if not runs:
-                mains = f" of commits on {self.branch}'s history" if self.branch_hashes is not None else ""
-                raise UserError(f"no results{mains} for {where} in {self.path}")
-            hash8 = max(runs, key=lambda r: r.date).commit[:8]
+        if hash8 is None and names:
+            hash8 = max((self.load_file(machine, n) for n in names), key=lambda r: r.date).commit[:8]
+        elif hash8 is None:
+            mains = f" of commits on {self.branch}'s history" if self.branch_hashes is not None else ""
+            raise UserError(f"no results{mains} for {where} in {self.path}")
         names = [n for n in names if n.startswith(hash8 + "-")]
-        if not names:
-            raise UserError(f"commit {hash8} has no results on {where}")
-        if len(names) > 1:
+        if len(names) != 1:
             envs = ", ".join(RESULT_FILE.match(n)[2] for n in names)
-            raise UserError(f"commit {hash8} has results in several environments ({envs}): choose one with --env")
+            raise UserError(f"commit {hash8} has results in several environments ({envs}): choose one with --env"
+                            if names else f"commit {hash8} has no results on {where}")
         run = self.load_file(machine, names[0])
         if commit is not None and not run.commit.startswith(commit):
             raise UserError(f"unknown commit {commit}: results file {names[0]} holds commit {run.commit}")
