@@ -30,8 +30,6 @@ def _rows(data):
     for name, row in data["results"].items():
         row = dict(zip(data["result_columns"], row))
         params = row.get("params") or []
-        if not isinstance(params, list) or not all(isinstance(p, list) for p in params):
-            raise ValueError(f"{name}: params is {short(params)}, not a list of lists")
         yield name, list(itertools.product(*params)) if params else [None], row
 
 
@@ -395,6 +393,8 @@ def _param(text):
 
 
 def _points(name, combos, row, param_names):
+    _check(isinstance(row.get("params") or [], list) and all(isinstance(p, list) for p in row.get("params") or []),
+           f"{name}: params is {short(row.get('params'))}, not a list of lists")
     n, width = len(combos), len(combos[0] or ())
     names = next((s[name] for s in param_names if isinstance(s.get(name), list) and len(s[name]) == width),
                  [f"param{i + 1}" for i in range(width)])
