@@ -146,7 +146,7 @@ def _batch_per_step(plt, run, title, lab):
         cells = _column(table, figure)
         every += _errorbar(axes[0], cells, 1e6, label=label)
     _axes(axes[0], [t for t, _ in cells], every, T_AXIS, "time per decode step (µs), one position of each sequence",
-          "per step: the batched step grows, the saving does not", bottom=0,
+          "per step: the batched step grows several-fold, the saving far less", bottom=0,
           legend={"fontsize": 8, "loc": "upper left"})
     _speedup(axes[1], run, lab)
     fig.suptitle(f"Batch experiment, in pairs — {title}")
