@@ -11,7 +11,10 @@ An optional ``cache`` (a :class:`~kv_attention.cache.Cache`) must fit x's leadin
 D_k, D_v and dtype and have room for T more positions; positions already in it are
 attended to (a prefill). It is checked before the first write, so a refused call
 leaves it unchanged. ``check_finite`` (default True) scans x and the weights for
-NaN/inf; a given cache's ``update`` checks what it is given.
+NaN/inf; a given cache's ``update`` checks what it is given. So finite inputs whose
+projections overflow (or pass a QuantizedCache's range) are refused by that ``update``
+partway, after earlier positions were stored: overflow is not looked for in advance,
+as in scipy, and ``cache.crop(length)`` undoes the partial write.
 """
 
 import numpy as np

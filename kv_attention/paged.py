@@ -407,16 +407,19 @@ class PagedKVCache:
         return np.array(slots, dtype=np.int64).reshape(len(seq_ids), t_new)
 
 
-def paged_attention(q, cache, seq_ids):
+def paged_attention(q, cache, seq_ids, *, check_finite=True):
     """Attention of ``q: [N, T_q, D_k]`` (row i of sequence ``seq_ids[i]``) over each sequence's keys in the pool.
 
     Reads ``cache``'s pool block by block through the block tables (the module's
     method), so no step copies a sequence's whole K/V. Returns ``[N, T_q, D_v]``,
     equal up to rounding to :func:`~kv_attention.attention.attend` over each
-    sequence's stored keys; a sequence with none gives zeros.
+    sequence's stored keys; a sequence with none gives zeros. ``check_finite`` scans
+    ``q``; the pool's keys and values were scanned when they were written.
     """
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
     lengths = cache.get_seq_lengths(seq_ids)  # [N]; checks every id
-    q = as_array("q", q)
+    q = (as_float_array if as_flag("check_finite", check_finite) else as_array)("q", q)
     if q.ndim != 3 or q.shape[0] != len(lengths) or q.shape[2] != cache.k_cache.shape[-1]:
         raise ValueError(f"q must be [N={len(lengths)}, T_q, D_k={cache.k_cache.shape[-1]}], got shape {q.shape}")
     size = cache.block_size

@@ -239,8 +239,9 @@ class _Scheduler:
 
     def execute(self, scheduled):
         """Compute the scheduled tokens' k and v, then the outputs of the requests now up to date."""
-        decodes = [(s, n) for s, n in scheduled if s.num_computed >= max(s.prompt_len, s.high_water)]
-        self.decode_per_step.append(sum(n for _, n in decodes))
+        # tokens past the prompt computed for the first time: a recomputing chunk may end with one
+        first = [s.num_computed + n - max(s.num_computed, s.prompt_len, s.high_water) for s, n in scheduled]
+        self.decode_per_step.append(sum(max(0, f) for f in first))
         self.prefill_per_step.append(sum(n for _, n in scheduled) - self.decode_per_step[-1])
         for seq, n in scheduled:
             self.write_kv(seq, n)
@@ -264,7 +265,7 @@ class _Scheduler:
             return
         tokens = [s.token_ids[s.num_computed - 1] for s in seqs]
         q = (self.embedding[tokens] @ self.weights[0])[:, None, :]  # [N, 1, D_k]
-        out = paged_attention(q, self.cache, [s.request_id for s in seqs])[:, 0]  # [N, D_v]
+        out = paged_attention(q, self.cache, [s.request_id for s in seqs], check_finite=False)[:, 0]  # [N, D_v]
         for seq, row in zip(seqs, out):
             seq.outputs[seq.num_emitted] = row
             seq.num_emitted += 1

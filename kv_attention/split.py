@@ -214,7 +214,7 @@ def _state(q, k, v, valid=None):
         total = weights.sum(axis=-1, keepdims=True)  # 0 for a fully masked row
         lse = (top + np.log(total))[..., 0]
     weights /= np.where(total > 0, total, 1.0)
-    return weights @ v, lse
+    return weights @ np.where(valid[..., :, None], v, 0.0), lse  # a masked value may be NaN: 0 * NaN is NaN
 
 
 def merge_attention_states(states, *, check_finite=True):

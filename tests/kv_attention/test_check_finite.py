@@ -49,6 +49,16 @@ def merged(arrays, **options):
 
 HEADS = {"n_heads": 6, "n_kv_heads": 2}
 
+
+def paged(arrays, **options):
+    """``paged_attention`` of q over k, v stored in a pool of blocks of 4 (two sequences of 6 positions)."""
+    q, k, v = arrays
+    cache = kv.PagedKVCache(4, 4, k.shape[-1], v.shape[-1])
+    for seq_id in (0, 1):
+        cache.add_sequence(seq_id)
+    cache.update([0, 1], k, v)
+    return kv.paged_attention(q, cache, [0, 1], **options)
+
 # name -> (inputs, call(inputs, **check_finite), the reference of its output on finite inputs or None).
 # The NaN goes into inputs[0] (q, or a state's out) for attention steps, into w_q (inputs[1]) for the decodes,
 # so that a cache's own update, which checks what is written to it, is given finite keys and values.
@@ -57,6 +67,7 @@ ENTRY_POINTS = {
     "masked_attend": (attention_inputs, lambda a, **o: kv.masked_attend(*a, np.ones((2, 6), bool), **o),
                       lambda a: naive_attend(*a)),
     "attention_state": (attention_inputs, lambda a, **o: kv.attention_state(*a, **o)[0], lambda a: naive_attend(*a)),
+    "paged_attention": (attention_inputs, paged, lambda a: naive_attend(*a)),
     "merge_attention_states": (state_inputs, merged, lambda a: naive_attend(*attention_inputs())),
     "split_kv_attention": (attention_inputs, lambda a, **o: kv.split_kv_attention(*a, num_splits=2, **o),
                            lambda a: naive_attend(*a)),
@@ -87,7 +98,7 @@ ENTRY_POINTS = {
 }
 
 
-ATTENTION_STEPS = ("attend", "masked_attend", "attention_state", "merge_attention_states", "split_kv_attention",
+ATTENTION_STEPS = ("attend", "masked_attend", "attention_state", "paged_attention", "merge_attention_states", "split_kv_attention",
                    "cascade_attention")
 
 
@@ -132,3 +143,14 @@ def test_check_finite_must_be_true_or_false(flag):
         kv.attend(q, k, v, check_finite=flag)
     with pytest.raises(TypeError, match="check_finite must be True or False"):
         kv.multi_head_decode(*heads_problem(2), **HEADS, check_finite=flag)
+
+
+def test_a_masked_nan_value_is_taken_as_zero_by_attention_state_as_by_masked_attend():
+    q, k, v = attention_inputs()
+    valid = np.ones((2, 6), bool)
+    valid[:, 0] = False
+    v_bad = v.copy()
+    v_bad[:, 0] = np.nan
+    out, lse = kv.attention_state(q, k, v_bad, valid=valid)
+    np.testing.assert_allclose(out, naive_attend(q, k, v, valid), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(out, kv.masked_attend(q, k, v_bad, valid), rtol=1e-12, atol=1e-12)

@@ -118,8 +118,8 @@ def test_preemption_takes_the_latest_admitted_and_recomputes_what_it_knew():
     requests = [kv.Request("A", tokens(rng, 6), 2), kv.Request("B", tokens(rng, 6), 2)]
     result = kv.serve(requests, *weights, block_size=2, num_blocks=4, max_num_batched_tokens=10)
     stats = result.stats
-    assert stats.prefill_tokens_per_step == (4, 0, 0, 0, 0, 5, 0)
-    assert stats.decode_tokens_per_step == (0, 2, 2, 1, 1, 0, 1)
+    assert stats.prefill_tokens_per_step == (4, 0, 0, 0, 0, 4, 0)  # step 5: the 4 recomputed tokens
+    assert stats.decode_tokens_per_step == (0, 2, 2, 1, 1, 1, 1)  # step 5: B's fifth, computed for the first time
     assert (stats.preemptions, stats.recomputed_tokens, stats.peak_blocks) == (1, 4, 4)
     assert_exact(result, requests, weights)  # every output row, also those from before the preemption
 
@@ -372,3 +372,14 @@ def test_reprs_are_short_whatever_the_lengths():
                            "peak_blocks=3, prefill_tokens=6, decode_tokens=2)")
     result = kv.ServeResult({"a": np.zeros((11, 5)), 7: np.zeros((1, 5))}, stats)
     assert repr(result) == f"ServeResult(outputs={{'a': [11, 5], 7: [1, 5]}}, stats={stats!r})"
+
+
+def test_the_token_past_the_prompt_in_a_recomputing_chunk_counts_as_decode():
+    """Blocks of 1, 2 blocks: b preempts a; a's readmitted chunk recomputes 2 tokens and computes 1 new one."""
+    embedding = np.eye(2)
+    requests = [kv.Request("a", [0, 0], 1), kv.Request("b", [1, 1], 1)]
+    result = kv.serve(requests, embedding, embedding, embedding, embedding, block_size=1, num_blocks=2,
+                      max_num_batched_tokens=2)
+    # 2 prompt tokens and the recomputed ones are prefill; each request's one token past its prompt is decode
+    assert result.stats.decode_tokens == 2
+    assert result.stats.prefill_tokens == 2 + result.stats.recomputed_tokens

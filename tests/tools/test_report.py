@@ -591,79 +591,23 @@ def test_unknown_machine_and_several_machines(repo, capsys):
     assert code == 0 and "`other`" in out
 
 
-def test_a_hand_renamed_machine_folder_is_the_machine_its_machine_json_names(repo, capsys, tmp_path):
-    """asv names a machine by machine.json's ``machine`` (its dashboard shows this folder's results as ``box``):
-    so do the report's --machine, every header and the CSV, never the folder's new name."""
-    path, hashes = repo
-    write_run(path / ".asv/results", hashes[1], date=1_000)
-    write_run(path / ".asv/results", hashes[2], date=2_000)
-    (path / ".asv/results/box").rename(path / ".asv/results/renamed")
-    code, out, err = report(path, "tables", "--machine", "box", capsys=capsys)
-    assert code == 0, err
-    assert out.startswith(f"## kv-attention decode benchmarks at `{hashes[2][:8]}` on `box`")
-    assert "- machine `box`: Test CPU" in out
-    code, out, err = report(path, "compare", "HEAD~1", "HEAD", "--machine", "box", capsys=capsys)
-    assert code == 0 and out.startswith(f"## HEAD~1 ({hashes[1][:8]}) vs HEAD ({hashes[2][:8]}) on `box`"), err
-    code, _, err = report(path, "csv", "--out", str(tmp_path / "samples.csv"), capsys=capsys)
-    assert code == 0, err
-    assert {row["machine"] for row in read_csv(tmp_path / "samples.csv")} == {"box"}
-    code, _, err = report(path, "tables", "--machine", "renamed", capsys=capsys)
-    assert code == 1 and "\n" not in err.strip()
-    assert "no results for machine 'renamed'" in err and "(machines with results: box; folder " in err
-    assert "renamed holds machine 'box'" in err
-
-
 def test_a_machine_whose_name_is_no_plain_folder_name_can_be_chosen(repo, capsys):
-    """asv records any name in machine.json; --machine matches it and is never a path, so "my laptop" is taken
-    (a name with '/' is refused on the command line, exit 2, by test_dev)."""
+    """asv records any name in machine.json; --machine matches a results folder and is never a path, so "my laptop"
+    is taken (a name with '/' is refused on the command line, exit 2, by test_dev)."""
     path, hashes = repo
     write_run(path / ".asv/results", hashes[2], machine="my laptop")
-    (path / ".asv/results/my laptop").rename(path / ".asv/results/laptop")
     write_run(path / ".asv/results", hashes[2], machine="other")
     code, out, err = report(path, "tables", "--machine", "my laptop", capsys=capsys)
     assert code == 0 and "on `my laptop`" in out.splitlines()[0], err
-
-
-def test_a_result_file_of_another_machine_than_its_folders_is_unreadable(repo, capsys):
-    """asv reads a result file only if it names its folder's machine (Results.load's machine_name)."""
-    path, hashes = repo
-    run = write_run(path / ".asv/results", hashes[2])
-    data = json.loads(run.read_text())
-    data["params"]["machine"] = "elsewhere"
-    run.write_text(json.dumps(data))
-    code, out, err = report(path, "tables", "--machine", "box", capsys=capsys)
-    assert code == 1 and out == "" and "\n" not in err.strip()
-    assert err.startswith(f"tools/dev.py report: error: cannot read asv result file box/{run.name}: it is of "
-                          "machine 'elsewhere', but its folder's machine.json names 'box'")
-
-
-def test_two_folders_naming_one_machine_are_refused(repo, capsys):
-    """A copy of a machine's folder under another name: asv would show both as one machine."""
-    path, hashes = repo
-    write_run(path / ".asv/results", hashes[2])
-    shutil.copytree(path / ".asv/results/box", path / ".asv/results/box-copy")
-    code, _, err = report(path, "tables", "--machine", "box", capsys=capsys)
-    assert code == 1 and "\n" not in err.strip()
-    assert (f"machine 'box' has results in both {path}/.asv/results/box and {path}/.asv/results/box-copy "
-            "(as their machine.json say)") in err
-
-
-def test_a_machine_json_naming_no_machine_is_a_one_line_error(repo, capsys):
-    """The report cannot tell which machine the folder holds; asv's publish and compare stop on it too."""
-    path, hashes = repo
-    write_run(path / ".asv/results", hashes[2])
-    (path / ".asv/results/box/machine.json").write_text('{"machine": ')
-    code, _, err = report(path, "tables", capsys=capsys)
-    assert code == 1 and "\n" not in err.strip()
-    assert f"{path}/.asv/results/box/machine.json is not a readable asv machine file (no machine name in it)" in err
 
 
 def test_several_environments_need_env(repo, capsys):
     path, hashes = repo
     write_run(path / ".asv/results", hashes[2])
     write_run(path / ".asv/results", hashes[2], env="conda-py3.12", scale=3.0)
-    code, _, err = report(path, "tables", "--commit", "HEAD", capsys=capsys)
-    assert code == 1 and "--env" in err and "conda-py3.12" in err
+    for commit in (["--commit", "HEAD"], []):  # named, or the newest by default
+        code, _, err = report(path, "tables", *commit, capsys=capsys)
+        assert code == 1 and "--env" in err and "conda-py3.12" in err
     code, out, _ = report(path, "tables", "--commit", "HEAD", "--env", "conda", capsys=capsys)
     assert code == 0 and float(table_rows(out, SWEEP_TITLE)[0][1]) == pytest.approx(3 * 2e-3 * 1e3)
 
@@ -680,14 +624,6 @@ def test_command_line_errors_are_one_line_without_traceback(repo):
         assert proc.returncode == 1, proc.stderr
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
         assert proc.stderr.startswith("tools/dev.py report: error: ")
-
-
-def test_a_corrupt_result_file_is_a_clear_error(repo, capsys):
-    path, hashes = repo
-    run = write_run(path / ".asv/results", hashes[2])
-    run.write_text("{not json")
-    code, _, err = report(path, "tables", "--commit", "HEAD", capsys=capsys)
-    assert code == 1 and "cannot read asv result file" in err
 
 
 # --- files that are not what they should be ---------------------------------------------------------
@@ -724,26 +660,6 @@ def test_a_malformed_result_file_is_an_error_not_a_figure(repo, capsys, edit):
     run.write_text(json.dumps(data))
     code, out, err = report(path, "tables", "--commit", "HEAD", capsys=capsys)
     assert code == 1 and err.startswith("tools/dev.py report: error: cannot read asv result file") and out == ""
-
-
-def test_numpy_scalar_parameter_reprs_are_read_as_numbers(repo, capsys):
-    path, hashes = repo
-    run = write_run(path / ".asv/results", hashes[2])
-    data = json.loads(run.read_text())
-    data["results"][SWEEP][1] = [[f"np.int64({b})" for b in (1, 2, 4, 8)]]
-    run.write_text(json.dumps(data))
-    code, out, _ = report(path, "tables", capsys=capsys)
-    assert code == 0
-    assert [int(r[0]) for r in table_rows(out, SWEEP_TITLE)] == [1, 2, 4, 8]
-    assert int(table_rows(out, SWEEP_TITLE)[3][3].replace(",", "")) == round(8 * 128 / medians()[2][8])
-
-
-def test_default_commit_measured_in_several_environments_needs_env(repo, capsys):
-    path, hashes = repo
-    write_run(path / ".asv/results", hashes[2])
-    write_run(path / ".asv/results", hashes[2], env="conda-py3.12")
-    code, _, err = report(path, "tables", capsys=capsys)
-    assert code == 1 and "--env" in err
 
 
 def test_a_full_hash_of_a_commit_git_does_not_know(repo, capsys):
@@ -897,9 +813,7 @@ def test_ratio_plots_show_concat_over_preallocated_and_the_lab_s_own_figures_mar
     fig = plots._time_vs_t(plt, run, "t", lab=False)
     assert not any(lab.LABEL in label for label in lines_of(fig))
     plt.close(fig)
-    fig = plots._positions_vs_b(plt, run, "t", lab=True)
-    assert plots.NO_LAB_FIGURES in [t.get_text() for t in fig.texts]
-    plt.close(fig)
+    assert plots.NO_LAB == {"positions_vs_B.png", "heads_vs_T.png", "ragged.png"}  # marked: the lab published none
 
 
 def test_heads_and_ragged_plots_draw_the_tables_figures(repo):
@@ -930,10 +844,9 @@ def test_heads_and_ragged_plots_draw_the_tables_figures(repo):
     (lambda d: d["results"][CACHE][COLUMNS.index("stats_q_25")].__setitem__(0, 10**400), "malformed statistics"),
     (lambda d: d["results"][SWEEP][COLUMNS.index("samples")].__setitem__(0, [10**400]), "samples"),
     (lambda d: d.__setitem__("date", 10**400), "not ms since the epoch"),
-    (lambda d: d["params"].__setitem__("ram", "²"), "machine field ram is '²', not a number"),  # ValueError before
-    (lambda d: d["params"].__setitem__("num_cpu", "two"), "machine field num_cpu"),
+    (lambda d: d["results"][SWEEP][1].__setitem__(0, ["1", "2", "4", str(10**400)]), "too large"),  # a parameter
 ])
-def test_out_of_range_numbers_and_odd_machine_fields_are_one_line_errors(repo, edit, message):
+def test_out_of_range_numbers_are_one_line_errors(repo, edit, message):
     path, hashes = repo
     run = write_run(path / ".asv/results", hashes[2])
     data = json.loads(run.read_text())
@@ -961,17 +874,7 @@ def test_deeply_nested_json_is_a_one_line_error(repo, capsys):
     assert code == 0 and "Cache experiment" in out  # the suite's own parameter names are used
 
 
-def test_a_parameter_too_large_for_a_float_is_a_one_line_error(repo, capsys):
-    path, hashes = repo
-    run = write_run(path / ".asv/results", hashes[2])
-    data = json.loads(run.read_text())
-    data["results"][SWEEP][1] = [["1", "2", "4", str(10**400)]]
-    run.write_text(json.dumps(data))
-    code, out, err = report(path, "tables", capsys=capsys)
-    assert code == 1 and "hold B = '10000" in err and "not a number in range" in err
-
-
-def test_fifos_in_the_results_directory_are_skipped_with_a_message(repo):
+def test_fifos_in_the_results_directory_are_skipped(repo):
     """A FIFO named benchmarks.json hung ``report tables`` forever; a FIFO result file is skipped too."""
     path, hashes = repo
     write_run(path / ".asv/results", hashes[2])
@@ -982,8 +885,7 @@ def test_fifos_in_the_results_directory_are_skipped_with_a_message(repo):
         proc = subprocess.run([sys.executable, "-m", "tools.dev", "report", *command, "--config",
                                str(path / "asv.conf.json")], cwd=ROOT, env={**os.environ, common.INSIDE_VENV: "1"},
                               capture_output=True, text=True, timeout=60)
-        assert "note: skipped" in proc.stderr and "benchmarks.json: a FIFO, not a regular file" in proc.stderr
-        assert f"{hashes[1][:8]}-{ENV}.json: a FIFO" in proc.stderr and "Traceback" not in proc.stderr
+        assert "Traceback" not in proc.stderr
         if command[-1] == hashes[1]:  # the commit whose only result file is the FIFO
             assert proc.returncode == 1 and "has no results" in proc.stderr
         else:

@@ -1,8 +1,8 @@
-"""The quantized cache's figure (tools/report/quantized.py): error vs bytes per position, beside the anchors' widths."""
+"""The quantized cache's figure (tools/report/plots.py): error vs bytes per position, beside the anchors' widths."""
 
 import pytest
 
-from tools.report import plots, quantized
+from tools.report import plots, tables
 from tools.results import Point, Run
 
 KINDS = ("int2", "int4", "int8", "float8_e4m3fn", "float8_e5m2")
@@ -13,8 +13,8 @@ def run_of(values):
     points = {}
     for (t, kind), (nbytes, error) in values.items():
         params = tuple(sorted({"T": t, "kind": kind}.items()))
-        points[(quantized.BYTES_BENCHMARK, params)] = Point(quantized.BYTES_BENCHMARK, dict(params), nbytes)
-        points[(quantized.ERROR_BENCHMARK, params)] = Point(quantized.ERROR_BENCHMARK, dict(params), error)
+        points[(tables.QUANTIZED_BYTES, params)] = Point(tables.QUANTIZED_BYTES, dict(params), nbytes)
+        points[(tables.QUANTIZED_ERROR, params)] = Point(tables.QUANTIZED_ERROR, dict(params), error)
     return Run("a" * 40, "machine", "env", 0, {}, {}, points)
 
 
@@ -23,7 +23,7 @@ def test_one_point_per_configuration_beside_the_published_bit_widths():
     values = {(t, kind): (100.0 * (i + 1) / t * 64, 0.5 / (i + 1) / t * 64) for i, kind in enumerate(KINDS)
               for t in (64, 128)}
     values[(128, "int8")] = ("FAILED", 0.1)  # a failed point leaves its configuration's line one point short
-    fig = quantized.error_vs_bytes(plt, run_of(values), "t", lab=False)
+    fig = plots.error_vs_bytes(plt, run_of(values), "t", lab=False)
     (ax,) = fig.axes
     lines = {line.get_label(): line for line in ax.get_lines()}
     for kind in KINDS:
@@ -45,10 +45,7 @@ def test_one_point_per_configuration_beside_the_published_bit_widths():
 
 def test_a_run_without_the_experiment_says_so():
     plt = pytest.importorskip("matplotlib.pyplot")
-    fig = quantized.error_vs_bytes(plt, run_of({}), "t", lab=False)
+    fig = plots.error_vs_bytes(plt, run_of({}), "t", lab=False)
     assert "no measured points" in [t.get_text() for t in fig.axes[0].texts]
     plt.close(fig)
 
-
-def test_the_report_draws_it():
-    assert plots.FIGURES["quantized.png"] is quantized.error_vs_bytes

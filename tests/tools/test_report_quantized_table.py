@@ -40,4 +40,3 @@ def test_the_default_tables_show_the_quantized_table_only_where_the_run_measured
     without, with_it = run_of({}), run_of({(BYTES, 128, "int8"): 400})
     assert all(not t.title.startswith("Quantized") for t in tables.all_tables(without))
     assert tables.all_tables(with_it)[-1].title == "Quantized KV cache at T = 128"
-    assert tables.ACROSS_MACHINES["error"] == "exact"

@@ -1,16 +1,10 @@
-"""The lab's tables, raw samples and plots, derived from asv's own result files.
+"""The lab's tables, raw samples and plots, from asv's own result files (``python3 tools/dev.py report ...``).
 
-``tables`` (Markdown tables of one run), ``samples`` (every recorded timing
-sample as CSV) and ``plots`` (matplotlib figures); the command line is
-``python3 tools/dev.py report {tables,compare,csv,plots}`` (tools/commands/report.py).
-Nothing here times anything: every figure comes from ``.asv/results``, read
-through :mod:`tools.results`.
+EXPERIMENTS, defined once (here, so that the command line lists them without importing the suite): name (a table of
+``report tables``, ``--experiment NAME``, the ``experiment`` column of ``report csv``) -> the benchmark its table
+rests on: asv's timing, or where the table shows paired figures only, their ratio.
 """
 
-# The lab's experiments, defined once: name (a table of ``report tables``, ``--experiment NAME``, the
-# ``experiment`` column of ``report csv``) -> the benchmark its table rests on: asv's timing, or where the table
-# shows paired figures only, their ratio. Here, not in tables.py, so that the command line lists them without
-# importing the suite.
 EXPERIMENTS = {
     "cache": "bench_cache.CacheRatios.track_ratio",
     "batch": "bench_batch.BatchRatios.track_ratio",

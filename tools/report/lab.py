@@ -1,14 +1,9 @@
-"""The lab's own published figures, for the plots to draw beside this machine's (``report plots --lab``).
+"""The lab's own published figures, drawn beside this machine's (``report plots --lab``) and quoted in the tables.
 
-Source: the lab this project grew from, "Phase 2 Lab: Causal Attention, KV Cache
-与 Batched Decode" (``attention-kv-caceh``), its README's results tables
-("结果": "KV Cache 策略" and "两个 Sequence：顺序执行与 Batched 执行"), copied
-here as published. Its machine: AMD Ryzen 7 9700X (8 cores / 16 threads),
-CPython 3.14.7, NumPy 2.5.2, OpenBLAS 0.3.34 pinned to one thread; float64, a
-single head, d_model = d_k = d_v = 64, seed 42; 3 warm-up runs, then the median
-of 30. The same problem as this suite's, on another machine and software, so
-compare shapes and ratios, not absolute times. The lab published nothing for
-the batch-size sweep, heads or ragged batches.
+Copied as published from the README of the lab this project grew from ("Phase 2 Lab: Causal Attention, KV Cache
+与 Batched Decode", its tables "KV Cache 策略" and "两个 Sequence：顺序执行与 Batched 执行"): the same problem
+(float64, one head, d = 64, seed 42; median of 30 after 3 warm-ups) on another machine and software, so compare
+shapes and ratios, not absolute times. It published nothing for the batch-size sweep, heads or ragged batches.
 """
 
 SOURCE = ('the lab\'s README, "Phase 2 Lab: Causal Attention, KV Cache 与 Batched Decode": '
@@ -36,16 +31,6 @@ BATCH_MS = {
 # T -> the speedup it published (sequential / batched of unrounded medians), and no_cache / preallocated.
 BATCH_SPEEDUP = {16: 1.687, 32: 1.653, 64: 1.611, 128: 1.499, 256: 1.346}
 NO_CACHE_SPEEDUP = {16: 1.51, 32: 2.01, 64: 3.02, 128: 6.61, 256: 16.18}
-
-
-def cache_seconds(strategy):
-    """``(T list, seconds list)`` of the lab's cache experiment for ``strategy``."""
-    return list(CACHE_MS), [CACHE_MS[t][strategy] / 1e3 for t in CACHE_MS]
-
-
-def batch_seconds(strategy):
-    """``(T list, seconds list)`` of the lab's batch experiment for ``strategy``."""
-    return list(BATCH_MS), [BATCH_MS[t][strategy] / 1e3 for t in BATCH_MS]
 
 
 def ratio(table, numerator, denominator):

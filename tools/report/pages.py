@@ -2,12 +2,9 @@
 
     .venv/bin/python -m tools.report.pages
 
-A quoted table sits between ``<!-- rendered by: COMMAND -->`` and ``<!-- end of
-rendered -->``; a quoted image follows ``<!-- plotted by: COMMAND -->`` on the
-line after it, as ``![...](docs/figures/NAME.png)``. COMMAND is a ``python3
-tools/dev.py report`` command reading ``docs/results``; to quote a new run, store
-its result file there and change the commit in each COMMAND, then run this.
-tests/test_rendered_figures.py checks the tables and the images' presence.
+A table sits between ``<!-- rendered by: COMMAND -->`` and ``<!-- end of rendered -->``; an image follows
+``<!-- plotted by: COMMAND -->`` as ``![...](docs/figures/NAME.png)``. COMMAND is a ``python3 tools/dev.py report``
+command reading ``docs/results``. tests/test_rendered_figures.py checks the tables and the images' presence.
 """
 
 import contextlib

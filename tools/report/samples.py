@@ -1,14 +1,9 @@
 """Every recorded timing sample as one CSV row, the lab's ``benchmark.csv`` for any number of commits.
 
-asv keeps the samples only when it ran with ``--record-samples`` (the main job
-does). For a point without samples the rows hold the statistics asv did keep
-(median, quartiles, 99 % confidence bounds), named in the ``statistic`` column.
-Seconds are written with Python's float repr, so they read back bit for bit.
-
-T and B are the values a benchmark ran with: its parameters, or the fixed
-values of the suite in this working tree (B = 2 for the batch experiment,
-T = 128 for the batch-size sweep); B is blank for the single-sequence cache
-experiment.
+asv keeps the samples only when it ran with ``--record-samples`` (the main job does); for a point without them the
+rows hold the statistics asv kept, named in the ``statistic`` column. Seconds are Python's float repr, so they read
+back bit for bit. T and B are the values a benchmark ran with: its parameters, or the suite's fixed values (B = 2 for
+the batch experiment, T = 128 for the batch-size sweep); B is blank for the single-sequence cache experiment.
 """
 
 import csv
@@ -46,44 +41,32 @@ def point_rows(run, point):
     return [head + ["", v, name, rest, run.env_name] for name, v in kept]
 
 
-def _write_rows(results, files, f, progress):
+def _write_rows(results, files, f):
     counts = {"rows": 0, "runs": len(files), "points": 0, "points_without_samples": 0}
-    show = progress is not None and progress.isatty() and len(files) > 20
     writer = csv.writer(f)
     writer.writerow(COLUMNS)
-    for i, (machine, name) in enumerate(files, 1):
-        if show:
-            progress.write(f"\rreading result files: {i}/{len(files)}")
+    for machine, name in files:
         run = results.load_file(machine, name)
         for point in run.points.values():
-            if point.benchmark.rsplit(".", 1)[-1].startswith("time_"):
-                rows = point_rows(run, point)
-                counts["points"] += bool(rows)
-                counts["points_without_samples"] += bool(rows) and not point.samples
-                writer.writerows(rows)
-                counts["rows"] += len(rows)
-    if show:
-        progress.write("\n")
+            rows = point_rows(run, point) if point.benchmark.rsplit(".", 1)[-1].startswith("time_") else []
+            counts["points"] += bool(rows)
+            counts["points_without_samples"] += bool(rows) and not point.samples
+            counts["rows"] += len(rows)
+            writer.writerows(rows)
     return counts
 
 
-def write_csv(results, out, machine=None, env=None, progress=None):
+def write_csv(results, out, machine=None, env=None):
     """Write the samples of every commit (of ``machine`` or every machine; ``env`` filters) to ``out``.
 
-    Only ``time_`` benchmarks have samples (seconds). ``out`` "-" is stdout;
-    a file must be one :func:`tools.paths.check_file` allows (never inside
-    ``.asv/`` or the results directory, never a tracked file, a device or a
-    FIFO) and is written whole or not at all. Returns a dict of counts: rows,
-    runs, points, points_without_samples, and ``replaced`` (a file was there).
-
-    Raises:
-        UserError: ``out`` may not or cannot be written.
+    Only ``time_`` benchmarks have samples (seconds). ``out`` "-" is stdout; a file is one
+    :func:`tools.paths.check_file` allows, written whole or not at all. Returns counts: rows, runs, points, points_without_samples, and ``replaced``
+    (a file was there). UserError: ``out`` may not or cannot be written.
     """
-    progress = sys.stderr if progress is None else progress
     files = [(m, n) for m in ([machine] if machine else results.machines) for n in results.files(m, env)]
     if out == "-":
-        return _write_rows(results, files, sys.stdout, progress)
+        return _write_rows(results, files, sys.stdout)
     target, replaced = paths.check_file(out, protected=results.paths)
     with paths.atomic_write(target) as f:
-        counts = _write_rows(results, files, f, progress)
+        counts = _write_rows(results, files, f)
     return {**counts, "replaced": replaced}

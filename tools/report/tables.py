@@ -1,40 +1,15 @@
-"""The lab's tables and the experiments' beyond it, derived from one run's stored results, as Markdown.
+"""The lab's tables and those of the experiments beyond it, from one run's stored results, as Markdown.
 
-- cache: per T, whether every strategy passed the check against full attention,
-  the paired ratios no_cache / preallocated and concat / preallocated, and the
-  lab's published ones beside them (another machine's);
-- batch: per T, the paired speedup sequential / batched of B sequences, the
-  lab's published one beside it, and from the same pairs each side's time per
-  decode step and the time batching saves per step (with its interval), and
-  positions/s = B / batched step: no asv median beside a paired ratio;
-- batch size: batched decode at T = 128 per B: time, time per sequence,
-  positions/s and its scaling against B = 1;
-- heads: per attention kind (mha, gqa, mqa) and T, the repeat_kv and grouped
-  decode times, their ratio, the peak bytes each allocated, and the logical
-  K/V cache bytes;
-- ragged: per length distribution, the padded, compacted and paged decode
-  times, their ratios, the rows computed and the K/V slots reserved;
-- roofline: per model shape, T, B and heads path, the bytes one decode step
-  reads, the fraction of the read bandwidth it reaches (paired, with its
-  interval), the step's and the read kernel's GB/s and the step's ms;
-- quantized: per kind, bytes per position, error, time and paired ratios;
-- beyond: one headline per experiment beyond the lab, linked to its section of docs/results.md.
-
-A cell holds seconds, a ratio or a rate, or the marker ``failed`` (the gate or
-the benchmark raised) or ``n/a`` (skipped, or not measured at that commit); a
-figure derived from a marked cell carries the marker on.
-
-The ratio columns (no_cache / preallocated, concat / preallocated, the batch
-speedup, the scaling over B = 1, repeat_kv / grouped, padded / paged and
-compacted / paged) are the suite's paired ratios where the run has them
-(``benchmarks/ratios.py``: the median of per-pair ratios of the two sides
-timed in turns in one process, a :class:`Paired`, shown with its 95 %
-interval: ``1.73x [1.71, 1.75]``), else the ratio of asv's two medians, taken
-in separate processes at different times, an :class:`Unpaired` shown marked:
-``1.73x (unpaired)``.
+A cell holds seconds, a ratio, a rate or a count, or the marker ``failed`` (the check or the benchmark raised) or
+``n/a`` (skipped, or not measured at that commit); a figure derived from a marked cell carries the marker on. A
+ratio column holds the suite's paired ratio where the run has one (``benchmarks/ratios.py``: the median of per-pair
+ratios of the two sides timed in turns in one process, a :class:`Paired`, shown with its 95 % interval:
+``1.73x [1.71, 1.75]``), else the ratio of asv's two medians from separate processes, an :class:`Unpaired`
+shown marked: ``1.73x (unpaired)``.
 """
 
 import datetime
+import itertools
 import inspect
 from dataclasses import dataclass
 
@@ -42,7 +17,7 @@ from benchmarks import bench_batch, bench_cache, bench_heads, bench_quantized, b
 from benchmarks.common import BATCH, LENGTHS, STRATEGIES, SWEEP_BATCH_SIZES, SWEEP_LENGTH, verified_decode
 
 from ..common import UserError
-from ..results import FAILED, SKIPPED, is_number, param_sort_key, short
+from ..results import FAILED, SKIPPED, is_number, short
 from . import EXPERIMENTS, lab
 
 (CACHE_PAIRED, BATCH_PAIRED, SWEEP_BENCHMARK, HEADS_BENCHMARK, RAGGED_BENCHMARK, ROOFLINE_PAIRED,
@@ -63,12 +38,7 @@ RAGGED_ROWS = "bench_ragged.RaggedDecode.track_row_steps"
 SWEEP_PAIRED = "bench_batch.BatchSizeRatios.track_ratio"
 HEADS_PAIRED = "bench_heads.HeadsRatios.track_ratio"
 RAGGED_PAIRED = "bench_ragged.RaggedRatios.track_ratio"
-PAIRED_BENCHMARKS = {CACHE_PAIRED: bench_cache.CacheRatios, BATCH_PAIRED: bench_batch.BatchRatios,
-                     SWEEP_PAIRED: bench_batch.BatchSizeRatios, HEADS_PAIRED: bench_heads.HeadsRatios,
-                     RAGGED_PAIRED: bench_ragged.RaggedRatios, QUANTIZED_PAIRED: bench_quantized.QuantizedRatios,
-                     FUSED_PAIRED: bench_quantized.FusedRatios}
-CHECK_RTOL, CHECK_ATOL = inspect.signature(verified_decode).parameters["rtol"].default, \
-    inspect.signature(verified_decode).parameters["atol"].default  # the suite's check of every decode
+CHECK_RTOL, CHECK_ATOL = (inspect.signature(verified_decode).parameters[k].default for k in ("rtol", "atol"))
 BATCH_STEP = "bench_batch.BatchRatios.track_"  # + sequential_step, batched_step, saved_step (+ _low, _high)
 LAB_CACHE_RATIOS = {"no_cache": lab.NO_CACHE_SPEEDUP,  # its concat / preallocated: from its medians
                     "concat": dict(zip(*lab.ratio(lab.CACHE_MS, "concat", "preallocated")))}
@@ -77,29 +47,15 @@ PAIRED_NOTE = ("Ratios: the median of per-pair ratios, the two sides timed in tu
                "interval]. A ratio marked (unpaired) is one of asv's medians, from separate processes.")
 CACHE_RATIOS = ("no_cache", "concat")  # each over preallocated: what recomputing, and what concatenating, costs
 RAGGED_RATIOS = ("padded", "compacted")  # each over paged
-# Used where asv's benchmarks.json is missing or does not fit a result file.
-KNOWN_PARAM_NAMES = {CACHE_BENCHMARK: bench_cache.CacheStrategy.param_names,
-                     BATCH_BENCHMARK: bench_batch.BatchStrategy.param_names,
-                     SWEEP_BENCHMARK: bench_batch.BatchSize.param_names,
-                     **dict.fromkeys((HEADS_BENCHMARK, HEADS_PEAK), bench_heads.HeadsDecode.param_names),
-                     HEADS_CACHE: bench_heads.HeadsCacheBytes.param_names,
-                     **dict.fromkeys((RAGGED_BENCHMARK, RAGGED_SLOTS, RAGGED_ROWS),
-                                     bench_ragged.RaggedDecode.param_names),
-                     **{name + end: cls.param_names for name, cls in PAIRED_BENCHMARKS.items()
-                        for end in ("", "_low", "_high")},
-                     **{f"{BATCH_STEP}{side}_step{end}": bench_batch.BatchRatios.param_names
-                        for side in ("sequential", "batched", "saved") for end in ("", "_low", "_high")},
-                     **dict.fromkeys((ROOFLINE_PAIRED, ROOFLINE_PAIRED + "_low", ROOFLINE_PAIRED + "_high",
-                                      *ROOFLINE_RATES.values(), ROOFLINE_BYTES), bench_roofline.PARAM_NAMES),
-                     **dict.fromkeys((QUANTIZED_BENCHMARK, QUANTIZED_BYTES, QUANTIZED_ERROR),
-                                     bench_quantized.QuantizedDecode.param_names)}
+# benchmark -> param_names, from the suite in the working tree: where asv's benchmarks.json is missing or does not fit
+KNOWN_PARAM_NAMES = {f"{m.__name__.rsplit('.', 1)[-1]}.{c.__name__}.{a}": getattr(c, "param_names", [])
+                     for m in (bench_batch, bench_cache, bench_heads, bench_quantized, bench_ragged, bench_roofline)
+                     for c in vars(m).values() if isinstance(c, type) and c.__module__ == m.__name__
+                     for a in dir(c) if a.startswith(("time_", "track_", "peakmem_"))}
 
 
 class Paired(float):
-    """A paired ratio (``track_ratio``): the median of per-pair ratios, with its 95 % interval ``low``, ``high``.
-
-    ``low`` and ``high`` are None where the run holds no interval.
-    """
+    """A paired ratio (``track_ratio``): the median of per-pair ratios, its 95 % interval ``low``, ``high``."""
 
     def __new__(cls, median, low=None, high=None):
         ratio = super().__new__(cls, median)
@@ -112,12 +68,8 @@ class Unpaired(float):
 
 
 def paired(run, benchmark, unpaired, **params):
-    """The paired ratio ``benchmark`` at ``params`` (a :class:`Paired`), if ``run`` has it, else ``unpaired``.
-
-    ``unpaired`` (the ratio of two medians) is returned marked :class:`Unpaired`
-    where it is a number, else as the marker it is. A paired ratio that failed
-    stays ``failed``: its correctness check is the timings' own.
-    """
+    """The paired ratio ``benchmark`` at ``params`` if ``run`` has it, else ``unpaired`` (two medians' ratio) marked
+    :class:`Unpaired`. A failed paired ratio stays ``failed``: its correctness check is the timings' own."""
     value = run.value(benchmark, **params)
     if is_number(value):
         low, high = (run.value(benchmark + end, **params) for end in ("_low", "_high"))
@@ -132,8 +84,8 @@ class Table:
     """A table of one run: ``rows`` are ``(key tuple, {figure: cell})``; ``kinds`` maps figure -> format."""
 
     title: str
-    keys: tuple  # headers of the key columns: ("T",), ("B",), ("kind", "T"), ("lengths",)
-    kinds: dict  # figure label -> "ms" | "ratio" | "ratio3" | "rate" | "us" | "bytes" | "count" | "fraction" | "gbps"
+    keys: tuple  # headers of the key columns: ("T",), ("kind", "T"), ...
+    kinds: dict  # figure -> a key of FORMATS
     rows: list
     note: str = ""
 
@@ -157,12 +109,8 @@ def _keys(run, benchmark, name, default):
         raise UserError(f"results of {benchmark} at {run.commit[:8]} hold {name} = {short(odd[0])}, "
                         "not a number in range")
     order = {v: i for i, v in enumerate(default)}
-    return sorted(found, key=lambda v: (order.get(v, len(order)), param_sort_key(v))) or default
-
-
-def _lab(published, t):
-    """The lab's published figure at ``t`` (another machine), n/a where it published none."""
-    return published.get(t, SKIPPED)
+    rank = {v: (order.get(v, len(order)), *((0, v) if is_number(v) else (1, str(v)))) for v in found}
+    return sorted(found, key=rank.get) or default
 
 
 def cache_table(run):
@@ -174,7 +122,7 @@ def cache_table(run):
         for s in CACHE_RATIOS:
             unpaired = _combine(lambda a, b: a / b, ms[s], ms["preallocated"])
             cells[f"{s} / preallocated"] = paired(run, CACHE_PAIRED, unpaired, T=t, strategy=s)
-            cells[f"lab's {s} / preallocated"] = _lab(LAB_CACHE_RATIOS[s], t)
+            cells[f"lab's {s} / preallocated"] = LAB_CACHE_RATIOS[s].get(t, SKIPPED)
         rows.append(((t,), cells))
     kinds = {"equal to full attention": "text"} | {f"{s} / preallocated": "ratio" for s in CACHE_RATIOS} | {
         f"lab's {s} / preallocated": "ratio" for s in CACHE_RATIOS}
@@ -193,7 +141,7 @@ def batch_table(run, batch=BATCH):
         step = {side: run.value(f"{BATCH_STEP}{side}_step", T=t) for side in ("sequential", "batched", "saved")}
         rows.append(((t,), {
             "speedup": paired(run, BATCH_PAIRED, unpaired, T=t),
-            "lab's speedup": _lab(lab.BATCH_SPEEDUP, t),
+            "lab's speedup": lab.BATCH_SPEEDUP.get(t, SKIPPED),
             "sequential / step, µs": step["sequential"],
             "batched / step, µs": step["batched"],
             "saved / step, µs": paired(run, BATCH_STEP + "saved_step", step["saved"], T=t),
@@ -257,12 +205,7 @@ def heads_table(run):
 
 def _runs(values):
     """``[256, 16, 16]`` -> ``"256, 16 x2"``."""
-    runs = []
-    for v in values:
-        if runs and runs[-1][0] == v:
-            runs[-1][1] += 1
-        else:
-            runs.append([v, 1])
+    runs = [(v, len(list(group))) for v, group in itertools.groupby(values)]
     return ", ".join(f"{v}" + (f" x{n}" if n > 1 else "") for v, n in runs)
 
 
@@ -294,19 +237,18 @@ def ragged_table(run):
 def roofline_table(run):
     """Roofline experiment: one decode step at model shapes, as a fraction of the read bandwidth in its process."""
     rows = []
-    for shape in _keys(run, ROOFLINE_BYTES, "shape", bench_roofline.ROOFLINE_SHAPES):
-        for t in _keys(run, ROOFLINE_BYTES, "T", bench_roofline.ROOFLINE_LENGTHS):
-            for b in _keys(run, ROOFLINE_BYTES, "B", bench_roofline.ROOFLINE_BATCHES):
-                for path in _keys(run, ROOFLINE_BYTES, "path", bench_roofline.ROOFLINE_PATHS):
-                    point = {"shape": shape, "T": t, "B": b, "path": path}
-                    nbytes = run.value(ROOFLINE_BYTES, **point)
-                    rates = {label: run.value(name, **point) for label, name in ROOFLINE_RATES.items()}
-                    rows.append(((shape, t, b, path), {
-                        "bytes / step": nbytes,
-                        "fraction of read bandwidth": paired(run, ROOFLINE_PAIRED, SKIPPED, **point),
-                        **rates,
-                        "step / ms": _combine(lambda n, r: n / r / 1e9, nbytes, rates["step GB/s"]),
-                    }))
+    keys = ("shape", "T", "B", "path")
+    for key in itertools.product(*(_keys(run, ROOFLINE_BYTES, name, getattr(bench_roofline, f"ROOFLINE_{plural}"))
+                                   for name, plural in zip(keys, ("SHAPES", "LENGTHS", "BATCHES", "PATHS")))):
+        point = dict(zip(keys, key))
+        nbytes = run.value(ROOFLINE_BYTES, **point)
+        rates = {label: run.value(name, **point) for label, name in ROOFLINE_RATES.items()}
+        rows.append((key, {
+            "bytes / step": nbytes,
+            "fraction of read bandwidth": paired(run, ROOFLINE_PAIRED, SKIPPED, **point),
+            **rates,
+            "step / ms": _combine(lambda n, r: n / r / 1e9, nbytes, rates["step GB/s"]),
+        }))
     kinds = {"bytes / step": "bytes", "fraction of read bandwidth": "fraction", "step GB/s": "gbps",
              "read GB/s": "gbps", "step / ms": "ms"}
     note = ("One decode step (one new token per sequence) through the public multi_head_decode, with its default "
@@ -318,7 +260,7 @@ def roofline_table(run):
             "side's median sample (10^9 bytes / s). n/a: not measured, over the 2 GiB memory budget, or B = 4 "
             "beyond T = 1024 (the time budget). 1 MiB = 2^20 bytes.")
     return Table("Roofline experiment: one decode step at model shapes, as a fraction of the read bandwidth",
-                 ("shape", "T", "B", "path"), kinds, rows, note)
+                 keys, kinds, rows, note)
 
 
 def quantized_table(run):
@@ -392,7 +334,8 @@ def beyond_table(run):
                  for what, benchmark, params, kind in parts]
         text = "; ".join(f"{what}: {format_cell(value, kind)}" for what, value, kind in cells)
         rows.append(((experiment,), {"headline": text, "explained in": f"[{anchor[1:]}]({RESULTS_PAGE}{anchor})"}))
-    note = f"explained in: a section of {RESULTS_PAGE}. Ratios are paired [95 % interval]; counts are exact."
+    note = (f"explained in: a section of {RESULTS_PAGE}. A / B is A's time over B's (above 1: B is faster), "
+            "paired [95 % interval]; counts are exact.")
     return Table("Beyond the lab", ("experiment",), {"headline": "text", "explained in": "text"}, rows, note)
 
 
@@ -428,11 +371,7 @@ FORMATS = {  # cell kind -> text of a number (seconds, ratio, rate, bytes or cou
 
 
 def format_cell(value, kind):
-    """A cell as text: ms with 3 decimals, ratios as ``16.18x``, rates with thousands separators; markers as is.
-
-    A :class:`Paired` ratio adds its interval, ``16.18x [16.02, 16.31]``; an :class:`Unpaired` one its mark,
-    ``16.18x (unpaired)``.
-    """
+    """A cell as text (markers as they are): ``16.18x [16.02, 16.31]`` for a Paired, ``16.18x (unpaired)``."""
     if not is_number(value):
         return str(value)
     text = FORMATS[kind](value)
@@ -441,27 +380,20 @@ def format_cell(value, kind):
     return f"{text} (unpaired)" if isinstance(value, Unpaired) else text
 
 
-def _markdown(headers, rows, n_keys=1, figure_column=False, text=()):
-    """A pipe table: ``n_keys`` key columns, then a left-aligned figure name if any (or that many text
-    columns, if ``figure_column`` is a number), then numbers; the columns named in ``text`` left-aligned."""
+def _markdown(table, headers, rows, left=(), note=""):
+    """A heading, a pipe table (the columns named in ``left`` left-aligned, the rest right-aligned), the note."""
     from tabulate import tabulate  # asv's own dependency
 
-    align = ["right"] * n_keys + ["left"] * figure_column + ["right"] * (len(headers) - n_keys - figure_column)
-    align = ["left" if h in text else a for h, a in zip(headers, align)]
-    return tabulate(rows, headers=headers, tablefmt="pipe", colalign=align, disable_numparse=True)
+    align = ["left" if h in left else "right" for h in headers]
+    text = tabulate(rows, headers=headers, tablefmt="pipe", colalign=align, disable_numparse=True)
+    return "\n".join([f"### {table.title}", "", text] + (["", note] if note else []))
 
 
 def render_table(table):
     """One table as Markdown: a heading, the table, and its note."""
-    headers = [*table.keys, *table.kinds]
     rows = [[*map(str, key), *(format_cell(cells[f], k) for f, k in table.kinds.items())] for key, cells in table.rows]
-    text = [figure for figure, kind in table.kinds.items() if kind == "text"]
-    parts = [f"### {table.title}", "", _markdown(headers, rows, len(table.keys), text=text)]
-    return "\n".join(parts + (["", table.note] if table.note else []))
-
-
-def _change(base, head):
-    return _combine(lambda a, b: b / a, base, head)
+    left = [figure for figure, kind in table.kinds.items() if kind == "text"]
+    return _markdown(table, [*table.keys, *table.kinds], rows, left, table.note)
 
 
 def render_compare(base_table, head_table, base_label, head_label):
@@ -473,50 +405,13 @@ def render_compare(base_table, head_table, base_label, head_label):
         for figure, kind in base_table.kinds.items():
             b, h = base_cells[figure], head_cells.get(figure, SKIPPED)
             rows.append([*map(str, key), figure, format_cell(b, kind), format_cell(h, kind),
-                         format_cell(_change(b, h), "ratio3")])
+                         format_cell(_combine(lambda x, y: y / x, b, h), "ratio3")])
     for key, _ in head_table.rows:  # keys only the newer run measured
         if key not in dict(base_table.rows):
             for figure, kind in head_table.kinds.items():
                 h = head_rows[key][figure]
                 rows.append([*map(str, key), figure, SKIPPED, format_cell(h, kind), SKIPPED])
-    headers = [*base_table.keys, "figure", base_label, head_label, "head / base"]
-    return "\n".join([f"### {base_table.title}", "", _markdown(headers, rows, len(base_table.keys), True)])
-
-
-# What a figure of each cell kind says when two machines are compared (report tables --machine A --machine B).
-ACROSS_MACHINES = {"ratio": "comparable", "ratio3": "comparable", "count": "exact", "bytes": "exact",
-                   "ms": "machine-bound", "us": "machine-bound", "rate": "machine-bound",
-                   "fraction": "comparable", "gbps": "machine-bound", "error": "exact", "text": "exact"}
-MACHINES_NOTE = ("Each row is one figure of the lab's tables at the same commit, one column per machine, and each "
-                 "later machine's figure over the first's. Only the dimensionless figures (`comparable`: "
-                 "no_cache / preallocated, concat / preallocated, speedup, scaling, repeat_kv / grouped, "
-                 "padded / paged, compacted / paged) compare the mechanisms across machines: there, 1.000x "
-                 "means the mechanism gains as much on both. Absolute times and rates (`machine-bound`: ms, µs, "
-                 "positions / s) are NOT comparable across machines: their ratio measures the machines (CPU, "
-                 "load, samples), not the mechanism. Counts and bytes (`exact`) are what the code did: equal "
-                 "on machines that run the same code with the same numpy.")
-
-
-def render_machines(tables, labels):
-    """One table as measured on several machines at one commit, side by side.
-
-    ``tables`` are the same table (same title and figures) of each machine's run,
-    ``labels`` the machines' names, first the reference. One row per (key,
-    figure): what the figure says across machines (:data:`ACROSS_MACHINES`), its
-    value on each machine, and each later machine's value over the first's.
-    """
-    first = tables[0]
-    cells = [dict(table.rows) for table in tables]
-    keys = list(dict.fromkeys(key for table in tables for key, _ in table.rows))  # the first's order, then others'
-    rows = []
-    for key in keys:
-        for figure, kind in first.kinds.items():
-            values = [machine.get(key, {}).get(figure, SKIPPED) for machine in cells]
-            rows.append([*map(str, key), figure, ACROSS_MACHINES[kind], *(format_cell(v, kind) for v in values),
-                         *(format_cell(_change(values[0], v), "ratio3") for v in values[1:])])
-    headers = [*first.keys, "figure", "across machines", *labels, *(f"{label} / {labels[0]}" for label in labels[1:])]
-    parts = [f"### {first.title}", "", _markdown(headers, rows, len(first.keys), 2)]
-    return "\n".join(parts + (["", first.note] if first.note else []))
+    return _markdown(base_table, [*base_table.keys, "figure", base_label, head_label, "head / base"], rows, ["figure"])
 
 
 def _utc(ms):
@@ -524,13 +419,11 @@ def _utc(ms):
 
 
 def describe(run, experiments=None):
-    """Lines naming the commit, the machine and the environment a run was measured in.
-
-    The samples per point are those of the timings the tables of ``experiments`` show (default: every table).
-    """
+    """Lines naming the commit, machine and environment of a run, and the samples per point of the timings the
+    tables of ``experiments`` show (default: every table)."""
     p = run.machine_params
     when = _utc(run.date)
-    ram = f", {int(p['ram']) / 2**30:.1f} GiB RAM" if str(p.get("ram", "")).isdigit() else ""
+    ram = f", {int(p['ram']) / 2**30:.1f} GiB RAM" if p.get("ram", "").isdecimal() else ""
     machine = ", ".join(str(p[k]) for k in ("cpu", "arch", "os") if p.get(k))
     cpus = f", {p['num_cpu']} CPUs" if p.get("num_cpu") else ""
     packages = ", ".join(f"{k} {v}" for k, v in p.items()
