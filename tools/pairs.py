@@ -49,11 +49,7 @@ class Paired:
 
 
 class PointFailed(Exception):
-    """A worker's point skipped or failed while it was being sampled (asv's setup runs before every sample)."""
-
-    def __init__(self, worker, answer):
-        super().__init__(answer)
-        self.worker, self.answer = worker, answer
+    """``(worker, answer)``: a point skipped or failed while it was sampled (asv's setup runs before every sample)."""
 
 
 ADDR_NO_RANDOMIZE = 0x0040000  # linux/personality.h: what `setarch -R` sets
@@ -153,7 +149,8 @@ def measure(env, base, head, points, progress=print, factor=None, seconds=SECOND
                     ratios = pairs_within(workers[0].samples, workers[1].samples, seconds, MIN_PAIRS, max_pairs,
                                           decided=decided)
                 except PointFailed as error:  # its setup or call raised midway: the point fails (or skips) only
-                    outcomes[label] = {**error.answer, "role": "base" if error.worker is workers[0] else "head"}
+                    worker, answer = error.args
+                    outcomes[label] = {**answer, "role": "base" if worker is workers[0] else "head"}
                     continue
                 except common.UserError as error:  # a worker stopped: this point fails; the next starts two new ones
                     dead = [role for role, w in zip(("base", "head"), workers) if w.process.poll() is not None]

@@ -162,4 +162,4 @@ def test_a_worker_answering_a_failure_to_a_samples_request_raises_point_failed()
     worker.ask = lambda **request: {"failed": "AssertionError: not equal to the oracle"}
     with pytest.raises(pairs.PointFailed) as raised:
         worker.samples(3)
-    assert raised.value.worker is worker and raised.value.answer == {"failed": "AssertionError: not equal to the oracle"}
+    assert raised.value.args == (worker, {"failed": "AssertionError: not equal to the oracle"})
