@@ -37,7 +37,6 @@ CDN_FILES = {
     f"{JSDELIVR}bootstrap@3.1.1/dist/js/bootstrap.min.js": ("bootstrap@3.1.1", "dist/js/bootstrap.min.js"),
     f"{JSDELIVR}bootstrap@3.1.1/dist/css/bootstrap.min.css": ("bootstrap@3.1.1", "dist/css/bootstrap.min.css"),
 }
-EXTRA_DIRS = {"bootstrap@3.1.1": ["dist/fonts"]}  # bootstrap.min.css loads ../fonts/glyphicons-*
 TAG = re.compile(r'<(script|link)\b[^>]*?\b(?:src|href)="(https?://[^"]+)"[^>]*>')
 
 
@@ -77,9 +76,8 @@ def vendor(html_dir, node_modules=None):
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
             shutil.copyfile(node_modules / name / file, target)
-            for folder in EXTRA_DIRS.get(spec, []):
-                shutil.copytree(node_modules / name / folder, Path(html_dir) / "vendor" / name / folder,
-                                dirs_exist_ok=True)
+            if file.endswith("bootstrap.min.css"):  # it loads ../fonts/glyphicons-*
+                shutil.copytree(node_modules / name / "dist/fonts", target.parent.parent / "fonts", dirs_exist_ok=True)
         except OSError as error:
             raise VendorError(f"{spec}: {error}") from None
         local[url] = target.relative_to(html_dir).as_posix()
