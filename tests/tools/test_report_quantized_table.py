@@ -1,5 +1,7 @@
 """The report's quantized table (tools/report/tables.py): one row per kind at the decode's longest T."""
 
+import datetime
+
 from tools.report import tables
 from tools.results import SKIPPED, Point, Run
 
@@ -16,7 +18,7 @@ def run_of(values):
     for (benchmark, t, kind), value in values.items():
         params = {"T": t, "kind": kind}
         points[(benchmark, tuple(sorted(params.items())))] = Point(benchmark, params, value)
-    return Run("0" * 40, "box", "env", 0, {}, {}, points)
+    return Run("0" * 40, "box", "env", datetime.datetime(2026, 1, 1), {}, {}, points)
 
 
 def test_each_kind_shows_its_exact_bytes_and_error_its_time_and_paired_ratios():

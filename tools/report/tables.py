@@ -8,16 +8,15 @@ ratios of the two sides timed in turns in one process, a :class:`Paired`, shown 
 shown marked: ``1.73x (unpaired)``.
 """
 
-import datetime
 import itertools
 import inspect
 from dataclasses import dataclass
 
-from benchmarks import bench_batch, bench_cache, bench_heads, bench_quantized, bench_ragged, bench_roofline
+from benchmarks import bench_batch, bench_heads, bench_quantized, bench_ragged, bench_roofline
 from benchmarks.common import BATCH, LENGTHS, STRATEGIES, SWEEP_BATCH_SIZES, SWEEP_LENGTH, verified_decode
 
 from ..common import UserError
-from ..results import FAILED, SKIPPED, is_number, short
+from ..results import FAILED, SKIPPED, is_number
 from . import EXPERIMENTS, lab
 
 (CACHE_PAIRED, BATCH_PAIRED, SWEEP_BENCHMARK, HEADS_BENCHMARK, RAGGED_BENCHMARK, ROOFLINE_PAIRED,
@@ -47,11 +46,7 @@ PAIRED_NOTE = ("Ratios: the median of per-pair ratios, the two sides timed in tu
                "interval]. A ratio marked (unpaired) is one of asv's medians, from separate processes.")
 CACHE_RATIOS = ("no_cache", "concat")  # each over preallocated: what recomputing, and what concatenating, costs
 RAGGED_RATIOS = ("padded", "compacted")  # each over paged
-# benchmark -> param_names, from the suite in the working tree: where asv's benchmarks.json is missing or does not fit
-KNOWN_PARAM_NAMES = {f"{m.__name__.rsplit('.', 1)[-1]}.{c.__name__}.{a}": getattr(c, "param_names", [])
-                     for m in (bench_batch, bench_cache, bench_heads, bench_quantized, bench_ragged, bench_roofline)
-                     for c in vars(m).values() if isinstance(c, type) and c.__module__ == m.__name__
-                     for a in dir(c) if a.startswith(("time_", "track_", "peakmem_"))}
+UTC = "%Y-%m-%d %H:%M UTC"
 
 
 class Paired(float):
@@ -106,7 +101,7 @@ def _keys(run, benchmark, name, default):
     found = {dict(key[1]).get(name) for key in run.points if key[0] == benchmark} - {None}
     odd = sorted(str(v) for v in found if not is_number(v)) if all(is_number(v) for v in default) else []
     if odd:  # a table computes with these (positions / s = B x T / time): never with text
-        raise UserError(f"results of {benchmark} at {run.commit[:8]} hold {name} = {short(odd[0])}, "
+        raise UserError(f"results of {benchmark} at {run.commit[:8]} hold {name} = {odd[0][:60]}, "
                         "not a number in range")
     order = {v: i for i, v in enumerate(default)}
     rank = {v: (order.get(v, len(order)), *((0, v) if is_number(v) else (1, str(v)))) for v in found}
@@ -414,15 +409,11 @@ def render_compare(base_table, head_table, base_label, head_label):
     return _markdown(base_table, [*base_table.keys, "figure", base_label, head_label, "head / base"], rows, ["figure"])
 
 
-def _utc(ms):
-    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-
-
 def describe(run, experiments=None):
     """Lines naming the commit, machine and environment of a run, and the samples per point of the timings the
     tables of ``experiments`` show (default: every table)."""
     p = run.machine_params
-    when = _utc(run.date)
+    when = run.date.strftime(UTC)
     ram = f", {int(p['ram']) / 2**30:.1f} GiB RAM" if p.get("ram", "").isdecimal() else ""
     machine = ", ".join(str(p[k]) for k in ("cpu", "arch", "os") if p.get(k))
     cpus = f", {p['num_cpu']} CPUs" if p.get("num_cpu") else ""
@@ -432,8 +423,8 @@ def describe(run, experiments=None):
     shown = {EXPERIMENTS[name] for name in (experiments or TABLES)}
     samples = sorted({pt.stats.get("repeat") for pt in run.points.values()
                       if pt.benchmark in shown and pt.stats.get("repeat")})
-    counts = f"{samples[0]}" if len(samples) == 1 else f"{samples[0]}–{samples[-1]}" if samples else "?"
-    measured = (", measured " + _utc(run.measured)) if run.measured else ""
+    counts = f"{samples[0]:g}" if len(samples) == 1 else f"{samples[0]:g}–{samples[-1]:g}" if samples else "?"
+    measured = (", measured " + run.measured.strftime(UTC)) if run.measured else ""
     timed = any(name.rsplit(".", 1)[-1].startswith("time_") for name in shown)  # roofline's is a tracked value
     return [
         f"- commit `{run.commit[:8]}` (commit date {when}{measured})",
