@@ -39,12 +39,11 @@ HEADS_PAIRED = "bench_heads.HeadsRatios.track_ratio"
 RAGGED_PAIRED = "bench_ragged.RaggedRatios.track_ratio"
 CHECK_RTOL, CHECK_ATOL = (inspect.signature(verified_decode).parameters[k].default for k in ("rtol", "atol"))
 BATCH_STEP = "bench_batch.BatchRatios.track_"  # + sequential_step, batched_step, saved_step (+ _low, _high)
-LAB_CACHE_RATIOS = {"no_cache": lab.NO_CACHE_SPEEDUP,  # its concat / preallocated: from its medians
-                    "concat": dict(zip(*lab.ratio(lab.CACHE_MS, "concat", "preallocated")))}
 LAB_NOTE = f"lab's: published by the lab, on another machine ({lab.MACHINE}); n/a: none published."
 PAIRED_NOTE = ("Ratios: the median of per-pair ratios, the two sides timed in turns in one process [its 95 % "
                "interval]. A ratio marked (unpaired) is one of asv's medians, from separate processes.")
 CACHE_RATIOS = ("no_cache", "concat")  # each over preallocated: what recomputing, and what concatenating, costs
+LAB_CACHE_RATIOS = {s: {t: ms[s] / ms["preallocated"] for t, ms in lab.CACHE_MS.items()} for s in CACHE_RATIOS}
 RAGGED_RATIOS = ("padded", "compacted")  # each over paged
 UTC = "%Y-%m-%d %H:%M UTC"
 
