@@ -3,8 +3,8 @@
 asv stores one file per commit and environment, ``<results_dir>/<machine>/<hash8>-<env_name>.json``: ``results``
 maps a benchmark to one row, whose columns ``result_columns`` names (``result``, ``params``, ``version``, ...,
 ``samples``). A *point* is one benchmark at one parameter combination, labelled as ``asv compare`` labels it
-(``name(16, 'concat')``); its value is a number, None (failed: the correctness check or the benchmark raised) or NaN
-(skipped: NotImplementedError).
+(``name(16, 'concat')``); asv stores its value as a number, None (failed: the correctness check or the benchmark
+raised) or NaN (skipped: NotImplementedError).
 """
 
 import ast
@@ -16,7 +16,7 @@ import os
 import re
 import stat
 import subprocess
-from collections import Counter
+from collections import Counter, namedtuple
 from dataclasses import dataclass, field
 
 from . import common, paths
@@ -34,15 +34,9 @@ def _rows(data):
 # --- for the main job, the gate and bisect ------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Stored:
-    """One stored point: benchmark ``name``, its parameter combination's ``index``, value, samples, version."""
-
-    name: str
-    index: object  # None for a benchmark without parameters
-    value: object
-    samples: list = None
-    version: str = None
+# One stored point: benchmark ``name``, its parameter combination's ``index`` (None without parameters), value
+# (a number, None: failed, NaN: skipped), samples (None unless recorded), the benchmark's version.
+Stored = namedtuple("Stored", "name index value samples version")
 
 
 def results_dir():
