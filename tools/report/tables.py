@@ -1,11 +1,8 @@
 """The lab's tables and those of the experiments beyond it, from one run's stored results, as Markdown.
 
-A cell holds seconds, a ratio, a rate or a count, or the marker ``failed`` (the check or the benchmark raised) or
-``n/a`` (skipped, or not measured at that commit); a figure derived from a marked cell carries the marker on. A
-ratio column holds the suite's paired ratio where the run has one (``benchmarks/ratios.py``: the median of per-pair
-ratios of the two sides timed in turns in one process, a :class:`Paired`, shown with its 95 % interval:
-``1.73x [1.71, 1.75]``), else the ratio of asv's two medians from separate processes, an :class:`Unpaired`
-shown marked: ``1.73x (unpaired)``.
+A cell holds seconds, a ratio, a rate or a count, or a marker (``failed``, ``n/a``) that a figure derived from it
+carries on. A ratio column holds the suite's paired ratio where the run has one (``benchmarks/ratios.py``), shown
+with its 95 % interval, ``1.73x [1.71, 1.75]``; else the ratio of asv's two medians, ``1.73x (unpaired)``.
 """
 
 import itertools
@@ -392,19 +389,12 @@ def render_table(table):
 
 def render_compare(base_table, head_table, base_label, head_label):
     """Two runs' versions of one table, side by side: one row per (key, figure), with HEAD / BASE."""
-    head_rows = dict(head_table.rows)
-    rows = []
-    for key, base_cells in base_table.rows:
-        head_cells = head_rows.get(key, {})
+    base, head, rows = dict(base_table.rows), dict(head_table.rows), []
+    for key in [*base, *(k for k in head if k not in base)]:  # then the keys only the newer run measured
         for figure, kind in base_table.kinds.items():
-            b, h = base_cells[figure], head_cells.get(figure, SKIPPED)
+            b, h = base.get(key, {}).get(figure, SKIPPED), head.get(key, {}).get(figure, SKIPPED)
             rows.append([*map(str, key), figure, format_cell(b, kind), format_cell(h, kind),
                          format_cell(_combine(lambda x, y: y / x, b, h), "ratio3")])
-    for key, _ in head_table.rows:  # keys only the newer run measured
-        if key not in dict(base_table.rows):
-            for figure, kind in head_table.kinds.items():
-                h = head_rows[key][figure]
-                rows.append([*map(str, key), figure, SKIPPED, format_cell(h, kind), SKIPPED])
     return _markdown(base_table, [*base_table.keys, "figure", base_label, head_label, "head / base"], rows, ["figure"])
 
 
@@ -412,7 +402,6 @@ def describe(run, experiments=None):
     """Lines naming the commit, machine and environment of a run, and the samples per point of the timings the
     tables of ``experiments`` show (default: every table)."""
     p = run.machine_params
-    when = run.date.strftime(UTC)
     ram = f", {int(p['ram']) / 2**30:.1f} GiB RAM" if p.get("ram", "").isdecimal() else ""
     machine = ", ".join(str(p[k]) for k in ("cpu", "arch", "os") if p.get(k))
     cpus = f", {p['num_cpu']} CPUs" if p.get("num_cpu") else ""
@@ -426,7 +415,7 @@ def describe(run, experiments=None):
     measured = (", measured " + run.measured.strftime(UTC)) if run.measured else ""
     timed = any(name.rsplit(".", 1)[-1].startswith("time_") for name in shown)  # roofline's is a tracked value
     return [
-        f"- commit `{run.commit[:8]}` (commit date {when}{measured})",
+        f"- commit `{run.commit[:8]}` (commit date {run.date.strftime(UTC)}{measured})",
         f"- machine `{run.machine}`: {machine}{cpus}{ram}",
         f"- environment `{run.env_name}`: {packages}; thread variables {threads}",
         f"- each time is asv's median of {counts} samples per point" if timed else
