@@ -310,11 +310,11 @@ class ResultsDir:
                 n, stats = len(combos), {k[6:]: v for k, v in row.items() if k.startswith("stats_") and v}
                 for i, combo in enumerate(combos):
                     value = (row.get("result") or [None] * n)[i]
-                    value = FAILED if value is None else float(value)  # NaN: skipped
+                    value = FAILED if value is None else SKIPPED if math.isnan(float(value)) else float(value)
                     samples = (row.get("samples") or [None] * n)[i]
                     params = {k: _param(str(v)) for k, v in zip(names, combo or ())}
                     run.points[(benchmark, tuple(sorted(params.items())))] = Point(
-                        benchmark, params, SKIPPED if value != value else value, {k: float(v[i]) for k, v in stats.items() if v[i] is not None},
+                        benchmark, params, value, {k: float(v[i]) for k, v in stats.items() if v[i] is not None},
                         None if samples is None else [float(x) for x in samples])
             run.measured = _utc(max(started)) if any(started) else None
         except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, OSError) as exc:

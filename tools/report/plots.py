@@ -1,8 +1,8 @@
 """The lab's figures for one run, drawn with matplotlib (the optional ``plots`` extra), from the tables' cells.
 
-A paired ratio is drawn with its 95 % interval as error bars; a failed or skipped point leaves a gap. With ``lab=True`` the cache and batch figures also draw the lab's own published figures
-(:mod:`tools.report.lab`) as dashed grey lines labelled as another machine's; the other figures say the lab
-published none. The commit and machine are in every title.
+A paired ratio is drawn with its 95 % interval as error bars; a failed or skipped point leaves a gap. With
+``lab=True`` the cache and batch figures also draw the lab's published figures (:mod:`tools.report.lab`) as dashed
+grey lines labelled as another machine's; the other figures say the lab published none.
 """
 
 import math
@@ -15,8 +15,8 @@ from .. import paths
 from ..common import UserError
 from ..results import is_number
 from . import lab as lab_figures
-from .tables import (CACHE_RATIOS, LAB_CACHE_RATIOS, QUANTIZED_BYTES, QUANTIZED_ERROR, Paired, batch_size_table, batch_table,
-                     cache_table, heads_table, ragged_table)
+from .tables import (CACHE_RATIOS, LAB_CACHE_RATIOS, QUANTIZED_BYTES, QUANTIZED_ERROR, Paired, batch_size_table,
+                     batch_table, cache_table, heads_table, ragged_table)
 
 LAB_STYLE = {"linestyle": "--", "marker": "s", "markersize": 4, "alpha": 0.8}
 NO_LAB_FIGURES = "the lab published no figures for this experiment"
