@@ -285,8 +285,9 @@ class ResultsDir:
             label = rev if commit.startswith(rev.lower()) else f"{commit[:8]} ({rev})"
         names = [n for n in names if n.startswith(commit[:8])]
         if len(names) != 1:
-            raise UserError(f"commit {label[:60]} has results in several files ({', '.join(names)}): choose one with "
-                            "--env" if names else f"commit {label[:60]} has no results on {where}")
+            raise UserError(f"commit {label[:60]} matches several result files ({', '.join(names)}): name the "
+                            "commit longer, or choose one with --env" if names else
+                            f"commit {label[:60]} has no results on {where}")
         run = self.load_file(machine, names[0])
         if not run.commit.startswith(commit):
             raise UserError(f"commit {label[:60]} has no results on {where}: {names[0]} holds {run.commit}")
