@@ -1,5 +1,7 @@
 """The quantized cache's figure (tools/report/plots.py): error vs bytes per position, beside the anchors' widths."""
 
+import datetime
+
 import pytest
 
 from tools.report import plots, tables
@@ -15,7 +17,7 @@ def run_of(values):
         params = tuple(sorted({"T": t, "kind": kind}.items()))
         points[(tables.QUANTIZED_BYTES, params)] = Point(tables.QUANTIZED_BYTES, dict(params), nbytes)
         points[(tables.QUANTIZED_ERROR, params)] = Point(tables.QUANTIZED_ERROR, dict(params), error)
-    return Run("a" * 40, "machine", "env", 0, {}, {}, points)
+    return Run("a" * 40, "machine", "env", datetime.datetime(2026, 1, 1), {}, {}, points)
 
 
 def test_one_point_per_configuration_beside_the_published_bit_widths():

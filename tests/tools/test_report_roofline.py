@@ -1,5 +1,7 @@
 """The report's roofline table (tools/report/tables.py): the fraction per shape, T, B and path, beside GB/s."""
 
+import datetime
+
 from tools.report import tables
 from tools.results import FAILED, SKIPPED, Point, Run
 
@@ -15,7 +17,7 @@ def run_of(values):
     for (benchmark, shape, t, b, path), value in values.items():
         params = {"shape": shape, "T": t, "B": b, "path": path}
         points[(benchmark, tuple(sorted(params.items())))] = Point(benchmark, params, value)
-    return Run("0" * 40, "box", "env", 0, {}, {}, points)
+    return Run("0" * 40, "box", "env", datetime.datetime(2026, 1, 1), {}, {}, points)
 
 
 def test_each_point_shows_its_bytes_fraction_interval_rates_and_step_time():

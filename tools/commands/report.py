@@ -5,7 +5,7 @@ import argparse
 import os
 import sys
 
-from ..common import BRANCH, UserError, checked
+from ..common import UserError, checked
 from ..report import EXPERIMENTS
 from ..results import ResultsDir, read_json
 
@@ -16,9 +16,7 @@ MACHINE = checked(str, lambda text: 0 < len(text) <= 200 and "/" not in text and
 
 def _open(args):
     """The results directory (``--results-dir`` or the config's ``results_dir``) and the machine."""
-    from ..report.tables import KNOWN_PARAM_NAMES
-
-    branch, path, repo = BRANCH, args.results_dir, "."
+    path, repo = args.results_dir, "."
     if not path:
         conf = read_json(args.config, f"asv config {args.config}")
         if not isinstance(conf, dict) or not isinstance(conf.get("results_dir", "results"), str):
@@ -26,16 +24,13 @@ def _open(args):
         root = os.path.dirname(os.path.abspath(args.config))
         path = os.path.join(root, conf.get("results_dir", "results"))
         repo = os.path.join(root, conf["repo"]) if isinstance(conf.get("repo"), str) else root
-        branches = conf.get("branches")  # the branch the results measure: main
-        branch = branches[0] if isinstance(branches, list) and branches and isinstance(branches[0], str) else BRANCH
-    results = ResultsDir(path, repo_dir=repo, known_param_names=KNOWN_PARAM_NAMES, branch=branch)
+    results = ResultsDir(path, repo_dir=repo)
     machine = results.pick_machine(args.machine) if args.machine or args.report_command != "csv" else None
     return results, machine
 
 
 def _run(results, machine, rev, env):
-    hash8, commit = (None, None) if rev is None else results.resolve(rev, machine)
-    return results.load(machine, hash8, env, commit=commit)
+    return results.load(machine, rev, env)
 
 
 def cmd_tables(args):

@@ -1,9 +1,8 @@
 """The lab's figures for one run, drawn with matplotlib (the optional ``plots`` extra), from the tables' cells.
 
-A paired ratio is drawn with its 95 % interval as error bars, asv's medians with their quartiles; a failed or
-skipped point leaves a gap. With ``lab=True`` the cache and batch figures also draw the lab's own published figures
-(:mod:`tools.report.lab`) as dashed grey lines labelled as another machine's; the other figures say the lab
-published none. The commit and machine are in every title.
+A paired ratio is drawn with its 95 % interval as error bars; a failed or skipped point leaves a gap. With
+``lab=True`` the cache and batch figures also draw the lab's published figures (:mod:`tools.report.lab`) as dashed
+grey lines labelled as another machine's; the other figures say the lab published none.
 """
 
 import math
@@ -16,8 +15,8 @@ from .. import paths
 from ..common import UserError
 from ..results import is_number
 from . import lab as lab_figures
-from .tables import (BATCH_BENCHMARK, CACHE_BENCHMARK, CACHE_RATIOS, HEADS_BENCHMARK, QUANTIZED_BYTES,
-                     QUANTIZED_ERROR, Paired, batch_size_table, batch_table, cache_table, heads_table, ragged_table)
+from .tables import (CACHE_RATIOS, LAB_CACHE_RATIOS, QUANTIZED_BYTES, QUANTIZED_ERROR, Paired, batch_size_table,
+                     batch_table, cache_table, heads_table, ragged_table)
 
 LAB_STYLE = {"linestyle": "--", "marker": "s", "markersize": 4, "alpha": 0.8}
 NO_LAB_FIGURES = "the lab published no figures for this experiment"
@@ -51,16 +50,6 @@ def _errorbar(ax, cells, scale=1.0, **style):
 def _column(table, figure):
     """``[(key, cell)]`` of a table's column, for the rows keyed by one number."""
     return [(key, cells[figure]) for (key, *_), cells in table.rows if is_number(key)]
-
-
-def _medians(run, benchmark, lengths, **params):
-    """``[(T, Paired-like cell)]`` of asv's medians in ms, the quartiles as the error bars."""
-    cells = []
-    for t in lengths:
-        point = run.points.get((benchmark, tuple(sorted({"T": t, **params}.items()))))
-        v = point.value if point is not None else None
-        cells.append((t, Paired(v, point.stats.get("q_25", v), point.stats.get("q_75", v)) if is_number(v) else v))
-    return cells
 
 
 def _axes(ax, keys, values, xlabel, ylabel, title, log_y=False, bottom=None, legend=None):
@@ -98,25 +87,6 @@ def _speedup(ax, run, lab):
     ax.set_ylim(0, 2.2)
 
 
-def _time_vs_t(plt, run, title, lab):
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), sharey=True)
-    for ax, benchmark, experiment, name in ((axes[0], CACHE_BENCHMARK, "cache", "cache: one sequence"),
-                                            (axes[1], BATCH_BENCHMARK, "batch", "batch: B = 2 sequences")):
-        lengths = sorted({dict(params)["T"] for b, params in run.points if b == benchmark})
-        every = []
-        for strategy in STRATEGIES[experiment]:
-            every += _errorbar(ax, _medians(run, benchmark, lengths, strategy=strategy), 1e3, label=strategy)
-            if lab:
-                published = lab_figures.CACHE_MS if experiment == "cache" else lab_figures.BATCH_MS
-                ax.plot(list(published), [ms[strategy] for ms in published.values()],
-                        color=ax.containers[-1].lines[0].get_color(), **LAB_STYLE,
-                        label=f"{strategy}, {lab_figures.LABEL}")
-        _axes(ax, lengths, every, T_AXIS, None, name, log_y=True)
-    axes[0].set_ylabel("asv's median decode time (ms), [quartiles]")
-    fig.suptitle(f"Decode time vs T, asv's unpaired medians — {title}")
-    return fig
-
-
 def _ratios_vs_t(plt, run, title, lab):
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     table = cache_table(run)
@@ -125,7 +95,7 @@ def _ratios_vs_t(plt, run, title, lab):
         cells = _column(table, figure)
         ratio = _errorbar(ax, cells, label="this machine [95 % interval]")
         if lab:
-            ax.plot(*lab_figures.ratio(lab_figures.CACHE_MS, s, "preallocated"), color="grey", **LAB_STYLE,
+            ax.plot(list(LAB_CACHE_RATIOS[s]), list(LAB_CACHE_RATIOS[s].values()), color="grey", **LAB_STYLE,
                     label=f"{lab_figures.LABEL}: another machine")
         _reference(ax, 1, "1x: equal cost")
         _axes(ax, [t for t, _ in cells], ratio, T_AXIS, f"{figure} (×)", figure, bottom=0,  # small wiggles look small
@@ -176,7 +146,7 @@ def _heads_vs_t(plt, run, title, lab):
     every, ratios = [], []
     for kind in dict.fromkeys(kind for (kind, _), _ in table.rows):
         for path, style in (("repeat_kv", "--"), ("grouped", "-")):
-            every += _errorbar(axes[0], _medians(run, HEADS_BENCHMARK, lengths, kind=kind, path=path), 1e3,
+            every += _errorbar(axes[0], [(t, c[f"{path} / ms"]) for (k, t), c in table.rows if k == kind], 1e3,
                                linestyle=style, label=f"{kind} ({bench_heads.KINDS.get(kind, '?')} K/V heads), {path}")
         ratios += _errorbar(axes[1], [(t, c["repeat_kv / grouped"]) for (k, t), c in table.rows if k == kind],
                             label=kind)
@@ -251,7 +221,7 @@ def error_vs_bytes(plt, run, title, lab):
     return fig
 
 
-FIGURES = {"batch_per_step.png": _batch_per_step, "time_vs_T.png": _time_vs_t, "ratios_vs_T.png": _ratios_vs_t,
+FIGURES = {"batch_per_step.png": _batch_per_step, "ratios_vs_T.png": _ratios_vs_t,
            "positions_vs_B.png": _positions_vs_b, "heads_vs_T.png": _heads_vs_t, "ragged.png": _ragged,
            "quantized.png": error_vs_bytes}
 NO_LAB = {"positions_vs_B.png", "heads_vs_T.png", "ragged.png"}  # quantized.png compares with the anchors instead

@@ -6,6 +6,7 @@ back bit for bit. T and B are the values a benchmark ran with: its parameters, o
 the batch experiment, T = 128 for the batch-size sweep); B is blank for the single-sequence cache experiment.
 """
 
+import contextlib
 import csv
 import sys
 
@@ -41,32 +42,24 @@ def point_rows(run, point):
     return [head + ["", v, name, rest, run.env_name] for name, v in kept]
 
 
-def _write_rows(results, files, f):
-    counts = {"rows": 0, "runs": len(files), "points": 0, "points_without_samples": 0}
-    writer = csv.writer(f)
-    writer.writerow(COLUMNS)
-    for machine, name in files:
-        run = results.load_file(machine, name)
-        for point in run.points.values():
-            rows = point_rows(run, point) if point.benchmark.rsplit(".", 1)[-1].startswith("time_") else []
-            counts["points"] += bool(rows)
-            counts["points_without_samples"] += bool(rows) and not point.samples
-            counts["rows"] += len(rows)
-            writer.writerows(rows)
-    return counts
-
-
 def write_csv(results, out, machine=None, env=None):
-    """Write the samples of every commit (of ``machine`` or every machine; ``env`` filters) to ``out``.
-
-    Only ``time_`` benchmarks have samples (seconds). ``out`` "-" is stdout; a file is one
-    :func:`tools.paths.check_file` allows, written whole or not at all. Returns counts: rows, runs, points, points_without_samples, and ``replaced``
-    (a file was there). UserError: ``out`` may not or cannot be written.
-    """
-    files = [(m, n) for m in ([machine] if machine else results.machines) for n in results.files(m, env)]
-    if out == "-":
-        return _write_rows(results, files, sys.stdout)
-    target, replaced = paths.check_file(out, protected=results.paths)
-    with paths.atomic_write(target) as f:
-        counts = _write_rows(results, files, f)
-    return {**counts, "replaced": replaced}
+    """Write the samples of every commit (of ``machine`` or every machine; ``env`` filters) to ``out``: "-" is
+    stdout, a file one :func:`tools.paths.check_file` allows, written whole or not at all (UserError if not).
+    Only ``time_`` benchmarks have samples (seconds). Returns counts: rows, runs, points, points_without_samples,
+    and ``replaced`` (a file was there)."""
+    target, replaced = (None, False) if out == "-" else paths.check_file(out, protected=results.paths)
+    counts = {"rows": 0, "runs": 0, "points": 0, "points_without_samples": 0, "replaced": replaced}
+    with contextlib.nullcontext(sys.stdout) if target is None else paths.atomic_write(target) as f:
+        writer = csv.writer(f)
+        writer.writerow(COLUMNS)
+        for m in [machine] if machine else results.machines:
+            for name in results.files(m, env):
+                run = results.load_file(m, name)
+                counts["runs"] += 1
+                for point in run.points.values():
+                    rows = point_rows(run, point) if point.benchmark.rsplit(".", 1)[-1].startswith("time_") else []
+                    counts["points"] += bool(rows)
+                    counts["points_without_samples"] += bool(rows) and not point.samples
+                    counts["rows"] += len(rows)
+                    writer.writerows(rows)
+    return counts

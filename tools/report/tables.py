@@ -1,23 +1,19 @@
 """The lab's tables and those of the experiments beyond it, from one run's stored results, as Markdown.
 
-A cell holds seconds, a ratio, a rate or a count, or the marker ``failed`` (the check or the benchmark raised) or
-``n/a`` (skipped, or not measured at that commit); a figure derived from a marked cell carries the marker on. A
-ratio column holds the suite's paired ratio where the run has one (``benchmarks/ratios.py``: the median of per-pair
-ratios of the two sides timed in turns in one process, a :class:`Paired`, shown with its 95 % interval:
-``1.73x [1.71, 1.75]``), else the ratio of asv's two medians from separate processes, an :class:`Unpaired`
-shown marked: ``1.73x (unpaired)``.
+A cell holds seconds, a ratio, a rate or a count, or a marker (``failed``, ``n/a``) that a figure derived from it
+carries on. A ratio column holds the suite's paired ratio where the run has one (``benchmarks/ratios.py``), shown
+with its 95 % interval, ``1.73x [1.71, 1.75]``; else the ratio of asv's two medians, ``1.73x (unpaired)``.
 """
 
-import datetime
 import itertools
 import inspect
 from dataclasses import dataclass
 
-from benchmarks import bench_batch, bench_cache, bench_heads, bench_quantized, bench_ragged, bench_roofline
+from benchmarks import bench_batch, bench_heads, bench_quantized, bench_ragged, bench_roofline
 from benchmarks.common import BATCH, LENGTHS, STRATEGIES, SWEEP_BATCH_SIZES, SWEEP_LENGTH, verified_decode
 
 from ..common import UserError
-from ..results import FAILED, SKIPPED, is_number, short
+from ..results import FAILED, SKIPPED, is_number
 from . import EXPERIMENTS, lab
 
 (CACHE_PAIRED, BATCH_PAIRED, SWEEP_BENCHMARK, HEADS_BENCHMARK, RAGGED_BENCHMARK, ROOFLINE_PAIRED,
@@ -40,18 +36,13 @@ HEADS_PAIRED = "bench_heads.HeadsRatios.track_ratio"
 RAGGED_PAIRED = "bench_ragged.RaggedRatios.track_ratio"
 CHECK_RTOL, CHECK_ATOL = (inspect.signature(verified_decode).parameters[k].default for k in ("rtol", "atol"))
 BATCH_STEP = "bench_batch.BatchRatios.track_"  # + sequential_step, batched_step, saved_step (+ _low, _high)
-LAB_CACHE_RATIOS = {"no_cache": lab.NO_CACHE_SPEEDUP,  # its concat / preallocated: from its medians
-                    "concat": dict(zip(*lab.ratio(lab.CACHE_MS, "concat", "preallocated")))}
 LAB_NOTE = f"lab's: published by the lab, on another machine ({lab.MACHINE}); n/a: none published."
 PAIRED_NOTE = ("Ratios: the median of per-pair ratios, the two sides timed in turns in one process [its 95 % "
                "interval]. A ratio marked (unpaired) is one of asv's medians, from separate processes.")
 CACHE_RATIOS = ("no_cache", "concat")  # each over preallocated: what recomputing, and what concatenating, costs
+LAB_CACHE_RATIOS = {s: {t: ms[s] / ms["preallocated"] for t, ms in lab.CACHE_MS.items()} for s in CACHE_RATIOS}
 RAGGED_RATIOS = ("padded", "compacted")  # each over paged
-# benchmark -> param_names, from the suite in the working tree: where asv's benchmarks.json is missing or does not fit
-KNOWN_PARAM_NAMES = {f"{m.__name__.rsplit('.', 1)[-1]}.{c.__name__}.{a}": getattr(c, "param_names", [])
-                     for m in (bench_batch, bench_cache, bench_heads, bench_quantized, bench_ragged, bench_roofline)
-                     for c in vars(m).values() if isinstance(c, type) and c.__module__ == m.__name__
-                     for a in dir(c) if a.startswith(("time_", "track_", "peakmem_"))}
+UTC = "%Y-%m-%d %H:%M UTC"
 
 
 class Paired(float):
@@ -106,7 +97,7 @@ def _keys(run, benchmark, name, default):
     found = {dict(key[1]).get(name) for key in run.points if key[0] == benchmark} - {None}
     odd = sorted(str(v) for v in found if not is_number(v)) if all(is_number(v) for v in default) else []
     if odd:  # a table computes with these (positions / s = B x T / time): never with text
-        raise UserError(f"results of {benchmark} at {run.commit[:8]} hold {name} = {short(odd[0])}, "
+        raise UserError(f"results of {benchmark} at {run.commit[:8]} hold {name} = {odd[0][:60]}, "
                         "not a number in range")
     order = {v: i for i, v in enumerate(default)}
     rank = {v: (order.get(v, len(order)), *((0, v) if is_number(v) else (1, str(v)))) for v in found}
@@ -398,31 +389,19 @@ def render_table(table):
 
 def render_compare(base_table, head_table, base_label, head_label):
     """Two runs' versions of one table, side by side: one row per (key, figure), with HEAD / BASE."""
-    head_rows = dict(head_table.rows)
-    rows = []
-    for key, base_cells in base_table.rows:
-        head_cells = head_rows.get(key, {})
+    base, head, rows = dict(base_table.rows), dict(head_table.rows), []
+    for key in [*base, *(k for k in head if k not in base)]:  # then the keys only the newer run measured
         for figure, kind in base_table.kinds.items():
-            b, h = base_cells[figure], head_cells.get(figure, SKIPPED)
+            b, h = base.get(key, {}).get(figure, SKIPPED), head.get(key, {}).get(figure, SKIPPED)
             rows.append([*map(str, key), figure, format_cell(b, kind), format_cell(h, kind),
                          format_cell(_combine(lambda x, y: y / x, b, h), "ratio3")])
-    for key, _ in head_table.rows:  # keys only the newer run measured
-        if key not in dict(base_table.rows):
-            for figure, kind in head_table.kinds.items():
-                h = head_rows[key][figure]
-                rows.append([*map(str, key), figure, SKIPPED, format_cell(h, kind), SKIPPED])
     return _markdown(base_table, [*base_table.keys, "figure", base_label, head_label, "head / base"], rows, ["figure"])
-
-
-def _utc(ms):
-    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def describe(run, experiments=None):
     """Lines naming the commit, machine and environment of a run, and the samples per point of the timings the
     tables of ``experiments`` show (default: every table)."""
     p = run.machine_params
-    when = _utc(run.date)
     ram = f", {int(p['ram']) / 2**30:.1f} GiB RAM" if p.get("ram", "").isdecimal() else ""
     machine = ", ".join(str(p[k]) for k in ("cpu", "arch", "os") if p.get(k))
     cpus = f", {p['num_cpu']} CPUs" if p.get("num_cpu") else ""
@@ -432,11 +411,11 @@ def describe(run, experiments=None):
     shown = {EXPERIMENTS[name] for name in (experiments or TABLES)}
     samples = sorted({pt.stats.get("repeat") for pt in run.points.values()
                       if pt.benchmark in shown and pt.stats.get("repeat")})
-    counts = f"{samples[0]}" if len(samples) == 1 else f"{samples[0]}–{samples[-1]}" if samples else "?"
-    measured = (", measured " + _utc(run.measured)) if run.measured else ""
+    counts = f"{samples[0]:g}" if len(samples) == 1 else f"{samples[0]:g}–{samples[-1]:g}" if samples else "?"
+    measured = (", measured " + run.measured.strftime(UTC)) if run.measured else ""
     timed = any(name.rsplit(".", 1)[-1].startswith("time_") for name in shown)  # roofline's is a tracked value
     return [
-        f"- commit `{run.commit[:8]}` (commit date {when}{measured})",
+        f"- commit `{run.commit[:8]}` (commit date {run.date.strftime(UTC)}{measured})",
         f"- machine `{run.machine}`: {machine}{cpus}{ram}",
         f"- environment `{run.env_name}`: {packages}; thread variables {threads}",
         f"- each time is asv's median of {counts} samples per point" if timed else
