@@ -1,10 +1,12 @@
 """What every command shares: the repository, git, asv's command line, the workspace lock, stopping children."""
 
+import argparse
 import contextlib
 import fcntl
 import hashlib
 import os
 import platform
+import re
 import signal
 import subprocess
 import sys
@@ -13,38 +15,50 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository; tests point it at a repository of their own
 BRANCH = "main"
-INSIDE_VENV = "KV_ATTENTION_DEV_VENV"  # set to "1" once a command runs inside .venv (tools/dev.py)
+INSIDE_VENV = "KV_ATTENTION_DEV_VENV"  # "1" once a command runs inside .venv (tools/dev.py)
 ASV = (sys.executable, "-m", "asv")  # asv of the Python running the command (.venv's)
 GRACE = 10.0  # seconds the processes of a stopped child get before SIGKILL
 
 
 class UserError(Exception):
-    """A failure the user can fix: printed as one line (``<command>: error: ...``), never as a traceback."""
+    """A failure the user can fix: printed as one line, never as a traceback."""
 
 
 class Stopped(BaseException):
-    """SIGTERM or SIGINT reached the command (tools/dev.py turns both into this)."""
+    """SIGTERM or SIGINT reached the command."""
 
     def __init__(self, signum):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
 
+def checked(convert, test, what):
+    """An argparse type: ``convert(text)``, refused in one usage line unless ``test`` holds for it."""
+    def parse(text):
+        try:
+            value = convert(text)
+        except (ValueError, re.error):
+            value = None
+        if value is None or not test(value):
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+        return value
+    return parse
+
+
 def session(sid):
-    """``{pid: process group}`` of the live processes of session ``sid``, from /proc (zombies left out)."""
+    """``{pid: process group}`` of the live processes of session ``sid`` (asv gives each benchmark a group)."""
     members = {}
-    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
+    for name in filter(str.isdigit, os.listdir("/proc")):
         with contextlib.suppress(OSError, ValueError, IndexError):
             fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()  # state ppid pgrp session
-            if name.isdigit() and int(fields[3]) == sid and fields[0] != "Z":
+            if int(fields[3]) == sid and fields[0] != "Z":
                 members[int(name)] = int(fields[2])
     return members
 
 
 def stop(proc, signum):
-    """``signum`` to every process group of ``proc``'s session (it was started in a new one); SIGKILL after GRACE."""
-    deadline = time.monotonic() + GRACE
-    sig = signum
+    """``signum`` to every process group of ``proc``'s session; SIGKILL after GRACE seconds."""
+    deadline, sig = time.monotonic() + GRACE, signum
     while True:
         for group in {proc.pid, *session(proc.pid).values()}:
             with contextlib.suppress(OSError):
@@ -59,20 +73,17 @@ def stop(proc, signum):
 
 
 def run(*command, check=True, lines=None, capture=False):
-    """Run ``command`` from the repository root in a session of its own; its exit code (or CompletedProcess
-    when ``capture``). On SIGTERM/SIGINT (:class:`Stopped`) its whole session is stopped too.
-
-    ``lines``: called with every line it prints (stdout and stderr together), after the line is printed.
-    """
+    """Run ``command`` from ROOT in a new session: its exit code, or its CompletedProcess with ``capture``.
+    ``lines`` is called with every line it prints, after printing it. A :class:`Stopped` stops its session too."""
     pipe = subprocess.PIPE if lines or capture else None
     proc = subprocess.Popen([str(c) for c in command], cwd=ROOT, start_new_session=True, text=True,
                             stdout=pipe, stderr=subprocess.STDOUT if lines else pipe)
+    out = err = None
     try:
         if lines:
             for line in proc.stdout:
                 print(line, end="", flush=True)
                 lines(line)
-            out = err = None
             proc.wait()
         else:
             out, err = proc.communicate()
@@ -85,7 +96,7 @@ def run(*command, check=True, lines=None, capture=False):
 
 
 def git(*args):
-    """Stdout of ``git ARGS`` in the repository, stripped; UserError if git fails."""
+    """Stdout of ``git ARGS`` in ROOT, stripped; UserError if git fails."""
     result = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
     if result.returncode != 0:
         raise UserError(f"git {' '.join(args)}: {result.stderr.strip()}")
@@ -93,7 +104,7 @@ def git(*args):
 
 
 def resolve(name):
-    """The full hash of commit ``name``; UserError naming it if there is no such commit."""
+    """The full hash of commit ``name``."""
     try:
         return git("rev-parse", "--verify", "--quiet", f"{name}^{{commit}}")
     except UserError:
@@ -101,11 +112,13 @@ def resolve(name):
 
 
 def machine_name():
-    """``<hostname>-<8 hex digits>``: the hardware (CPU, count, architecture) and /etc/machine-id, hashed."""
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() else ""
-    ident = Path("/etc/machine-id").read_text().strip() if Path("/etc/machine-id").is_file() else ""
-    text = "\n".join([cpu, str(os.cpu_count()), platform.machine(), ident])
+    """``<hostname>-<8 hex digits>``: a hash of the CPU model, core count, architecture and /etc/machine-id."""
+    def read(path):
+        return Path(path).read_text() if Path(path).is_file() else ""
+
+    cpu = re.search(r"^model name\s*:(.*)$", read("/proc/cpuinfo"), re.M)
+    text = "\n".join([cpu.group(1).strip() if cpu else platform.processor(), str(os.cpu_count()), platform.machine(),
+                      read("/etc/machine-id").strip()])
     return f"{platform.node() or 'host'}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
 
 
@@ -119,7 +132,7 @@ def record_machine(name=None):
 
 
 def asv_run(commits, machine, *options, lines=None):
-    """``asv run HASHFILE:... --record-samples --skip-existing --machine MACHINE OPTIONS``: asv's exit code."""
+    """``asv run HASHFILE:... --skip-existing --record-samples --machine MACHINE OPTIONS``: asv's exit code."""
     hashfile = ROOT / ".asv" / "commits-to-run.txt"
     hashfile.parent.mkdir(exist_ok=True)
     hashfile.write_text("\n".join(commits) + "\n")
@@ -129,10 +142,7 @@ def asv_run(commits, machine, *options, lines=None):
 
 @contextlib.contextmanager
 def workspace_lock(command):
-    """One job at a time in ``.asv/``: an exclusive ``fcntl.flock`` on ``.asv/lock``, waited for, with a message.
-
-    The kernel drops it when the holder exits, however it exits.
-    """
+    """One job at a time in ``.asv/``: ``fcntl.flock`` on ``.asv/lock``, waited for (the kernel drops it on exit)."""
     path = ROOT / ".asv" / "lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)

@@ -1,24 +1,12 @@
 #!/usr/bin/env python3
-"""The project's commands, for a fresh machine with Python >= 3.10, git and pip.
+"""The project's commands (``python3 tools/dev.py --help``), for a fresh machine with Python >= 3.10, git and pip.
 
-    python3 tools/dev.py bench [--commits N | --all] [--machine NAME]
-                                   the main job: benchmark a bounded sample of main's commits that can change a
-                                   result (asv run --record-samples), publish the offline dashboard, summarise
-    python3 tools/dev.py test [ARGS]      python -m pytest ARGS inside .venv
-    python3 tools/dev.py gate BASE HEAD [--factor F] [--count-factor F] [--bench REGEX] [--unpaired]
-                                   compare two commits: counts (work), timings in pairs (time); exit 0/1/2
-    python3 tools/dev.py bisect GOOD BAD --bench REGEX   the first commit where one point got worse (gate's rule)
-    python3 tools/dev.py report {tables,compare,csv,plots} ...   the lab's tables, samples and plots
-    python3 tools/dev.py publish   asv publish, then the dashboard's scripts copied for offline use
-
-Examples: ``python3 tools/dev.py report tables --results-dir docs/results --machine vm-f980c2bd``,
-``python3 tools/dev.py gate HEAD~1 HEAD --bench CacheStrategy``.
-
-This file parses the command line, makes ``.venv`` with the project's test, bench and browser extras
-(again when setup.cfg or pyproject.toml change), re-runs itself inside it and calls the command
-(a module of ``tools/commands/``). SIGTERM and SIGINT stop the command and every process it started.
+It makes ``.venv`` with the project's test, bench and browser extras (again when setup.cfg or pyproject.toml
+change), re-runs itself inside it and calls the command (``tools/commands/``). SIGTERM and SIGINT stop the
+command and every process it started.
 """
 
+import contextlib
 import hashlib
 import os
 import signal
@@ -34,44 +22,32 @@ from . import common  # noqa: E402
 from .commands import COMMANDS  # noqa: E402
 
 VENV = common.ROOT / ".venv"
-
-
-def venv_python():
-    return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+PYTHON = VENV / "bin" / "python"
 
 
 def ensure_venv():
     """Create .venv and install ``.[test,bench,browser]`` into it when missing or out of date."""
-    if not venv_python().exists():  # missing, or left by a Python that is gone: (re)make it
+    if not PYTHON.exists():  # missing, or left by a Python that is gone: (re)make it
         print(f"creating {VENV.relative_to(common.ROOT)} ...", flush=True)
         if subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)]).returncode != 0:
             raise common.UserError(f"python -m venv failed; on Debian/Ubuntu install python3-venv, or delete {VENV}")
     stamp = VENV / "kv-attention-installed"
-    files = (common.ROOT / f for f in ("setup.cfg", "pyproject.toml"))
-    digest = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
-    if stamp.exists() and stamp.read_text() == digest:
+    digest = hashlib.sha256(b"".join((common.ROOT / f).read_bytes() for f in ("setup.cfg", "pyproject.toml")))
+    if stamp.exists() and stamp.read_text() == digest.hexdigest():
         return
     print("installing kv_attention[test,bench,browser] into .venv ...", flush=True)
-    pip = [str(venv_python()), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    pip = [str(PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     if subprocess.run(pip + ["-e", f"{common.ROOT}[test,bench,browser]"]).returncode != 0:
         raise common.UserError("pip install of the project's test/bench dependencies failed (see above)")
-    stamp.write_text(digest)
-
-
-def make_parser():
-    """``(parser, {command: module})``."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="tools/dev.py", description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    subparsers = parser.add_subparsers(dest="command", required=True)
-    modules = {}
-    for module in COMMANDS:
-        modules[module.setup_arguments(subparsers).prog.split()[-1]] = module
-    return parser, modules
+    stamp.write_text(digest.hexdigest())
 
 
 def parse_args(argv):
-    parser, modules = make_parser()
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="tools/dev.py", description=__doc__.split(" (")[0], allow_abbrev=False)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    modules = {module.setup_arguments(subparsers).prog.split()[-1]: module for module in COMMANDS}
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(modules[args.command], "PASSTHROUGH", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -91,12 +67,11 @@ def main(argv=None):
         if os.environ.get(common.INSIDE_VENV) != "1":
             ensure_venv()
             os.environ[common.INSIDE_VENV] = "1"
-            os.execv(str(venv_python()), [str(venv_python()), "-m", "tools.dev", *argv])
+            os.execv(str(PYTHON), [str(PYTHON), "-m", "tools.dev", *argv])
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, stopped)
-        if not getattr(args.module, "LOCKS_WORKSPACE", False):
-            return args.module.run(args) or 0
-        with common.workspace_lock(f"tools/dev.py {args.command}"):
+        locks = getattr(args.module, "LOCKS_WORKSPACE", False)
+        with common.workspace_lock(f"tools/dev.py {args.command}") if locks else contextlib.nullcontext():
             return args.module.run(args) or 0
     except common.UserError as error:
         print(f"tools/dev.py {args.command}: error: {error}", file=sys.stderr)

@@ -1,14 +1,10 @@
 #!/usr/bin/env bash
-# The gate's drills, in a clone you can throw away (never on a branch you keep): a commit on top of HEAD, then
-# `tools/dev.py gate HEAD <that commit>` with the working tree left at HEAD (the suite from the working tree,
-# the package from the commit under test, as asv does).
-#
+# The gate's drills, in a clone you can throw away: a commit on top of HEAD, then `tools/dev.py gate HEAD <it>`
+# with the working tree left at HEAD (the suite from the working tree, the package from the commit, as asv does).
 #   tools/drills.sh aa [GATE OPTIONS]                      an empty commit: identical code (A/A)
 #   tools/drills.sh slowdown STRATEGY 0.05 [GATE OPTIONS]  STRATEGY's decode made 5 % slower (a busy wait)
-#   tools/drills.sh work STRATEGY K [GATE OPTIONS]         K Python loop iterations per position more (194
-#                                                          instructions each on CPython 3.11: size K from the counts)
-#
-# STRATEGY is a name of benchmarks/common.py's STRATEGIES (concat, preallocated, ...).
+#   tools/drills.sh work STRATEGY K [GATE OPTIONS]         K loop iterations per position more (194 instructions
+#                                                          each on CPython 3.11); STRATEGY: benchmarks/common.py's
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kind=$1; shift

@@ -1,14 +1,8 @@
-"""One side of a paired comparison: the suite's benchmarks, timed in one commit's asv environment, on request.
+"""One side of a paired comparison: the suite's benchmarks timed in one commit's asv environment, on request.
 
-``<env python> -s tools/pair_worker.py PACKAGE_DIR BENCHMARK_DIR`` (started by :mod:`tools.pairs`): the commit's
-``kv_attention`` from PACKAGE_DIR, the suite imported as asv_runner imports it. One JSON request a line on stdin,
-one JSON answer a line on stdout (what benchmarks print goes to stderr):
-
-- ``{"load": NAME, "param_idx": I, "number": N or null}``: the point's ``setup_cache`` (once per key), ``setup``
-  (the suite's correctness check) and calibration; ``{"loaded": True, "number": N}``, ``{"skipped": why}`` or
-  ``{"failed": why}``;
-- ``{"samples": K}``: K samples of N calls each, setup again before each as asv does, in the thread's CPU time;
-  ``{"samples": [seconds per call, ...]}``; the end of stdin: the worker exits.
+``<env python> -s tools/pair_worker.py PACKAGE_DIR BENCHMARK_DIR`` (started by :mod:`tools.pairs`): a JSON
+request a line on stdin (``load`` a point: its setup_cache, setup and calibration; ``samples``: K samples of N calls,
+setup before each as asv does), a JSON answer a line on stdout; what benchmarks print goes to stderr.
 """
 
 import json
@@ -17,18 +11,11 @@ import sys
 import time
 import traceback
 
-# The thread's CPU time, as the suite's paired ratios (benchmarks/ratios.py): the worker's one thread does all
-# the work (one BLAS thread), and the time another job holds the core is not the code's.
-CLOCK = time.thread_time
+CLOCK = time.thread_time  # as benchmarks/ratios.py: one thread does the work; another job's time is not the code's
 
 if __name__ == "__main__":
     del sys.path[0]  # this script's folder (tools/): nothing of it is imported
     sys.path.insert(0, sys.argv[1])  # the commit's kv_attention, first
-
-
-def answer(stream, message):
-    stream.write(json.dumps(message) + "\n")
-    stream.flush()
 
 
 class Worker:
@@ -97,7 +84,8 @@ def main(benchmark_dir):
         except Exception as error:  # noqa: BLE001 (a failed check or benchmark fails its point only)
             traceback.print_exc()
             reply = {"failed": f"{type(error).__name__}: {error}"}
-        answer(protocol, reply)
+        protocol.write(json.dumps(reply) + "\n")
+        protocol.flush()
     worker.unload()
 
 

@@ -1,21 +1,20 @@
 """Two commits' timings compared in pairs: one worker process per commit, taking turns on one core.
 
 asv times BASE and HEAD in separate runs, minutes apart: on a shared VM the host's drift between them decides as
-much as the code does. Here each timing point is measured again in pairs (the method: ``benchmarks/pairs.py``):
-two workers (:mod:`tools.pair_worker`), each with the interpreter, numpy and thread pins of the commit's asv
-environment and the commit's ``kv_attention`` (from git), run the suite's own ``setup_cache``, ``setup`` and
-correctness check, then alternate bursts of samples on one core, timed in the thread's CPU time, with one hash
-seed and no address-space randomisation (:func:`fixed_layout`). Worse: the median of the per-pair ratios
-HEAD / BASE beyond the factor and its 95 % interval above 1, confirmed by two new workers
-(:func:`measure_confirmed`). asv's own results are not touched.
+much as the code. Here two workers (:mod:`tools.pair_worker`), each with the interpreter, numpy and thread pin of
+the commit's asv environment and the commit's ``kv_attention`` (from git), run the suite's own setup and
+correctness check, then alternate bursts of samples on one core (the method: ``benchmarks/pairs.py``), with one
+hash seed and no address-space randomisation. asv's own results are not touched.
 """
 
+import contextlib
 import json
 import os
 import select
 import subprocess
 import sys
 import tempfile
+from collections import namedtuple
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,55 +40,32 @@ class Paired:
         return self.ratio > factor and self.low > 1
 
     def decided(self, factor, strict=False):
-        """False where the pairs left the verdict open: the median beyond ``factor`` or the interval above 1, not both.
-
-        A 5 % slowdown measured at 1.028x [1.014, 1.049] (26 pairs), or at 1.09x [0.79, 1.22], is such a
-        case; identical code rarely is, so measuring these further costs an A/A little. ``strict`` (the
-        confirmation of a flagged point): decided only when worse, or when the whole interval is below
-        ``factor``: 1.0015x [0.962, 1.058] is not settled, and the point is measured further. Where the
-        bounds stop the pairs first, the verdict stands as measured (a point not worse is then cleared).
-        """
+        """False where the pairs left the verdict open: the median beyond ``factor`` or the interval above 1, not
+        both (a 5 % slowdown at 1.028x [1.014, 1.049]). ``strict`` (confirming a flagged point): decided only when
+        worse or the whole interval is below ``factor`` (1.0015x [0.962, 1.058] is not)."""
         if strict:
             return self.worse(factor) or self.high < factor
         return (self.ratio > factor) == (self.low > 1)
 
-    def text(self):
-        return f"{self.ratio:.4f}x [{self.low:.4f}, {self.high:.4f}], {self.pairs} pairs"
-
-
-class WorkerError(common.UserError):
-    """A worker process could not start or stopped answering."""
-
 
 class PointFailed(Exception):
-    """A worker's point skipped or failed while it was being sampled (asv's setup runs before every sample)."""
-
-    def __init__(self, worker, answer):
-        super().__init__(answer)
-        self.worker, self.answer = worker, answer
+    """``(worker, answer)``: a point skipped or failed while it was sampled (asv's setup runs before every sample)."""
 
 
 ADDR_NO_RANDOMIZE = 0x0040000  # linux/personality.h: what `setarch -R` sets
 
 
 def fixed_layout():
-    """In the worker, before exec: no address-space randomisation, as ``setarch -R``.
-
-    With it, each process of identical code would get its own random layout of
-    heap, stack and mappings, and with it a speed of its own (cache sets, TLB,
-    alignment: Mytkowicz et al., ASPLOS 2009) that no number of pairs averages
-    away; fixed, the layout is the code's and its inputs'. Where personality(2)
-    is refused (a container's seccomp profile), the worker runs as it is.
-    """
+    """In the worker, before exec: no address-space randomisation (``setarch -R``). Each randomised process of
+    identical code gets a speed of its own (cache sets, alignment: Mytkowicz et al., ASPLOS 2009) that no number of
+    pairs averages away. Where personality(2) is refused (a container's seccomp), the worker runs as it is."""
     import ctypes
 
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         current = libc.personality(0xFFFFFFFF)
         if current != -1:
             libc.personality(current | ADDR_NO_RANDOMIZE)
-    except (OSError, AttributeError):
-        pass
 
 
 class Worker:
@@ -99,13 +75,12 @@ class Worker:
         environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # asv strips it too
         environ.update(env.env_vars)  # the matrix's env_nobuild: the one-thread BLAS pin
         environ["PYTHONHASHSEED"] = "0"  # one hash seed for both: dicts and sets laid out alike
-        python = env.python
-        self.process = subprocess.Popen([python, "-s", str(WORKER), str(package_dir), str(benchmark_dir)],
+        self.process = subprocess.Popen([env.python, "-s", str(WORKER), str(package_dir), str(benchmark_dir)],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=environ, cwd=cwd,
                                         text=True, preexec_fn=fixed_layout if sys.platform == "linux" else None)
 
     def ask(self, **request):
-        """The worker's answer to ``request``; WorkerError if it stopped or gave none within :data:`ANSWER_TIMEOUT`."""
+        """The worker's answer to ``request``; UserError if it stopped or gave none within :data:`ANSWER_TIMEOUT`."""
         try:
             self.process.stdin.write(json.dumps(request) + "\n")
             self.process.stdin.flush()
@@ -115,9 +90,9 @@ class Worker:
             line = ""
         if line is None:
             self.process.kill()
-            raise WorkerError(f"no answer within {ANSWER_TIMEOUT} s")
+            raise common.UserError(f"no answer within {ANSWER_TIMEOUT} s")
         if not line:
-            raise WorkerError(f"the worker stopped (exit {self.process.wait()}; see its output above)")
+            raise common.UserError(f"the worker stopped (exit {self.process.wait()}; see its output above)")
         return json.loads(line)
 
     def samples(self, count):
@@ -128,20 +103,12 @@ class Worker:
         return answer["samples"]
 
     def stop(self):
-        if self.process.poll() is None:
-            try:
-                self.process.stdin.close()
-            except OSError:
-                pass
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-
-
-def one_core():
-    """The core both workers share: the last this process may run on."""
-    return max(os.sched_getaffinity(0))
+        with contextlib.suppress(OSError):
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
 
 
 def package_of(commit, folder):
@@ -157,9 +124,8 @@ def package_of(commit, folder):
 def measure(env, base, head, points, progress=print, factor=None, seconds=SECONDS_PER_POINT,
             max_pairs=MAX_PAIRS, strict=False):
     """``{label: Paired or {"skipped" or "failed": why, "role": "base" or "head"}}`` of ``points``
-    (``[(benchmark, param_idx, label)]``), about ``seconds`` of pairs each; with ``factor``, a verdict its pairs
-    left open (:meth:`Paired.decided`) is measured further, up to ``max_pairs``. BASE's worker calibrates the
-    calls per sample for both."""
+    (``[(benchmark, param_idx, label)]``), about ``seconds`` of pairs each; with ``factor``, a verdict left open
+    (:meth:`Paired.decided`) is measured further, up to ``max_pairs``. BASE's worker sets the calls per sample."""
     from benchmarks.pairs import median_interval, pairs_within
 
     def decided(ratios):
@@ -183,17 +149,20 @@ def measure(env, base, head, points, progress=print, factor=None, seconds=SECOND
                     ratios = pairs_within(workers[0].samples, workers[1].samples, seconds, MIN_PAIRS, max_pairs,
                                           decided=decided)
                 except PointFailed as error:  # its setup or call raised midway: the point fails (or skips) only
-                    outcomes[label] = {**error.answer, "role": "base" if error.worker is workers[0] else "head"}
+                    worker, answer = error.args
+                    outcomes[label] = {**answer, "role": "base" if worker is workers[0] else "head"}
                     continue
-                except WorkerError as error:  # this point fails; the next starts two new workers
+                except common.UserError as error:  # a worker stopped: this point fails; the next starts two new ones
                     dead = [role for role, w in zip(("base", "head"), workers) if w.process.poll() is not None]
                     outcomes[label] = {"failed": f"paired-timing worker: {error}", "role": (dead or ["head"])[0]}
                     for worker in workers:
                         worker.stop()
                     workers = []
                     continue
-                outcomes[label] = Paired(*median_interval(ratios), len(ratios))
-                progress(f"[pairs] {i + 1}/{len(points)} {label}: {outcomes[label].text()}")
+                ratio, low, high = median_interval(ratios)
+                outcomes[label] = Paired(ratio, low, high, len(ratios))
+                progress(f"[pairs] {i + 1}/{len(points)} {label}: {ratio:.4f}x [{low:.4f}, {high:.4f}], "
+                         f"{len(ratios)} pairs")
         finally:
             for worker in workers:
                 worker.stop()
@@ -201,13 +170,8 @@ def measure(env, base, head, points, progress=print, factor=None, seconds=SECOND
 
 
 def measure_confirmed(env, base, head, points, factor, progress=print):
-    """:func:`measure`, then each point worse than ``factor`` again with two new workers: it stays worse only if
-    that confirms it (then with the smaller ratio); a false alarm rarely repeats in new processes, a regression does.
-
-    The second measurement is longer (:data:`CONFIRM_SECONDS`, up to :data:`CONFIRM_MAX_PAIRS`) and goes on
-    until it is worse or its whole interval is below ``factor`` (or its bounds): a noisy point's regression is
-    not cleared by a second verdict as wide as 1.0015x [0.962, 1.058] after 32 pairs (the 5 % concat drill, T=256).
-    """
+    """:func:`measure`, then each point worse than ``factor`` again with two new workers, longer and strictly: it
+    stays worse only if that confirms it (with the smaller ratio). A false alarm rarely repeats, a regression does."""
     measured = measure(env, base, head, points, progress, factor)
     confirm = [point for point in points if isinstance(measured[point[2]], Paired) and measured[point[2]].worse(factor)]
     if confirm:
@@ -220,21 +184,14 @@ def measure_confirmed(env, base, head, points, factor, progress=print):
 
 
 def start_workers(env, packages, benchmark_dir, folder):
-    """BASE's and HEAD's workers, both pinned to :func:`one_core`."""
+    """BASE's and HEAD's workers, both pinned to the last core this process may run on."""
     workers = [Worker(env, package, benchmark_dir, folder) for package in packages]
-    core = one_core()
     for worker in workers:
-        os.sched_setaffinity(worker.process.pid, {core})
+        os.sched_setaffinity(worker.process.pid, {max(os.sched_getaffinity(0))})
     return workers
 
 
-@dataclass(frozen=True)
-class Env:
-    """One asv environment: its name, interpreter and the matrix's environment variables (the BLAS pin)."""
-
-    name: str
-    python: str
-    env_vars: dict
+Env = namedtuple("Env", "name python env_vars")  # an asv environment; env_vars: the matrix's (the BLAS pin)
 
 
 def environments():

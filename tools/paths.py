@@ -1,9 +1,8 @@
 """Where a command may write a file the user named (``report csv --out``, ``report plots --out``).
 
-A path is written only if nothing is there yet or a regular file is (``lstat``: never through a symlink, a
-FIFO, a device, a socket or a directory), and never inside an asv workspace (a directory named ``.asv``, or the
-results directory read), a ``.git`` directory or /dev, /proc, /sys, as given or with its folders' symlinks resolved. A file is
-written whole or not at all: a temporary file in the same folder, renamed over the target.
+Only where nothing is yet or a regular file is (``lstat``: never through a symlink, a FIFO, a device, a socket or
+a directory), and never inside an asv workspace (``.asv``, or the results read), ``.git``, /dev, /proc or /sys, as
+given or with its folders' symlinks resolved. A file is written whole or not at all: a temporary file renamed over it.
 """
 
 import contextlib
@@ -24,7 +23,7 @@ def kind(mode):
 
 
 def _check_place(out, what, protected):
-    if not isinstance(out, (str, os.PathLike)) or not os.fspath(out):
+    if not os.fspath(out):
         raise UserError(f"{what}: the path is empty")
     given = os.path.abspath(out)
     real = os.path.join(os.path.realpath(os.path.dirname(given)), os.path.basename(given))
@@ -57,16 +56,15 @@ def check_file(out, protected=(), what=None):
 @contextlib.contextmanager
 def atomic_write(real, binary=False):
     """A file object writing a temporary file next to ``real``, renamed over ``real`` if the block succeeds."""
-    folder = os.path.dirname(real)
     try:
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix="-" + os.path.basename(real))
+        os.makedirs(os.path.dirname(real), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(real), prefix=".tmp-", suffix="-" + os.path.basename(real))
     except OSError as exc:
         raise UserError(f"cannot write {real}: {exc.strerror}") from None
     try:
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as open() would make it, not mkstemp's 0600
+        os.fchmod(fd, 0o666 & ~umask)  # as open() would make it, not mkstemp's 0600
         with os.fdopen(fd, "wb" if binary else "w", newline=None if binary else "") as f:
             yield f
         os.replace(tmp, real)

@@ -1,4 +1,4 @@
-"""tools/dashboard.py: asv's page rewritten to local copies of its CDN files (no npm, no network)."""
+"""tools/commands/publish.py: asv's pages made to render offline (no npm, no network here), repository text as text."""
 
 import base64
 import hashlib
@@ -66,7 +66,7 @@ def test_an_unknown_address_is_refused_and_the_page_left_unchanged(tool, fake_no
     assert (tmp_path / "index.html").read_text() == page
 
 
-# --- repository text shown as text (tools/dashboard_text.py, issue 12) ----------------------------------
+# --- repository text shown as text (tools/dashboard.py, issue 12) ----------------------------------
 
 ASV_WWW = ASV_INDEX.parent
 XSS = '<img/src="x"/onerror="alert(document.domain)">'
@@ -91,11 +91,9 @@ UNSAFE = {
 
 
 def test_every_place_that_pasted_text_as_html_is_rewritten(published):
-    from tools import dashboard_text
-
     originals = {name: (ASV_WWW / name).read_text() for name in UNSAFE}
     assert all(any(snippet in originals[name] for snippet in snippets) for name, snippets in UNSAFE.items())
-    assert dashboard_text.neutralise(published) == 15
+    assert dashboard.neutralise(published) == 15
     for name, snippets in UNSAFE.items():
         text = (published / name).read_text()
         assert [s for s in snippets if s in text] == [], name
@@ -107,20 +105,16 @@ def test_every_place_that_pasted_text_as_html_is_rewritten(published):
 
 def test_the_escape_is_complete_when_run(published):
     """Run the inserted escape function in node, where there is one."""
-    from tools import dashboard_text
-
     node = shutil.which("node")
     if node is None:
         pytest.skip("no node to run JavaScript")
-    script = dashboard_text.ESCAPE + f"process.stdout.write(kv_escape_html({json.dumps(XSS + '&' + chr(39))}));"
+    script = dashboard.ESCAPE + f"process.stdout.write(kv_escape_html({json.dumps(XSS + '&' + chr(39))}));"
     out = subprocess.run([node, "-e", script], capture_output=True, text=True, check=True).stdout
     assert out == "&lt;img/src=&quot;x&quot;/onerror=&quot;alert(document.domain)&quot;&gt;&amp;&#39;"
 
 
 def test_the_page_gets_a_policy_allowing_only_asvs_inline_handler(published):
-    from tools import dashboard_text
-
-    dashboard_text.neutralise(published)
+    dashboard.neutralise(published)
     html = (published / "index.html").read_text()
     head = html[:html.index("<script")]
     policy = re.search(r'<meta http-equiv="Content-Security-Policy" content="([^"]+)">', head).group(1)
@@ -134,18 +128,16 @@ def test_the_page_gets_a_policy_allowing_only_asvs_inline_handler(published):
 
 
 def test_neutralise_is_idempotent_and_refuses_another_asv(published):
-    from tools import dashboard_text
-
-    dashboard_text.neutralise(published)
+    dashboard.neutralise(published)
     once = {p.name: p.read_bytes() for p in published.iterdir() if p.is_file()}
-    dashboard_text.neutralise(published)
+    dashboard.neutralise(published)
     assert {p.name: p.read_bytes() for p in published.iterdir() if p.is_file()} == once
     fresh = published.parent / "fresh"
     shutil.copytree(ASV_WWW, fresh)
     (fresh / "summarygrid.js").write_text((fresh / "summarygrid.js").read_text().replace("'<h1>'", "'<h2>'"))
     before = {p.name: p.read_bytes() for p in fresh.iterdir() if p.is_file()}
-    with pytest.raises(dashboard_text.UnsafeDashboard, match="summarygrid.js holds 0 copies"):
-        dashboard_text.neutralise(fresh)
+    with pytest.raises(dashboard.UnsafeDashboard, match="summarygrid.js holds 0 copies"):
+        dashboard.neutralise(fresh)
     assert {p.name: p.read_bytes() for p in fresh.iterdir() if p.is_file()} == before  # nothing half-rewritten
 
 

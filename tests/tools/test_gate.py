@@ -55,6 +55,8 @@ def project(repo, monkeypatch, tmp_path):
     monkeypatch.setattr(gate_command, "asv_compare", lambda base, head, machine, factor=None: list(flagged))
     results_dir = results.results_dir()
     env_name = pairs.environments()[0].name  # asv compare reads the configured environments' results only
+    monkeypatch.setattr(pairs, "environments", lambda: [None])
+    monkeypatch.setattr(pairs, "measure_confirmed", paired_as_stored)
     (results_dir / MACHINE).mkdir(parents=True)
     (results_dir / MACHINE / "machine.json").write_text(json.dumps({"machine": MACHINE, "version": 1}))
     (results_dir / "benchmarks.json").write_text(json.dumps({**BENCHMARKS, "version": 2}))
@@ -81,9 +83,15 @@ def project(repo, monkeypatch, tmp_path):
     return repo
 
 
+def paired_as_stored(env, base, head, points, factor):
+    """Stand-in pairs: each point's ratio HEAD / BASE of the stored medians, as if every pair agreed."""
+    stored = [results.stored(MACHINE, commit) for commit in (base, head)]
+    ratios = {label: stored[1][label].value / stored[0][label].value for _, _, label in points}
+    return {label: pairs.Paired(ratio, ratio, ratio, pairs.MIN_PAIRS) for label, ratio in ratios.items()}
+
+
 def gate(project, capsys, *options):
-    """``tools/dev.py gate BASE HEAD OPTIONS`` in-process (``--unpaired`` unless ``--paired``): (code, stdout)."""
-    options = [o for o in options if o != "--paired"] if "--paired" in options else ["--unpaired", *options]
+    """``tools/dev.py gate BASE HEAD OPTIONS`` in-process: (code, stdout)."""
     code = gate_command.run(dev.parse_args(["gate", project.base, project.head, *options]))
     return code, capsys.readouterr().out
 
@@ -99,12 +107,12 @@ def test_no_change_exits_0(project, capsys):
     assert code == 0 and "gate: exit 0" in out and project.calls == [([project.base, project.head], ())]
 
 
-def test_a_timing_asv_compare_flags_exits_1_unpaired(project, capsys):
+def test_a_timing_slower_in_pairs_exits_1(project, capsys):
     project.write(project.base)
     project.write(project.head, {("256", "'concat'"): 1.2})
-    project.flagged.append(f"{TIME}(256, 'concat')")
     code, out = gate(project, capsys)
-    assert code == 1 and regressions(out) == [f"REGRESSION 1.20x  {TIME}(256, 'concat')  (time)"]
+    assert code == 1 and regressions(out) == [f"REGRESSION 1.20x  {TIME}(256, 'concat')  (time, paired)"]
+    assert gate(project, capsys, "--factor", "1.25")[0] == 0
 
 
 def test_a_count_rise_is_flagged_at_its_strategys_count_points_only(project, capsys):
@@ -160,7 +168,7 @@ def test_a_strategy_that_vanishes_fails_the_gate_and_the_main_job(project, capsy
     assert "RETIRED in benchmarks/common.py" in out
     base, head = (results.stored(MACHINE, c) for c in (project.base, project.head))
     assert bench.verdict(project.head, gate_command.failures(base, head)) == 2  # main~1 -> main
-    assert out.count("VANISHED") == 0 and capsys.readouterr().out.count(f"VANISHED at main {project.head[:8]}") == 2
+    assert capsys.readouterr().out.count(f"FAILED at main {project.head[:8]}  {TIME}") == 2
 
 
 def test_a_removed_benchmark_fails_unless_retired(project, capsys, monkeypatch):
@@ -212,13 +220,12 @@ def test_paired_timings_decide_and_a_failed_pair_exits_2(project, capsys, monkey
         measured.extend(label for _, _, label in points)
         return verdicts
 
-    monkeypatch.setattr(pairs, "environments", lambda: [None])
     monkeypatch.setattr(pairs, "measure_confirmed", measure_confirmed)
-    code, out = gate(project, capsys, "--paired")
+    code, out = gate(project, capsys)
     assert code == 1 and regressions(out) == [f"REGRESSION 1.05x  {TIME}(16, 'preallocated')  (time, paired)"]
     assert sorted(measured) == sorted(f"{TIME}({t}, {s})" for t in PARAMS[0] for s in PARAMS[1])  # the whole suite
     verdicts[f"{TIME}(256, 'concat')"] = {"failed": "AssertionError: off", "role": "head"}
-    code, out = gate(project, capsys, "--paired")
+    code, out = gate(project, capsys)
     assert code == 2 and "(paired run: AssertionError: off)" in out
 
 
@@ -249,7 +256,6 @@ def test_the_main_jobs_summary_names_both_commits_and_pairs_only_what_asv_flags(
     project.flagged.append(f"{TIME}(256, 'concat')")
     paired = []
     monkeypatch.setattr(bench, "asv_compare", lambda base, head, machine, factor=None: list(project.flagged))
-    monkeypatch.setattr(pairs, "environments", lambda: [None])
     monkeypatch.setattr(pairs, "measure_confirmed", lambda env, base, head, points, factor: (
         paired.extend(points) or {label: pairs.Paired(1.3, 1.2, 1.4, 20) for _, _, label in points}))
     failed = bench.summary(MACHINE, [project.head, project.base], project.head, [project.head])

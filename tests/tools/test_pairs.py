@@ -20,7 +20,7 @@ class FakeWorker:
     def ask(self, load=None, param_idx=None, number=None):
         if load == self.stops:
             self.process = SimpleNamespace(poll=lambda: -9, pid=0)
-            raise pairs.WorkerError("the worker stopped (exit -9; see its output above)")
+            raise pairs.common.UserError("the worker stopped (exit -9; see its output above)")
         if load == "skips":
             return {"skipped": "not at this commit"}
         return {"loaded": True, "number": number or 4}
@@ -162,4 +162,4 @@ def test_a_worker_answering_a_failure_to_a_samples_request_raises_point_failed()
     worker.ask = lambda **request: {"failed": "AssertionError: not equal to the oracle"}
     with pytest.raises(pairs.PointFailed) as raised:
         worker.samples(3)
-    assert raised.value.worker is worker and raised.value.answer == {"failed": "AssertionError: not equal to the oracle"}
+    assert raised.value.args == (worker, {"failed": "AssertionError: not equal to the oracle"})

@@ -1,8 +1,5 @@
-"""One module per command, as asv's ``asv/commands/``: each has ``setup_arguments(subparsers)`` and ``run(args)``.
-
-A command module imports only the standard library at module level, so that ``tools/dev.py`` can parse a
-command line before ``.venv`` exists; ``run`` returns the exit code.
-"""
+"""One module per command, as asv's ``asv/commands/``: ``setup_arguments(subparsers)`` and ``run(args)`` (the exit
+code). A command imports only the standard library at module level: tools/dev.py parses before .venv exists."""
 
 from . import bench, bisect, browser_check, gate, publish, report, test
 

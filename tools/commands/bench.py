@@ -1,25 +1,22 @@
 """``bench``: the main job. Benchmark a bounded sample of main's commits that can change a result, publish, summarise.
 
-Benchmark files come from the working tree, so only a commit that changes what asv builds (the package, its build
-files, asv's config) can change a result. Of those commits of main the job takes a bounded, stable sample
-(:func:`sample_commits`); ``--all`` takes every commit. It runs ``asv machine --yes --machine NAME`` (NAME: the
-hostname and a hardware fingerprint, or ``--machine``), ``asv run --record-samples --skip-existing`` over the
-commits without complete results (a timing stored without samples counts as missing), ``asv publish`` and the
-offline copies of the dashboard's scripts (:mod:`tools.commands.publish`). Its summary compares main with the
-newest older commit that has results, both named: the counts by the gate's factor, the timings by ``asv compare``
-on asv's samples, and each timing asv flags measured again in pairs, as the gate does. Exit 2 when a benchmark
-failed at main or a point measured at main~1 is n/a there (it vanished); 1 on an error.
+Benchmark files come from the working tree, so only a commit that changes what asv builds (RESULT_PATHS) can change
+a result: of those the job takes a stable sample (:func:`sample_commits`), or every commit with ``--all``. Then
+``asv machine``, ``asv run --record-samples --skip-existing`` over the commits without complete results (a timing
+without samples counts as missing), ``asv publish`` with the offline copies (:mod:`tools.commands.publish`), and a
+summary of main against the newest older commit with results, both named: counts by the gate's factor, timings by
+``asv compare``, each timing it flags measured again in pairs as the gate does. Exit 2 when a point failed at main
+or vanished since main~1; 1 on an error.
 """
 
-import argparse
 import math
 import re
 import time
 
 from .. import common, results
 from . import publish
-from .gate import (COUNT_FACTOR, DEFAULT_FACTOR, UNPAIRED_FACTOR, VANISHED, asv_compare, exact_regressions, failures,
-                   method_of, pair, ratio_text)
+from .gate import (COUNT_FACTOR, DEFAULT_FACTOR, UNPAIRED_FACTOR, asv_compare, exact_regressions, failures, method_of,
+                   pair, print_failures, ratio_text)
 
 LOCKS_WORKSPACE = True
 RESULT_PATHS = ["kv_attention", "setup.cfg", "pyproject.toml", "asv.conf.json"]
@@ -31,25 +28,9 @@ NEWEST = 2  # main and main~1: always in the sample
 SECONDS_PER_COMMIT, FIRST_ENV, PUBLISH, PER_PAIRED_POINT = 100, 60, 20, 8
 ASV_COMMIT_LINE = re.compile(r"For \S+ commit ([0-9a-f]{8})")  # asv run's line as it starts a commit
 NAMED = 5  # points named under the summary, per channel
-
-
-def commit_count(text):
-    """argparse type: an integer >= 2 (main and main~1)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"must be an integer of at least 2 (main and main~1), got {text!r}")
-    return value
-
-
-def machine_name(text):
-    """argparse type of ``--machine``: one plain folder name (asv stores the results in ``<results_dir>/<name>/``)."""
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", text):
-        raise argparse.ArgumentTypeError(f"must be letters, digits, '.', '_' or '-', not starting with '.' (it names "
-                                         f"a folder of the results), got {text!r}")
-    return text
+COMMITS = common.checked(int, lambda n: n >= 2, "an integer of at least 2 (main and main~1)")
+MACHINE = common.checked(str, re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}").fullmatch,
+                         "letters, digits, '.', '_' or '-', not starting with '.' (it names a results folder)")
 
 
 def setup_arguments(subparsers):
@@ -57,53 +38,35 @@ def setup_arguments(subparsers):
                                    "main that can change a result, publish, summarise")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--all", action="store_true", help="every buildable commit of main")
-    which.add_argument("--commits", type=commit_count, default=DEFAULT_COMMITS, metavar="N",
+    which.add_argument("--commits", type=COMMITS, default=DEFAULT_COMMITS, metavar="N",
                        help=f"at most N commits: main, main~1, the newest that can change a result and older ones "
                             f"spread over the history (default {DEFAULT_COMMITS})")
-    parser.add_argument("--machine", metavar="NAME", type=machine_name,
+    parser.add_argument("--machine", metavar="NAME", type=MACHINE,
                         help="asv machine name (default: hostname plus a fingerprint of the hardware)")
     return parser
 
 
-def is_buildable(commit):
-    """True when the commit has every file the package build needs."""
-    listed = set(common.git("ls-tree", "-r", "--name-only", commit, "--", *BUILD_FILES).split())
-    return listed == set(BUILD_FILES)
-
-
 def select_commits(whole_history, bound=None):
-    """Commits of main to benchmark, newest first, never one the package cannot be built from.
-
-    main and main~1 always, and the commits of main that changed a path of
-    :data:`RESULT_PATHS`: all of them, or with ``bound`` the sample
-    :func:`sample_commits` takes; ``whole_history`` takes every commit instead.
-    "Of main" is main's first-parent history, the commits asv's graphs show: a
-    merged branch counts as its merge commit, not as each of its own commits.
-    """
-    branch = common.BRANCH
+    """Commits of main to benchmark, newest first, each with every file of BUILD_FILES: main, main~1 and those that
+    changed a path of RESULT_PATHS (``bound``: the sample of :func:`sample_commits`), or every commit. "Of main" is
+    its first-parent history, as asv's graphs: a merged branch counts as its merge commit."""
     if whole_history:
-        candidates = common.git("rev-list", "--first-parent", branch).split()
+        candidates = common.git("rev-list", "--first-parent", common.BRANCH).split()
     else:
-        head = common.git("rev-list", "--first-parent", "--max-count=2", branch).split()  # main, main~1
-        changing = common.git("rev-list", "--first-parent", branch, "--", *RESULT_PATHS).split()
+        head = common.git("rev-list", "--first-parent", "--max-count=2", common.BRANCH).split()
+        changing = common.git("rev-list", "--first-parent", common.BRANCH, "--", *RESULT_PATHS).split()
         candidates = list(dict.fromkeys(head + changing))
-    commits = [c for c in candidates if is_buildable(c)]
+    commits = [c for c in candidates if set(common.git("ls-tree", "-r", "--name-only", c, "--", *BUILD_FILES).split())
+               == set(BUILD_FILES)]
     if not commits:
-        raise common.UserError(f"no commit of {branch} has a buildable package ({', '.join(BUILD_FILES)})")
+        raise common.UserError(f"no commit of {common.BRANCH} has a buildable package ({', '.join(BUILD_FILES)})")
     return commits if whole_history or bound is None else sample_commits(commits, bound)
 
 
 def sample_commits(commits, bound):
-    """At most ``bound`` of ``commits`` (newest first): the NEWEST newest, then older ones spread evenly.
-
-    The older ones are those at every ``stride``-th place counted from the
-    oldest commit (so the first commit is always in), ``stride`` the smallest
-    power of two that fits the bound. The sample is stable as history grows: a
-    new commit on main changes which older commits are taken only when the
-    stride doubles, and then the new ones are a subset of the old ones, so a
-    re-run measures just the new commit (asv's ``--steps`` spreads its commits
-    the same way, but re-spreads them as history grows).
-    """
+    """At most ``bound`` of ``commits`` (newest first): the NEWEST, then every ``stride``-th older one counted from
+    the oldest, ``stride`` the smallest power of two that fits. Stable as history grows: a new commit changes the
+    older ones only when the stride doubles, to a subset (asv's ``--steps`` re-spreads them every time)."""
     newest, older = commits[:min(NEWEST, bound)], commits[NEWEST:][::-1]  # older: oldest first
     room = bound - len(newest)
     if room <= 0 or not older:
@@ -123,34 +86,26 @@ class Progress:
     """One line per commit as asv starts it: which of how many, and the time left for every phase still to come."""
 
     def __init__(self, commits, after):
-        self.commits, self.after, self.started, self.done = commits, after, time.monotonic(), 0
-        self.subjects = {c[:8]: common.git("log", "-1", "--format=%s", c) for c in commits}
+        self.names, self.after = {c[:8]: describe(c) for c in commits}, after
+        self.started, self.done = time.monotonic(), 0
 
     def __call__(self, line):
         match = ASV_COMMIT_LINE.search(line)
-        if not match or match.group(1) not in self.subjects:
-            return
-        elapsed = time.monotonic() - self.started
-        per_commit = elapsed / self.done if self.done else SECONDS_PER_COMMIT
-        left = per_commit * (len(self.commits) - self.done) + self.after
-        self.done += 1
-        print(f"[bench] commit {self.done} of {len(self.commits)}: {match.group(1)} "
-              f"{self.subjects[match.group(1)][:50]!r}; about {minutes(left)} left (publish and pairs included)",
-              flush=True)
+        if match and match.group(1) in self.names:
+            elapsed = time.monotonic() - self.started
+            left = (elapsed / self.done if self.done else SECONDS_PER_COMMIT) * (len(self.names) - self.done)
+            self.done += 1
+            print(f"[bench] commit {self.done} of {len(self.names)}: {self.names[match.group(1)]}; about "
+                  f"{minutes(left + self.after)} left (publish and pairs included)", flush=True)
 
 
-def describe(commit, name):
-    return f"{name} {commit[:8]} {common.git('log', '-1', '--format=%s', commit)[:50]!r}"
+def describe(commit, name=""):
+    return f"{name} {commit[:8]} {common.git('log', '-1', '--format=%s', commit)[:60]!r}".strip()
 
 
 def summary(machine, commits, tip, measured):
-    """Print each commit's outcomes and main against the newest older commit with results; the failures at main."""
+    """Print main against the newest older commit with results; the failures at main."""
     stored = {c: results.stored(machine, c) for c in commits}
-    print(f"\nresults on machine {machine!r}:")
-    for commit in commits:
-        counts, _ = results.outcomes(stored[commit])
-        status = ", ".join(f"{counts[k]} {k}" for k in ("ok", "failed", "skipped")) if counts else "no results"
-        print(f"  {commit[:8]}  {status:<28}  {common.git('log', '-1', '--format=%s', commit)[:60]}")
     if not stored[tip]:
         raise common.UserError(f"{common.BRANCH} ({tip[:8]}) has no results: its build or install failed (see above)")
     older = next((c for c in commits[1:] if stored[c]), None)
@@ -160,19 +115,13 @@ def summary(machine, commits, tip, measured):
         flagged = [label for label in asv_compare(older, tip, machine, UNPAIRED_FACTOR)
                    if method_of(label).startswith("time_")]
         work = exact_regressions(base, head, COUNT_FACTOR)
-        time_worse = []
+        time_worse, counts = [], [w for w in work if w[2] == "work"]
         if flagged and tip in measured:  # asv's samples flag these: the gate's pairs confirm or clear each
-            from .. import pairs
-
-            paired, _ = pair(next(iter(pairs.environments())), {"base": older, "head": tip}, flagged, base, head,
-                             DEFAULT_FACTOR)
+            paired, _ = pair({"base": older, "head": tip}, flagged, base, head, DEFAULT_FACTOR)
             time_worse = [(label, p.ratio) for label, p in paired.items() if p.worse(DEFAULT_FACTOR)]
-        counts = [w for w in work if w[2] == "work"]
         print(f"summary, {tip[:8]} against {older[:8]}: work {len(counts)} worse, other values "
-              f"{len(work) - len(counts)} worse, time {len(time_worse)} worse"
-              + (f" of {len(flagged)} asv compare flagged, timed again in pairs" if flagged and tip in measured else
-                 f" in pairs; asv compare flagged {len(flagged)}, measured in an earlier run: the gate pairs them"
-                 if flagged else ""))
+              f"{len(work) - len(counts)} worse, time {len(time_worse)} worse in pairs of {len(flagged)} asv "
+              "compare flagged" + ("" if tip in measured or not flagged else " (measured earlier: the gate pairs)"))
         for label, ratio in [(label, ratio) for label, ratio, _ in work][:NAMED] + time_worse[:NAMED]:
             print(f"      worse {ratio_text(ratio)}  {label}")
     print(f"this summary is not a gate: the gate is `python3 tools/dev.py gate {common.BRANCH}~1 {common.BRANCH}`")
@@ -183,14 +132,10 @@ def summary(machine, commits, tip, measured):
 def verdict(tip, failed):
     """Exit 2 naming each point that failed at main's tip or vanished there since main~1, else 0."""
     failed = [(label, role) for label, role in failed if role == "head"]
-    for label, _ in failed:
-        print(f"{'VANISHED' if label.endswith(VANISHED) else 'FAILED'} at {common.BRANCH} {tip[:8]}  {label}")
-    if any(label.endswith(VANISHED) for label, _ in failed):
-        print(results.RETIRE_HINT)
+    print_failures(failed, lambda role: f"{common.BRANCH} {tip[:8]}")
     if failed:
         print(f"bench: exit 2 ({len(failed)} point(s) failed or vanished at {common.BRANCH})")
-        return 2
-    return 0
+    return 2 if failed else 0
 
 
 def run(args):

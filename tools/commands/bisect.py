@@ -1,20 +1,20 @@
 """``bisect GOOD BAD --bench 'NAME(PARAMS)'``: the first commit where one benchmark point got worse, by the gate's rule.
 
-``asv find`` bisects on single medians and follows the largest change over every parameter combination, so on
-a timing it names noise as readily as a regression. This command judges one point as the gate does (a timing in
-pairs beside GOOD, a count by the count factor) and says when there is nothing to find: it measures GOOD and BAD
-(``asv run --bench``) and stops, exit 1, unless BAD is worse; then it bisects main's first-parent history between
-them, stepping over a commit it cannot judge (as ``git bisect skip``). Exit 0 naming the first bad commit, 2 when
-some commits could not be judged (it names the range) or on an error.
+``asv find`` bisects on single medians over every parameter combination, so on a timing it names noise as readily
+as a regression. This judges one point as the gate does (a timing in pairs beside GOOD, a count by its factor):
+exit 1 when BAD is not worse than GOOD; else it bisects main's first-parent history between them, stepping over a
+commit it cannot judge (as ``git bisect skip``). Exit 0 naming the first bad commit, 2 naming the range when some
+commits could not be judged, or on an error.
 """
 
 import re
 
 from .. import common, results
-from .gate import (COUNT_FACTOR, DEFAULT_FACTOR, ERROR_EXIT, bench_regex, exact_factor, factor, method_of,  # noqa: F401
-                   partial)
+from .bench import describe
+from .gate import COUNT_FACTOR, DEFAULT_FACTOR, FACTOR, REGEX, exact_factor, method_of, partial
 
 LOCKS_WORKSPACE = True
+ERROR_EXIT = 2  # 1 means no change to find
 
 
 def setup_arguments(subparsers):
@@ -22,27 +22,18 @@ def setup_arguments(subparsers):
                                    help="find the first commit where one benchmark point got worse (the gate's rule)")
     parser.add_argument("good", metavar="GOOD", help="a commit where the point was fine")
     parser.add_argument("bad", metavar="BAD", help="a later commit of main's first-parent history where it is worse")
-    parser.add_argument("--bench", type=bench_regex, required=True, metavar="REGEX",
+    parser.add_argument("--bench", type=REGEX, required=True, metavar="REGEX",
                         help="selects exactly one point, e.g. 'CacheStrategy.time_decode\\(256, .concat.\\)'")
-    parser.add_argument("--factor", type=factor, default=DEFAULT_FACTOR,
+    parser.add_argument("--factor", type=FACTOR, default=DEFAULT_FACTOR,
                         help=f"a timing is worse beyond this paired ratio (default {DEFAULT_FACTOR})")
     return parser
-
-
-def history(good, bad):
-    """``[GOOD, ..., BAD]``: GOOD and the commits of BAD's first-parent history after it, oldest first."""
-    after = common.git("rev-list", "--first-parent", "--reverse", f"{good}..{bad}").split()
-    if not after or common.git("rev-parse", f"{after[0]}^") != good:
-        raise common.UserError(f"GOOD {good[:8]} is not an earlier commit of BAD {bad[:8]}'s first-parent history")
-    return [good, *after]
 
 
 class Point:
     """The one point ``pattern`` selects, measured and judged commit by commit."""
 
     def __init__(self, pattern, factor, machine):
-        self.pattern, self.factor, self.machine, self.label = pattern, factor, machine, None
-        self.measured = set()
+        self.pattern, self.factor, self.machine, self.label, self.measured = pattern, factor, machine, None, set()
 
     def stored(self, commit):
         if commit not in self.measured:
@@ -50,8 +41,8 @@ class Point:
             self.measured.add(commit)
         points = {k: p for k, p in results.stored(self.machine, commit).items() if re.search(self.pattern, k)}
         if len(points) > 1:
-            raise common.UserError(f"--bench {self.pattern!r} selects {len(points)} points ({', '.join(sorted(points)[:4])}"
-                                   ", ...): give a pattern that selects one")
+            raise common.UserError(f"--bench {self.pattern!r} selects {len(points)} points "
+                                   f"({', '.join(sorted(points)[:4])}, ...): give a pattern that selects one")
         self.label = next(iter(points), self.label)
         return next(iter(points.values()), None)
 
@@ -63,20 +54,18 @@ class Point:
         if method_of(self.label).startswith("time_") and good != commit:
             from .. import pairs
 
-            outcome = pairs.measure(next(iter(pairs.environments())), good, commit, [(b.name, b.index, self.label)],
+            outcome = pairs.measure(pairs.environments()[0], good, commit, [(b.name, b.index, self.label)],
                                     lambda line: None, self.factor)[self.label]
             return (outcome.worse(self.factor), outcome.ratio) if isinstance(outcome, pairs.Paired) else (None, None)
         limit = self.factor if method_of(self.label).startswith("time_") else exact_factor(self.label, COUNT_FACTOR)
         return (None if limit is None else b.value / a.value > limit), b.value / a.value
 
 
-def describe(commit):
-    return f"{commit[:8]} {common.git('log', '-1', '--format=%s', commit)[:70]}"
-
-
 def run(args):
     good, bad = common.resolve(args.good), common.resolve(args.bad)
-    chain = history(good, bad)
+    chain = [good, *common.git("rev-list", "--first-parent", "--reverse", f"{good}..{bad}").split()]
+    if len(chain) < 2 or common.git("rev-parse", f"{chain[1]}^") != good:
+        raise common.UserError(f"GOOD {good[:8]} is not an earlier commit of BAD {bad[:8]}'s first-parent history")
     point = Point(args.bench, args.factor, common.record_machine())
     try:
         verdict, ratio = point.worse(good, bad)
@@ -85,13 +74,10 @@ def run(args):
                                    "or not measured there): choose other commits")
         print(f"\n{point.label}: BAD {bad[:8]} is {ratio:.4f}x GOOD {good[:8]} ({len(chain) - 2} commits between)")
         if not verdict:
-            print(f"bisect: exit 1 (no change to find: BAD is not worse than GOOD beyond its factor)")
+            print("bisect: exit 1 (no change to find: BAD is not worse than GOOD beyond its factor)")
             return 1
         lo, hi, skipped = 0, len(chain) - 1, set()
-        while hi - lo > 1:
-            candidates = [i for i in range(lo + 1, hi) if i not in skipped]
-            if not candidates:
-                break
+        while hi - lo > 1 and (candidates := [i for i in range(lo + 1, hi) if i not in skipped]):
             i = min(candidates, key=lambda i: (abs(i - (lo + hi) // 2), i))
             verdict, ratio = point.worse(good, chain[i])
             print(f"  {describe(chain[i])}: {'n/a' if ratio is None else f'{ratio:.4f}x'} of GOOD -> "

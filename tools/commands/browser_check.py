@@ -1,15 +1,9 @@
 """``browser-check``: the dashboard in headless Chromium, offline, checked for what a person would see.
 
-In a temporary workspace (a clone of this repository whose main~1 carries a script-injection tag,
-:data:`XSS_TAG`; results and html under /tmp; the asv environments of .asv/env reused) it runs
-``asv run --quick --bench bench_cache`` on main~1 and main, copies main~1's results to older commits (a flat
-history), makes main's :data:`REGRESSED` 3x slower, copies the machines of docs/results into the results folder,
-runs ``asv publish`` and the main job's step after it (:func:`tools.commands.publish.finish`), serves it on
-127.0.0.1 and opens it in Debian's chromium through Playwright, every request off 127.0.0.1 aborted. It checks:
-no error page, the benchmarks listed and graphed, the tag shown over the graph as text (no element, no dialog,
-no Content-Security-Policy violation), the regression on the Regressions page, every machine in the summary
-list's machine panel. Exit 0 on success, 1 on a failed check, 0 with a line starting "SKIPPED" without
-Chromium, Playwright or npm.
+A temporary clone whose main~1 carries the tag XSS_TAG, results of a quick asv run (main 3x slower at REGRESSED)
+and docs/results' machines, published as the main job does; served on 127.0.0.1 and opened in chromium through
+Playwright, every other request aborted. Exit 0 on success, 1 on a failed check, 0 with a line starting "SKIPPED"
+without Chromium, Playwright or npm.
 """
 
 import functools
@@ -74,51 +68,44 @@ def make_results(config, work):
     return sorted(json.loads(p.read_text())["machine"] for p in (work / "results").glob("*/machine.json"))
 
 
-class Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
 def check_page(chromium, sync_playwright, url, machines):
     shots = common.ROOT / ".asv" / "browser-check"
     shots.mkdir(parents=True, exist_ok=True)
     blocked, dialogs, violations = [], [], []
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
-            page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(url)
-                       else (blocked.append(route.request.url), route.abort()))
-            page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
-            page.on("console", lambda message: violations.append(message.text)
-                    if "Content Security Policy" in message.text else None)
-            page.goto(url + "index.html")
-            page.wait_for_selector("#summarygrid-display .benchmark-container", timeout=30_000)
-            listed = page.eval_on_selector_all("#summarygrid-display .benchmark-container",
-                                               "nodes => nodes.map(n => n.getAttribute('href'))")
-            if "error.html" in page.url or f"#{REGRESSED}" not in listed:
-                raise CheckFailed(f"the dashboard shows no list of {REGRESSED} (blocked: {blocked})")
-            page.goto(f"{url}index.html#{REGRESSED}")
-            page.wait_for_selector("#main-graph canvas.flot-base", timeout=30_000)
+    with sync_playwright() as playwright:  # its end closes the browser
+        page = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"]).new_page(
+            viewport={"width": 1400, "height": 1000})
+        page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(url)
+                   else (blocked.append(route.request.url), route.abort()))
+        page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+        page.on("console", lambda message: violations.append(message.text)
+                if "Content Security Policy" in message.text else None)
+
+        def show(fragment, selector, shot=None):
+            page.goto(f"{url}index.html{fragment}")
+            page.wait_for_selector(selector, timeout=30_000)
             page.wait_for_timeout(1000)  # an onerror handler runs once the image fails to load
-            page.screenshot(path=str(shots / "graph.png"))
-            shown, images = page.inner_text("#main-graph"), page.locator("#main-graph img").count()
-            if dialogs or violations or XSS_TAG not in shown or images:
-                raise CheckFailed(f"the tag {XSS_TAG} is not shown as text: dialogs {dialogs}, {images} img "
-                                  f"elements, policy violations {violations[:3]}, the graph's text {shown[:200]!r}")
-            page.goto(f"{url}index.html#regressions")
-            page.wait_for_selector("#regressions-body table", timeout=30_000)
-            page.screenshot(path=str(shots / "regressions.png"))
-            if REGRESSED not in page.inner_text("#regressions-body"):
-                raise CheckFailed(f"the Regressions page does not list {REGRESSED}")
-            page.goto(f"{url}index.html#summarylist")
-            page.wait_for_selector("#summarylist-navigation a.btn", timeout=30_000)
-            buttons = sorted(set(page.eval_on_selector_all("#summarylist-navigation a.btn",
-                                                           "nodes => nodes.map(n => n.textContent)")))
-            if not set(machines) <= set(buttons):
-                raise CheckFailed(f"the summary list's panels show {buttons}, not every machine of {machines}")
-        finally:
-            browser.close()
+            if shot:
+                page.screenshot(path=str(shots / shot))
+
+        show("", "#summarygrid-display .benchmark-container")
+        listed = page.eval_on_selector_all("#summarygrid-display .benchmark-container",
+                                           "nodes => nodes.map(n => n.getAttribute('href'))")
+        if "error.html" in page.url or f"#{REGRESSED}" not in listed:
+            raise CheckFailed(f"the dashboard shows no list of {REGRESSED} (blocked: {blocked})")
+        show(f"#{REGRESSED}", "#main-graph canvas.flot-base", "graph.png")
+        shown, images = page.inner_text("#main-graph"), page.locator("#main-graph img").count()
+        if dialogs or violations or XSS_TAG not in shown or images:
+            raise CheckFailed(f"the tag {XSS_TAG} is not shown as text: dialogs {dialogs}, {images} img "
+                              f"elements, policy violations {violations[:3]}, the graph's text {shown[:200]!r}")
+        show("#regressions", "#regressions-body table", "regressions.png")
+        if REGRESSED not in page.inner_text("#regressions-body"):
+            raise CheckFailed(f"the Regressions page does not list {REGRESSED}")
+        show("#summarylist", "#summarylist-navigation a.btn")
+        buttons = set(page.eval_on_selector_all("#summarylist-navigation a.btn",
+                                                "nodes => nodes.map(n => n.textContent)"))
+        if not set(machines) <= buttons:
+            raise CheckFailed(f"the summary list's panels show {sorted(buttons)}, not every machine of {machines}")
     if blocked:
         raise CheckFailed(f"the page asked for addresses off this machine: {', '.join(sorted(set(blocked)))}")
     return (f"{REGRESSED} listed, graphed and on the Regressions page, the tag {XSS_TAG} shown as text with no "
@@ -135,31 +122,26 @@ def setup_arguments(subparsers):
 def run(args):
     chromium = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
     try:
-        from playwright.sync_api import sync_playwright
+        from playwright.sync_api import Error as PlaywrightError, sync_playwright
     except ImportError:
         sync_playwright = None
     if not chromium or not sync_playwright or not shutil.which("npm"):
         print("SKIPPED browser check: it needs chromium (apt-get install chromium), Playwright (.[browser]) and npm")
         return 0
-    work = Path(tempfile.mkdtemp(prefix="kv-attention-browser-"))
-    server = None
+    work, server = Path(tempfile.mkdtemp(prefix="kv-attention-browser-")), None
     try:
         config = workspace(work)
         machines = make_results(config, work)
         common.run(*common.ASV, "--config", config, "publish")
         publish.finish(work / "html")
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=work / "html"))
+        quiet = type("Quiet", (http.server.SimpleHTTPRequestHandler,), {"log_message": lambda *args: None})
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(quiet, directory=work / "html"))
         threading.Thread(target=server.serve_forever, daemon=True).start()
-        try:
-            print("browser check passed: " + check_page(chromium, sync_playwright,
-                                                        f"http://127.0.0.1:{server.server_address[1]}/", machines))
-        except Exception as error:  # Playwright's TimeoutError: what the page did not show in time
-            if isinstance(error, CheckFailed) or type(error).__module__.split(".")[0] != "playwright":
-                raise
-            raise CheckFailed(f"the page did not show what was awaited: {str(error).strip().splitlines()[0]}")
+        url = f"http://127.0.0.1:{server.server_address[1]}/"
+        print("browser check passed: " + check_page(chromium, sync_playwright, url, machines))
         return 0
-    except CheckFailed as error:
-        print(f"browser check FAILED: {error}", file=sys.stderr)
+    except (CheckFailed, PlaywrightError) as error:  # Playwright's TimeoutError: what the page did not show in time
+        print(f"browser check FAILED: {str(error).strip().splitlines()[0]}", file=sys.stderr)
         return 1
     finally:
         if server is not None:

@@ -1,21 +1,15 @@
 """``gate BASE HEAD``: benchmark two commits where needed (asv run), print asv compare's table, exit 0, 1 or 2.
 
-Two channels, each point judged on its own:
-
-- work: the instruction counts and estimated cycles (``benchmarks/counts.py``), exact values: worse beyond
-  ``--count-factor`` (estimated cycles at least :data:`CYCLES_FACTOR`);
-- time: every ``time_`` point, measured again in pairs (:mod:`tools.pairs`): two worker processes, one per
-  commit, taking turns on one core; worse when the median of the per-pair ratios HEAD / BASE is beyond
-  ``--factor`` and its 95 % interval lies above 1, and a second measurement by new workers confirms it.
-  ``--unpaired`` takes asv compare's verdict on the two runs' samples instead.
-
-Other ``track_`` values (bytes, steps) are worse beyond the unpaired factor, ``peakmem_`` beyond
-:data:`PEAKMEM_FACTOR`; the lab's answers (:data:`ANSWERS`: paired ratios, bandwidths) are never a regression.
-Exit 0: nothing got worse; 1: something did, each point named; 2: a point failed or vanished (a value at
-BASE, n/a at HEAD), a commit has no results, or the command line was wrong.
+Each point is judged on its own, in two channels:
+- work: the instruction counts and estimated cycles (``benchmarks/counts.py``), worse beyond ``--count-factor``;
+- time: every ``time_`` point measured again in pairs (:mod:`tools.pairs`), worse when the median per-pair ratio
+  HEAD / BASE is beyond ``--factor``, its 95 % interval above 1 and new workers confirm it (asv compare's medians
+  of two separate runs are printed, not judged: on a shared machine they move with the load).
+Other ``track_`` values are worse beyond the unpaired factor, ``peakmem_`` beyond PEAKMEM_FACTOR; the lab's answers
+(ANSWERS) never are. Exit 0: nothing worse; 1: a point worse; 2: a point failed or vanished (a value at BASE, n/a at
+HEAD), a commit has no results, or a usage error.
 """
 
-import argparse
 import math
 import re
 
@@ -27,32 +21,14 @@ PEAKMEM_FACTOR = 1.25  # a process's peak RSS drifted 11-13 % between runs of id
 COUNT_BENCHMARKS = ("track_instructions", "track_estimated_cycles")
 COUNT_FACTOR = 1.005  # the largest A/A deviation of a count was 0.07 %
 CYCLES_FACTOR = 1.015  # estimated cycles move with where arrays land (cache misses): 0.6 % for unrelated code
-# Answers to the lab's questions, not costs: asv 0.6.6 reads every larger value as worse, so they are neither
-# judged here nor on asv's Regressions page (asv.conf.json's regressions_first_commits: null).
+# Answers to the lab's questions, not costs: asv reads every larger value as worse, so they are neither judged here
+# nor on asv's Regressions page (asv.conf.json's regressions_first_commits: null).
 ANSWERS = ("track_ratio", "track_ratio_low", "track_ratio_high", "track_step_gbps", "track_read_gbps")
 VANISHED = "(vanished: a value at BASE, n/a at HEAD)"
 ERROR_EXIT = 2  # a usage or user error; 1 means a regression
 LOCKS_WORKSPACE = True
-
-
-def factor(text):
-    """argparse type: a finite float > 1."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (value > 1 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"must be a finite number greater than 1, got {text!r}")
-    return value
-
-
-def bench_regex(text):
-    """argparse type: a valid regular expression."""
-    try:
-        re.compile(text)
-    except re.error as error:
-        raise argparse.ArgumentTypeError(f"not a regular expression ({error}): {text!r}") from None
-    return text
+FACTOR = common.checked(float, lambda v: 1 < v < math.inf, "a finite number greater than 1")
+REGEX = common.checked(lambda text: re.compile(text).pattern, lambda v: True, "a regular expression")
 
 
 def setup_arguments(subparsers):
@@ -60,13 +36,11 @@ def setup_arguments(subparsers):
                                    help="compare two commits; exit 0 (no regression), 1 (regression), 2 (failure)")
     parser.add_argument("base", metavar="BASE", help="the reference commit (e.g. HEAD~1 or main)")
     parser.add_argument("head", metavar="HEAD", help="the commit under test (e.g. HEAD)")
-    parser.add_argument("--factor", type=factor, help=f"a timing is worse beyond this ratio (default "
-                        f"{DEFAULT_FACTOR} in pairs, {UNPAIRED_FACTOR} with --unpaired)")
-    parser.add_argument("--unpaired", action="store_true",
-                        help="judge timings by asv compare on the two runs' samples, without pairs")
-    parser.add_argument("--count-factor", type=factor, default=COUNT_FACTOR,
+    parser.add_argument("--factor", type=FACTOR, default=DEFAULT_FACTOR,
+                        help=f"a timing is worse beyond this paired ratio (default {DEFAULT_FACTOR})")
+    parser.add_argument("--count-factor", type=FACTOR, default=COUNT_FACTOR,
                         help=f"a count is worse beyond this ratio (default {COUNT_FACTOR})")
-    parser.add_argument("--bench", type=bench_regex, metavar="REGEX", help="only these benchmarks (asv run --bench)")
+    parser.add_argument("--bench", type=REGEX, metavar="REGEX", help="only these benchmarks (asv run --bench)")
     return parser
 
 
@@ -80,10 +54,8 @@ def exact_factor(label, count_factor):
     method = method_of(label)
     if method in ANSWERS:
         return None
-    if method == "track_estimated_cycles":
-        return max(count_factor, CYCLES_FACTOR)
     if method in COUNT_BENCHMARKS:
-        return count_factor
+        return max(count_factor, CYCLES_FACTOR) if method == "track_estimated_cycles" else count_factor
     return PEAKMEM_FACTOR if method.startswith("peakmem_") else UNPAIRED_FACTOR
 
 
@@ -92,6 +64,14 @@ def failures(base, head):
     failed = [(label, role) for role, points in (("base", base), ("head", head))
               for label, point in sorted(points.items()) if point.value is None]
     return failed + [(f"{label}  {VANISHED}", "head") for label in results.vanished(base, head)]
+
+
+def print_failures(failed, where):
+    """``FAILED at <where(role)>  <label>`` for each, and how to retire a benchmark if one vanished."""
+    for label, role in failed:
+        print(f"FAILED at {where(role)}  {label}")
+    if any(label.endswith(VANISHED) for label, _ in failed):
+        print(results.RETIRE_HINT)
 
 
 def comparable(base, head, label):
@@ -116,18 +96,20 @@ def exact_regressions(base, head, count_factor=COUNT_FACTOR):
 
 
 def asv_compare(base, head, machine, factor=UNPAIRED_FACTOR):
-    """``asv compare --only-changed --factor F BASE HEAD`` as asv prints it; the labels it marks worse (+, !)."""
+    """``asv compare --only-changed --factor F BASE HEAD`` as asv prints it, less the answers' rows; the labels it
+    marks worse (+, !)."""
     done = common.run(*common.ASV, "compare", "--only-changed", "--factor", str(factor), "--machine", machine,
                       base, head, check=False, capture=True)
-    answers = [line for line in done.stdout.splitlines() if method_of(line.rstrip(" |").split("|")[-1]) in ANSWERS]
-    print("\n".join(line for line in done.stdout.splitlines() if line not in answers) + done.stderr)
+    rows = done.stdout.splitlines()
+    answers = [line for line in rows if method_of(line.rstrip(" |").split("|")[-1]) in ANSWERS]
+    print("\n".join(line for line in rows if line not in answers) + done.stderr)
     if answers:
         print(f"({len(answers)} rows of the lab's answers left out: paired ratios and bandwidths, larger is better)")
-    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in done.stdout.splitlines()]
-    return [cells[-1] for cells in rows if len(cells) >= 5 and cells[0] in ("+", "!")]
+    cells = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in rows]
+    return [row[-1] for row in cells if len(row) >= 5 and row[0] in ("+", "!")]
 
 
-def pair(env, commits, labels, base, head, factor):
+def pair(commits, labels, base, head, factor):
     """The paired verdicts of ``labels``' timings: ``({label: Paired}, [(label, role)] of failed pairs)``."""
     from .. import pairs
 
@@ -137,12 +119,10 @@ def pair(env, commits, labels, base, head, factor):
         return {}, []
     print(f"\ntimings in pairs: {len(points)} points, HEAD / BASE (median of per-pair ratios [95 % interval]):",
           flush=True)
-    paired, failed = {}, []
-    for label, outcome in pairs.measure_confirmed(env, commits["base"], commits["head"], points, factor).items():
-        if isinstance(outcome, pairs.Paired):
-            paired[label] = outcome
-        elif "failed" in outcome:
-            failed.append((f"{label}  (paired run: {outcome['failed']})", outcome["role"]))
+    outcomes = pairs.measure_confirmed(pairs.environments()[0], commits["base"], commits["head"], points, factor)
+    paired = {label: p for label, p in outcomes.items() if isinstance(p, pairs.Paired)}
+    failed = [(f"{label}  (paired run: {p['failed']})", p["role"]) for label, p in outcomes.items()
+              if label not in paired and "failed" in p]
     return paired, failed
 
 
@@ -151,9 +131,13 @@ def ratio_text(ratio):
     return f"{ratio:.2f}x" if abs(ratio - 1) >= 0.05 else f"{ratio:.4f}x"
 
 
-def run(args):
-    from .. import pairs
+def partial(points, pattern):
+    """True when ``pattern`` selected only some of a benchmark's ``points`` and asv stored NaN for the rest."""
+    rest = [p.value for label, p in points.items() if not re.search(pattern, label)]
+    return bool(rest) and all(results.is_number(v) and math.isnan(v) for v in rest)
 
+
+def run(args):
     commits = {role: common.resolve(name) for role, name in (("base", args.base), ("head", args.head))}
     machine = common.record_machine()
     results.quarantine_unreadable(machine)
@@ -162,19 +146,13 @@ def run(args):
     if args.bench:  # the points --bench selected: asv stores NaN for the rest of a benchmark
         base, head = ({k: p for k, p in points.items() if re.search(args.bench, k)} for points in (base, head))
     try:
-        return judge(args, commits, machine, base, head, pairs)
+        return judge(args, commits, machine, base, head)
     finally:  # what --bench measured of only part of a benchmark is not kept: the main job measures it whole
         if args.bench:
             results.forget(machine, set(commits.values()), lambda points: not partial(points, args.bench))
 
 
-def partial(points, pattern):
-    """True when ``pattern`` selected only some of a benchmark's ``points`` and asv stored NaN for the rest."""
-    rest = [p.value for label, p in points.items() if not re.search(pattern, label)]
-    return bool(rest) and all(results.is_number(v) and math.isnan(v) for v in rest)
-
-
-def judge(args, commits, machine, base, head, pairs):
+def judge(args, commits, machine, base, head):
     missing = [role for role, points in (("base", base), ("head", head)) if not points]
     for role in missing:
         print(f"{role} {commits[role][:8]} has no results on {machine!r}: it did not build or install "
@@ -184,32 +162,17 @@ def judge(args, commits, machine, base, head, pairs):
         return 2
     print(f"\nasv compare of {args.base} ({commits['base'][:8]}) and {args.head} ({commits['head'][:8]}), "
           f"machine {machine}:")
-    flagged = asv_compare(commits["base"], commits["head"], machine, args.factor or UNPAIRED_FACTOR)
-    worse = exact_regressions(base, head, args.count_factor)
-    failed = failures(base, head)
-    timings = [label for label in head if method_of(label).startswith("time_")]
-    if args.unpaired:
-        worse += [(label, head[label].value / base[label].value, "time")
-                  for label in flagged if label in timings and comparable(base, head, label)]
-    else:
-        args.factor = args.factor or DEFAULT_FACTOR
-        env = next(iter(pairs.environments()))
-        paired, pair_failed = pair(env, commits, timings, base, head, args.factor)
-        failed += pair_failed
-        worse += [(label, p.ratio, "time, paired") for label, p in paired.items() if p.worse(args.factor)]
+    asv_compare(commits["base"], commits["head"], machine)
+    worse, failed = exact_regressions(base, head, args.count_factor), failures(base, head)
+    paired, pair_failed = pair(commits, list(head), base, head, args.factor)
+    failed += pair_failed
+    worse += [(label, p.ratio, "time, paired") for label, p in paired.items() if p.worse(args.factor)]
     for label, ratio, channel in worse:
         print(f"REGRESSION {ratio_text(ratio)}  {label}  ({channel})")
-    for label, role in failed:
-        print(f"FAILED at {role} {commits[role][:8]}  {label}")
-    if any(label.endswith(VANISHED) for label, _ in failed):
-        print(results.RETIRE_HINT)
+    print_failures(failed, lambda role: f"{role} {commits[role][:8]}")
     if failed:
         print(f"gate: exit 2 ({len(failed)} failed benchmark point(s), {len(worse)} regression(s))")
         return 2
-    if worse:
-        print(f"gate: exit 1 ({len(worse)} point(s) worse: counts beyond {args.count_factor}x, timings beyond "
-              f"{args.factor or UNPAIRED_FACTOR}x{'' if args.unpaired else ' in pairs'})")
-        return 1
-    print(f"gate: exit 0 (no count worse than {args.count_factor}x, no timing worse than "
-          f"{args.factor or UNPAIRED_FACTOR}x{'' if args.unpaired else ' in pairs'})")
-    return 0
+    print(f"gate: exit {int(bool(worse))} ({len(worse)} point(s) worse: counts beyond {args.count_factor}x, "
+          f"timings beyond {args.factor}x in pairs)")
+    return int(bool(worse))

@@ -1,19 +1,22 @@
 """``publish``: ``asv publish``, then the dashboard made to render offline and to show repository text as text.
 
-asv 0.6.6's index.html loads jQuery, flot, bootstrap and the rest from CDNs: without internet it shows only an
-error banner. After ``asv publish`` has finished, the same libraries are installed as npm packages under
-``.asv/npm`` and copied into ``.asv/html/vendor``, and the page's tags point at the copies (:func:`vendor`);
-where npm is missing the page keeps asv's CDN links. Then :mod:`tools.dashboard_text` makes every place where
-asv's pages paste a tag, branch, benchmark or machine name as HTML insert it as text. asv publishes every
-machine of its results folder (copy another machine's folder, e.g. ``docs/results/vm-f980c2bd``, into
-``.asv/results/`` to see it beside this one's).
+asv 0.6.6's index.html loads jQuery, flot, bootstrap and the rest from CDNs: offline it shows only an error banner.
+After ``asv publish``, the same libraries are installed from npm under ``.asv/npm``, copied into
+``.asv/html/vendor`` and the page's tags pointed at them (:func:`vendor`; without npm the page keeps asv's CDN
+links). asv's pages also paste tag names, benchmark names and code, parameter names and machine details into HTML,
+so a git tag such as ``<img/src="x"/onerror="alert(document.domain)">`` would run script in every visitor's
+browser: :func:`neutralise` rewrites each such place to insert text (each rewrite must find asv 0.6.6's code
+exactly once) and adds a Content-Security-Policy allowing no inline script but asv's own. asv publishes every
+machine of its results folder (copy e.g. ``docs/results/vm-f980c2bd`` into ``.asv/results/`` to see it too).
 """
 
+import base64
+import hashlib
 import re
 import shutil
 from pathlib import Path
 
-from .. import common, dashboard_text
+from .. import common
 
 LOCKS_WORKSPACE = True
 VIEW = ("dashboard written to .asv/html; serve it (browsers refuse its JSON from file://) with\n"
@@ -21,27 +24,20 @@ VIEW = ("dashboard written to .asv/html; serve it (browsers refuse its JSON from
 
 # CDN address in asv 0.6.6's index.html -> (npm package@version, file in the package).
 # stupid-table-plugin is on npm from 1.1.3 only (the CDN serves 1.0.1, same $.fn.stupidtable).
+FLOT, JSDELIVR = "https://cdnjs.cloudflare.com/ajax/libs/flot/0.8.3/jquery.flot", "https://cdn.jsdelivr.net/npm/"
 CDN_FILES = {
     "https://code.jquery.com/jquery-3.3.1.min.js": ("jquery@3.3.1", "dist/jquery.min.js"),
-    "https://cdnjs.cloudflare.com/ajax/libs/flot/0.8.3/jquery.flot.min.js": ("flot@0.8.3", "jquery.flot.js"),
-    "https://cdnjs.cloudflare.com/ajax/libs/flot/0.8.3/jquery.flot.time.min.js": ("flot@0.8.3", "jquery.flot.time.js"),
-    "https://cdnjs.cloudflare.com/ajax/libs/flot/0.8.3/jquery.flot.selection.min.js": (
-        "flot@0.8.3", "jquery.flot.selection.js"),
-    "https://cdnjs.cloudflare.com/ajax/libs/flot/0.8.3/jquery.flot.categories.min.js": (
-        "flot@0.8.3", "jquery.flot.categories.js"),
-    "https://cdn.jsdelivr.net/npm/flot-orderbars@1.0.0/js/jquery.flot.orderBars.js": (
-        "flot-orderbars@1.0.0", "js/jquery.flot.orderBars.js"),
+    **{f"{FLOT}{part}.min.js": ("flot@0.8.3", f"jquery.flot{part}.js")
+       for part in ("", ".time", ".selection", ".categories")},
+    f"{JSDELIVR}flot-orderbars@1.0.0/js/jquery.flot.orderBars.js": ("flot-orderbars@1.0.0",
+                                                                  "js/jquery.flot.orderBars.js"),
     "https://cdnjs.cloudflare.com/ajax/libs/stupidtable/1.0.1/stupidtable.min.js": (
         "stupid-table-plugin@1.1.3", "stupidtable.min.js"),
     "https://cdnjs.cloudflare.com/ajax/libs/blueimp-md5/2.19.0/js/md5.min.js": ("blueimp-md5@2.19.0", "js/md5.min.js"),
-    "https://cdn.jsdelivr.net/npm/bootstrap@3.1.1/dist/js/bootstrap.min.js": ("bootstrap@3.1.1", "dist/js/bootstrap.min.js"),
-    "https://cdn.jsdelivr.net/npm/bootstrap@3.1.1/dist/css/bootstrap.min.css": (
-        "bootstrap@3.1.1", "dist/css/bootstrap.min.css"),
+    f"{JSDELIVR}bootstrap@3.1.1/dist/js/bootstrap.min.js": ("bootstrap@3.1.1", "dist/js/bootstrap.min.js"),
+    f"{JSDELIVR}bootstrap@3.1.1/dist/css/bootstrap.min.css": ("bootstrap@3.1.1", "dist/css/bootstrap.min.css"),
 }
-EXTRA_DIRS = {"bootstrap@3.1.1": ["dist/fonts"]}  # bootstrap.min.css loads ../fonts/glyphicons-*
 TAG = re.compile(r'<(script|link)\b[^>]*?\b(?:src|href)="(https?://[^"]+)"[^>]*>')
-
-
 
 
 class VendorError(Exception):
@@ -65,10 +61,8 @@ def npm_install():
 
 
 def vendor(html_dir, node_modules=None):
-    """Copy the dashboard's libraries into ``html_dir/vendor`` and point index.html at them; the tags rewritten.
-
-    VendorError (the page unchanged) when npm fails or index.html loads an address not in :data:`CDN_FILES`.
-    """
+    """Copy the dashboard's libraries into ``html_dir/vendor`` and point index.html at them; VendorError (the page
+    unchanged) when npm fails or index.html loads an address not in :data:`CDN_FILES`."""
     index = Path(html_dir) / "index.html"
     html = index.read_text(encoding="utf-8")
     unknown = sorted({url for _, url in TAG.findall(html)} - set(CDN_FILES))
@@ -82,21 +76,142 @@ def vendor(html_dir, node_modules=None):
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
             shutil.copyfile(node_modules / name / file, target)
-            for folder in EXTRA_DIRS.get(spec, []):
-                shutil.copytree(node_modules / name / folder, Path(html_dir) / "vendor" / name / folder,
-                                dirs_exist_ok=True)
+            if file.endswith("bootstrap.min.css"):  # it loads ../fonts/glyphicons-*
+                shutil.copytree(node_modules / name / "dist/fonts", target.parent.parent / "fonts", dirs_exist_ok=True)
         except OSError as error:
             raise VendorError(f"{spec}: {error}") from None
         local[url] = target.relative_to(html_dir).as_posix()
 
     def tag(match):
         kind, url = match.groups()
-        if kind == "script":
-            return f'<script src="{local[url]}" onerror="js_load_failure()">'
-        return f'<link rel="stylesheet" href="{local[url]}">'
+        return (f'<script src="{local[url]}" onerror="js_load_failure()">' if kind == "script"
+                else f'<link rel="stylesheet" href="{local[url]}">')
 
     index.write_text(TAG.sub(tag, html), encoding="utf-8")
     return len(local)
+
+
+ESCAPE = ("function kv_escape_html(text) {  /* tools/commands/publish.py: text, never markup */\n"
+          "    return String(text).replace(/[&<>\"']/g, function (c) {\n"
+          "        return {'&': '&amp;', '<': '&lt;', '>': '&gt;', '\"': '&quot;', \"'\": '&#39;'}[c];\n"
+          "    });\n"
+          "}\n")
+STRICT = "'use strict';\n"
+
+# the machine tooltip: every field of machine.json
+DETAILS = ("""                details.push(key + ': ' + val);""",
+           """                details.push(kv_escape_html(key) + ': ' + kv_escape_html(val));""")
+
+
+def as_text(title, indent):
+    """A bootstrap tooltip of ``title`` inserted as text (``html: false``), as asv's code indents it."""
+    old = f"{' ' * indent}title: {title},\n{' ' * indent}html: true,"
+    return old, old.replace("html: true", "html: false")
+
+
+# file -> [(asv 0.6.6's code, the code that inserts text instead)]
+REWRITES = {
+    "graphdisplay.js": [
+        (STRICT, STRICT + ESCAPE),
+        # the benchmark tree: a group name of a benchmark's dotted name
+        ("""'<label class="nav-header"><b class="caret-right"/> ' + parts[j] +""",
+         """'<label class="nav-header"><b class="caret-right"/> ' + kv_escape_html(parts[j]) +"""),
+        # the benchmark tree: its link, and its code as a tooltip
+        ("""var top = $('<li><a href="#' + bm_name + '">' + name + '</li>');""",
+         """var top = $('<li/>').append($('<a/>').attr('href', '#' + bm_name).text(name));"""),
+        as_text("bm.code", 16),
+        as_text("contents", 20),  # a point's tooltip: value, unit (the benchmark's) and commit
+        DETAILS,
+        # the tag labels over the graph: git tag names
+        ("""font-size:smaller;'>" + tag + "</div>");""",
+         """font-size:smaller;'>" + kv_escape_html(tag) + "</div>");"""),
+    ],
+    "summarygrid.js": [
+        (STRICT, STRICT + ESCAPE),
+        ("""        var container = $(
+            '<a class="btn benchmark-container" href="#' + bm.name +
+            '"/>');
+        var plot_div = $(
+            '<div id="summarygrid-' + bm.name + '" class="benchmark-plot"/>');""",
+         """        var container = $('<a class="btn benchmark-container"/>').attr('href', '#' + bm.name);
+        var plot_div = $('<div class="benchmark-plot"/>').attr('id', 'summarygrid-' + bm.name);"""),
+        ("""        var name = $('<div class="benchmark-text">' + display_name + '</div>');
+        name.tooltip({
+            title: bm.name,
+            html: true,""",
+         """        var name = $('<div class="benchmark-text"/>').text(display_name);
+        name.tooltip({
+            title: bm.name,
+            html: false,"""),
+        as_text("bm.code", 12),
+        ("""group_container.append($('<h1>' + group + '</h1>'));""",
+         """group_container.append($('<h1/>').text(group));"""),
+    ],
+    "summarylist.js": [
+        (STRICT, STRICT + ESCAPE),
+        DETAILS,
+    ],
+    "asv_ui.js": [
+        # a panel's heading: a parameter name of a benchmark or of the machine
+        ("""        var panel_header = $(
+            '<div class="panel-heading">' + heading + '</div>');""",
+         """        var panel_header = $('<div class="panel-heading"/>').text(heading);"""),
+    ],
+}
+# the one inline script and the one inline handler of asv 0.6.6's index.html
+INLINE_SCRIPT = re.compile(r"<script type=\"text/javascript\">(.*?)</script>", re.S)
+INLINE_HANDLER = "js_load_failure()"
+SCRIPT_SOURCES = re.compile(r'<(?:script|link)\b[^>]*?\b(?:src|href)="(https?://[^/"]+)/')
+
+
+class UnsafeDashboard(Exception):
+    """The published pages are not the asv 0.6.6 pages this module knows how to make safe."""
+
+
+def _sha256(text):
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+
+
+def policy(index_html):
+    """The Content-Security-Policy for ``index_html``: scripts from this server (and the CDNs it loads), no inline
+    script but asv's own and its load-failure handler, no plugins, images from this server only."""
+    hosts = " ".join(sorted(set(SCRIPT_SOURCES.findall(index_html))))
+    inline = " ".join([_sha256(m) for m in INLINE_SCRIPT.findall(index_html)] + [_sha256(INLINE_HANDLER)])
+    return " ".join(f"default-src 'self'; script-src 'self' {hosts} 'unsafe-hashes' {inline}; style-src 'self' "
+                    f"'unsafe-inline' {hosts}; font-src 'self' {hosts}; img-src 'self' data:; object-src 'none'; "
+                    "base-uri 'none'; form-action 'none'".split()).replace(" ;", ";")
+
+
+def rewrite(name, text):
+    """``text`` of asv's ``name`` with every rewrite of :data:`REWRITES` applied; UnsafeDashboard if one is missing."""
+    for old, new in REWRITES.get(name, []):
+        if new in text and old not in text.replace(new, ""):
+            continue  # rewritten already
+        if text.count(old) != 1:
+            raise UnsafeDashboard(f"{name} holds {text.count(old)} copies of a place this tool rewrites (expected 1: "
+                                  f"asv 0.6.6's): {old.strip()[:80]!r}")
+        text = text.replace(old, new)
+    return text
+
+
+def neutralise(html_dir):
+    """Make the dashboard in ``html_dir`` (as ``asv publish`` wrote it, then vendored) insert repository text as
+    text; the number of places made safe. Nothing is written unless every rewrite applies; idempotent."""
+    html_dir = Path(html_dir)
+    files = {name: html_dir / name for name in [*REWRITES, "index.html"]}
+    missing = [name for name, path in files.items() if not path.is_file()]
+    if missing:
+        raise UnsafeDashboard(f"{html_dir} lacks {', '.join(missing)}: run asv publish first")
+    new = {name: rewrite(name, path.read_text(encoding="utf-8")) for name, path in files.items() if name in REWRITES}
+    index = files["index.html"].read_text(encoding="utf-8")
+    if "Content-Security-Policy" not in index:  # a <meta> before the first script, where it applies from
+        if "<script" not in index or index.index("<script") < index.find("<head>"):
+            raise UnsafeDashboard("index.html has no script in its <head>")
+        meta = f'<meta http-equiv="Content-Security-Policy" content="{policy(index)}">\n    '
+        new["index.html"] = index.replace("<script", meta + "<script", 1)
+    for name, text in new.items():
+        files[name].write_text(text, encoding="utf-8")
+    return sum(len(changes) for changes in REWRITES.values())
 
 
 def finish(html_dir):
@@ -106,8 +221,8 @@ def finish(html_dir):
     except VendorError as error:
         print(f"dashboard keeps asv's CDN links (needs internet to render): {error}")
     try:
-        dashboard_text.neutralise(html_dir)
-    except dashboard_text.UnsafeDashboard as error:
+        neutralise(html_dir)
+    except UnsafeDashboard as error:
         (Path(html_dir) / "index.html").unlink(missing_ok=True)
         raise common.UserError(f"the dashboard was not published (index.html removed): it could not be made to "
                                f"show repository text as text: {error}") from None

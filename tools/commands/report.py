@@ -1,18 +1,17 @@
-"""``report {tables,compare,csv,plots}``: the lab's tables, raw samples and plots, from asv's stored results.
-
-It times nothing: every figure is derived from ``.asv/results`` (see
-:mod:`tools.report`). Errors the user can fix print one line and exit 1.
-"""
+"""``report {tables,compare,csv,plots}``: the lab's tables, raw samples and plots from asv's stored results
+(:mod:`tools.report`); it times nothing. Errors the user can fix print one line and exit 1."""
 
 import argparse
 import os
 import sys
 
-from ..common import UserError
+from ..common import UserError, checked
 from ..report import EXPERIMENTS
 from ..results import ResultsDir, read_json
 
 DEFAULT_CONFIG = "asv.conf.json"
+MACHINE = checked(str, lambda text: 0 < len(text) <= 200 and "/" not in text and text.isprintable(),
+                  "1-200 characters without '/' or control characters (a machine.json's name, never a path)")
 
 
 def _open(args):
@@ -28,14 +27,6 @@ def _open(args):
     results = ResultsDir(path, repo_dir=repo)
     machine = results.pick_machine(args.machine) if args.machine or args.report_command != "csv" else None
     return results, machine
-
-
-def chosen_argument(text):
-    """argparse type of ``--machine``: a machine.json's name (matched, never joined to a path)."""
-    if not text or len(text) > 200 or "/" in text or any(ord(c) < 32 or ord(c) == 127 for c in text):
-        raise argparse.ArgumentTypeError(f"machine name must be 1-200 characters, without '/' or control "
-                                         f"characters: it is a machine.json's name, got {text!r}")
-    return text
 
 
 def _run(results, machine, rev, env):
@@ -102,36 +93,33 @@ def cmd_plots(args):
 
 
 def setup_arguments(subparsers):
-    parser = subparsers.add_parser("report", allow_abbrev=False,
-                                   help="the lab's tables, compare, csv and plots from the stored results",
-                                   description="The lab's tables, samples and plots, read from asv's result "
-                                               "files (times nothing).")
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--machine", type=chosen_argument,
-                        help="asv machine name (default: this host's, or the only one)")
-    common.add_argument("--env", help="part of the asv environment name, if a commit has several")
-    common.add_argument("--config", default=DEFAULT_CONFIG, help="asv config (default: %(default)s)")
-    common.add_argument("--results-dir", help="asv results directory (default: the config's results_dir)")
-    experiments = argparse.ArgumentParser(add_help=False)
-    experiments.add_argument("--experiment", action="append", choices=EXPERIMENTS, metavar="NAME",
-                             help=f"only this experiment's table ({', '.join(EXPERIMENTS)}); repeatable")
+    parser = subparsers.add_parser("report", allow_abbrev=False, help="the lab's tables, compare, csv and plots from "
+                                   "the stored results", description="The lab's tables, samples and plots, read "
+                                   "from asv's result files (times nothing).")
+    shared = argparse.ArgumentParser(add_help=False)
+    shared.add_argument("--machine", type=MACHINE, help="asv machine name (default: this host's, or the only one)")
+    shared.add_argument("--env", help="part of the asv environment name, if a commit has several")
+    shared.add_argument("--config", default=DEFAULT_CONFIG, help="asv config (default: %(default)s)")
+    shared.add_argument("--results-dir", help="asv results directory (default: the config's results_dir)")
+    tables = argparse.ArgumentParser(add_help=False, parents=[shared])
+    tables.add_argument("--experiment", action="append", choices=EXPERIMENTS, metavar="NAME",
+                        help=f"only this experiment's table ({', '.join(EXPERIMENTS)}); repeatable")
+    newest = "git revision or hash prefix (default: the newest commit with results)"
     sub = parser.add_subparsers(dest="report_command", metavar="{tables,compare,csv,plots}", required=True)
-    t = sub.add_parser("tables", parents=[common, experiments], help="the lab's tables for one commit, as Markdown")
-    t.add_argument("--commit", help="git revision or hash prefix (default: the newest commit with results)")
-    t.set_defaults(report=cmd_tables)
-    c = sub.add_parser("compare", parents=[common, experiments], help="two commits' tables side by side, with ratios")
+    t = sub.add_parser("tables", parents=[tables], help="the lab's tables for one commit, as Markdown")
+    t.add_argument("--commit", help=newest)
+    c = sub.add_parser("compare", parents=[tables], help="two commits' tables side by side, with ratios")
     c.add_argument("base", help="BASE: git revision or hash prefix")
     c.add_argument("head", help="HEAD: git revision or hash prefix")
-    c.set_defaults(report=cmd_compare)
-    s = sub.add_parser("csv", parents=[common], help="every recorded timing sample, one row each")
+    s = sub.add_parser("csv", parents=[shared], help="every recorded timing sample, one row each")
     s.add_argument("--out", required=True, help="CSV file to write ('-' for stdout)")
-    s.set_defaults(report=cmd_csv)
-    g = sub.add_parser("plots", parents=[common], help="PNG figures for one commit (needs matplotlib)")
+    g = sub.add_parser("plots", parents=[shared], help="PNG figures for one commit (needs matplotlib)")
     g.add_argument("--out", required=True, help="directory for the PNG files")
-    g.add_argument("--commit", help="git revision or hash prefix (default: the newest commit with results)")
+    g.add_argument("--commit", help=newest)
     g.add_argument("--lab", action="store_true",
                    help="also draw the lab's own published figures (tools/report/lab.py), marked as the lab's")
-    g.set_defaults(report=cmd_plots)
+    for command, function in ((t, cmd_tables), (c, cmd_compare), (s, cmd_csv), (g, cmd_plots)):
+        command.set_defaults(report=function)
     return parser
 
 
