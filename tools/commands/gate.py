@@ -22,8 +22,11 @@ COUNT_BENCHMARKS = ("track_instructions", "track_estimated_cycles")
 COUNT_FACTOR = 1.005  # the largest A/A deviation of a count was 0.07 %
 CYCLES_FACTOR = 1.015  # estimated cycles move with where arrays land (cache misses): 0.6 % for unrelated code
 # Answers to the lab's questions, not costs: asv reads every larger value as worse, so they are neither judged here
-# nor on asv's Regressions page (asv.conf.json's regressions_first_commits: null).
-ANSWERS = ("track_ratio", "track_ratio_low", "track_ratio_high", "track_step_gbps", "track_read_gbps")
+# nor on asv's Regressions page (asv.conf.json's regressions_first_commits: null). The batch experiment's times per
+# step explain its speedup; unpaired across commits they move with the load, and its time_ points are the cost.
+ANSWERS = ("track_ratio", "track_ratio_low", "track_ratio_high", "track_step_gbps", "track_read_gbps",
+           "track_sequential_step", "track_batched_step", "track_saved_step", "track_saved_step_low",
+           "track_saved_step_high")
 VANISHED = "(vanished: a value at BASE, n/a at HEAD)"
 ERROR_EXIT = 2  # a usage or user error; 1 means a regression
 LOCKS_WORKSPACE = True
