@@ -10,8 +10,6 @@ import functools
 import inspect
 import math
 
-import numpy as np
-
 from .common import (
     Benchmark,
     STRATEGIES,

@@ -16,7 +16,7 @@ import os
 import re
 import stat
 import subprocess
-from collections import Counter, namedtuple
+from collections import namedtuple
 from dataclasses import dataclass, field
 
 from . import common, paths
@@ -79,13 +79,6 @@ def complete(machine, commit, benchmarks):
     unsampled = any(p.name.rsplit(".", 1)[-1].startswith("time_") and is_measured(p.value) and p.samples is None
                     for p in points.values())
     return bool(points) and set(benchmarks) <= {p.name for p in points.values()} and not unsampled
-
-
-def outcomes(points):
-    """``(Counter of ok / failed / skipped points, sorted names of the failed benchmarks)``."""
-    counts = Counter("failed" if p.value is None else "ok" if is_measured(p.value) else "skipped"
-                     for p in points.values())
-    return counts, sorted({p.name for p in points.values() if p.value is None})
 
 
 RETIRE_HINT = ("note: a vanished benchmark removed on purpose passes once it is declared, with the reason, "
