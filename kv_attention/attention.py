@@ -141,16 +141,25 @@ def masked_attend(q, k, v, valid, *, check_finite=True):
         check_finite_array("v at a valid key", v[valid])
     if k.shape[-2] == 0:
         return np.zeros(q.shape[:-1] + v.shape[-1:], dtype)  # [..., T_q, D_v]
+    return masked_state(q, k, v, valid)[0]  # [..., T_q, D_v]
+
+
+def masked_state(q, k, v, valid):
+    """``(out, lse)`` of checked inputs over the keys ``valid`` marks (S >= 1): out ``[..., T_q, D_v]``, lse ``[..., T_q]``.
+
+    A row with no valid key gets zeros and lse -inf, the identity of the split-KV merge.
+    """
     if not np.isfinite(v).all():
-        v = np.where(valid[..., None], v, 0.0).astype(dtype, copy=False)  # 0·NaN would be NaN
-    with np.errstate(over="ignore", invalid="ignore"):  # a masked key may hold anything
+        v = np.where(valid[..., None], v, 0.0).astype(v.dtype, copy=False)  # 0·NaN would be NaN
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # a masked key may hold anything
         scores = np.where(valid[..., None, :], scaled_scores(q, k), -np.inf)  # [..., T_q, S]
-    top = scores.max(axis=-1, keepdims=True)  # [..., T_q, 1]; -inf for a row with nothing to attend to
-    top[np.isneginf(top)] = 0.0
-    weights = np.exp(scores - top)  # masked keys: exp(-inf) = 0
-    total = weights.sum(axis=-1, keepdims=True)
+        top = scores.max(axis=-1, keepdims=True)  # [..., T_q, 1]; -inf for a row with nothing to attend to
+        top[np.isneginf(top)] = 0.0
+        weights = np.exp(scores - top)  # masked keys: exp(-inf) = 0
+        total = weights.sum(axis=-1, keepdims=True)  # 0 for a fully masked row
+        lse = (top + np.log(total))[..., 0]
     weights /= np.where(total > 0, total, 1.0)
-    return weights @ v  # [..., T_q, D_v]
+    return weights @ v, lse
 
 
 def band_mask(q_positions, k_positions, window=None, n_sink=0):

@@ -19,7 +19,7 @@ num_splits)``; FlashInfer's ``merge_state``/``merge_states`` and cascade inferen
 import numpy as np
 
 from ._validation import as_array, as_flag, as_float_array, as_size, as_sizes_per_sequence, check_finite_array
-from .attention import as_key_mask, check_attention_inputs, scaled_scores
+from .attention import as_key_mask, check_attention_inputs, masked_state, scaled_scores
 
 
 # Checks of num_splits, attention states and cascade inputs
@@ -206,15 +206,7 @@ def _state(q, k, v, valid=None):
         total = weights.sum(axis=-1, keepdims=True)  # [..., T_q, 1], in [1, S]
         weights /= total
         return weights @ v, (top + np.log(total))[..., 0]  # [..., T_q, D_v], [..., T_q]
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # a masked key may hold anything
-        scores = np.where(valid[..., None, :], scaled_scores(q, k), -np.inf)  # by selection: weight exactly 0
-        top = scores.max(axis=-1, keepdims=True)
-        top[np.isneginf(top)] = 0.0  # a row with nothing valid: exp(-inf - 0) = 0, total 0, lse -inf
-        weights = np.exp(scores - top)
-        total = weights.sum(axis=-1, keepdims=True)  # 0 for a fully masked row
-        lse = (top + np.log(total))[..., 0]
-    weights /= np.where(total > 0, total, 1.0)
-    return weights @ np.where(valid[..., :, None], v, 0.0), lse  # a masked value may be NaN: 0 * NaN is NaN
+    return masked_state(q, k, v, valid)  # as masked_attend, with its lse
 
 
 def merge_attention_states(states, *, check_finite=True):
