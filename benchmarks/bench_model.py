@@ -172,13 +172,13 @@ def rope(x, position, head_dim, theta):
     return x * cos + np.concatenate([-x[..., half:], x[..., :half]], axis=-1) * sin
 
 
-def step_oracle(weights, ids, kv, t_len):
-    """One decode step written independently of kv_attention, float64: logits ``[B, 1, vocab]``.
+def step_oracle(c, weights, ids, kv, t_len):
+    """One decode step of config ``c`` written independently of kv_attention, float64: logits ``[B, 1, vocab]``.
 
-    ``weights``: MODEL's, each product taken in float64; ``ids [B, 1]``; ``kv``: per layer ``(K, V)`` ``[>= B, H_kv, T, D_head]``, the T
+    ``weights``: Hugging Face's names, each product taken in float64; ``ids [B, 1]``; ``kv``: per layer ``(K, V)`` ``[>= B, H_kv, T, D_head]``, the T
     cached positions (their first B sequences). The new token sits at position T.
     """
-    c, batch = CONFIGS[MODEL], len(ids)
+    batch = len(ids)
     n_heads, n_kv, d = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
 
     def norm(x, key):
@@ -204,14 +204,15 @@ def step_oracle(weights, ids, kv, t_len):
         x = norm(h, p + "post_attention_layernorm.weight")
         gate = linear(x, p + "mlp.gate_proj.weight")
         h = h + linear(gate / (1 + np.exp(-gate)) * linear(x, p + "mlp.up_proj.weight"), p + "mlp.down_proj.weight")
-    return linear(norm(h, "model.norm.weight"), "model.embed_tokens.weight")[:, None, :]  # tied lm_head
+    head = "model.embed_tokens.weight" if c["tie_word_embeddings"] else "lm_head.weight"
+    return linear(norm(h, "model.norm.weight"), head)[:, None, :]
 
 
 @functools.lru_cache(maxsize=1)
 def expected_logits(t_len):
     """The oracle's logits at T for all ``kv_rows(T)`` sequences (a B < 8 point checks the first B)."""
     rows = kv_rows(t_len)
-    return step_oracle(model_weights(), token_ids(rows), cached_kv(t_len, rows), t_len)
+    return step_oracle(CONFIGS[MODEL], model_weights(), token_ids(rows), cached_kv(t_len, rows), t_len)
 
 
 def verified_step(kind, t_len, batch):
@@ -351,20 +352,23 @@ class ModelBytes(Benchmark):
     params = [list(CONFIGS)]
     param_names = ["model"]
 
+    def setup(self, model):
+        self.weights, self.per_token = weight_bytes(model), kv_bytes_per_token(model)
+
     def track_weight_bytes(self, model):
-        return weight_bytes(model)
+        return self.weights
 
     track_weight_bytes.unit = "bytes"
     track_weight_bytes.version = "1"
 
     def track_kv_bytes_per_token(self, model):
-        return kv_bytes_per_token(model)
+        return self.per_token
 
     track_kv_bytes_per_token.unit = "bytes"
     track_kv_bytes_per_token.version = "1"
 
     def track_crossover_positions(self, model):
-        return crossover(model)
+        return self.weights / self.per_token
 
     track_crossover_positions.unit = "positions"
     track_crossover_positions.version = "1"
