@@ -89,6 +89,10 @@ class ModelConfig:
         if raw.get("model_type") != "llama" or raw.get("architectures", ["LlamaForCausalLM"]) != ["LlamaForCausalLM"]:
             raise ValueError(f"{path}: not a Llama model (model_type={raw.get('model_type')!r}, "
                              f"architectures={raw.get('architectures')!r}); only LlamaForCausalLM is supported")
+        rope = raw.pop("rope_parameters", None) or {}  # transformers 5 writes rope_theta in here
+        raw.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
+        if rope.get("rope_type", "default") != "default":
+            raise ValueError(f"{path}: rope_parameters={rope!r} is not supported (only rope_type 'default')")
         unsupported = {"rope_scaling": None, "attention_bias": False, "mlp_bias": False, "hidden_act": "silu"}
         for key, plain in unsupported.items():
             if raw.get(key, plain) != plain:
@@ -162,6 +166,12 @@ def check_weights(config, weights):
 # The layer
 
 
+def linear(x, w):
+    """``x @ w.T`` of ``x [..., in]`` and ``w [out, in]``: ``[..., out]``, as one 2-D matmul (numpy's stacked
+    matmul with a transposed operand does not call BLAS: 70 times slower at SmolLM's shapes)."""
+    return (x.reshape(-1, x.shape[-1]) @ w.T).reshape(x.shape[:-1] + w.shape[:1])
+
+
 def rms_norm(x, weight, eps):
     """``weight · x / sqrt(mean(x²) + eps)`` over the last axis (LlamaRMSNorm)."""
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
@@ -186,9 +196,9 @@ def attention(config, w, x, cos, sin, start, layer_cache, dtype):
     """Grouped-query self-attention of ``x [B, T, D_model]`` through ``layer_cache``: ``[B, T, D_model]``."""
     B, T, _ = x.shape
     H, H_kv, D = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-    q = (x @ w["self_attn.q_proj.weight"].T).reshape(B, T, H, D).transpose(0, 2, 1, 3)  # [B, H, T, D]
-    k = (x @ w["self_attn.k_proj.weight"].T).reshape(B, T, H_kv, D).transpose(0, 2, 1, 3)  # [B, H_kv, T, D]
-    v = (x @ w["self_attn.v_proj.weight"].T).reshape(B, T, H_kv, D).transpose(0, 2, 1, 3)  # [B, H_kv, T, D]
+    q = linear(x, w["self_attn.q_proj.weight"]).reshape(B, T, H, D).transpose(0, 2, 1, 3)  # [B, H, T, D]
+    k = linear(x, w["self_attn.k_proj.weight"]).reshape(B, T, H_kv, D).transpose(0, 2, 1, 3)  # [B, H_kv, T, D]
+    v = linear(x, w["self_attn.v_proj.weight"]).reshape(B, T, H_kv, D).transpose(0, 2, 1, 3)  # [B, H_kv, T, D]
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     if isinstance(layer_cache, PagedCacheView):
         layer_cache.update(k, v)
@@ -201,17 +211,18 @@ def attention(config, w, x, cos, sin, start, layer_cache, dtype):
             key_positions, window, n_sink = layer_cache.key_positions(T), layer_cache.window, layer_cache.n_sink
             k, v = layer_cache.update(k, v)  # [B, H_kv, S, D]: the keys this chunk may attend to
         blocked = _blocked(start, start + T, key_positions, window, n_sink)  # [T, S] or None
-        q = q.reshape(B, H_kv, H // H_kv, T, D)  # [B, H_kv, G, T, D]: head h reads K/V head h // G
-        out = _attend_chunk(q, k[:, :, None].astype(dtype, copy=False), v[:, :, None].astype(dtype, copy=False),
-                            blocked)  # [B, H_kv, G, T, D]
+        group = H // H_kv  # head h reads K/V head h // G; a group's G·T query rows are one matmul with its K/V head
+        blocked = None if blocked is None else np.tile(blocked, (group, 1))  # [G·T, S]
+        out = _attend_chunk(q.reshape(B, H_kv, group * T, D), k.astype(dtype, copy=False),
+                            v.astype(dtype, copy=False), blocked)  # [B, H_kv, G·T, D]
     out = out.astype(dtype, copy=False).reshape(B, H, T, D).transpose(0, 2, 1, 3).reshape(B, T, H * D)
-    return out @ w["self_attn.o_proj.weight"].T  # [B, T, D_model]
+    return linear(out, w["self_attn.o_proj.weight"])  # [B, T, D_model]
 
 
 def mlp(w, x):
     """SwiGLU: ``down(silu(gate(x)) · up(x))``, ``[B, T, D_model]``."""
-    gate = x @ w["mlp.gate_proj.weight"].T  # [B, T, D_ff]
-    return (gate / (1.0 + np.exp(-gate)) * (x @ w["mlp.up_proj.weight"].T)) @ w["mlp.down_proj.weight"].T
+    gate = linear(x, w["mlp.gate_proj.weight"])  # [B, T, D_ff]
+    return linear(gate / (1.0 + np.exp(-gate)) * linear(x, w["mlp.up_proj.weight"]), w["mlp.down_proj.weight"])
 
 
 # Checks of the tokens and the caches, before anything is written
@@ -284,7 +295,7 @@ def forward(config, weights, input_ids, *, cache=None):
         x = x + mlp(w, rms_norm(x, w["post_attention_layernorm.weight"], eps))
     x = rms_norm(x, weights["model.norm.weight"].astype(dtype, copy=False), eps)
     head = weights["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"]
-    return x @ head.astype(dtype, copy=False).T  # [B, T, vocab_size]
+    return linear(x, head.astype(dtype, copy=False))  # [B, T, vocab_size]
 
 
 def generate(config, weights, input_ids, max_new_tokens, *, cache=None):
@@ -295,6 +306,8 @@ def generate(config, weights, input_ids, max_new_tokens, *, cache=None):
     """
     ids = check_input_ids(config, input_ids)
     max_new_tokens = as_size("max_new_tokens", max_new_tokens)
+    if max_new_tokens and ids.shape[1] == 0:
+        raise ValueError("input_ids must hold at least one token to generate from, got shape (B, 0)")
     tokens, new = ids, ids
     for _ in range(max_new_tokens):
         logits = forward(config, weights, new if cache is not None else tokens, cache=cache)
