@@ -124,18 +124,11 @@ def weight_shapes(config):
 
 
 def init_weights(config, *, seed=0, dtype=np.float32):
-    """Random weights: N(0, 1) embeddings, N(0, 1/in_features) matrices, unit norms, so activations stay of order one."""
+    """Random weights, in the order of :func:`weight_shapes`: every matrix N(0, 1/columns) (the embedding's
+    columns are hidden_size), every norm 1, so that projections and logits, tied or not, are of order one."""
     rng = np.random.default_rng(seed)
-    weights = {}
-    for name, shape in weight_shapes(config).items():
-        if len(shape) == 1:
-            w = np.ones(shape)
-        elif name == "model.embed_tokens.weight":
-            w = rng.standard_normal(shape)
-        else:
-            w = rng.standard_normal(shape) / np.sqrt(shape[1])
-        weights[name] = w.astype(dtype)
-    return weights
+    return {name: (np.ones(shape) if len(shape) == 1 else rng.standard_normal(shape) / np.sqrt(shape[1])).astype(dtype)
+            for name, shape in weight_shapes(config).items()}
 
 
 def load_weights(path):
@@ -156,7 +149,7 @@ def check_weights(config, weights):
                          f"unexpected {extra[:5]}{'...' if len(extra) > 5 else ''}")
     for name, shape in shapes.items():
         w = weights[name]
-        if getattr(w, "shape", None) != shape or getattr(w.dtype, "kind", None) not in "fV":
+        if getattr(w, "shape", None) != shape or not (w.dtype.kind == "f" or w.dtype.name == "bfloat16"):
             raise ValueError(f"weights[{name!r}] must be a float array of shape {shape}, "
                              f"got {getattr(w, 'dtype', type(w).__name__)} {getattr(w, 'shape', '')}")
     dtypes = {weights[name].dtype for name in shapes}
@@ -222,7 +215,9 @@ def attention(config, w, x, cos, sin, start, layer_cache, dtype):
 def mlp(w, x):
     """SwiGLU: ``down(silu(gate(x)) · up(x))``, ``[B, T, D_model]``."""
     gate = linear(x, w["mlp.gate_proj.weight"])  # [B, T, D_ff]
-    return linear(gate / (1.0 + np.exp(-gate)) * linear(x, w["mlp.up_proj.weight"]), w["mlp.down_proj.weight"])
+    with np.errstate(over="ignore"):  # exp(-gate) = inf for a very negative gate: silu is then -0, as it should be
+        silu = gate / (1.0 + np.exp(-gate))
+    return linear(silu * linear(x, w["mlp.up_proj.weight"]), w["mlp.down_proj.weight"])
 
 
 # Checks of the tokens and the caches, before anything is written
@@ -301,8 +296,8 @@ def forward(config, weights, input_ids, *, cache=None):
 def generate(config, weights, input_ids, max_new_tokens, *, cache=None):
     """Greedy decoding: ``input_ids [B, T]`` and ``max_new_tokens`` argmax tokens, each fed back; int64 ``[B, T + N]``.
 
-    With ``cache`` (empty) the prompt is prefilled in one call and each new token is one
-    call; without, each step recomputes the whole prefix.
+    With ``cache``, ``input_ids`` continue it: they are prefilled in one call, and each new
+    token is one call; without, each step recomputes the whole prefix.
     """
     ids = check_input_ids(config, input_ids)
     max_new_tokens = as_size("max_new_tokens", max_new_tokens)
