@@ -29,7 +29,7 @@ class SlidingWindowCache(Cache):
         batch_shape = as_batch_shape(batch_shape)
         window, n_sink = as_size("window", window, minimum=1), as_size("n_sink", n_sink)
         k_dim, v_dim = as_size("k_dim", k_dim, minimum=1), as_size("v_dim", v_dim)  # the library's rule for widths
-        dtype = as_float_dtype(dtype)
+        dtype = as_float_dtype(dtype, storage=True)  # bfloat16/float16: as cache.py's caches
         self.window, self.n_sink = window, n_sink
         self.k_cache = np.zeros(batch_shape + (n_sink + window, k_dim), dtype)  # [*batch_shape, n_sink + W, D_k]
         self.v_cache = np.zeros(batch_shape + (n_sink + window, v_dim), dtype)  # [*batch_shape, n_sink + W, D_v]
