@@ -18,13 +18,16 @@ engines store K/V in the model's dtype: ``update`` takes float32 k, v and rounds
 to the nearest stored value (ties to even, as ``astype``); it returns the stored
 2-byte arrays, and attention reads them upcast to float32, so the bytes a decode
 reads are the bytes stored and ``nbytes`` counts 2 per element. With unit roundoff
-u (2^-8 bfloat16, 2^-11 float16) each stored element is within u·|x| of x, and one
-query's attention output o = Σ p_i v_i moves from float32 storage's by at most
+u (2^-8 bfloat16, 2^-11 float16) a stored element is within u·|x| + η of x (η, half
+the smallest subnormal: 2^-25 float16, 2^-134 bfloat16), and output column d of one
+query's attention, o = Σ_i p_i v_i, is within
 
-    |Δo| <= u·max|v| + 2·max|v|·tanh(δ),  δ = u·max_i Σ_d |q_d k_id| / sqrt(D_k)
+    |Δo_d| <= u·max_i |v_id| + η + tanh(δ/2)·(max_i v_id - min_i v_id),
+    δ = max_i (u·Σ_d |q_d k_id| + η·‖q‖₁) / sqrt(D_k)
 
-(δ bounds each logit's change, which moves p by at most tanh(δ) in total variation;
-docs/mechanisms.md derives it, and tests/kv_attention/test_storage_dtype.py tests it).
+of float32 storage's, in exact arithmetic (δ bounds each logit's change; the float32
+computation adds its own rounding). docs/mechanisms.md derives it;
+tests/kv_attention/test_storage_dtype.py holds a seeded sweep to it.
 
 Errors: ``update`` raises TypeError for k, v that are not float32/float64 arrays of
 one dtype (or float64 into a float32, bfloat16 or float16 cache), ValueError for

@@ -10,7 +10,8 @@ W slots) and Mistral's rotating buffer: a chunk is attended to before it overwri
 the ring, as HF's layer returns ``cat(kept, new)``. What differs: the sinks, which
 neither keeps, and one new position is written first and attended on the buffers'
 own views, in slot order (attention does not depend on the order of the keys).
-Errors as ``cache.py``'s caches; ``crop`` also refuses what the ring no longer holds.
+Dtypes (bfloat16/float16 storage too) and errors as ``cache.py``'s caches; ``crop`` also refuses
+what the ring no longer holds.
 """
 
 import numpy as np
