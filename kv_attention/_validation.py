@@ -17,6 +17,7 @@ import numpy as np
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _FLOAT32, _FLOAT64 = SUPPORTED_DTYPES
 STORAGE_NAMES = ("bfloat16", "float16")  # 2-byte storage; computed in float32
+_KINDS = {False: "float32 or float64", True: "float32, float64, bfloat16 or float16"}  # by storage=
 _LARGEST = {"bfloat16": 3.3895313892515355e38, "float16": 65504.0}  # (2 - 2^-7)·2^127, (2 - 2^-10)·2^15
 _MAX_STEP = 2**62  # a ragged decode's start_steps[i] + lengths[i] must stay within int64
 
@@ -64,8 +65,7 @@ def as_array(name, value, storage=False):
     if storage and is_storage_dtype(array.dtype):
         return array
     if array.dtype not in SUPPORTED_DTYPES:
-        kinds = "float32, float64, bfloat16 or float16" if storage else "float32 or float64"
-        raise TypeError(f"{name} must be a {kinds} array, got dtype {array.dtype}")
+        raise TypeError(f"{name} must be a {_KINDS[storage]} array, got dtype {array.dtype}")
     return array
 
 
@@ -115,8 +115,7 @@ def as_float_dtype(dtype, storage=False):
         dtype = repr(dtype)
     if not isinstance(dtype, str) and (dtype in SUPPORTED_DTYPES or storage and is_storage_dtype(dtype)):
         return dtype
-    kinds = "float32, float64, bfloat16 or float16" if storage else "float32 or float64"
-    raise TypeError(f"dtype must be {kinds}, got {dtype}")
+    raise TypeError(f"dtype must be {_KINDS[storage]}, got {dtype}")
 
 
 def as_flag(name, value):
