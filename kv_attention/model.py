@@ -21,10 +21,12 @@ The layer is Hugging Face's ``modeling_llama.py`` (``LlamaDecoderLayer``):
 (the embedding when ``tie_word_embeddings``). What matches: RMSNorm ``w · x / sqrt(mean(x²) + eps)``
 in at least float32 (``LlamaRMSNorm``); RoPE in ``rotate_half`` form, ``inv_freq = theta^(-2i/D)``,
 cos/sin of ``cat(freqs, freqs)``, applied to q and k before k is cached; query head h reads
-K/V head ``h // G`` (``repeat_kv``); scale ``1/sqrt(D_head)``. What differs: the RoPE tables are
-computed in float64 (transformers computes them in float32 even in a float64 model, so
-float64 logits agree to about 1e-6, not 1e-12); no ``rope_scaling``, attention or MLP bias,
-dropout or padding mask (``from_json`` refuses a config that has them). nanoGPT's and
+K/V head ``h // G`` (``repeat_kv``); scale ``1/sqrt(D_head)``. What differs: a float64 model
+computes in float64 throughout, where transformers rounds its RoPE tables and each RMSNorm's
+normalised x through float32 (and its eager attention's softmax), so float64 logits agree
+with ``LlamaForCausalLM`` to about 1e-6, and to 1e-15 with those roundings copied
+(``tests/kv_attention/test_model.py``); no ``rope_scaling``, attention or MLP bias, dropout
+or padding mask (``from_json`` refuses a config that has them). nanoGPT's and
 gpt-fast's ``model.py`` have the same shape in a few hundred lines; gpt-fast's ``KVCache``
 is a StaticCache with a mask over its whole buffer, where here each cache returns the keys
 to attend to and a band mask covers only what a chunk may not see.
