@@ -80,6 +80,9 @@ def test_nbytes_is_two_bytes_an_element_of_what_is_stored(dtype):
     assert caches["dynamic"].nbytes == caches["dynamic"].k_cache.nbytes + caches["dynamic"].v_cache.nbytes
     static = caches["static"]
     assert static.nbytes == static.k_cache[..., :6, :].nbytes + static.v_cache[..., :6, :].nbytes
+    square = kv.StaticCache((2, 3), 8, 4, 4, dtype=dtype)  # the capacity formula, at K/V width 4
+    square.update(*(np.ones((2, 3, 6, 4), np.float32),) * 2)
+    assert square.nbytes == kv.kv_cache_bytes(batch=2, seq_len=6, n_layers=1, n_kv_heads=3, head_dim=4, dtype=dtype)
     window = caches["window"]
     assert window.nbytes == window.k_cache.nbytes + window.v_cache.nbytes  # full: 1 sink + 4 slots
     paged = kv.PagedKVCache(4, 2, 4, 5, dtype=dtype)
