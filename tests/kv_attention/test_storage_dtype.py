@@ -115,6 +115,15 @@ def test_a_value_beyond_the_largest_is_refused_before_anything_is_written(dtype)
             assert after[2] == before[2], name
 
 
+def test_float16_refuses_exactly_what_rounds_past_65504():
+    cache = kv.DynamicCache(dtype=np.float16)
+    k, _ = cache.update(np.array([[65519.0, -65519.0]], np.float32), np.zeros((1, 1), np.float32))
+    np.testing.assert_array_equal(k, [[65504, -65504]])  # within half a step (16) of the largest: rounded to it
+    with pytest.raises(ValueError, match="k holds values beyond float16's largest finite value, 65504"):
+        cache.update(np.array([[1.0, 65520.0]], np.float32), np.zeros((1, 1), np.float32))  # a tie, to even: inf
+    assert cache.get_seq_length() == 1
+
+
 @pytest.mark.parametrize("dtype", STORAGE)
 def test_float64_into_a_two_byte_cache_is_refused(dtype):
     # A 2-byte cache pairs with a float32 computation, as float64 into a float32 cache is refused.
