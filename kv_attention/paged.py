@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from ._validation import as_array, as_flag, as_float_array, as_float_dtype, as_size
+from ._validation import as_array, as_flag, as_float_array, as_float_dtype, as_size, as_stored, compute_dtype
 from .block_allocator import BlockAllocator, OutOfBlocksError
 from .prefix_caching import PrefixCachingAllocator, hash_block_tokens
 from .split import _merge, _state
@@ -102,7 +102,7 @@ class PagedKVCache:
         num_blocks = as_size("num_blocks", num_blocks)
         k_dim, v_dim = as_size("k_dim", k_dim, minimum=1), as_size("v_dim", v_dim)  # the library's rule for widths
         block_size = as_size("block_size", block_size, minimum=1)
-        dtype = as_float_dtype(dtype)
+        dtype = as_float_dtype(dtype, storage=True)  # bfloat16/float16 as cache.py's caches
         enable_prefix_caching = as_flag("enable_prefix_caching", enable_prefix_caching)
         heads = () if num_kv_heads is None else (as_size("num_kv_heads", num_kv_heads, minimum=1),)
         self.k_cache = np.zeros((num_blocks, block_size, *heads, k_dim), dtype)  # [num_blocks, block_size, (H_kv,) D_k]
@@ -342,10 +342,10 @@ class PagedKVCache:
             heads, h = ("", "") if self.num_kv_heads is None else ("H_kv, ", f"H_kv={self.num_kv_heads}, ")
             raise ValueError(f"k and v must be [N, T_new, {heads}D_k] and [N, T_new, {heads}D_v] for N={n_seqs} "
                              f"seq_ids, {h}D_k={expected_k[-1]}, D_v={expected_v[-1]}: got k {k.shape}, v {v.shape}")
-        if v.dtype != k.dtype or not np.can_cast(k.dtype, self.k_cache.dtype, casting="safe"):
+        if v.dtype != k.dtype or not np.can_cast(k.dtype, compute_dtype(self.k_cache.dtype), casting="safe"):
             raise TypeError(f"k and v must both be float32 or both float64 and fit the pool's {self.k_cache.dtype}: "
                             f"got {k.dtype} and {v.dtype}")
-        return k, v
+        return as_stored("k", k, self.k_cache.dtype), as_stored("v", v, self.v_cache.dtype)  # bfloat16/float16: rounded
 
     def _blocks_for(self, length):
         return math.ceil(length / self.block_size)
