@@ -66,7 +66,8 @@ def test_a_step_is_checked_and_each_starts_from_the_same_t_positions(tiny_model,
     step = bench_model.verified_step(kind, t_len, batch)
     first, second = step(), step()  # equal only if the first step's position was taken back out
     np.testing.assert_array_equal(first, second)
-    np.testing.assert_allclose(first, bench_model.expected_logits(t_len)[:batch], rtol=1e-4, atol=1e-4)
+    tolerance = bench_model.TOLERANCE[kind]
+    np.testing.assert_allclose(first, bench_model.expected_logits(t_len)[:batch], rtol=tolerance, atol=tolerance)
 
 
 def test_a_wrong_forward_fails_the_check(tiny_model, monkeypatch):
@@ -76,7 +77,15 @@ def test_a_wrong_forward_fails_the_check(tiny_model, monkeypatch):
         bench_model.verified_step("static", 40, 1)
 
 
-def test_a_commit_without_the_model_skips(monkeypatch):
+def test_a_commit_without_the_model_or_float16_storage_skips(monkeypatch):
+    def float_only(*args):
+        raise TypeError("dtype must be float32 or float64")
+
+    monkeypatch.setattr(kv, "StaticCache", float_only)
+    with pytest.raises(NotImplementedError, match="no float16"):
+        bench_model.static_cache((1, 3), 8, 64, np.float16)
+    with pytest.raises(TypeError):  # float32 storage is no new feature: its error is a failure
+        bench_model.static_cache((1, 3), 8, 64, np.float32)
     monkeypatch.delattr(kv, "forward")
     with pytest.raises(NotImplementedError, match="forward"):
         bench_model.model_config()
@@ -107,7 +116,7 @@ def test_bytes_per_token_of_each_cache_kind_is_its_nbytes_over_t():
         point = bench_model.ModelCacheBytes()
         point.setup(kind)
         bytes_of[kind] = point.track_bytes_per_token(kind)
-    assert bytes_of["dynamic"] == bytes_of["static"] == 46_080
+    assert bytes_of["dynamic"] == bytes_of["static"] == 46_080 and bytes_of["float16"] == 23_040
     # 4-bit: keys grouped per channel over 32 tokens, values per token over 32 channels, float32 scales and zeros,
     # the last 32 positions held in float32 (the residual); at T = 1024, 992 positions quantized.
     codes = 2 * 992 * 3 * 64 // 2  # bytes of 4-bit codes, K and V
