@@ -248,8 +248,8 @@ def roofline_table(run):
             "query head. fraction: the median of per-pair (read time / step time), the step timed in turns with a "
             "kernel reading the same bytes once (np.vdot of each buffer with itself; np.sum before version 2), in one "
             "process [its 95 % interval]; GB/s: the bytes over each "
-            "side's median sample (10^9 bytes / s). n/a: not measured, over the 2 GiB memory budget, or B = 4 "
-            "beyond T = 1024 (the time budget). 1 MiB = 2^20 bytes.")
+            "side's median sample (10^9 bytes / s). n/a: not measured, over the 2 GiB memory budget, B = 4 "
+            "beyond T = 1024 (the time budget), or repeat_kv at G = 1 (the grouped step). 1 MiB = 2^20 bytes.")
     return Table("Roofline experiment: one decode step at model shapes, as a fraction of the read bandwidth",
                  keys, kinds, rows, note)
 
