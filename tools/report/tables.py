@@ -482,6 +482,3 @@ def model_batch_table(run):
 
 TABLES.update(model=model_table, model_batch=model_batch_table)
 OPTIONAL.update(model=MODEL_STEP + "ratio", model_batch=MODEL_BATCH + "ratio")
-BEYOND["model, SmolLM-135M"] = ("#model", [
-    ("fraction of the read rate, B = 1, T = 4096, static cache", MODEL_STEP + "ratio", {"T": 4096, "cache": "static"},
-     "fraction"), ("positions / s at B = 8 over B = 1", MODEL_BATCH + "ratio", {"B": 8}, "ratio")])
