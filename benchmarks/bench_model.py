@@ -34,7 +34,7 @@ import numpy as np
 from . import bench_roofline  # the module, not its class: asv would collect an imported Roofline here again
 from .bench_roofline import bandwidth_fraction, draws
 from .common import Benchmark, SEED, check_points, library_function, read_only, verified_decode
-from .ratios import Ratios, paired_ratio
+from .ratios import Ratios
 
 # Hugging Face config.json fields (ModelConfig's names). SmolLM-135M: HuggingFaceTB/SmolLM-135M; Llama-3-8B:
 # meta-llama/Meta-Llama-3-8B. Llama-3-8B is never built: its bytes are counted, for the crossover.
@@ -269,9 +269,16 @@ def measure_step(T, cache):
 
 
 def measure_batch(B):
-    """B x time(B = 1) / time(B) of the static-cache step at BATCH_LENGTH, paired (``paired_ratio``)."""
-    return paired_ratio(verified_step("static", BATCH_LENGTH, 1), verified_step("static", BATCH_LENGTH, B), 0,
-                        factor=B)
+    """B x time(B = 1) / time(B) of the static-cache step at BATCH_LENGTH, with its interval, and B / time(B).
+
+    Paired as the step's fraction is (``bandwidth_fraction``: a warm-up call each, then Roofline.min_pairs pairs of
+    one call a side), the B = 1 step in the read kernel's place: its ratio is time(1) / time(B) per pair, and its
+    "rate" over B "bytes" is B over the B-sequence step's median time.
+    """
+    one, many = verified_step("static", BATCH_LENGTH, 1), verified_step("static", BATCH_LENGTH, B)
+    paired = bandwidth_fraction(many, one, B, 0, bench_roofline.Roofline.min_pairs)
+    return {"ratio": B * paired["ratio"], "low": B * paired["low"], "high": B * paired["high"],
+            "pairs": paired["pairs"], "positions_per_second": paired["step_gbps"] * 1e9}
 
 
 STEP_PARAMS = [STEP_LENGTHS, STEP_CACHES]  # T outermost: each T's K/V drawn and its oracle run once
@@ -327,7 +334,7 @@ class ModelBatch(_Measured, Ratios):
 
     def track_positions_per_second(self, measured, B):
         """B over the median time of the B-sequence step in the pairs (one new position of each sequence)."""
-        return B / np.median(self.measured["denominator_seconds"])
+        return self.measured["positions_per_second"]
 
     track_positions_per_second.unit = "positions/s"
     track_positions_per_second.version = "1"
