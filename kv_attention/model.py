@@ -120,10 +120,9 @@ def weight_shapes(config):
     c, d = config, config.head_dim
     shapes = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size), "model.norm.weight": (c.hidden_size,)}
     for i in range(c.num_hidden_layers):
-        layer = ((c.hidden_size,), (c.num_attention_heads * d, c.hidden_size), (c.num_key_value_heads * d, c.hidden_size),
-                 (c.num_key_value_heads * d, c.hidden_size), (c.hidden_size, c.num_attention_heads * d),
-                 (c.hidden_size,), (c.intermediate_size, c.hidden_size), (c.intermediate_size, c.hidden_size),
-                 (c.hidden_size, c.intermediate_size))
+        q, kv = (c.num_attention_heads * d, c.hidden_size), (c.num_key_value_heads * d, c.hidden_size)
+        layer = ((c.hidden_size,), q, kv, kv, q[::-1], (c.hidden_size,), (c.intermediate_size, c.hidden_size),
+                 (c.intermediate_size, c.hidden_size), (c.hidden_size, c.intermediate_size))
         shapes.update({f"model.layers.{i}.{name}": shape for name, shape in zip(LAYER_WEIGHTS, layer)})
     if not c.tie_word_embeddings:
         shapes["lm_head.weight"] = (c.vocab_size, c.hidden_size)
