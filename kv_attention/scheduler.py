@@ -434,11 +434,12 @@ def serve(requests, embedding=None, w_q=None, w_k=None, w_v=None, *, model=None,
     )
     block_size, num_blocks, max_num_batched_tokens, max_num_seqs, enable_prefix_caching = options
     if model is None:
-        d_k, d_v, layers, heads, output = weights[1].shape[1], weights[2].shape[1], 1, None, ((weights[2].shape[1],), dtype)
+        d_k, d_v, layers, heads = weights[1].shape[1], weights[2].shape[1], 1, None
+        output = ((d_v,), dtype)  # an attention output [D_v] per step
     else:
         config = model[0]
         d_k = d_v = config.head_dim
-        layers, heads, output = config.num_hidden_layers, config.num_key_value_heads, ((), np.int64)
+        layers, heads, output = config.num_hidden_layers, config.num_key_value_heads, ((), np.int64)  # a token
     caches = [PagedKVCache(num_blocks, block_size, d_k, d_v, dtype, enable_prefix_caching=enable_prefix_caching,
                            num_kv_heads=heads) for _ in range(layers)]
     seqs = [_Sequence(*spec, *output) for spec in specs]
