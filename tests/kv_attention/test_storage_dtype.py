@@ -294,7 +294,9 @@ def test_every_decode_path_over_a_two_byte_cache_is_within_the_bound_at_every_po
     q, k, v = x @ w_q, x @ w_k, x @ w_v
     bound = np.concatenate([storage_bound(q[:, t : t + 1], k[:, : t + 1], v[:, : t + 1], dtype) for t in range(10)],
                            axis=1)  # [B, T, D_v]: position t over keys 0..t
-    cache = lambda: kv.StaticCache((2,), 10, 8, 8, dtype=dtype)  # noqa: E731
+    def cache():
+        return kv.StaticCache((2,), 10, 8, 8, dtype=dtype)
+
     outputs = {
         "cached_attention": kv.cached_attention(x, w_q, w_k, w_v, cache=cache()),
         "dynamic": kv.cached_attention(x, w_q, w_k, w_v, cache=kv.DynamicCache(dtype=dtype)),
