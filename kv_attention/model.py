@@ -26,20 +26,27 @@ computes in float64 throughout, where transformers rounds its RoPE tables and ea
 normalised x through float32 (and its eager attention's softmax), so float64 logits agree
 with ``LlamaForCausalLM`` to about 1e-6, and to 1e-15 with those roundings copied
 (``tests/kv_attention/test_model.py``); no ``rope_scaling``, attention or MLP bias, dropout
-or padding mask (``from_json`` refuses a config that has them). nanoGPT's and
-gpt-fast's ``model.py`` have the same shape in a few hundred lines; gpt-fast's ``KVCache``
-is a StaticCache with a mask over its whole buffer, where here each cache returns the keys
-to attend to and a band mask covers only what a chunk may not see.
+or padding mask (``from_json`` refuses a config that has them). gpt-fast's ``model.py`` is
+the same layer in the same few hundred lines, with two differences: its RoPE pairs adjacent
+channels (Meta's layout; its ``convert_hf_checkpoint.py`` permutes HF's q/k weights), where
+``rotate_half`` pairs channel i with i + D/2, so HF's weights load unchanged; and its
+``KVCache`` returns the whole ``[B, H, max_seq_len, D]`` buffer under a causal mask, where
+here each cache returns the keys to attend to and a band mask covers only what a chunk may
+not see. nanoGPT's is GPT-2 (LayerNorm, learned positions, GELU, no KV cache): the anchor for
+the file's shape, a config dataclass and one function per concept.
 
 Window caches: exact against the full forward while the sequence fits the window. Beyond
 it a SlidingWindowCache of window W behaves as Hugging Face's ``DynamicSlidingWindowLayer``
 (``cache_utils.py``) with ``sliding_window=W``: keys rotated at their absolute positions, and a
-query at position t attends to keys t - W < s <= t (``masking_utils.sliding_window_overlay``).
+query at position t attends to keys t - W < s <= t (``masking_utils.sliding_window_overlay``;
+HF keeps W - 1 past keys and this ring W, the oldest of which no query attends to).
 A QuantizedCache is attended over its own dequantized K̂/V̂.
 
 Errors, raised before any cache is written: ValueError naming the argument for token ids
-outside the vocabulary, a cache list of the wrong length, a cache of the wrong batch shape
-or head_dim, a StaticCache too short, or weights missing, unexpected or of the wrong shape.
+outside the vocabulary, a cache list of the wrong length, layers of different lengths, a
+cache of the wrong batch shape or head_dim, or weights missing, unexpected or of the wrong
+shape; TypeError for token ids that are not integers; StaticCacheFullError (a ValueError)
+for a StaticCache too short, OutOfBlocksError for a paged pool too small.
 """
 
 import dataclasses
@@ -89,6 +96,10 @@ class ModelConfig:
         if raw.get("model_type") != "llama" or raw.get("architectures", ["LlamaForCausalLM"]) != ["LlamaForCausalLM"]:
             raise ValueError(f"{path}: not a Llama model (model_type={raw.get('model_type')!r}, "
                              f"architectures={raw.get('architectures')!r}); only LlamaForCausalLM is supported")
+        rope = raw.pop("rope_parameters", None) or {}  # transformers 5 writes rope_theta in here
+        raw.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
+        if rope.get("rope_type", "default") != "default":
+            raise ValueError(f"{path}: rope_parameters={rope!r} is not supported (only rope_type 'default')")
         unsupported = {"rope_scaling": None, "attention_bias": False, "mlp_bias": False, "hidden_act": "silu"}
         for key, plain in unsupported.items():
             if raw.get(key, plain) != plain:
@@ -109,10 +120,9 @@ def weight_shapes(config):
     c, d = config, config.head_dim
     shapes = {"model.embed_tokens.weight": (c.vocab_size, c.hidden_size), "model.norm.weight": (c.hidden_size,)}
     for i in range(c.num_hidden_layers):
-        layer = ((c.hidden_size,), (c.num_attention_heads * d, c.hidden_size), (c.num_key_value_heads * d, c.hidden_size),
-                 (c.num_key_value_heads * d, c.hidden_size), (c.hidden_size, c.num_attention_heads * d),
-                 (c.hidden_size,), (c.intermediate_size, c.hidden_size), (c.intermediate_size, c.hidden_size),
-                 (c.hidden_size, c.intermediate_size))
+        q, kv = (c.num_attention_heads * d, c.hidden_size), (c.num_key_value_heads * d, c.hidden_size)
+        layer = ((c.hidden_size,), q, kv, kv, q[::-1], (c.hidden_size,), (c.intermediate_size, c.hidden_size),
+                 (c.intermediate_size, c.hidden_size), (c.hidden_size, c.intermediate_size))
         shapes.update({f"model.layers.{i}.{name}": shape for name, shape in zip(LAYER_WEIGHTS, layer)})
     if not c.tie_word_embeddings:
         shapes["lm_head.weight"] = (c.vocab_size, c.hidden_size)
@@ -120,18 +130,11 @@ def weight_shapes(config):
 
 
 def init_weights(config, *, seed=0, dtype=np.float32):
-    """Random weights: N(0, 1) embeddings, N(0, 1/in_features) matrices, unit norms, so activations stay of order one."""
+    """Random weights, in the order of :func:`weight_shapes`: every matrix N(0, 1/columns) (the embedding's
+    columns are hidden_size), every norm 1, so that projections and logits, tied or not, are of order one."""
     rng = np.random.default_rng(seed)
-    weights = {}
-    for name, shape in weight_shapes(config).items():
-        if len(shape) == 1:
-            w = np.ones(shape)
-        elif name == "model.embed_tokens.weight":
-            w = rng.standard_normal(shape)
-        else:
-            w = rng.standard_normal(shape) / np.sqrt(shape[1])
-        weights[name] = w.astype(dtype)
-    return weights
+    return {name: (np.ones(shape) if len(shape) == 1 else rng.standard_normal(shape) / np.sqrt(shape[1])).astype(dtype)
+            for name, shape in weight_shapes(config).items()}
 
 
 def load_weights(path):
@@ -152,7 +155,7 @@ def check_weights(config, weights):
                          f"unexpected {extra[:5]}{'...' if len(extra) > 5 else ''}")
     for name, shape in shapes.items():
         w = weights[name]
-        if getattr(w, "shape", None) != shape or getattr(w.dtype, "kind", None) not in "fV":
+        if getattr(w, "shape", None) != shape or not (w.dtype.kind == "f" or w.dtype.name == "bfloat16"):
             raise ValueError(f"weights[{name!r}] must be a float array of shape {shape}, "
                              f"got {getattr(w, 'dtype', type(w).__name__)} {getattr(w, 'shape', '')}")
     dtypes = {weights[name].dtype for name in shapes}
@@ -160,6 +163,12 @@ def check_weights(config, weights):
 
 
 # The layer
+
+
+def linear(x, w):
+    """``x @ w.T`` of ``x [..., in]`` and ``w [out, in]``: ``[..., out]``, as one 2-D matmul (numpy's stacked
+    matmul with a transposed operand does not call BLAS: 70 times slower at SmolLM's shapes)."""
+    return (x.reshape(-1, x.shape[-1]) @ w.T).reshape(x.shape[:-1] + w.shape[:1])
 
 
 def rms_norm(x, weight, eps):
@@ -186,9 +195,9 @@ def attention(config, w, x, cos, sin, start, layer_cache, dtype):
     """Grouped-query self-attention of ``x [B, T, D_model]`` through ``layer_cache``: ``[B, T, D_model]``."""
     B, T, _ = x.shape
     H, H_kv, D = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-    q = (x @ w["self_attn.q_proj.weight"].T).reshape(B, T, H, D).transpose(0, 2, 1, 3)  # [B, H, T, D]
-    k = (x @ w["self_attn.k_proj.weight"].T).reshape(B, T, H_kv, D).transpose(0, 2, 1, 3)  # [B, H_kv, T, D]
-    v = (x @ w["self_attn.v_proj.weight"].T).reshape(B, T, H_kv, D).transpose(0, 2, 1, 3)  # [B, H_kv, T, D]
+    q = linear(x, w["self_attn.q_proj.weight"]).reshape(B, T, H, D).transpose(0, 2, 1, 3)  # [B, H, T, D]
+    k = linear(x, w["self_attn.k_proj.weight"]).reshape(B, T, H_kv, D).transpose(0, 2, 1, 3)  # [B, H_kv, T, D]
+    v = linear(x, w["self_attn.v_proj.weight"]).reshape(B, T, H_kv, D).transpose(0, 2, 1, 3)  # [B, H_kv, T, D]
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     if isinstance(layer_cache, PagedCacheView):
         layer_cache.update(k, v)
@@ -201,17 +210,20 @@ def attention(config, w, x, cos, sin, start, layer_cache, dtype):
             key_positions, window, n_sink = layer_cache.key_positions(T), layer_cache.window, layer_cache.n_sink
             k, v = layer_cache.update(k, v)  # [B, H_kv, S, D]: the keys this chunk may attend to
         blocked = _blocked(start, start + T, key_positions, window, n_sink)  # [T, S] or None
-        q = q.reshape(B, H_kv, H // H_kv, T, D)  # [B, H_kv, G, T, D]: head h reads K/V head h // G
-        out = _attend_chunk(q, k[:, :, None].astype(dtype, copy=False), v[:, :, None].astype(dtype, copy=False),
-                            blocked)  # [B, H_kv, G, T, D]
+        group = H // H_kv  # head h reads K/V head h // G; a group's G·T query rows are one matmul with its K/V head
+        blocked = None if blocked is None else np.tile(blocked, (group, 1))  # [G·T, S]
+        out = _attend_chunk(q.reshape(B, H_kv, group * T, D), k.astype(dtype, copy=False),
+                            v.astype(dtype, copy=False), blocked)  # [B, H_kv, G·T, D]
     out = out.astype(dtype, copy=False).reshape(B, H, T, D).transpose(0, 2, 1, 3).reshape(B, T, H * D)
-    return out @ w["self_attn.o_proj.weight"].T  # [B, T, D_model]
+    return linear(out, w["self_attn.o_proj.weight"])  # [B, T, D_model]
 
 
 def mlp(w, x):
     """SwiGLU: ``down(silu(gate(x)) · up(x))``, ``[B, T, D_model]``."""
-    gate = x @ w["mlp.gate_proj.weight"].T  # [B, T, D_ff]
-    return (gate / (1.0 + np.exp(-gate)) * (x @ w["mlp.up_proj.weight"].T)) @ w["mlp.down_proj.weight"].T
+    gate = linear(x, w["mlp.gate_proj.weight"])  # [B, T, D_ff]
+    with np.errstate(over="ignore"):  # exp(-gate) = inf for a very negative gate: silu is then -0, as it should be
+        silu = gate / (1.0 + np.exp(-gate))
+    return linear(silu * linear(x, w["mlp.up_proj.weight"]), w["mlp.down_proj.weight"])
 
 
 # Checks of the tokens and the caches, before anything is written
@@ -284,17 +296,19 @@ def forward(config, weights, input_ids, *, cache=None):
         x = x + mlp(w, rms_norm(x, w["post_attention_layernorm.weight"], eps))
     x = rms_norm(x, weights["model.norm.weight"].astype(dtype, copy=False), eps)
     head = weights["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"]
-    return x @ head.astype(dtype, copy=False).T  # [B, T, vocab_size]
+    return linear(x, head.astype(dtype, copy=False))  # [B, T, vocab_size]
 
 
 def generate(config, weights, input_ids, max_new_tokens, *, cache=None):
     """Greedy decoding: ``input_ids [B, T]`` and ``max_new_tokens`` argmax tokens, each fed back; int64 ``[B, T + N]``.
 
-    With ``cache`` (empty) the prompt is prefilled in one call and each new token is one
-    call; without, each step recomputes the whole prefix.
+    With ``cache``, ``input_ids`` continue it: they are prefilled in one call, and each new
+    token is one call; without, each step recomputes the whole prefix.
     """
     ids = check_input_ids(config, input_ids)
     max_new_tokens = as_size("max_new_tokens", max_new_tokens)
+    if max_new_tokens and ids.shape[1] == 0:
+        raise ValueError("input_ids must hold at least one token to generate from, got shape (B, 0)")
     tokens, new = ids, ids
     for _ in range(max_new_tokens):
         logits = forward(config, weights, new if cache is not None else tokens, cache=cache)

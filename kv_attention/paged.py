@@ -91,8 +91,10 @@ class PagedKVCache:
 
     A sequence holds ``ceil(length / block_size)`` blocks, plus any reserved by
     :meth:`allocate_slots`; tokens never move once written. With ``num_kv_heads``
-    the pools are ``[num_blocks, block_size, num_kv_heads, D]``, vLLM's layout
-    (``key_cache`` of its flash-attention backend), and a token's k/v ``[num_kv_heads, D]``.
+    the pools are ``[num_blocks, block_size, num_kv_heads, D]`` and a token's k/v
+    ``[num_kv_heads, D]``: vLLM's layer pool (``FlashAttentionBackend.get_kv_cache_shape``
+    in ``vllm/v1/attention/backends/flash_attn.py``: ``(2, num_blocks, block_size,
+    num_kv_heads, head_size)``, K and V stacked, its "NHD" layout).
     """
 
     def __init__(self, num_blocks, block_size, k_dim, v_dim, dtype=np.float64, *, enable_prefix_caching=False,

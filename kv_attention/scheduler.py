@@ -9,6 +9,13 @@ are the attention outputs at its last prompt position and at every decoded
 position, ``[len(token_ids) - prompt_len + 1, D_v]``, what a model samples from.
 They equal ``causal_attention(embedding[token_ids], w_q, w_k, w_v)[prompt_len - 1:]``
 however the request was chunked, batched, preempted or served from the cache.
+With ``model=(config, weights)`` (:mod:`~kv_attention.model`) the model is a Llama
+decoder with a paged cache per layer, and the tokens past a prompt are the model's
+own: each output is the argmax of the logits at the last known token, and it becomes
+the next token; a request's outputs equal its own ``generate()``. A step runs the
+one-token chunks of all requests as one batch (one position per row), and each
+longer chunk alone. vLLM keeps one block table per request for every layer; here each
+layer's cache keeps its own, changed in step.
 
 A request knows its prompt and, after each output, one token more (the one a
 model would have sampled from it). The scheduler is vLLM V1's
@@ -31,7 +38,7 @@ tokens bringing the first up to the second:
 
 The step then computes k and v of every scheduled token, and one query for each
 request whose known tokens are now all in the cache: its next output. What
-differs from V1: no sampling (tokens are teacher-forced), one layer of one head,
+differs from V1: no sampling (tokens are teacher-forced, or the model's argmax),
 FCFS only (no priority policy), no ``long_prefill_token_threshold``, speculative
 decoding, encoder inputs or KV connectors, and the blocks a waiting request needs
 are counted before it takes its cached prefix, so a refused admission leaves the
@@ -45,7 +52,7 @@ request for a repeated request id, ``prompt_len`` outside [1, len(token_ids)],
 token ids outside [0, V), or a request whose full length needs more blocks than
 ``num_blocks`` (it could never fit the pool). ValueError also for a budget or
 ``max_num_seqs`` below 1, ``block_size`` below 1, shapes that do not fit (named in
-the message), or NaN/inf.
+the message), or NaN/inf; with ``model``, weights that do not fit its config (named).
 """
 
 import math
@@ -427,11 +434,12 @@ def serve(requests, embedding=None, w_q=None, w_k=None, w_v=None, *, model=None,
     )
     block_size, num_blocks, max_num_batched_tokens, max_num_seqs, enable_prefix_caching = options
     if model is None:
-        d_k, d_v, layers, heads, output = weights[1].shape[1], weights[2].shape[1], 1, None, ((weights[2].shape[1],), dtype)
+        d_k, d_v, layers, heads = weights[1].shape[1], weights[2].shape[1], 1, None
+        output = ((d_v,), dtype)  # an attention output [D_v] per step
     else:
         config = model[0]
         d_k = d_v = config.head_dim
-        layers, heads, output = config.num_hidden_layers, config.num_key_value_heads, ((), np.int64)
+        layers, heads, output = config.num_hidden_layers, config.num_key_value_heads, ((), np.int64)  # a token
     caches = [PagedKVCache(num_blocks, block_size, d_k, d_v, dtype, enable_prefix_caching=enable_prefix_caching,
                            num_kv_heads=heads) for _ in range(layers)]
     seqs = [_Sequence(*spec, *output) for spec in specs]

@@ -45,8 +45,8 @@ def caches(kind, batch=2, config=CONFIG, layers=None, max_seq_len=32, window=Non
 
 
 def paged_views(batch=2, config=CONFIG, num_blocks=64, block_size=4):
-    pools = [kv.PagedKVCache(num_blocks, block_size, config.head_dim, config.head_dim, num_kv_heads=config.num_key_value_heads)
-             for _ in range(config.num_hidden_layers)]
+    d, h_kv = config.head_dim, config.num_key_value_heads
+    pools = [kv.PagedKVCache(num_blocks, block_size, d, d, num_kv_heads=h_kv) for _ in range(config.num_hidden_layers)]
     for pool in pools:
         for i in range(batch):
             pool.add_sequence(i)
@@ -231,24 +231,33 @@ def test_bad_weights_are_named_and_nothing_is_written(edit, message):
     assert lengths(cache) == ["0", "0"]
 
 
-def test_paged_attention_with_kv_heads_is_grouped_query_attention_with_a_bottom_right_causal_mask():
+@pytest.mark.parametrize("num_kv_heads", [None, 2])
+def test_paged_attention_is_grouped_query_attention_with_a_bottom_right_causal_mask(num_kv_heads):
     rng = np.random.default_rng(9)
-    pool = kv.PagedKVCache(16, 3, 4, 5, num_kv_heads=2)
-    assert pool.k_cache.shape == (16, 3, 2, 4) and pool.num_kv_heads == 2
-    k = {s: rng.standard_normal((n, 2, 4)) for s, n in (("a", 7), ("b", 4))}
-    v = {s: rng.standard_normal((n, 2, 5)) for s, n in (("a", 7), ("b", 4))}
+    heads = () if num_kv_heads is None else (2,)
+    pool = kv.PagedKVCache(16, 3, 4, 5, num_kv_heads=num_kv_heads)
+    assert pool.k_cache.shape == (16, 3, *heads, 4) and pool.num_kv_heads == num_kv_heads
+    k = {s: rng.standard_normal((n, *heads, 4)) for s, n in (("a", 7), ("b", 4))}
+    v = {s: rng.standard_normal((n, *heads, 5)) for s, n in (("a", 7), ("b", 4))}
     for s in k:
         pool.add_sequence(s)
         pool.update([s], k[s][None], v[s][None])
-    q = rng.standard_normal((2, 6, 3, 4))  # [N, H_q, T_q, D]: the last 3 positions of each sequence
+    pool.fork("b", "c")  # c shares b's partial last block: its next write copies it
+    pool.update(["c"], rng.standard_normal((1, 1, *heads, 4)), rng.standard_normal((1, 1, *heads, 5)))
+    gathered_k, _, lengths = pool.gather(["a", "b"])
+    np.testing.assert_array_equal(gathered_k[1, :4], k["b"])  # b's block was not written by c
+    n_heads = 1 if num_kv_heads is None else 6
+    q = rng.standard_normal((2, n_heads, 3, 4))  # [N, H_q, T_q, D]: the last 3 positions of each sequence
     for causal in (False, True):
-        out = kv.paged_attention(q, pool, ["a", "b"], causal=causal)
+        out = kv.paged_attention(q[:, 0] if num_kv_heads is None else q, pool, ["a", "b"], causal=causal)
+        out = out[:, None] if num_kv_heads is None else out  # [N, H_q, T_q, D_v]
         for i, s in enumerate(k):
             n = len(k[s])
-            for h in range(6):
+            keys, values = k[s].reshape(n, -1, 4), v[s].reshape(n, -1, 5)  # [n, H_kv, D]
+            for h in range(n_heads):
                 for t in range(3):
-                    keys = [p for p in range(n) if not causal or attends(n - 3 + t, p)]
-                    expected = naive_attend(q[i, h, t][None], k[s][keys, h // 3], v[s][keys, h // 3])[0]
+                    allowed = [p for p in range(n) if not causal or attends(n - 3 + t, p)]
+                    expected = naive_attend(q[i, h, t][None], keys[allowed, h // 3], values[allowed, h // 3])[0]
                     np.testing.assert_allclose(out[i, h, t], expected, rtol=1e-12, atol=1e-12)
 
 
