@@ -257,14 +257,14 @@ def model_errors(seed):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_model_logits_with_two_byte_storage_are_within_the_stated_figure_of_float32(seed):
-    # Empirical, not derived (docs/mechanisms.md): over seeds 0..199 a 2-byte cache gave at most 1.04 u,
-    # bfloat16 weights at most 2.9 u, weights and cache 3.5 u.
+    # Empirical, not derived (docs/mechanisms.md): over seeds 0..199 a 2-byte cache gave at most 3.3 u,
+    # bfloat16 weights at most 6.2 u, weights and cache 6.7 u.
     errors = model_errors(seed)
     (u_bf16, _), (u_f16, _) = ROUNDOFF[BF16], ROUNDOFF[F16]
-    assert 0 < errors["bfloat16 cache"] <= 2 * u_bf16
-    assert 0 < errors["float16 cache"] <= 2 * u_f16
-    assert 0 < errors["bfloat16 weights"] <= 6 * u_bf16
-    assert 0 < errors["bfloat16 weights and cache"] <= 6 * u_bf16
+    assert 0 < errors["bfloat16 cache"] <= 6 * u_bf16
+    assert 0 < errors["float16 cache"] <= 6 * u_f16
+    assert 0 < errors["bfloat16 weights"] <= 12 * u_bf16
+    assert 0 < errors["bfloat16 weights and cache"] <= 12 * u_bf16
 
 
 def test_every_cache_kind_stores_the_same_bfloat16_values_in_the_model():
