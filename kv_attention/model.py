@@ -166,8 +166,9 @@ def check_weights(config, weights):
 
 
 def linear(x, w):
-    """``x @ w.T`` of ``x [..., in]`` and ``w [out, in]``: ``[..., out]``, as one 2-D matmul (numpy's stacked
-    matmul with a transposed operand does not call BLAS: 70 times slower at SmolLM's shapes)."""
+    """``x @ w.T`` of ``x [..., in]`` and ``w [out, in]``: ``[..., out]``, as one 2-D matmul, so that every row
+    of a batch shares one pass over w (numpy's stacked matmul runs one product per leading index: 1.3x
+    slower for ``x [8, 1, 576]`` against SmolLM's ``[1536, 576]``, one BLAS thread)."""
     return (x.reshape(-1, x.shape[-1]) @ w.T).reshape(x.shape[:-1] + w.shape[:1])
 
 
