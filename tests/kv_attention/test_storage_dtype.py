@@ -257,14 +257,14 @@ def model_errors(seed):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_model_logits_with_two_byte_storage_are_within_the_stated_figure_of_float32(seed):
-    # Empirical, not derived (docs/mechanisms.md): over seeds 0..199 a 2-byte cache gave at most 1.04 u,
-    # bfloat16 weights at most 2.9 u, weights and cache 3.5 u.
+    # Empirical, not derived (docs/mechanisms.md): over seeds 0..199 a 2-byte cache gave at most 3.3 u,
+    # bfloat16 weights at most 6.2 u, weights and cache 6.7 u.
     errors = model_errors(seed)
     (u_bf16, _), (u_f16, _) = ROUNDOFF[BF16], ROUNDOFF[F16]
-    assert 0 < errors["bfloat16 cache"] <= 2 * u_bf16
-    assert 0 < errors["float16 cache"] <= 2 * u_f16
-    assert 0 < errors["bfloat16 weights"] <= 6 * u_bf16
-    assert 0 < errors["bfloat16 weights and cache"] <= 6 * u_bf16
+    assert 0 < errors["bfloat16 cache"] <= 6 * u_bf16
+    assert 0 < errors["float16 cache"] <= 6 * u_f16
+    assert 0 < errors["bfloat16 weights"] <= 12 * u_bf16
+    assert 0 < errors["bfloat16 weights and cache"] <= 12 * u_bf16
 
 
 def test_every_cache_kind_stores_the_same_bfloat16_values_in_the_model():
@@ -283,3 +283,33 @@ def test_every_cache_kind_stores_the_same_bfloat16_values_in_the_model():
         logits += [kv.forward(MODEL, weights, ids[:, t : t + 1], cache=cache) for t in range(4, 12)]
         np.testing.assert_allclose(np.concatenate(logits, axis=1), expected, rtol=0, atol=1e-5, err_msg=name)
     assert pools[0].k_cache.dtype == BF16 and pools[0].nbytes == 2 * 12 * 2 * (d + d) * 2
+
+
+@pytest.mark.parametrize("dtype", STORAGE)
+def test_every_decode_path_over_a_two_byte_cache_is_within_the_bound_at_every_position(dtype):
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((2, 10, 16)).astype(np.float32)
+    w_q, w_k, w_v = (rng.standard_normal((16, 8)).astype(np.float32) / 4 for _ in range(3))
+    exact = kv.causal_attention(x, w_q, w_k, w_v)  # float32 throughout
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
+    bound = np.concatenate([storage_bound(q[:, t : t + 1], k[:, : t + 1], v[:, : t + 1], dtype) for t in range(10)],
+                           axis=1)  # [B, T, D_v]: position t over keys 0..t
+    def cache():
+        return kv.StaticCache((2,), 10, 8, 8, dtype=dtype)
+
+    outputs = {
+        "cached_attention": kv.cached_attention(x, w_q, w_k, w_v, cache=cache()),
+        "dynamic": kv.cached_attention(x, w_q, w_k, w_v, cache=kv.DynamicCache(dtype=dtype)),
+        "batched": kv.batched_cached_attention(x, w_q, w_k, w_v, cache=cache()),
+        "chunked": kv.chunked_attention(x, w_q, w_k, w_v, chunk_size=3, cache=cache()),
+        "window": kv.chunked_attention(x, w_q, w_k, w_v, chunk_size=1, window=16,
+                                       cache=kv.SlidingWindowCache((2,), 16, 8, 8, dtype=dtype)),
+    }
+    for path in ("grouped", "repeat_kv"):
+        heads = kv.multi_head_decode(x, w_q, w_k, w_v, np.eye(8, dtype=np.float32), n_heads=1, n_kv_heads=1,
+                                     path=path, cache=kv.StaticCache((2, 1), 10, 8, 8, dtype=dtype))
+        outputs[path] = heads
+    for name, out in outputs.items():
+        assert out.dtype == np.float32, name
+        error = np.abs(out - exact)
+        assert error.max() > 0 and (error <= bound + 1e-5 * np.abs(v).max()).all(), name
