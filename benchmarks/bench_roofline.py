@@ -89,7 +89,11 @@ def resident_bytes(shape, t_len, batch, path):
 
 
 def not_measured(shape, t_len, batch, path):
-    """Why a point is left out (a sentence), or None: over MAX_RESIDENT, or B > 1 over MAX_POSITIONS (time)."""
+    """Why a point is left out (a sentence), or None: repeat_kv at G = 1, over MAX_RESIDENT, or B > 1 over
+    MAX_POSITIONS (time)."""
+    n_heads, n_kv_heads, _ = model_shape(shape)
+    if path == "repeat_kv" and n_heads == n_kv_heads:
+        return "G = 1: repeat_kv copies nothing, so the step is the grouped point's (measured equal to it within noise)"
     resident = resident_bytes(shape, t_len, batch, path)
     if resident > MAX_RESIDENT:
         return f"needs {resident / 2**30:.2f} GiB resident, over the experiment's 2 GiB"

@@ -10,7 +10,8 @@ prefill onto a cache, sliding windows and attention sinks (``chunked``,
 (``scheduler``) batches requests of token ids continuously over the paged cache,
 with forks, prefix caching and preemption (``block_allocator``, ``prefix_caching``).
 Split-KV (flash-decoding) and cascade attention (``split``) merge partial attention
-states exactly by log-sum-exp.
+states exactly by log-sum-exp. A Llama-architecture model (``model``) decodes token by
+token through one of these caches per layer and loads Hugging Face checkpoints as they are.
 
 Inputs are float32 or float64 arrays, and a computation runs in their
 ``np.result_type``. Bad input raises TypeError or ValueError naming the argument
@@ -26,7 +27,8 @@ from .chunked import chunked_attention
 from .decode import (batched_cached_attention, cached_attention, cached_attention_preallocated, decode_without_cache,
                      sequential_cached_attention)
 from .heads import multi_head_attention, multi_head_decode
-from .paged import OutOfBlocksError, PagedKVCache, paged_attention
+from .model import ModelConfig, forward, generate, init_weights, load_weights
+from .paged import OutOfBlocksError, PagedCacheView, PagedKVCache, paged_attention
 from .problem import Problem, make_problem
 from .quantized import QuantizedCache, attend_quantized
 from .ragged import RAGGED_STRATEGIES, RaggedDecodeStats, ragged_decode, ragged_decode_steps
@@ -54,4 +56,6 @@ __all__ = [
     "chunked_attention", "SlidingWindowCache", "QuantizedCache", "attend_quantized",
     # serving: continuous batching, preemption and prefix caching over the paged cache
     "Request", "serve", "ServeResult", "ServeStats",
+    # a Llama-architecture model decoding through a cache per layer
+    "ModelConfig", "init_weights", "load_weights", "forward", "generate", "PagedCacheView",
 ]

@@ -4,12 +4,21 @@ Each public function calls these where it uses an argument, before it mutates
 anything: TypeError for a type or dtype, ValueError for a value or a shape, the
 argument named. ``check_finite=True`` means what it means in ``scipy.linalg``: the
 inputs are scanned for NaN/inf. A result that overflows is not looked for.
+
+Dtypes: what is computed or passed in as activations (x, q, weights, the k and v a
+cache's ``update`` takes) is float32 or float64. Storage may also be bfloat16
+(``ml_dtypes.bfloat16``) or float16: a cache's buffers, and the k, v that attention
+reads from them, which it upcasts to float32 (as engines' kernels do in registers).
+The library needs no ml_dtypes: a bfloat16 array is known by its dtype's name.
 """
 
 import numpy as np
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 _FLOAT32, _FLOAT64 = SUPPORTED_DTYPES
+STORAGE_NAMES = ("bfloat16", "float16")  # 2-byte storage; computed in float32
+_KINDS = {False: "float32 or float64", True: "float32, float64, bfloat16 or float16"}  # by storage=
+_LARGEST = {"bfloat16": 3.3895313892515355e38, "float16": 65504.0}  # (2 - 2^-7)·2^127, (2 - 2^-10)·2^15
 _MAX_STEP = 2**62  # a ragged decode's start_steps[i] + lengths[i] must stay within int64
 
 
@@ -17,8 +26,32 @@ class NonFiniteError(ValueError):
     """NaN or inf in an input that ``check_finite=True`` scanned: a plain ValueError, kept importable."""
 
 
-def as_array(name, value):
-    """``value`` as a native-byte-order float32/float64 ndarray (never a copy of one already so)."""
+def is_storage_dtype(dtype):
+    """Whether ``dtype`` (a np.dtype) is bfloat16 or float16, a storage dtype computed in float32."""
+    return dtype.name in STORAGE_NAMES and dtype.itemsize == 2
+
+
+def compute_dtype(dtype):
+    """The dtype a computation over storage of ``dtype`` runs in: float32 for bfloat16/float16, else ``dtype``."""
+    return _FLOAT32 if is_storage_dtype(dtype) else dtype
+
+
+def as_stored(name, x, dtype):
+    """Float32 ``x`` rounded to storage ``dtype`` (nearest, ties to even, as ``astype``), else ``x`` itself;
+    ValueError where a finite value would be stored as inf."""
+    if not is_storage_dtype(dtype):
+        return x
+    with np.errstate(over="ignore"):
+        stored = x.astype(dtype)
+    if (np.isinf(stored) & np.isfinite(x)).any():
+        raise ValueError(f"{name} holds values beyond {dtype}'s largest finite value, "
+                         f"{_LARGEST[dtype.name]:g}: they would be stored as inf")
+    return stored
+
+
+def as_array(name, value, storage=False):
+    """``value`` as a native-byte-order float32/float64 ndarray (never a copy of one already so);
+    with ``storage=True`` bfloat16 and float16 too (k, v read from a cache)."""
     if type(value) is np.ndarray and (value.dtype is _FLOAT64 or value.dtype is _FLOAT32):
         return value
     if isinstance(value, np.ma.MaskedArray):
@@ -29,8 +62,10 @@ def as_array(name, value):
         raise ValueError(f"{name} is not a rectangular array: {error}") from None
     if array.dtype.kind == "f" and not array.dtype.isnative:
         array = array.astype(array.dtype.newbyteorder("="))
+    if storage and is_storage_dtype(array.dtype):
+        return array
     if array.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{name} must be a float32 or float64 array, got dtype {array.dtype}")
+        raise TypeError(f"{name} must be a {_KINDS[storage]} array, got dtype {array.dtype}")
     return array
 
 
@@ -40,9 +75,9 @@ def check_finite_array(name, array):
         raise NonFiniteError(f"{name} contains NaN or inf")
 
 
-def as_float_array(name, value):
+def as_float_array(name, value, storage=False):
     """:func:`as_array`, and NaN/inf refused."""
-    array = as_array(name, value)
+    array = as_array(name, value, storage)
     check_finite_array(name, array)
     return array
 
@@ -69,17 +104,18 @@ def as_sizes_per_sequence(name, values, count):
     return np.array(sizes, dtype=np.int64)
 
 
-def as_float_dtype(dtype):
-    """``np.dtype(dtype)``; TypeError unless float32 or float64 (None too: np.dtype(None) is float64)."""
+def as_float_dtype(dtype, storage=False):
+    """``np.dtype(dtype)``; TypeError unless float32 or float64 (None too: np.dtype(None) is float64),
+    or with ``storage=True`` bfloat16 or float16 (a cache's buffers)."""
     if dtype is _FLOAT64 or dtype is _FLOAT32:
         return dtype
     try:
         dtype = "None" if dtype is None else np.dtype(dtype)  # a string: np.dtype == None compares as float64
     except TypeError:
         dtype = repr(dtype)
-    if isinstance(dtype, str) or dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"dtype must be float32 or float64, got {dtype}")
-    return dtype
+    if not isinstance(dtype, str) and (dtype in SUPPORTED_DTYPES or storage and is_storage_dtype(dtype)):
+        return dtype
+    raise TypeError(f"dtype must be {_KINDS[storage]}, got {dtype}")
 
 
 def as_flag(name, value):

@@ -6,7 +6,8 @@ Axis letters used in names and shape comments:
 Leading ``...`` axes are batch-like and never mixed.
 
 softmax(q kᵀ / sqrt(D_k) + mask) v (Vaswani et al. 2017, section 3.2.1). Inputs
-are float32 or float64 arrays, and a computation runs in their ``np.result_type``.
+are float32 or float64 arrays, and a computation runs in their ``np.result_type``;
+k and v may also be bfloat16 or float16 (a cache's storage), read upcast to it.
 Bad input raises TypeError (not a float32/float64 array) or ValueError (shapes that
 do not fit, named in the message). ``check_finite`` (keyword, default True) scans
 the inputs for NaN/inf, as ``scipy.linalg`` does; with False a NaN/inf input gives
@@ -67,9 +68,9 @@ def check_window(window, n_sink):
 def check_attention_inputs(q, k, v, check_finite=True):
     """Validate ``q: [..., T_q, D_k]``, ``k: [..., S, D_k]``, ``v: [..., S, D_v]`` (the same leading axes).
 
-    Returns ``(q, k, v, dtype)``, each in ``dtype = np.result_type(q, k, v)``.
+    Returns ``(q, k, v, dtype)``, each in ``dtype = np.result_type(q, k, v)``: bfloat16/float16 k, v upcast.
     """
-    q, k, v = as_array("q", q), as_array("k", k), as_array("v", v)
+    q, k, v = as_array("q", q), as_array("k", k, storage=True), as_array("v", v, storage=True)
     if not (q.ndim >= 2 and k.ndim == v.ndim == q.ndim and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
             and k.shape[-1] == q.shape[-1] > 0 and v.shape[-2] == k.shape[-2]):
         shapes = f"q {q.shape}, k {k.shape}, v {v.shape}"

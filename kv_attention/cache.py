@@ -13,18 +13,36 @@ and mask the positions past the length, a fixed shape that a compiled graph need
 :class:`StaticCache` returns views ``[..., :T, :]`` instead, so a NumPy decode
 attends without a mask.
 
+Storage in bfloat16 or float16 (``dtype=ml_dtypes.bfloat16`` or ``np.float16``), as
+engines store K/V in the model's dtype: ``update`` takes float32 k, v and rounds them
+to the nearest stored value (ties to even, as ``astype``); it returns the stored
+2-byte arrays, and attention reads them upcast to float32, so the bytes a decode
+reads are the bytes stored and ``nbytes`` counts 2 per element. With unit roundoff
+u (2^-8 bfloat16, 2^-11 float16) a stored element is within u·|x| + η of x (η, half
+the smallest subnormal: 2^-25 float16, 2^-134 bfloat16), and output column d of one
+query's attention, o = Σ_i p_i v_i, is within
+
+    |Δo_d| <= u·max_i |v_id| + η + tanh(δ/2)·(max_i v_id - min_i v_id),
+    δ = max_i (u·Σ_d |q_d k_id| + η·‖q‖₁) / sqrt(D_k)
+
+of float32 storage's, in exact arithmetic (δ bounds each logit's change; the float32
+computation adds its own rounding). docs/mechanisms.md derives it;
+tests/kv_attention/test_storage_dtype.py holds a seeded sweep to it.
+
 Errors: ``update`` raises TypeError for k, v that are not float32/float64 arrays of
-one dtype (or float64 into a float32 cache), ValueError for NaN/inf (unless
-``check_finite=False``) or shapes that do not fit; a full static cache raises
-:class:`StaticCacheFullError`. Every check runs before anything is written, so a
-call that raises leaves the cache unchanged.
+one dtype (or float64 into a float32, bfloat16 or float16 cache), ValueError for
+NaN/inf (unless ``check_finite=False``), for values beyond a float16/bfloat16
+cache's largest finite value (which would be stored as inf), or shapes that do not
+fit; a full static cache raises :class:`StaticCacheFullError`. Every check runs
+before anything is written, so a call that raises leaves the cache unchanged.
 """
 
 import abc
 
 import numpy as np
 
-from ._validation import SUPPORTED_DTYPES, as_array, as_float_dtype, as_size, check_finite_array
+from ._validation import (SUPPORTED_DTYPES, as_array, as_float_dtype, as_size, as_stored, check_finite_array,
+                          compute_dtype, is_storage_dtype)
 
 
 class CacheFullError(Exception):
@@ -84,8 +102,12 @@ def as_batch_shape(batch_shape):
     return tuple(as_size(f"batch_shape[{i}]", n) for i, n in enumerate(batch_shape))
 
 
-def check_new_positions(k, v, cache, check_finite=True):
-    """``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]`` as float arrays, or raise unless they fit ``cache``."""
+def check_new_positions(k, v, cache, check_finite=True, dtype=None):
+    """``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]`` as float arrays, or raise unless they fit ``cache``.
+
+    Into bfloat16/float16 storage (the cache's, or ``dtype`` while it has no buffers)
+    they are returned rounded to it, and refused if that overflows.
+    """
     if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
         raise TypeError(f"k and v must be numpy arrays, got {type(k).__name__}, {type(v).__name__}")
     k_dtype, v_dtype = k.dtype.newbyteorder("="), v.dtype.newbyteorder("=")  # '>f8' counts as float64
@@ -100,11 +122,15 @@ def check_new_positions(k, v, cache, check_finite=True):
         if (k.shape[:-2], k.shape[-1], v.shape[-1]) != (k_cache.shape[:-2], k_cache.shape[-1], v_cache.shape[-1]):
             raise ValueError(f"k {k.shape} and v {v.shape} do not fit the cache's "
                              f"k_cache {k_cache.shape} and v_cache {v_cache.shape}")
-        if not np.can_cast(k.dtype, k_cache.dtype, casting="safe"):
-            raise TypeError(f"k and v are {k.dtype}, which the cache's {k_cache.dtype} cannot hold without loss")
+        dtype = k_cache.dtype
+    if dtype is not None and not np.can_cast(k.dtype, compute_dtype(dtype), casting="safe"):
+        raise TypeError(f"k and v are {k.dtype}, which the cache's {dtype} cannot hold without loss"
+                        + (" (it stores float32 rounded)" if is_storage_dtype(dtype) else ""))
     if check_finite:
         check_finite_array("k", k)
         check_finite_array("v", v)
+    if dtype is not None:
+        k, v = as_stored("k", k, dtype), as_stored("v", v, dtype)
     return k, v
 
 
@@ -130,7 +156,7 @@ def check_cache_fits(cache, kv_shape, t_new, dtype, window=None, n_sink=0):
             k_shape, v_shape = (", ".join(map(str, (*s[:-1], "T", s[-1]))) for s in kv_shape)
             raise ValueError(f"cache does not fit x: k_cache {k_cache.shape} and v_cache {v_cache.shape} "
                              f"must be [{k_shape}] and [{v_shape}]")
-        if k_cache.dtype != dtype:
+        if compute_dtype(k_cache.dtype) != dtype:
             raise TypeError(f"cache holds {k_cache.dtype} but the computation is {dtype}")
     stored, room = cache.get_seq_length(), cache.max_seq_len
     if room is not None and stored + t_new > room:
@@ -142,11 +168,15 @@ def check_cache_fits(cache, kv_shape, t_new, dtype, window=None, n_sink=0):
 class DynamicCache(Cache):
     """A K/V cache that grows by ``np.concatenate``: each update copies every position so far, O(T²) for T steps.
 
-    The dtype and leading axes are fixed by the first update; ``k_cache``/``v_cache`` are None before it.
+    The leading axes are fixed by the first update; ``k_cache``/``v_cache`` are None before it.
+    ``dtype``: None (default) stores k, v as given (Hugging Face's cache, in the model's
+    dtype), fixed by the first update; bfloat16 or float16 stores float32 k, v rounded;
+    float32 or float64 stores that dtype.
     """
 
-    def __init__(self):
+    def __init__(self, dtype=None):
         self.k_cache = self.v_cache = None
+        self._dtype = None if dtype is None else as_float_dtype(dtype, storage=True)
 
     def __repr__(self):
         if self.k_cache is None:
@@ -156,12 +186,13 @@ class DynamicCache(Cache):
 
     def update(self, k, v, *, check_finite=True):
         """Append ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]``; return the cache's own arrays (do not write)."""
-        return self._append(*check_new_positions(k, v, self, check_finite))
+        return self._append(*check_new_positions(k, v, self, check_finite, self._dtype))
 
     def _append(self, k, v):
         """:meth:`update` of checked k, v (a decode's own cache: its k, v come from checked inputs)."""
         if self.k_cache is None:
-            self.k_cache, self.v_cache = k.copy(), v.copy()
+            dtype = k.dtype if self._dtype is None else self._dtype
+            self.k_cache, self.v_cache = k.astype(dtype), v.astype(dtype)  # copies
         else:
             self.k_cache = np.concatenate([self.k_cache, k], axis=-2)  # [..., T + T_new, D_k]
             self.v_cache = np.concatenate([self.v_cache, v], axis=-2)  # [..., T + T_new, D_v]
@@ -189,13 +220,14 @@ class StaticCache(Cache):
     """A K/V cache allocated once, ``[*batch_shape, max_seq_len, D]``, written in place; zero past the length.
 
     ``batch_shape``: the leading axes, e.g. ``()``, ``(B,)`` or ``(B, H_kv)``; ``k_dim`` (D_k)
-    >= 1, every other size >= 0; ``dtype`` float32 or float64 (default float64).
+    >= 1, every other size >= 0; ``dtype`` float32, float64 (default), or bfloat16/float16
+    storage (see the module's docstring).
     """
 
     def __init__(self, batch_shape, max_seq_len, k_dim, v_dim, dtype=np.float64):
         batch_shape = as_batch_shape(batch_shape)
         max_seq_len, v_dim = as_size("max_seq_len", max_seq_len), as_size("v_dim", v_dim)
-        k_dim, dtype = as_size("k_dim", k_dim, minimum=1), as_float_dtype(dtype)
+        k_dim, dtype = as_size("k_dim", k_dim, minimum=1), as_float_dtype(dtype, storage=True)
         self.k_cache = np.zeros(batch_shape + (max_seq_len, k_dim), dtype)  # [*batch_shape, T_max, D_k]
         self.v_cache = np.zeros(batch_shape + (max_seq_len, v_dim), dtype)  # [*batch_shape, T_max, D_v]
         self._length = 0

@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from ._validation import as_array, as_flag, as_float_array, as_float_dtype, as_size
+from ._validation import as_array, as_flag, as_float_array, as_float_dtype, as_size, as_stored, compute_dtype
 from .block_allocator import BlockAllocator, OutOfBlocksError
 from .prefix_caching import PrefixCachingAllocator, hash_block_tokens
 from .split import _merge, _state
@@ -90,17 +90,23 @@ class PagedKVCache:
     """K/V of many sequences in pools ``k_cache: [num_blocks, block_size, D_k]``, ``v_cache: [..., D_v]``.
 
     A sequence holds ``ceil(length / block_size)`` blocks, plus any reserved by
-    :meth:`allocate_slots`; tokens never move once written.
+    :meth:`allocate_slots`; tokens never move once written. With ``num_kv_heads``
+    the pools are ``[num_blocks, block_size, num_kv_heads, D]`` and a token's k/v
+    ``[num_kv_heads, D]``: vLLM's layer pool (``FlashAttentionBackend.get_kv_cache_shape``
+    in ``vllm/v1/attention/backends/flash_attn.py``: ``(2, num_blocks, block_size,
+    num_kv_heads, head_size)``, K and V stacked, its "NHD" layout).
     """
 
-    def __init__(self, num_blocks, block_size, k_dim, v_dim, dtype=np.float64, *, enable_prefix_caching=False):
+    def __init__(self, num_blocks, block_size, k_dim, v_dim, dtype=np.float64, *, enable_prefix_caching=False,
+                 num_kv_heads=None):
         num_blocks = as_size("num_blocks", num_blocks)
         k_dim, v_dim = as_size("k_dim", k_dim, minimum=1), as_size("v_dim", v_dim)  # the library's rule for widths
         block_size = as_size("block_size", block_size, minimum=1)
-        dtype = as_float_dtype(dtype)
+        dtype = as_float_dtype(dtype, storage=True)  # bfloat16/float16 as cache.py's caches
         enable_prefix_caching = as_flag("enable_prefix_caching", enable_prefix_caching)
-        self.k_cache = np.zeros((num_blocks, block_size, k_dim), dtype)  # [num_blocks, block_size, D_k]
-        self.v_cache = np.zeros((num_blocks, block_size, v_dim), dtype)  # [num_blocks, block_size, D_v]
+        heads = () if num_kv_heads is None else (as_size("num_kv_heads", num_kv_heads, minimum=1),)
+        self.k_cache = np.zeros((num_blocks, block_size, *heads, k_dim), dtype)  # [num_blocks, block_size, (H_kv,) D_k]
+        self.v_cache = np.zeros((num_blocks, block_size, *heads, v_dim), dtype)  # [num_blocks, block_size, (H_kv,) D_v]
         self.allocator = (PrefixCachingAllocator if enable_prefix_caching else BlockAllocator)(num_blocks)
         self._block_tables = {}  # seq_id -> [physical block, ...]
         self._lengths = {}  # seq_id -> tokens stored
@@ -111,6 +117,7 @@ class PagedKVCache:
     def __repr__(self):
         return (f"PagedKVCache(num_blocks={self.num_blocks}, block_size={self.block_size}, "
                 f"k_dim={self.k_cache.shape[-1]}, v_dim={self.v_cache.shape[-1]}, dtype={self.k_cache.dtype}, "
+                f"{'' if self.num_kv_heads is None else f'num_kv_heads={self.num_kv_heads}, '}"
                 f"blocks_in_use={self.blocks_in_use}, sequences={len(self._block_tables)})")
 
     @property
@@ -122,6 +129,11 @@ class PagedKVCache:
     def block_size(self):
         """Token slots per block (int)."""
         return self.k_cache.shape[1]
+
+    @property
+    def num_kv_heads(self):
+        """K/V heads of each token (int), or None for a pool of one head without the axis."""
+        return self.k_cache.shape[2] if self.k_cache.ndim == 4 else None
 
     @property
     def enable_prefix_caching(self):
@@ -212,6 +224,8 @@ class PagedKVCache:
     def update(self, seq_ids, k, v, token_ids=None):
         """Append ``k: [N, T_new, D_k]``, ``v: [N, T_new, D_v]``, row i to sequence ``seq_ids[i]``; return slot_mapping.
 
+        With ``num_kv_heads``, ``k: [N, T_new, H_kv, D_k]`` and ``v: [N, T_new, H_kv, D_v]``.
+
         ``token_ids: [N, T_new]`` name the new tokens; with prefix caching each block they
         fill is cached (a write without them ends caching for those sequences).
         slot_mapping ``[N, T_new]`` int64 is the slot each new position was written to.
@@ -230,8 +244,8 @@ class PagedKVCache:
             self._make_room(seq_id, t_new)
         slot_mapping = self._slot_mapping(seq_ids, t_new)  # [N, T_new]
         slots, new = self.num_blocks * self.block_size, slot_mapping.size  # explicit: reshape(-1, 0) is ambiguous
-        self.k_cache.reshape(slots, k.shape[-1])[slot_mapping.ravel()] = k.reshape(new, k.shape[-1])
-        self.v_cache.reshape(slots, v.shape[-1])[slot_mapping.ravel()] = v.reshape(new, v.shape[-1])
+        self.k_cache.reshape(slots, *k.shape[2:])[slot_mapping.ravel()] = k.reshape(new, *k.shape[2:])
+        self.v_cache.reshape(slots, *v.shape[2:])[slot_mapping.ravel()] = v.reshape(new, *v.shape[2:])
         for i, seq_id in enumerate(seq_ids):
             self._lengths[seq_id] += t_new
             if self.enable_prefix_caching and t_new:  # an empty write changes nothing, caching included
@@ -240,7 +254,7 @@ class PagedKVCache:
         return slot_mapping
 
     def gather(self, seq_ids):
-        """Copies ``(k [N, S, D_k], v [N, S, D_v], lengths [N])`` of the sequences ``seq_ids``, for inspection.
+        """Copies ``(k [N, S, (H_kv,) D_k], v [N, S, (H_kv,) D_v], lengths [N])`` of the sequences ``seq_ids``.
 
         Row i holds ``seq_ids[i]``'s tokens at positions ``< lengths[i]``; past that, slots of
         its own last block (mask them). The decode never gathers: see :func:`paged_attention`.
@@ -258,7 +272,7 @@ class PagedKVCache:
 
     def _gather_pool(self, pool, index, tables, n):
         """``pool[index]`` as ``[N, S, D]``; zero rows for the sequences that hold no block."""
-        gathered = pool[index].reshape(len(index), index.shape[1] * self.block_size, pool.shape[-1])  # [N_held, S, D]
+        gathered = pool[index].reshape(len(index), index.shape[1] * self.block_size, *pool.shape[2:])  # [N_held, S, D]
         if len(index) == n:
             return gathered
         out = np.zeros((n,) + gathered.shape[1:], dtype=pool.dtype)  # [N, S, D]
@@ -322,15 +336,16 @@ class PagedKVCache:
     def _check_positions(self, k, v, n_seqs):
         """Return k, v as arrays, or raise unless they are ``[N, T_new, D_k]``/``[N, T_new, D_v]`` for the pool."""
         k, v = as_float_array("k", k), as_float_array("v", v)
-        expected_k = (n_seqs, k.shape[1] if k.ndim == 3 else "T_new", self.k_cache.shape[-1])
-        expected_v = (n_seqs, expected_k[1], self.v_cache.shape[-1])
+        expected_k = (n_seqs, k.shape[1] if k.ndim == self.k_cache.ndim else "T_new", *self.k_cache.shape[2:])
+        expected_v = (n_seqs, expected_k[1], *self.v_cache.shape[2:])
         if k.shape != expected_k or v.shape != expected_v:
-            raise ValueError(f"k and v must be [N, T_new, D_k] and [N, T_new, D_v] for N={n_seqs} seq_ids, "
-                             f"D_k={expected_k[2]}, D_v={expected_v[2]}: got k {k.shape}, v {v.shape}")
-        if v.dtype != k.dtype or not np.can_cast(k.dtype, self.k_cache.dtype, casting="safe"):
+            heads, h = ("", "") if self.num_kv_heads is None else ("H_kv, ", f"H_kv={self.num_kv_heads}, ")
+            raise ValueError(f"k and v must be [N, T_new, {heads}D_k] and [N, T_new, {heads}D_v] for N={n_seqs} "
+                             f"seq_ids, {h}D_k={expected_k[-1]}, D_v={expected_v[-1]}: got k {k.shape}, v {v.shape}")
+        if v.dtype != k.dtype or not np.can_cast(k.dtype, compute_dtype(self.k_cache.dtype), casting="safe"):
             raise TypeError(f"k and v must both be float32 or both float64 and fit the pool's {self.k_cache.dtype}: "
                             f"got {k.dtype} and {v.dtype}")
-        return k, v
+        return as_stored("k", k, self.k_cache.dtype), as_stored("v", v, self.v_cache.dtype)  # bfloat16/float16: rounded
 
     def _blocks_for(self, length):
         return math.ceil(length / self.block_size)
@@ -407,35 +422,102 @@ class PagedKVCache:
         return np.array(slots, dtype=np.int64).reshape(len(seq_ids), t_new)
 
 
-def paged_attention(q, cache, seq_ids, *, check_finite=True):
+def paged_attention(q, cache, seq_ids, *, causal=False, check_finite=True):
     """Attention of ``q: [N, T_q, D_k]`` (row i of sequence ``seq_ids[i]``) over each sequence's keys in the pool.
 
     Reads ``cache``'s pool block by block through the block tables (the module's
     method), so no step copies a sequence's whole K/V. Returns ``[N, T_q, D_v]``,
     equal up to rounding to :func:`~kv_attention.attention.attend` over each
-    sequence's stored keys; a sequence with none gives zeros. ``check_finite`` scans
-    ``q``; the pool's keys and values were scanned when they were written.
+    sequence's stored keys; a sequence with none gives zeros. With ``num_kv_heads``,
+    ``q: [N, H_q, T_q, D_k]`` -> ``[N, H_q, T_q, D_v]``, query head h reading K/V head
+    ``h // (H_q / H_kv)``; a group's query heads are rows against one read of its K/V
+    head, as vLLM's and FlashInfer's GQA decode kernels do. ``causal=True``: the queries
+    are each sequence's last T_q positions, already written (a chunk), and query i
+    attends to the keys before position ``length - T_q + i + 1``: the causal diagonal
+    aligned bottom-right, as vLLM's prefill (FlashAttention's ``causal``) aligns it.
+    ``check_finite`` scans ``q``; the pool's keys and values were scanned when they were written.
     """
     if not isinstance(cache, PagedKVCache):
         raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
     lengths = cache.get_seq_lengths(seq_ids)  # [N]; checks every id
+    causal = as_flag("causal", causal)
     q = (as_float_array if as_flag("check_finite", check_finite) else as_array)("q", q)
-    if q.ndim != 3 or q.shape[0] != len(lengths) or q.shape[2] != cache.k_cache.shape[-1]:
-        raise ValueError(f"q must be [N={len(lengths)}, T_q, D_k={cache.k_cache.shape[-1]}], got shape {q.shape}")
-    size = cache.block_size
+    n, d_k, h_kv = len(lengths), cache.k_cache.shape[-1], cache.num_kv_heads
+    if h_kv is None:
+        if q.ndim != 3 or q.shape[0] != n or q.shape[2] != d_k:
+            raise ValueError(f"q must be [N={n}, T_q, D_k={d_k}], got shape {q.shape}")
+        q_rows = q[:, None, :, None, :]  # [N, 1, T_q, 1, D_k]
+    else:
+        if q.ndim != 4 or q.shape[0] != n or q.shape[1] % h_kv or q.shape[3] != d_k:
+            raise ValueError(f"q must be [N={n}, H_q, T_q, D_k={d_k}] with H_q a multiple of num_kv_heads={h_kv}, "
+                             f"got shape {q.shape}")
+        q_rows = q.reshape(n, h_kv, q.shape[1] // h_kv, *q.shape[2:]).swapaxes(2, 3)  # [N, H_kv, T_q, G, D_k]
+    t_q, size = q_rows.shape[2], cache.block_size
     n_blocks = -(-lengths // size)  # [N], written blocks per sequence
     width = int(n_blocks.max(initial=0))
     tables = np.zeros((len(lengths), width), dtype=np.int64)  # [N, blocks]: past its own, a row repeats its last block
-    for i, (seq_id, n) in enumerate(zip(seq_ids, n_blocks.tolist())):
-        if n:
-            tables[i, :n], tables[i, n:] = cache._block_tables[seq_id][:n], cache._block_tables[seq_id][n - 1]
-    out = np.zeros(q.shape[:-1] + cache.v_cache.shape[-1:], np.result_type(q, cache.v_cache))  # [N, T_q, D_v]
-    lse = np.full(q.shape[:-1], -np.inf, out.dtype)  # [N, T_q]: the state of no keys
+    for i, (seq_id, n_held) in enumerate(zip(seq_ids, n_blocks.tolist())):
+        if n_held:
+            tables[i, :n_held] = cache._block_tables[seq_id][:n_held]
+            tables[i, n_held:] = cache._block_tables[seq_id][n_held - 1]
+    # keys a query may attend to are the positions below `ends`: [N, 1], or [N, T_q] bottom-right causal
+    ends = lengths[:, None] - t_q + 1 + np.arange(t_q) if causal else lengths[:, None]
+    out = np.zeros(q_rows.shape[:-1] + cache.v_cache.shape[-1:], np.result_type(q, cache.v_cache))  # [..., G, D_v]
+    lse = np.full(q_rows.shape[:-1], -np.inf, out.dtype)  # [N, H_kv, T_q, G]: the state of no keys
     offsets = np.arange(size)
     for j in range(width):
         blocks = tables[:, j]  # [N]
-        valid = j * size + offsets < lengths[:, None]  # [N, block_size]
-        valid = None if valid.all() else valid
-        state = _state(q, cache.k_cache[blocks], cache.v_cache[blocks], valid)  # one block: [N, T_q, D_v], [N, T_q]
+        valid = j * size + offsets < ends[..., None]  # [N, 1 or T_q, block_size]
+        valid = None if valid.all() else valid[:, None]  # [N, 1, 1 or T_q, block_size]
+        k, v = cache.k_cache[blocks], cache.v_cache[blocks]  # [N, block_size, (H_kv,) D]
+        if h_kv is None:
+            k, v = k[:, None, None], v[:, None, None]  # [N, 1, 1, block_size, D]
+        else:
+            k, v = k.swapaxes(1, 2)[:, :, None], v.swapaxes(1, 2)[:, :, None]  # [N, H_kv, 1, block_size, D]
+        state = _state(q_rows, k, v, valid)  # one block: [N, H_kv, T_q, G, D_v], [N, H_kv, T_q, G]
         out, lse = _merge((out, state[0]), (lse, state[1]))
-    return out
+    if h_kv is None:
+        return out[:, 0, :, 0]  # [N, T_q, D_v]
+    return out.swapaxes(2, 3).reshape(q.shape[:-1] + out.shape[-1:])  # [N, H_q, T_q, D_v]
+
+
+class PagedCacheView:
+    """One layer's paged cache bound to the sequences of a batch: what :func:`~kv_attention.model.forward` takes.
+
+    ``cache``: a :class:`PagedKVCache` with ``num_kv_heads``; ``seq_ids``: the N sequences,
+    row i of the batch is ``seq_ids[i]``; ``token_ids``: ``[N, T_new]`` for prefix caching.
+    The model's k/v ``[N, H_kv, T_new, D]`` are written as the pool's tokens
+    ``[N, T_new, H_kv, D]``, then read back block by block by :func:`paged_attention`.
+    """
+
+    def __init__(self, cache, seq_ids, token_ids=None):
+        if not isinstance(cache, PagedKVCache) or cache.num_kv_heads is None:
+            raise TypeError(f"cache must be a PagedKVCache with num_kv_heads, got {cache!r:.100}")
+        self.cache, self.seq_ids, self.token_ids = cache, as_id_list(seq_ids), token_ids
+        cache.get_seq_lengths(self.seq_ids)  # checks every id
+
+    @property
+    def batch_shape(self):
+        return len(self.seq_ids), self.cache.num_kv_heads
+
+    @property
+    def k_dim(self):
+        return self.cache.k_cache.shape[-1]
+
+    def get_seq_length(self):
+        """Tokens stored for each sequence: ``[N]`` int64."""
+        return self.cache.get_seq_lengths(self.seq_ids)
+
+    def check_room(self, t_new):
+        """Raise :class:`OutOfBlocksError` unless ``t_new`` more tokens of each sequence fit the free blocks."""
+        needed = self.cache._blocks_needed(self.seq_ids, t_new)
+        if needed > self.cache.num_free_blocks:
+            raise self.cache._out_of_blocks(len(self.seq_ids), needed)
+
+    def update(self, k, v):
+        """Write ``k: [N, H_kv, T_new, D_k]``, ``v: [N, H_kv, T_new, D_v]``; returns the slot_mapping ``[N, T_new]``."""
+        return self.cache.update(self.seq_ids, k.swapaxes(1, 2), v.swapaxes(1, 2), token_ids=self.token_ids)
+
+    def attend(self, q):
+        """Causal attention of the last T_q positions' ``q: [N, H_q, T_q, D_k]``: ``[N, H_q, T_q, D_v]``."""
+        return paged_attention(q, self.cache, self.seq_ids, causal=True, check_finite=False)

@@ -9,6 +9,13 @@ are the attention outputs at its last prompt position and at every decoded
 position, ``[len(token_ids) - prompt_len + 1, D_v]``, what a model samples from.
 They equal ``causal_attention(embedding[token_ids], w_q, w_k, w_v)[prompt_len - 1:]``
 however the request was chunked, batched, preempted or served from the cache.
+With ``model=(config, weights)`` (:mod:`~kv_attention.model`) the model is a Llama
+decoder with a paged cache per layer, and the tokens past a prompt are the model's
+own: each output is the argmax of the logits at the last known token, and it becomes
+the next token; a request's outputs equal its own ``generate()``. A step runs the
+one-token chunks of all requests as one batch (one position per row), and each
+longer chunk alone. vLLM keeps one block table per request for every layer; here each
+layer's cache keeps its own, changed in step.
 
 A request knows its prompt and, after each output, one token more (the one a
 model would have sampled from it). The scheduler is vLLM V1's
@@ -31,7 +38,7 @@ tokens bringing the first up to the second:
 
 The step then computes k and v of every scheduled token, and one query for each
 request whose known tokens are now all in the cache: its next output. What
-differs from V1: no sampling (tokens are teacher-forced), one layer of one head,
+differs from V1: no sampling (tokens are teacher-forced, or the model's argmax),
 FCFS only (no priority policy), no ``long_prefill_token_threshold``, speculative
 decoding, encoder inputs or KV connectors, and the blocks a waiting request needs
 are counted before it takes its cached prefix, so a refused admission leaves the
@@ -45,7 +52,7 @@ request for a repeated request id, ``prompt_len`` outside [1, len(token_ids)],
 token ids outside [0, V), or a request whose full length needs more blocks than
 ``num_blocks`` (it could never fit the pool). ValueError also for a budget or
 ``max_num_seqs`` below 1, ``block_size`` below 1, shapes that do not fit (named in
-the message), or NaN/inf.
+the message), or NaN/inf; with ``model``, weights that do not fit its config (named).
 """
 
 import math
@@ -57,7 +64,8 @@ import numpy as np
 
 from ._validation import _MAX_STEP, as_array, as_flag, as_float_array, as_size
 from .attention import check_projection_inputs
-from .paged import OutOfBlocksError, PagedKVCache, as_token_ids, paged_attention
+from .model import ModelConfig, check_weights, forward
+from .paged import OutOfBlocksError, PagedCacheView, PagedKVCache, as_token_ids, paged_attention
 
 
 @dataclass(frozen=True)
@@ -146,10 +154,10 @@ class ServeResult:
 class _Sequence:
     """A request in the scheduler: how much of it is in the cache, and its outputs so far."""
 
-    def __init__(self, request_id, token_ids, prompt_len, arrival_step, d_v, dtype):
+    def __init__(self, request_id, token_ids, prompt_len, arrival_step, output_shape, dtype):
         self.request_id, self.token_ids, self.prompt_len = request_id, token_ids, prompt_len
         self.arrival_step = arrival_step
-        self.outputs = np.zeros((len(token_ids) - prompt_len + 1, d_v), dtype)  # [outputs, D_v]
+        self.outputs = np.zeros((len(token_ids) - prompt_len + 1, *output_shape), dtype)  # [outputs, D_v] or [outputs]
         self.num_emitted = 0  # outputs computed
         self.num_computed = 0  # tokens whose k and v are in the cache
         self.high_water = 0  # the most tokens it ever had in the cache: below it, a token is recomputed
@@ -163,13 +171,11 @@ class _Sequence:
 class _Scheduler:
     """The queues (arrivals, waiting, running), the paged cache, and the counts of one serve."""
 
-    def __init__(self, seqs, embedding, weights, dtype, block_size, num_blocks, max_num_batched_tokens, max_num_seqs,
-                 enable_prefix_caching):
-        w_k, w_v = weights[1:]
-        self.embedding, self.weights = embedding, weights
+    def __init__(self, seqs, embedding, weights, model, caches, max_num_batched_tokens, max_num_seqs):
+        self.embedding, self.weights, self.model = embedding, weights, model
         self.max_num_batched_tokens, self.max_num_seqs = max_num_batched_tokens, max_num_seqs
-        d_k, d_v = w_k.shape[1], w_v.shape[1]
-        self.cache = PagedKVCache(num_blocks, block_size, d_k, d_v, dtype, enable_prefix_caching=enable_prefix_caching)
+        self.caches = caches  # one per layer, kept in step: every change goes to each
+        self.cache = caches[0]  # what the scheduler reads: lengths, free blocks, the prefix cache
         self.arrivals = deque(sorted(seqs, key=lambda s: s.arrival_step))  # stable: FCFS among equal steps
         self.waiting, self.running = deque(), []  # running: in order of admission
         self.preemptions = self.recomputed_tokens = self.prefix_hit_tokens = 0
@@ -211,8 +217,11 @@ class _Scheduler:
             if math.ceil((num_hit + num_new) / self.cache.block_size) - len(hits) + idle > self.cache.num_free_blocks:
                 break
             self.waiting.popleft()
-            seq.num_computed = self.cache.add_sequence(seq.request_id, seq.token_ids[: num_hit] if hits else None)
-            self.cache.allocate_slots(seq.request_id, num_new)
+            starts = {c.add_sequence(seq.request_id, seq.token_ids[: num_hit] if hits else None) for c in self.caches}
+            assert len(starts) == 1, "the layers' caches went out of step"
+            seq.num_computed = starts.pop()
+            for cache in self.caches:
+                cache.allocate_slots(seq.request_id, num_new)
             self.prefix_hit_tokens += seq.num_computed
             self.running.append(seq)
             scheduled.append((seq, num_new))
@@ -222,14 +231,17 @@ class _Scheduler:
     def allocate_slots(self, seq, num_new):
         """Whether the cache could give ``seq`` slots for ``num_new`` more tokens (all or nothing)."""
         try:
-            self.cache.allocate_slots(seq.request_id, num_new)
+            self.cache.allocate_slots(seq.request_id, num_new)  # all or nothing, and the same in every layer
+            for cache in self.caches[1:]:
+                cache.allocate_slots(seq.request_id, num_new)
             return True
         except OutOfBlocksError:
             return False
 
     def preempt(self, seq):
         """Free ``seq``'s blocks and put it back at the head of the queue, to recompute what it knew."""
-        self.cache.free(seq.request_id)
+        for cache in self.caches:
+            cache.free(seq.request_id)
         seq.num_computed = 0
         self.waiting.appendleft(seq)
         self.preemptions += 1
@@ -243,9 +255,19 @@ class _Scheduler:
         first = [s.num_computed + n - max(s.num_computed, s.prompt_len, s.high_water) for s, n in scheduled]
         self.decode_per_step.append(sum(max(0, f) for f in first))
         self.prefill_per_step.append(sum(n for _, n in scheduled) - self.decode_per_step[-1])
+        if self.model is not None:
+            self.run_model(scheduled)
+            return
         for seq, n in scheduled:
             self.write_kv(seq, n)
         self.attend([s for s, _ in scheduled if s.num_computed == s.num_tokens])
+
+    def advance(self, seq, n):
+        """Count ``n`` more tokens of ``seq`` as in the cache."""
+        start = seq.num_computed
+        self.recomputed_tokens += max(0, min(start + n, seq.high_water) - start)
+        seq.num_computed = start + n
+        seq.high_water = max(seq.high_water, seq.num_computed)
 
     def write_kv(self, seq, n):
         """Project and store k, v of the next ``n`` tokens of ``seq``."""
@@ -255,9 +277,7 @@ class _Scheduler:
         x = self.embedding[tokens]  # [1, n, D_model]
         token_ids = tokens if self.cache.enable_prefix_caching else None
         self.cache.update([seq.request_id], x @ w_k, x @ w_v, token_ids=token_ids)  # [1, n, D_k], [1, n, D_v]
-        self.recomputed_tokens += max(0, min(start + n, seq.high_water) - start)
-        seq.num_computed = start + n
-        seq.high_water = max(seq.high_water, seq.num_computed)
+        self.advance(seq, n)
 
     def attend(self, seqs):
         """The next output of each of ``seqs``: its last known token's query over its keys in the cache."""
@@ -267,11 +287,34 @@ class _Scheduler:
         q = (self.embedding[tokens] @ self.weights[0])[:, None, :]  # [N, 1, D_k]
         out = paged_attention(q, self.cache, [s.request_id for s in seqs], check_finite=False)[:, 0]  # [N, D_v]
         for seq, row in zip(seqs, out):
-            seq.outputs[seq.num_emitted] = row
-            seq.num_emitted += 1
-            if seq.num_emitted == len(seq.outputs):
-                self.cache.free(seq.request_id)
-                self.running.remove(seq)
+            self.emit(seq, row)
+
+    def run_model(self, scheduled):
+        """The model's forward over the scheduled tokens: the one-token chunks as one batch, each longer chunk alone;
+        a request now up to date emits the argmax of its last logits, and that token is its next input."""
+        ones = [(s, n) for s, n in scheduled if n == 1]
+        for group in [ones] * bool(ones) + [[(s, n)] for s, n in scheduled if n != 1]:
+            n = group[0][1]
+            ids = np.array([s.token_ids[s.num_computed : s.num_computed + n] for s, _ in group])  # [N, n]
+            token_ids = ids if self.cache.enable_prefix_caching else None
+            views = [PagedCacheView(c, [s.request_id for s, _ in group], token_ids) for c in self.caches]
+            logits = forward(*self.model, ids, cache=views)  # [N, n, V]
+            for i, (seq, _) in enumerate(group):
+                self.advance(seq, n)
+                if seq.num_computed == seq.num_tokens:
+                    token = logits[i, -1].argmax()
+                    if seq.num_tokens < len(seq.token_ids):
+                        seq.token_ids[seq.num_tokens] = token  # the token it generated is its next input
+                    self.emit(seq, token)
+
+    def emit(self, seq, output):
+        """Record ``seq``'s next output; a request with all of them leaves, its blocks freed."""
+        seq.outputs[seq.num_emitted] = output
+        seq.num_emitted += 1
+        if seq.num_emitted == len(seq.outputs):
+            for cache in self.caches:
+                cache.free(seq.request_id)
+            self.running.remove(seq)
 
     def result(self, seqs):
         stats = ServeStats(
@@ -290,8 +333,9 @@ class _Scheduler:
 
 
 def check_serve_inputs(requests, embedding, w_q, w_k, w_v, block_size, num_blocks, max_num_batched_tokens, max_num_seqs,
-                       enable_prefix_caching):
-    """Validate the inputs of ``serve``: ``(specs, embedding, weights, dtype, options)``, one spec per request."""
+                       enable_prefix_caching, model=None):
+    """Validate the inputs of ``serve``: ``(specs, embedding, weights, dtype, options)``, one spec per request;
+    with ``model``, embedding and weights are None and dtype the model's computation dtype."""
     options = (
         as_size("block_size", block_size, minimum=1),
         as_size("num_blocks", num_blocks),
@@ -299,6 +343,13 @@ def check_serve_inputs(requests, embedding, w_q, w_k, w_v, block_size, num_block
         None if max_num_seqs is None else as_size("max_num_seqs", max_num_seqs, minimum=1),
         as_flag("enable_prefix_caching", enable_prefix_caching),
     )
+    if model is not None:
+        if any(a is not None for a in (embedding, w_q, w_k, w_v)):
+            raise ValueError("pass either embedding, w_q, w_k, w_v (the single-head model) or model=(config, weights)")
+        if not (isinstance(model, tuple) and len(model) == 2 and isinstance(model[0], ModelConfig)):
+            raise TypeError(f"model must be (ModelConfig, weights), got {type(model).__name__}")
+        dtype = check_weights(*model)
+        return _check_requests(requests, model[0].vocab_size, options[0], options[1]), None, None, dtype, options
     embedding = as_float_array("embedding", embedding)
     if embedding.ndim != 2:
         raise ValueError(f"embedding must be [V, D_model], got shape {embedding.shape}")
@@ -357,15 +408,20 @@ def _check_request(name, request, vocab_size, block_size, num_blocks):
 
 
 
-def serve(requests, embedding, w_q, w_k, w_v, *, block_size=16, num_blocks, max_num_batched_tokens, max_num_seqs=None,
-          enable_prefix_caching=False):
+def serve(requests, embedding=None, w_q=None, w_k=None, w_v=None, *, model=None, block_size=16, num_blocks,
+          max_num_batched_tokens, max_num_seqs=None, enable_prefix_caching=False):
     """Serve ``requests`` to completion by the scheduler of the module docstring; returns a :class:`ServeResult`.
 
     Args:
         requests: a list of :class:`Request`, with distinct request ids.
-        embedding: ``[V, D_model]``; w_q, w_k: ``[D_model, D_k]``; w_v: ``[D_model, D_v]``.
+        embedding: ``[V, D_model]``; w_q, w_k: ``[D_model, D_k]``; w_v: ``[D_model, D_v]``: the single head.
+        model: instead, ``(config, weights)`` of :mod:`~kv_attention.model`, served with a paged
+            cache per layer (``num_kv_heads`` of them, head_dim wide). A request's tokens past
+            its prompt are then the model's own greedy choices, each fed back (the ones given
+            only set how many: ``len(token_ids) - prompt_len + 1`` are generated); its output is
+            those tokens, int64, equal to ``generate(config, weights, [prompt], n)[0, prompt_len:]``.
         block_size: tokens per block of the paged cache (default 16).
-        num_blocks: blocks in its pool; every request must fit it alone.
+        num_blocks: blocks in its pool (in each layer's); every request must fit it alone.
         max_num_batched_tokens: the token budget of a step, >= 1.
         max_num_seqs: the most running requests at once (default: no limit).
         enable_prefix_caching: share cached full blocks between requests (default False).
@@ -374,9 +430,19 @@ def serve(requests, embedding, w_q, w_k, w_v, *, block_size=16, num_blocks, max_
     """
     specs, embedding, weights, dtype, options = check_serve_inputs(
         requests, embedding, w_q, w_k, w_v, block_size, num_blocks, max_num_batched_tokens, max_num_seqs,
-        enable_prefix_caching,
+        enable_prefix_caching, model,
     )
-    seqs = [_Sequence(*spec, weights[2].shape[1], dtype) for spec in specs]
-    scheduler = _Scheduler(seqs, embedding, weights, dtype, *options)
+    block_size, num_blocks, max_num_batched_tokens, max_num_seqs, enable_prefix_caching = options
+    if model is None:
+        d_k, d_v, layers, heads = weights[1].shape[1], weights[2].shape[1], 1, None
+        output = ((d_v,), dtype)  # an attention output [D_v] per step
+    else:
+        config = model[0]
+        d_k = d_v = config.head_dim
+        layers, heads, output = config.num_hidden_layers, config.num_key_value_heads, ((), np.int64)  # a token
+    caches = [PagedKVCache(num_blocks, block_size, d_k, d_v, dtype, enable_prefix_caching=enable_prefix_caching,
+                           num_kv_heads=heads) for _ in range(layers)]
+    seqs = [_Sequence(*spec, *output) for spec in specs]
+    scheduler = _Scheduler(seqs, embedding, weights, model, caches, max_num_batched_tokens, max_num_seqs)
     scheduler.run()
     return scheduler.result(seqs)

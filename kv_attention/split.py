@@ -16,6 +16,8 @@ num_splits)``; FlashInfer's ``merge_state``/``merge_states`` and cascade inferen
 (``MultiLevelCascadeAttentionWrapper``).
 """
 
+import functools
+
 import numpy as np
 
 from ._validation import as_array, as_flag, as_float_array, as_size, as_sizes_per_sequence, check_finite_array
@@ -82,7 +84,7 @@ def _as_suffixes(k_suffix, v_suffix, suffix_lengths, d_k, d_v, check_finite):
     come with ``suffix_lengths`` (default: every suffix S_max long); the padding may hold
     anything, and is returned as 0 (in a copy) where it holds NaN/inf.
     """
-    read = as_float_array if check_finite else as_array
+    read = functools.partial(as_float_array if check_finite else as_array, storage=True)
     if isinstance(k_suffix, (list, tuple)) and isinstance(v_suffix, (list, tuple)):
         if suffix_lengths is not None:
             raise ValueError("suffix_lengths is for padded suffixes [B, S_max, D]; lists of suffixes carry their own")
@@ -102,7 +104,7 @@ def _as_suffixes(k_suffix, v_suffix, suffix_lengths, d_k, d_v, check_finite):
         raise TypeError("k_suffix and v_suffix must both be lists of B arrays [S_i, D] or both arrays [B, S_max, D], "
                         f"got {type(k_suffix).__name__} and {type(v_suffix).__name__}")
     if suffix_lengths is not None:
-        read = as_array  # with lengths, the padding is not checked
+        read = functools.partial(as_array, storage=True)  # with lengths, the padding is not checked
     k_suffix, v_suffix = read("k_suffix", k_suffix), read("v_suffix", v_suffix)
     if (k_suffix.ndim != 3 or v_suffix.ndim != 3 or k_suffix.shape[:2] != v_suffix.shape[:2]
             or k_suffix.shape[2] != d_k or v_suffix.shape[2] != d_v):
@@ -134,8 +136,8 @@ def check_cascade_inputs(q, k_shared, v_shared, k_suffix, v_suffix, suffix_lengt
     arrays in ``dtype = np.result_type`` of them all, the suffixes padded to
     ``[B, S_max, D]``, ``lengths`` ``[B]`` int64 or None when every suffix is S_max long.
     """
-    read = as_float_array if check_finite else as_array
-    q = read("q", q)
+    read = functools.partial(as_float_array if check_finite else as_array, storage=True)  # K/V: bfloat16, float16 too
+    q = (as_float_array if check_finite else as_array)("q", q)
     k_shared, v_shared = read("k_shared", k_shared), read("v_shared", v_shared)
     if q.ndim != 3 or q.shape[-1] == 0:
         raise ValueError(f"q must be [B, T_q, D_k] with D_k >= 1, got shape {q.shape}")

@@ -10,7 +10,8 @@ W slots) and Mistral's rotating buffer: a chunk is attended to before it overwri
 the ring, as HF's layer returns ``cat(kept, new)``. What differs: the sinks, which
 neither keeps, and one new position is written first and attended on the buffers'
 own views, in slot order (attention does not depend on the order of the keys).
-Errors as ``cache.py``'s caches; ``crop`` also refuses what the ring no longer holds.
+Dtypes (bfloat16/float16 storage too) and errors as ``cache.py``'s caches; ``crop`` also refuses
+what the ring no longer holds.
 """
 
 import numpy as np
@@ -29,7 +30,7 @@ class SlidingWindowCache(Cache):
         batch_shape = as_batch_shape(batch_shape)
         window, n_sink = as_size("window", window, minimum=1), as_size("n_sink", n_sink)
         k_dim, v_dim = as_size("k_dim", k_dim, minimum=1), as_size("v_dim", v_dim)  # the library's rule for widths
-        dtype = as_float_dtype(dtype)
+        dtype = as_float_dtype(dtype, storage=True)  # bfloat16/float16: as cache.py's caches
         self.window, self.n_sink = window, n_sink
         self.k_cache = np.zeros(batch_shape + (n_sink + window, k_dim), dtype)  # [*batch_shape, n_sink + W, D_k]
         self.v_cache = np.zeros(batch_shape + (n_sink + window, v_dim), dtype)  # [*batch_shape, n_sink + W, D_v]

@@ -254,3 +254,66 @@ def quantized_reference(x, nbits, group_size, residual_length, axis, format_name
             out[lead][rows, cols] = np.reshape(rounded, np.shape(x[lead][rows, cols]))
             scales[lead][rows, cols] = scale
     return out, scales
+
+
+# A Llama-architecture forward, position by position and head by head: shares no code with kv_attention.model.
+
+def _rms(x, weight, eps):
+    return weight * x / math.sqrt(math.fsum(float(e) ** 2 for e in x) / len(x) + eps)
+
+
+def _rotate(x, position, theta):
+    """x [D] rotated as Hugging Face pairs its channels: (x_i, x_{i + D/2}) by the angle p · theta^(-2i/D)."""
+    half, out = len(x) // 2, np.empty(len(x))
+    for i in range(half):
+        angle = position * theta ** (-2.0 * i / len(x))
+        c, s = math.cos(angle), math.sin(angle)
+        out[i], out[i + half] = x[i] * c - x[i + half] * s, x[i + half] * c + x[i] * s
+    return out
+
+
+def naive_llama_forward(config, weights, input_ids, window=None, kv_hook=None):
+    """Logits ``[B, T, vocab_size]`` (float64) of ``input_ids [B, T]``, one position, head and key at a time.
+
+    ``config`` has LlamaConfig's field names; ``weights`` Hugging Face's state-dict names.
+    ``window``: a query at t attends to keys t - window < s <= t (HF's sliding window).
+    ``kv_hook(k, v)`` maps one layer's rotated keys and values ``[H_kv, T, D]`` before
+    attention (a quantized cache's round trip, say).
+    """
+    w = {name: np.asarray(a, dtype=np.float64) for name, a in weights.items()}
+    n_heads, n_kv, d, eps = config.num_attention_heads, config.num_key_value_heads, config.head_dim, config.rms_norm_eps
+    group = n_heads // n_kv
+    head = w["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"]
+    logits = []
+    for ids in np.asarray(input_ids):
+        t_len = len(ids)
+        x = np.array([w["model.embed_tokens.weight"][i] for i in ids])  # [T, D_model]
+        for layer in range(config.num_hidden_layers):
+            p = f"model.layers.{layer}."
+            h = np.array([_rms(row, w[p + "input_layernorm.weight"], eps) for row in x])
+            q = [[_rotate(w[p + "self_attn.q_proj.weight"][j * d:(j + 1) * d] @ h[t], t, config.rope_theta)
+                  for t in range(t_len)] for j in range(n_heads)]
+            k = np.array([[_rotate(w[p + "self_attn.k_proj.weight"][j * d:(j + 1) * d] @ h[t], t, config.rope_theta)
+                           for t in range(t_len)] for j in range(n_kv)])  # [H_kv, T, D]
+            v = np.array([[w[p + "self_attn.v_proj.weight"][j * d:(j + 1) * d] @ h[t] for t in range(t_len)]
+                          for j in range(n_kv)])  # [H_kv, T, D]
+            if kv_hook is not None:
+                k, v = kv_hook(k, v)
+            heads = np.zeros((t_len, n_heads * d))
+            for j in range(n_heads):
+                for t in range(t_len):
+                    keys = [s for s in range(t + 1) if attends(t, s, window)]
+                    scores = [float(np.dot(q[j][t], k[j // group][s])) / math.sqrt(d) for s in keys]
+                    top = max(scores)
+                    weights_ = [math.exp(s - top) for s in scores]
+                    total = math.fsum(weights_)
+                    for weight, s in zip(weights_, keys):
+                        heads[t, j * d:(j + 1) * d] += weight / total * v[j // group][s]
+            x = x + heads @ w[p + "self_attn.o_proj.weight"].T
+            h = np.array([_rms(row, w[p + "post_attention_layernorm.weight"], eps) for row in x])
+            gate, up = h @ w[p + "mlp.gate_proj.weight"].T, h @ w[p + "mlp.up_proj.weight"].T
+            silu = np.vectorize(lambda g: g / (1.0 + math.exp(-g)))(gate)
+            x = x + (silu * up) @ w[p + "mlp.down_proj.weight"].T
+        x = np.array([_rms(row, w["model.norm.weight"], eps) for row in x])
+        logits.append(x @ head.T)
+    return np.array(logits)

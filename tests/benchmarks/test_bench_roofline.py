@@ -56,7 +56,8 @@ def test_points_over_two_gib_or_over_4096_positions_are_left_out_with_the_reason
     assert "B x T = 16384 cached positions" in bench_roofline.not_measured("Llama-2-7B", 4096, 4, "grouped")
     measured = [(s, t, b, p) for s in bench_roofline.ROOFLINE_SHAPES for t in bench_roofline.ROOFLINE_LENGTHS for b in bench_roofline.ROOFLINE_BATCHES
                 for p in bench_roofline.ROOFLINE_PATHS if bench_roofline.not_measured(s, t, b, p) is None]
-    assert len(measured) == 16 and all(b == 1 or t == 1024 for _, t, b, _ in measured)
+    assert len(measured) == 12 and all(b == 1 or t == 1024 for _, t, b, _ in measured)
+    assert "G = 1" in bench_roofline.not_measured("Llama-2-7B", 1024, 1, "repeat_kv")  # the grouped step again
 
 
 def test_the_step_oracle_is_the_last_position_of_causal_multi_head_attention():

@@ -143,7 +143,7 @@ def test_static_cache_checks_its_sizes_and_dtype():
         kv.StaticCache(2, 4, 3, 2)
     with pytest.raises(TypeError, match=r"batch_shape\[0\] must be an integer"):
         kv.StaticCache((2.9,), 4, 3, 2)
-    with pytest.raises(TypeError, match="float32 or float64"):
+    with pytest.raises(TypeError, match="float32, float64, bfloat16 or float16"):
         kv.StaticCache((), 4, 3, 2, dtype=np.int64)
     cache = kv.StaticCache((2, 3), 7, 4, 5, dtype=np.float32)
     assert cache.k_cache.shape == (2, 3, 7, 4) and cache.v_cache.shape == (2, 3, 7, 5)
@@ -200,7 +200,7 @@ def test_update_takes_a_big_endian_array_or_a_matrix_as_a_plain_native_array(mak
 
 def test_static_cache_refuses_a_dtype_of_none():
     # np.dtype(None) would silently mean float64; kv_cache_bytes refuses None too.
-    with pytest.raises(TypeError, match="^dtype must be float32 or float64, got None$"):
+    with pytest.raises(TypeError, match="^dtype must be float32, float64, bfloat16 or float16, got None$"):
         kv.StaticCache((), 4, 3, 2, dtype=None)
 
 

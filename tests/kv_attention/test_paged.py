@@ -316,8 +316,8 @@ def test_sequence_bookkeeping_errors():
         ((-1, 2, 3, 5), ValueError, "num_blocks must be >= 0"),
         ((4, 0, 3, 5), ValueError, "block_size must be >= 1"),
         ((4, 2.0, 3, 5), TypeError, "block_size must be an integer"),
-        ((4, 2, 3, 5, np.int32), TypeError, "float32 or float64"),
-        ((4, 2, 3, 5, None), TypeError, "^dtype must be float32 or float64, got None$"),
+        ((4, 2, 3, 5, np.int32), TypeError, "float32, float64, bfloat16 or float16"),
+        ((4, 2, 3, 5, None), TypeError, "^dtype must be float32, float64, bfloat16 or float16, got None$"),
     ],
 )
 def test_constructor_checks_its_arguments(args, error, message):

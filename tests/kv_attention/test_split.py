@@ -474,7 +474,7 @@ def test_nan_or_inf_inputs_name_the_argument(position, name, bad):
 
 def test_integer_inputs_are_a_type_error():
     q, k, v = attention_problem((), 2, 4)
-    with pytest.raises(TypeError, match=r"k must be a float32 or float64 array, got dtype int64"):
+    with pytest.raises(TypeError, match=r"k must be a float32, float64, bfloat16 or float16 array, got dtype int64"):
         kv.attention_state(q, k.astype(np.int64), v)
 
 

@@ -157,8 +157,8 @@ def test_constructor_checks_its_arguments():
         kv.SlidingWindowCache((), 4, 3, 2, n_sink=-1)
     with pytest.raises(TypeError, match="n_sink must be an integer"):
         kv.SlidingWindowCache((), 4, 3, 2, n_sink=1.5)
-    with pytest.raises(TypeError, match="float32 or float64"):
-        kv.SlidingWindowCache((), 4, 3, 2, dtype=np.float16)
+    with pytest.raises(TypeError, match="float32, float64, bfloat16 or float16, got int8"):
+        kv.SlidingWindowCache((), 4, 3, 2, dtype=np.int8)
     with pytest.raises(TypeError, match="batch_shape must be a tuple"):
         kv.SlidingWindowCache(2, 4, 3, 2)
     cache = kv.SlidingWindowCache([2], 4, 3, 2, n_sink=1, dtype=np.float32)
@@ -255,7 +255,7 @@ def test_key_positions_refuses_a_t_new_that_is_not_an_integer_from_0(t_new, erro
 
 
 def test_a_window_cache_of_dtype_none_is_refused():
-    with pytest.raises(TypeError, match="^dtype must be float32 or float64, got None$"):
+    with pytest.raises(TypeError, match="^dtype must be float32, float64, bfloat16 or float16, got None$"):
         kv.SlidingWindowCache((), 4, 3, 2, dtype=None)
 
 

@@ -235,7 +235,8 @@ def test_every_experiment_is_defined_once_with_its_table_and_the_suites_benchmar
     assert EXPERIMENTS == {"cache": CACHE_PAIRED, "batch": BATCH_PAIRED, "batch_size": SWEEP, "heads": HEADS,
                            "ragged": RAGGED, "roofline": "bench_roofline.Roofline.track_ratio",  # no timing
                            "quantized": "bench_quantized.QuantizedDecode.time_decode",
-                           "beyond": "bench_roofline.Roofline.track_ratio"}  # one headline per experiment
+                           "beyond": "bench_roofline.Roofline.track_ratio",  # one headline per experiment
+                           "model": "bench_model.ModelStep.track_ratio", "model_batch": "bench_model.ModelBatch.track_ratio"}
     assert [samples._experiment(timing) for timing in [CACHE, BATCH, SWEEP, HEADS, RAGGED]] == [
         "cache", "batch", "batch_size", "heads", "ragged"]
     assert samples._experiment("bench_split.SplitDecode.time_decode") == "split"
@@ -536,8 +537,8 @@ def test_plots_are_written_and_open_as_images(repo, capsys, tmp_path):
     code, out, _ = report(path, "plots", "--out", str(tmp_path / "figs"), capsys=capsys)
     assert code == 0
     names = sorted(p.name for p in (tmp_path / "figs").iterdir())
-    assert names == ["batch_per_step.png", "heads_vs_T.png", "positions_vs_B.png", "quantized.png", "ragged.png",
-                     "ratios_vs_T.png"]
+    assert names == ["batch_per_step.png", "heads_vs_T.png", "model.png", "positions_vs_B.png", "quantized.png",
+                     "ragged.png", "ratios_vs_T.png"]
     for name in names:
         pixels = image.imread(tmp_path / "figs" / name)
         assert pixels.ndim == 3 and pixels.shape[0] > 200 and pixels.shape[1] > 300
@@ -697,7 +698,7 @@ def test_plots_of_a_run_where_every_gate_failed(repo, capsys, tmp_path):
         (SWEEP, [1, 2, 4, 8])) for key in keys}
     write_run(path / ".asv/results", hashes[2], override=override)
     code, out, _ = report(path, "plots", "--out", str(tmp_path / "figs"), capsys=capsys)
-    assert code == 0 and len(list((tmp_path / "figs").iterdir())) == 6
+    assert code == 0 and len(list((tmp_path / "figs").iterdir())) == 7
     code, out, _ = report(path, "tables", capsys=capsys)
     assert code == 0 and table_rows(out, CACHE_TITLE)[0][1:4] == ["failed"] * 3
 
@@ -796,7 +797,7 @@ def test_ratio_plots_show_concat_over_preallocated_and_the_lab_s_own_figures_mar
     fig = plots._ratios_vs_t(plt, run, "t", lab=False)
     assert not any(lab.LABEL in label for label in lines_of(fig))
     plt.close(fig)
-    assert plots.NO_LAB == {"positions_vs_B.png", "heads_vs_T.png", "ragged.png"}  # marked: the lab published none
+    assert plots.NO_LAB == {"positions_vs_B.png", "heads_vs_T.png", "ragged.png", "model.png"}  # the lab has none
 
 
 def test_heads_and_ragged_plots_draw_the_tables_figures(repo):

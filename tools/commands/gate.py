@@ -26,7 +26,7 @@ CYCLES_FACTOR = 1.015  # estimated cycles move with where arrays land (cache mis
 # step explain its speedup; unpaired across commits they move with the load, and its time_ points are the cost.
 ANSWERS = ("track_ratio", "track_ratio_low", "track_ratio_high", "track_step_gbps", "track_read_gbps",
            "track_sequential_step", "track_batched_step", "track_saved_step", "track_saved_step_low",
-           "track_saved_step_high")
+           "track_saved_step_high", "track_token_seconds", "track_positions_per_second")
 VANISHED = "(vanished: a value at BASE, n/a at HEAD)"
 ERROR_EXIT = 2  # a usage or user error; 1 means a regression
 LOCKS_WORKSPACE = True

@@ -14,4 +14,6 @@ EXPERIMENTS = {
     "roofline": "bench_roofline.Roofline.track_ratio",  # no timing: its paired bandwidth fraction
     "quantized": "bench_quantized.QuantizedDecode.time_decode",
     "beyond": "bench_roofline.Roofline.track_ratio",  # one headline per experiment beyond the lab
+    "model": "bench_model.ModelStep.track_ratio",  # a decode step at SmolLM-135M's shape
+    "model_batch": "bench_model.ModelBatch.track_ratio",
 }

@@ -250,3 +250,46 @@ def write_plots(run, out_dir, lab=False, protected=()):
             plt.close(fig)
         written.append(targets[name])
     return written
+
+
+def _model(plt, run, title, lab):
+    """The model experiment: ms per token vs T per cache kind; a step's bytes vs B x T, weights against K/V, with
+    each model's crossover; positions/s vs B with linear scaling from B = 1 (all from the tables' cells)."""
+    from .tables import MODEL_BYTES, model_batch_table, model_bytes, model_table
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+    table, every = model_table(run), []
+    for cache in dict.fromkeys(c for (_, c), _ in table.rows):
+        every += _errorbar(axes[0], [(t, cells["ms / token"]) for (t, c), cells in table.rows if c == cache], 1e3,
+                           label=f"{cache} cache")
+    _axes(axes[0], sorted({t for (t, _), _ in table.rows if is_number(t)}), every, "T (positions in each cache)",
+          "ms per token, B = 1", "one decode step, float32", bottom=0)
+    positions = [2 ** k for k in range(8, 21)]  # B x T
+    for (model, marker), color in zip((("SmolLM-135M", "o"), ("Llama-3-8B", "s")), ("C0", "C3")):
+        weights, per_token, crossover = model_bytes(run, model)
+        if not all(is_number(v) for v in (weights, per_token, crossover)):
+            continue
+        axes[1].plot(positions, [weights] * len(positions), color=color, label=f"{model}: weights")
+        axes[1].plot(positions, [per_token * n for n in positions], color=color, linestyle="--", label="its K/V")
+        axes[1].plot([crossover], [weights], marker=marker, color=color, linestyle="none",
+                     label=f"equal at B x T = {crossover:,.0f}")
+    _axes(axes[1], [], [math.nan] if not axes[1].lines else [1.0], "B x T (cached positions in the batch)",
+          "bytes a step reads", "weights vs K/V cache (SmolLM float32, Llama bf16)", log_y=True,
+          legend={"fontsize": 7})
+    cells = [(b, c["positions / s"]) for (b,), c in model_batch_table(run).rows]
+    one = [c["B = 1, same pairs"] for _, c in model_batch_table(run).rows if is_number(c["B = 1, same pairs"])]
+    if one:
+        cells = [(1, sum(one) / len(one))] + cells
+    rate = _errorbar(axes[2], cells, label="measured (B = 1: its mean over the pairs)")
+    if one:
+        axes[2].plot([b for b, _ in cells], [b * cells[0][1] for b, _ in cells], linestyle="--", color="grey",
+                     label="linear from B = 1: weights read once a step")
+    _axes(axes[2], [b for b, _ in cells], rate, "B (sequences per step)", "positions / s",
+          "batched steps, static caches, T = 256", bottom=0, legend={"fontsize": 8})
+    axes[2].set_xscale("linear")  # so that linear scaling is a straight line
+    fig.suptitle(f"Model experiment, SmolLM-135M's shape — {title}")
+    return fig
+
+
+FIGURES["model.png"] = _model
+NO_LAB.add("model.png")

@@ -9,7 +9,7 @@ import itertools
 import inspect
 from dataclasses import dataclass
 
-from benchmarks import bench_batch, bench_heads, bench_quantized, bench_ragged, bench_roofline
+from benchmarks import bench_batch, bench_heads, bench_model, bench_quantized, bench_ragged, bench_roofline
 from benchmarks.common import BATCH, LENGTHS, STRATEGIES, SWEEP_BATCH_SIZES, SWEEP_LENGTH, verified_decode
 
 from ..common import UserError
@@ -17,7 +17,7 @@ from ..results import FAILED, SKIPPED, is_number
 from . import EXPERIMENTS, lab
 
 (CACHE_PAIRED, BATCH_PAIRED, SWEEP_BENCHMARK, HEADS_BENCHMARK, RAGGED_BENCHMARK, ROOFLINE_PAIRED,
- QUANTIZED_BENCHMARK, _) = EXPERIMENTS.values()  # a paired ratio's interval: + "_low", + "_high"
+ QUANTIZED_BENCHMARK, *_) = EXPERIMENTS.values()  # a paired ratio's interval: + "_low", + "_high"
 CACHE_BENCHMARK = "bench_cache.CacheStrategy.time_decode"  # asv's timings, where no paired ratio was stored
 BATCH_BENCHMARK = "bench_batch.BatchStrategy.time_decode"
 QUANTIZED_BYTES = "bench_quantized.QuantizedAccuracy.track_bytes_per_position"
@@ -248,8 +248,8 @@ def roofline_table(run):
             "query head. fraction: the median of per-pair (read time / step time), the step timed in turns with a "
             "kernel reading the same bytes once (np.vdot of each buffer with itself; np.sum before version 2), in one "
             "process [its 95 % interval]; GB/s: the bytes over each "
-            "side's median sample (10^9 bytes / s). n/a: not measured, over the 2 GiB memory budget, or B = 4 "
-            "beyond T = 1024 (the time budget). 1 MiB = 2^20 bytes.")
+            "side's median sample (10^9 bytes / s). n/a: not measured, over the 2 GiB memory budget, B = 4 "
+            "beyond T = 1024 (the time budget), or repeat_kv at G = 1 (the grouped step). 1 MiB = 2^20 bytes.")
     return Table("Roofline experiment: one decode step at model shapes, as a fraction of the read bandwidth",
                  keys, kinds, rows, note)
 
@@ -422,3 +422,63 @@ def describe(run, experiments=None):
         "- no asv timing shown: each figure is a value asv tracked once for the commit (a paired ratio with "
         "its interval, a time from its pairs, or an exact count)",
     ]
+
+
+# The model experiment (benchmarks/bench_model.py): the decode step of SmolLM-135M's shape, and its batch sweep.
+MODEL_STEP, MODEL_BATCH = "bench_model.ModelStep.track_", "bench_model.ModelBatch.track_"
+MODEL_BYTES = "bench_model.ModelBytes.track_"  # + weight_bytes, kv_bytes_per_token, crossover_positions
+MODEL_CACHE_BYTES = "bench_model.ModelCacheBytes.track_bytes_per_token"
+
+
+def model_bytes(run, model):
+    """``(weight bytes, K/V bytes a token, crossover B x T)`` of ``model``, as the run stored them."""
+    return tuple(run.value(MODEL_BYTES + f, model=model) for f in ("weight_bytes", "kv_bytes_per_token",
+                                                                   "crossover_positions"))
+
+
+def model_table(run):
+    """Model experiment: one B = 1 decode step per T and cache kind, its time and its fraction of the read rate."""
+    rows = []
+    for t, cache in itertools.product(_keys(run, MODEL_STEP + "ratio", "T", bench_model.STEP_LENGTHS),
+                                      _keys(run, MODEL_STEP + "ratio", "cache", bench_model.STEP_CACHES)):
+        rows.append(((t, cache), {
+            "ms / token": run.value(MODEL_STEP + "token_seconds", T=t, cache=cache),
+            "fraction of read bandwidth": paired(run, MODEL_STEP + "ratio", SKIPPED, T=t, cache=cache),
+            "step GB/s": run.value(MODEL_STEP + "step_gbps", T=t, cache=cache),
+            "read GB/s": run.value(MODEL_STEP + "read_gbps", T=t, cache=cache),
+            "bytes / step": bench_model.step_bytes(t, 1) if is_number(t) else SKIPPED,
+        }))
+    kinds = {"ms / token": "ms", "fraction of read bandwidth": "fraction", "step GB/s": "gbps", "read GB/s": "gbps",
+             "bytes / step": "bytes"}
+    exact = "; ".join(f"{m}: weights {format_cell(w, 'count')} bytes, K/V {format_cell(kv, 'count')} a token, equal "
+                      f"at B x T = {format_cell(x, 'count')}" for m in bench_model.CONFIGS
+                      for w, kv, x in [model_bytes(run, m)])
+    caches = ", ".join(f"{kind} {format_cell(run.value(MODEL_CACHE_BYTES, cache=kind), 'count')}"
+                       for kind in bench_model.CACHE_KINDS)
+    note = ("SmolLM-135M's configuration, float32 weights drawn in the suite; one step (one new token) through the "
+            "commit's forward, its caches holding T positions, checked against a float64 oracle first. bytes / step: "
+            "every weight once and K and V of T + 1 positions. fraction: the median of per-pair (read time / step time)"
+            ", the step timed in turns with np.vdot over the same bytes [its 95 % interval]; ms / token from the same "
+            f"pairs. Exact, SmolLM-135M in float32 and Llama-3-8B in bfloat16 (a step reads every weight but an "
+            f"untied embedding): {exact}. Bytes per token "
+            f"of each cache at SmolLM-135M's shape (4-bit quantized at T = {bench_model.BYTES_LENGTH}): {caches}.")
+    return Table("Model experiment: a decode step at SmolLM-135M's shape", ("T", "cache"), kinds, rows, note)
+
+
+def model_batch_table(run):
+    """Model experiment: positions/s of B sequences per step over B = 1's, paired, static caches at T = 256."""
+    rows = []
+    for b in _keys(run, MODEL_BATCH + "ratio", "B", bench_model.BATCH_SIZES[1:]):
+        rate, scaling = run.value(MODEL_BATCH + "positions_per_second", B=b), paired(run, MODEL_BATCH + "ratio",
+                                                                                      SKIPPED, B=b)
+        rows.append(((b,), {"positions / s": rate, "B = 1, same pairs": _combine(lambda r, s: r / s, rate, scaling),
+                            "over B = 1": scaling}))
+    note = (f"One step of B sequences against static caches of T = {bench_model.BATCH_LENGTH}, timed in turns with "
+            "the B = 1 step. over B = 1: B x time(B = 1) / time(B), the median of per-pair ratios [its 95 % interval]"
+            "; B x would mean a step of B costs what a step of one does. " + PAIRED_NOTE)
+    return Table(f"Model experiment: B sequences per step, T = {bench_model.BATCH_LENGTH}", ("B",),
+                 {"positions / s": "rate", "B = 1, same pairs": "rate", "over B = 1": "ratio3"}, rows, note)
+
+
+TABLES.update(model=model_table, model_batch=model_batch_table)
+OPTIONAL.update(model=MODEL_STEP + "ratio", model_batch=MODEL_BATCH + "ratio")

@@ -1,0 +1,324 @@
+"""The Llama model: forward against the naive reference, every cache against the full forward, checkpoints, serve.
+
+Tolerances: 1e-9 (absolute, logits of order one) in float64 between the model and
+``naive_llama_forward``, and between a cached decode and the full forward.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+import kv_attention as kv
+
+from ..references import attends, naive_attend, naive_llama_forward, quantized_reference
+
+TOL = {"rtol": 0, "atol": 1e-9}
+CONFIG = kv.ModelConfig(vocab_size=61, hidden_size=24, intermediate_size=40, num_hidden_layers=2,
+                        num_attention_heads=6, num_key_value_heads=2, head_dim=6, rope_theta=100.0)
+
+
+def weights(config=CONFIG, seed=0, dtype=np.float64):
+    """init_weights with norm weights drawn too, so that a norm that ignored its weight would fail."""
+    w = kv.init_weights(config, seed=seed, dtype=dtype)
+    rng = np.random.default_rng(seed + 100)
+    for name in w:
+        if name.endswith("norm.weight"):
+            w[name] = (1.0 + 0.3 * rng.standard_normal(w[name].shape)).astype(dtype)
+    return w
+
+
+def tokens(shape, seed=1, config=CONFIG):
+    return np.random.default_rng(seed).integers(0, config.vocab_size, shape)
+
+
+def caches(kind, batch=2, config=CONFIG, layers=None, max_seq_len=32, window=None):
+    """One new cache of ``kind`` per layer, batch shape (B, H_kv)."""
+    shape, d = (batch, config.num_key_value_heads), config.head_dim
+    make = {
+        "dynamic": lambda: kv.DynamicCache(),
+        "static": lambda: kv.StaticCache(shape, max_seq_len, d, d, np.float64),
+        "window": lambda: kv.SlidingWindowCache(shape, window or max_seq_len, d, d),
+        "quantized": lambda: kv.QuantizedCache(shape, d, d, nbits=4, group_size=2, residual_length=4),
+    }[kind]
+    return [make() for _ in range(layers or config.num_hidden_layers)]
+
+
+def paged_views(batch=2, config=CONFIG, num_blocks=64, block_size=4):
+    d, h_kv = config.head_dim, config.num_key_value_heads
+    pools = [kv.PagedKVCache(num_blocks, block_size, d, d, num_kv_heads=h_kv) for _ in range(config.num_hidden_layers)]
+    for pool in pools:
+        for i in range(batch):
+            pool.add_sequence(i)
+    return [kv.PagedCacheView(pool, list(range(batch))) for pool in pools]
+
+
+def cached_logits(cache, ids, chunks):
+    """forward over ``ids [B, T]`` in chunks of the given sizes through ``cache``: ``[B, T, V]``."""
+    out, start = [], 0
+    for size in chunks:
+        out.append(kv.forward(CONFIG, W64, ids[:, start : start + size], cache=cache))
+        start += size
+    assert start == ids.shape[1]
+    return np.concatenate(out, axis=1)
+
+
+W64 = weights()
+IDS = tokens((2, 11))
+FULL = kv.forward(CONFIG, W64, IDS)
+KINDS = ("dynamic", "static", "window", "paged")
+CHUNKS = {"token by token": [1] * 11, "prefill then decode": [5] + [1] * 6, "chunks": [3, 4, 1, 3]}
+
+
+def make_cache(kind):
+    return paged_views() if kind == "paged" else caches(kind)
+
+
+def round_trip(k, v):
+    """A layer's K/V ``[H_kv, T, D]`` as ``caches("quantized")`` holds them: keys by channel, values by token."""
+    return quantized_reference(k, 4, 2, 4, "channel")[0], quantized_reference(v, 4, 2, 4, "token")[0]
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_forward_equals_the_naive_reference(tie):
+    config = kv.ModelConfig(**{**CONFIG.__dict__, "tie_word_embeddings": tie})
+    w = weights(config, seed=3)
+    ids = tokens((2, 7), seed=3)
+    np.testing.assert_allclose(kv.forward(config, w, ids), naive_llama_forward(config, w, ids), **TOL)
+    assert ("lm_head.weight" in w) is not tie
+
+
+def test_head_dim_defaults_to_hidden_size_over_heads_and_mha_works():
+    config = kv.ModelConfig(vocab_size=17, hidden_size=8, intermediate_size=12, num_hidden_layers=1,
+                            num_attention_heads=2, num_key_value_heads=2)
+    assert config.head_dim == 4
+    w, ids = weights(config, seed=5), tokens((1, 6), seed=5, config=config)
+    np.testing.assert_allclose(kv.forward(config, w, ids), naive_llama_forward(config, w, ids), **TOL)
+
+
+@pytest.mark.parametrize("chunks", list(CHUNKS))
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_cached_decode_equals_the_full_forward_at_every_position(kind, chunks):
+    np.testing.assert_allclose(cached_logits(make_cache(kind), IDS, CHUNKS[chunks]), FULL, **TOL)
+
+
+@pytest.mark.parametrize("chunks", [[1] * 11, [4, 1, 1, 5]])
+def test_a_window_cache_beyond_its_window_is_huggingfaces_sliding_window(chunks):
+    # window 4 < 11 positions: query t attends keys t - 4 < s <= t, rotated at their absolute positions
+    expected = naive_llama_forward(CONFIG, W64, IDS, window=4)
+    np.testing.assert_allclose(cached_logits(caches("window", window=4), IDS, chunks), expected, **TOL)
+    assert not np.allclose(expected, FULL, atol=1e-3)  # the window does cut keys off
+
+
+def test_a_quantized_cache_decodes_over_its_own_dequantized_keys_and_values():
+    # At step t the cache holds positions 0..t, the oldest quantized (channel groups for keys, token groups for
+    # values); the last position's logits are the reference's over those K̂, V̂.
+    cache = caches("quantized")
+    for t in range(IDS.shape[1]):
+        got = kv.forward(CONFIG, W64, IDS[:, t : t + 1], cache=cache)[:, 0]
+        expected = naive_llama_forward(CONFIG, W64, IDS[:, : t + 1], kv_hook=round_trip)[:, -1]
+        np.testing.assert_allclose(got, expected, **TOL)
+    assert cache[0].num_quantized == 8  # 2·ceil((11 - 4) / 2): the test reached quantized keys
+
+
+@pytest.mark.parametrize("kind", KINDS + ("quantized",))
+def test_generate_gives_the_same_tokens_with_every_cache(kind):
+    prompt = IDS[:, :4]
+    expected = kv.generate(CONFIG, W64, prompt, 7)
+    assert expected.shape == (2, 11) and expected.dtype == np.int64 and (expected[:, :4] == prompt).all()
+    # each step recomputing the prefix: generate is argmax of the full forward, fed back
+    assert (expected[:, 4:] == kv.forward(CONFIG, W64, expected[:, :-1])[:, 3:].argmax(-1)).all()
+    if kind == "quantized":  # greedy over the reference's logits with each layer's K/V as the cache holds them
+        expected = prompt
+        for _ in range(7):
+            logits = naive_llama_forward(CONFIG, W64, expected, kv_hook=round_trip)[:, -1]
+            expected = np.concatenate([expected, logits.argmax(-1)[:, None]], axis=1)
+    np.testing.assert_array_equal(kv.generate(CONFIG, W64, prompt, 7, cache=make_cache(kind)), expected)
+
+
+def test_float32_and_bfloat16_weights_compute_in_float32():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    w32 = {k: v.astype(np.float32) for k, v in W64.items()}
+    out = kv.forward(CONFIG, w32, IDS, cache=caches("dynamic"))
+    assert out.dtype == np.float32
+    np.testing.assert_allclose(out, FULL, rtol=0, atol=1e-4)  # float32 rounding of logits of order one
+    bf16 = {k: v.astype(ml_dtypes.bfloat16) for k, v in W64.items()}
+    assert kv.forward(CONFIG, bf16, IDS).dtype == np.float32
+
+
+def test_a_checkpoint_in_huggingfaces_format_loads_and_runs(tmp_path):
+    from safetensors.numpy import save_file
+
+    w = weights(seed=7)
+    save_file(w, str(tmp_path / "model.safetensors"))
+    hf_config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 61, "hidden_size": 24,
+                 "intermediate_size": 40, "num_hidden_layers": 2, "num_attention_heads": 6, "num_key_value_heads": 2,
+                 "head_dim": 6, "rope_theta": 100.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+                 "hidden_act": "silu", "max_position_embeddings": 2048, "rope_scaling": None, "attention_bias": False,
+                 "torch_dtype": "float64", "bos_token_id": 1, "eos_token_id": 2}
+    (tmp_path / "config.json").write_text(json.dumps(hf_config))
+    config = kv.ModelConfig.from_json(tmp_path / "config.json")
+    assert config == CONFIG
+    loaded = kv.load_weights(str(tmp_path / "model.safetensors"))
+    assert loaded.keys() == w.keys()
+    np.testing.assert_allclose(kv.forward(config, loaded, IDS), naive_llama_forward(config, w, IDS), **TOL)
+    np.testing.assert_array_equal(kv.generate(config, loaded, IDS[:, :3], 4, cache=caches("dynamic")),
+                                  kv.generate(CONFIG, w, IDS[:, :3], 4))
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"model_type": "mistral"}, "not a Llama model"),
+    ({"architectures": ["LlamaForSequenceClassification"]}, "not a Llama model"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_scaling"),
+    ({"attention_bias": True}, "attention_bias"),
+])
+def test_from_json_refuses_what_it_does_not_compute(tmp_path, change, message):
+    raw = {"model_type": "llama", "vocab_size": 8, "hidden_size": 4, "intermediate_size": 8, "num_hidden_layers": 1,
+           "num_attention_heads": 2, "num_key_value_heads": 1, **change}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=message):
+        kv.ModelConfig.from_json(tmp_path / "config.json")
+
+
+def lengths(cache):
+    return [str(c.get_seq_length()) for c in cache]
+
+
+@pytest.mark.parametrize("ids, message", [
+    (np.array([[1, 61]]), r"input_ids holds 61, outside the vocabulary \[0, vocab_size=61\)"),
+    (np.array([[1, -1]]), r"input_ids\[0, 1\] = -1 is negative"),
+    (np.array([1, 2]), r"input_ids must be \[B, T\]"),
+])
+def test_token_ids_outside_the_vocabulary_are_refused(ids, message):
+    with pytest.raises(ValueError, match=message):
+        kv.forward(CONFIG, W64, ids)
+
+
+def test_a_bad_cache_is_refused_and_nothing_is_written():
+    ids = IDS[:, :3]
+    with pytest.raises(ValueError, match="cache must be a list of num_hidden_layers=2 caches"):
+        kv.forward(CONFIG, W64, ids, cache=caches("dynamic", layers=1))
+    good, wrong_batch = caches("static"), caches("static", batch=3)
+    with pytest.raises(ValueError, match=r"cache\[1\] holds batch shape \(3, 2\)"):
+        kv.forward(CONFIG, W64, ids, cache=[good[0], wrong_batch[1]])
+    assert lengths(good) == ["0", "0"]  # layer 0's cache fitted but was not written
+    short = caches("static", max_seq_len=5)
+    kv.forward(CONFIG, W64, ids, cache=short)
+    with pytest.raises(kv.StaticCacheFullError, match=r"cache\[0\] is too short"):
+        kv.forward(CONFIG, W64, ids, cache=short)
+    assert lengths(short) == ["3", "3"]
+    views = paged_views(num_blocks=2, block_size=4)  # 2 sequences of 3 tokens fill the pool; a 5th token does not fit
+    kv.forward(CONFIG, W64, ids, cache=views)
+    with pytest.raises(kv.OutOfBlocksError):
+        kv.forward(CONFIG, W64, IDS[:, :2], cache=views)
+    assert lengths(views) == [str(np.array([3, 3]))] * 2
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda w: w.pop("model.layers.1.mlp.up_proj.weight"), r"missing \['model.layers.1.mlp.up_proj.weight'\]"),
+    (lambda w: w.update({"model.layers.2.mlp.up_proj.weight": w["model.norm.weight"]}),
+     r"unexpected \['model.layers.2.mlp.up_proj.weight'\]"),
+    (lambda w: w.update({"lm_head.weight": w["lm_head.weight"][:, :5]}),
+     r"weights\['lm_head.weight'\] must be a float array of shape \(61, 24\)"),
+    (lambda w: w.update({"model.norm.weight": np.ones(24, dtype=np.int64)}), r"weights\['model.norm.weight'\]"),
+])
+def test_bad_weights_are_named_and_nothing_is_written(edit, message):
+    w = dict(W64)
+    edit(w)
+    cache = caches("dynamic")
+    with pytest.raises(ValueError, match=message):
+        kv.forward(CONFIG, w, IDS, cache=cache)
+    assert lengths(cache) == ["0", "0"]
+
+
+@pytest.mark.parametrize("num_kv_heads", [None, 2])
+def test_paged_attention_is_grouped_query_attention_with_a_bottom_right_causal_mask(num_kv_heads):
+    rng = np.random.default_rng(9)
+    heads = () if num_kv_heads is None else (2,)
+    pool = kv.PagedKVCache(16, 3, 4, 5, num_kv_heads=num_kv_heads)
+    assert pool.k_cache.shape == (16, 3, *heads, 4) and pool.num_kv_heads == num_kv_heads
+    k = {s: rng.standard_normal((n, *heads, 4)) for s, n in (("a", 7), ("b", 4))}
+    v = {s: rng.standard_normal((n, *heads, 5)) for s, n in (("a", 7), ("b", 4))}
+    for s in k:
+        pool.add_sequence(s)
+        pool.update([s], k[s][None], v[s][None])
+    pool.fork("b", "c")  # c shares b's partial last block: its next write copies it
+    pool.update(["c"], rng.standard_normal((1, 1, *heads, 4)), rng.standard_normal((1, 1, *heads, 5)))
+    gathered_k, _, lengths = pool.gather(["a", "b"])
+    np.testing.assert_array_equal(gathered_k[1, :4], k["b"])  # b's block was not written by c
+    n_heads = 1 if num_kv_heads is None else 6
+    q = rng.standard_normal((2, n_heads, 3, 4))  # [N, H_q, T_q, D]: the last 3 positions of each sequence
+    for causal in (False, True):
+        out = kv.paged_attention(q[:, 0] if num_kv_heads is None else q, pool, ["a", "b"], causal=causal)
+        out = out[:, None] if num_kv_heads is None else out  # [N, H_q, T_q, D_v]
+        for i, s in enumerate(k):
+            n = len(k[s])
+            keys, values = k[s].reshape(n, -1, 4), v[s].reshape(n, -1, 5)  # [n, H_kv, D]
+            for h in range(n_heads):
+                for t in range(3):
+                    allowed = [p for p in range(n) if not causal or attends(n - 3 + t, p)]
+                    expected = naive_attend(q[i, h, t][None], keys[allowed, h // 3], values[allowed, h // 3])[0]
+                    np.testing.assert_allclose(out[i, h, t], expected, rtol=1e-12, atol=1e-12)
+
+
+def test_serve_gives_each_request_its_own_generate():
+    rng = np.random.default_rng(11)
+    system = rng.integers(0, 61, 8).tolist()  # a shared prefix: prefix caching hits
+    requests = [kv.Request(i, system + rng.integers(0, 61, int(rng.integers(3, 12))).tolist(), int(rng.integers(9, 12)),
+                           arrival_step=i // 2) for i in range(6)]
+    expected = {r.request_id: kv.generate(CONFIG, W64, [r.token_ids[: r.prompt_len]],
+                                          len(r.token_ids) - r.prompt_len + 1)[0, r.prompt_len:] for r in requests}
+    for num_blocks, caching in ((100, False), (12, True), (8, False)):
+        result = kv.serve(requests, model=(CONFIG, W64), block_size=4, num_blocks=num_blocks,
+                          max_num_batched_tokens=10, enable_prefix_caching=caching)
+        assert list(result.outputs) == [r.request_id for r in requests]
+        for r in requests:
+            assert result.outputs[r.request_id].dtype == np.int64
+            np.testing.assert_array_equal(result.outputs[r.request_id], expected[r.request_id], err_msg=str(r))
+        if num_blocks == 8:
+            assert result.stats.preemptions > 0  # the tight pool recomputed prefixes, generated tokens included
+        if caching:
+            assert result.stats.prefix_hit_tokens > 0
+
+
+def test_serve_takes_either_the_single_head_or_the_model():
+    with pytest.raises(ValueError, match="either embedding"):
+        kv.serve([], np.ones((3, 2)), model=(CONFIG, W64), num_blocks=1, max_num_batched_tokens=1)
+    with pytest.raises(ValueError, match="missing"):
+        kv.serve([], model=(CONFIG, {}), num_blocks=1, max_num_batched_tokens=1)
+    with pytest.raises(ValueError, match=r"token_ids\[1\] = 61"):
+        kv.serve([kv.Request("a", [1, 61, 2], 2)], model=(CONFIG, W64), num_blocks=4, max_num_batched_tokens=4)
+
+
+def test_transformers_llama_gives_the_same_logits_and_tokens(monkeypatch):
+    # Even in a float64 model transformers rounds its RoPE tables (LlamaRotaryEmbedding) and each RMSNorm's
+    # normalised x (LlamaRMSNorm: hidden_states.to(torch.float32)) through float32, and its eager attention's
+    # softmax too (sdpa's is float64): logits agree to about 1e-6; with those two roundings copied, to 1e-12.
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    hf_config = transformers.LlamaConfig(**CONFIG.__dict__, max_position_embeddings=64)
+    hf_config._attn_implementation = "sdpa"
+    model = transformers.LlamaForCausalLM(hf_config).to(torch.float64).eval()
+    missing, unexpected = model.load_state_dict({k: torch.from_numpy(v) for k, v in W64.items()}, strict=False)
+    assert not unexpected and not missing
+    with torch.no_grad():
+        hf_logits = model(torch.from_numpy(IDS)).logits.numpy()
+        hf_tokens = model.generate(torch.from_numpy(IDS[:, :4]), max_new_tokens=7, do_sample=False,
+                                   pad_token_id=0).numpy()
+    print(f"max |logits - transformers'| = {np.abs(FULL - hf_logits).max():.3g}")
+    np.testing.assert_allclose(FULL, hf_logits, rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(kv.generate(CONFIG, W64, IDS[:, :4], 7, cache=caches("dynamic")), hf_tokens)
+
+    def hf_tables(positions, head_dim, theta, dtype):
+        cos, sin = model.model.rotary_emb(torch.zeros(1, dtype=torch.float64), torch.from_numpy(positions)[None])
+        return cos[0].numpy(), sin[0].numpy()
+
+    def float32_norm(x, weight, eps):
+        x = torch.from_numpy(x).to(torch.float32)
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(torch.float64).numpy()
+
+    monkeypatch.setattr(kv.model, "rope_tables", hf_tables)
+    monkeypatch.setattr(kv.model, "rms_norm", float32_norm)
+    with_roundings = kv.forward(CONFIG, W64, IDS)
+    print(f"with transformers' float32 roundings: {np.abs(with_roundings - hf_logits).max():.3g}")
+    np.testing.assert_allclose(with_roundings, hf_logits, rtol=0, atol=1e-12)

@@ -1,0 +1,71 @@
+"""The report's model experiment (tools/report/tables.py, plots.py): the step per T and cache kind, the batch sweep,
+the exact bytes in the note, and model.png."""
+
+import datetime
+
+import pytest
+
+from tools.report import tables
+from tools.results import FAILED, Point, Run
+
+STEP, BATCH, BYTES = tables.MODEL_STEP, tables.MODEL_BATCH, tables.MODEL_BYTES
+
+
+def run_of(values):
+    """A Run holding ``values``: (benchmark, params dict as tuple of items) -> value."""
+    points = {(benchmark, tuple(sorted(params))): Point(benchmark, dict(params), value)
+              for (benchmark, params), value in values.items()}
+    return Run("0" * 40, "box", "env", datetime.datetime(2026, 1, 1), {}, {}, points)
+
+
+STATIC = (("T", 4096), ("cache", "static"))
+VALUES = {
+    (STEP + "ratio", STATIC): 0.48, (STEP + "ratio_low", STATIC): 0.45, (STEP + "ratio_high", STATIC): 0.53,
+    (STEP + "token_seconds", STATIC): 0.0545, (STEP + "step_gbps", STATIC): 13.3, (STEP + "read_gbps", STATIC): 26.3,
+    (STEP + "ratio", (("T", 4096), ("cache", "dynamic"))): FAILED,
+    (BATCH + "ratio", (("B", 8),)): 2.5, (BATCH + "ratio_low", (("B", 8),)): 2.4,
+    (BATCH + "ratio_high", (("B", 8),)): 2.7, (BATCH + "positions_per_second", (("B", 8),)): 85.0,
+    **{(BYTES + name, (("model", "SmolLM-135M"),)): value for name, value in (
+        ("weight_bytes", 538_060_032), ("kv_bytes_per_token", 46_080), ("crossover_positions", 11_676.65))},
+    (tables.MODEL_CACHE_BYTES, (("cache", "quantized"),)): 9810.0,
+}
+
+
+def test_the_step_table_shows_time_fraction_rates_and_the_suites_bytes():
+    table = tables.model_table(run_of(VALUES))
+    rows = dict(table.rows)
+    assert list(rows) == [(4096, "dynamic"), (4096, "static")]  # the run's T and kinds, in the suite's order
+    text = tables.render_table(table)
+    line = next(row for row in text.splitlines() if "static" in row and "4096" in row)
+    assert "54.500" in line and "48.0% [45.0, 53.0]" in line and "13.30" in line and "26.30" in line
+    assert f"{(538_060_032 + 4097 * 46_080) / 2**20:,.2f} MiB" in line  # every weight, K/V of T + 1 positions
+    assert rows[(4096, "dynamic")]["fraction of read bandwidth"] == FAILED
+    assert "SmolLM-135M: weights 538,060,032 bytes, K/V 46,080 a token, equal at B x T = 11,677" in table.note
+    assert "Llama-3-8B: weights n/a" in table.note and "quantized 9,810" in table.note
+
+
+def test_the_batch_table_shows_positions_per_second_and_b_equals_1_from_the_same_pairs():
+    rows = dict(tables.model_batch_table(run_of(VALUES)).rows)
+    cells = rows[(8,)]
+    assert cells["positions / s"] == 85.0 and cells["B = 1, same pairs"] == pytest.approx(85.0 / 2.5)
+    assert (cells["over B = 1"].low, cells["over B = 1"].high) == (2.4, 2.7)
+
+
+def test_the_model_tables_show_by_default_only_where_the_run_measured_them():
+    assert "model" not in [t.title.split(":")[0] for t in tables.all_tables(run_of({}))]
+    titles = [t.title for t in tables.all_tables(run_of(VALUES))]
+    assert titles[-2:] == [tables.model_table(run_of({})).title, tables.model_batch_table(run_of({})).title]
+
+
+def test_model_png_draws_each_side_and_the_crossover(tmp_path):
+    pytest.importorskip("matplotlib")
+    from tools.report import plots
+
+    plt = plots._pyplot()
+    fig = plots._model(plt, run_of(VALUES), "t", lab=False)
+    labels = {line.get_label(): line for ax in fig.axes for line in ax.get_lines()}
+    assert list(labels["equal at B x T = 11,677"].get_xdata()) == [11_676.65]
+    assert list(labels["SmolLM-135M: weights"].get_ydata())[0] == 538_060_032
+    linear = labels["linear from B = 1: weights read once a step"]
+    assert list(linear.get_xdata()) == [1, 8] and list(linear.get_ydata()) == pytest.approx([34.0, 8 * 34.0])
+    plt.close(fig)
