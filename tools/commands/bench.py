@@ -13,8 +13,7 @@ import math
 import re
 import time
 
-from .. import common, results
-from . import publish
+from .. import common, publish, results
 from .gate import (COUNT_FACTOR, DEFAULT_FACTOR, UNPAIRED_FACTOR, asv_compare, exact_regressions, failures, method_of,
                    pair, print_failures, ratio_text)
 
@@ -29,8 +28,6 @@ SECONDS_PER_COMMIT, FIRST_ENV, PUBLISH, PER_PAIRED_POINT = 100, 60, 20, 8
 ASV_COMMIT_LINE = re.compile(r"For \S+ commit ([0-9a-f]{8})")  # asv run's line as it starts a commit
 NAMED = 5  # points named under the summary, per channel
 COMMITS = common.checked(int, lambda n: n >= 2, "an integer of at least 2 (main and main~1)")
-MACHINE = common.checked(str, re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}").fullmatch,
-                         "letters, digits, '.', '_' or '-', not starting with '.' (it names a results folder)")
 
 
 def setup_arguments(subparsers):
@@ -41,8 +38,6 @@ def setup_arguments(subparsers):
     which.add_argument("--commits", type=COMMITS, default=DEFAULT_COMMITS, metavar="N",
                        help=f"at most N commits: main, main~1, the newest that can change a result and older ones "
                             f"spread over the history (default {DEFAULT_COMMITS})")
-    parser.add_argument("--machine", metavar="NAME", type=MACHINE,
-                        help="asv machine name (default: hostname plus a fingerprint of the hardware)")
     return parser
 
 
@@ -140,7 +135,7 @@ def verdict(tip, failed):
 
 def run(args):
     commits = select_commits(args.all, None if args.all else args.commits)
-    machine = common.record_machine(args.machine)
+    machine = common.record_machine()
     results.quarantine_unreadable(machine)
     results.forget(machine, commits, lambda points: not any(  # a timing without samples is measured again
         method_of(label).startswith("time_") and results.is_measured(p.value) and p.samples is None

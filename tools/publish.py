@@ -1,4 +1,4 @@
-"""``publish``: ``asv publish``, then the dashboard made to render offline and to show repository text as text.
+"""The main job's ``asv publish``, then the dashboard made to render offline and to show repository text as text.
 
 asv 0.6.6's index.html loads jQuery, flot, bootstrap and the rest from CDNs: offline it shows only an error banner.
 After ``asv publish``, the same libraries are installed from npm under ``.asv/npm``, copied into
@@ -16,9 +16,8 @@ import re
 import shutil
 from pathlib import Path
 
-from .. import common
+from . import common
 
-LOCKS_WORKSPACE = True
 VIEW = ("dashboard written to .asv/html; serve it (browsers refuse its JSON from file://) with\n"
         "  .venv/bin/python -m asv preview\nand open the address it prints")
 
@@ -91,7 +90,7 @@ def vendor(html_dir, node_modules=None):
     return len(local)
 
 
-ESCAPE = ("function kv_escape_html(text) {  /* tools/commands/publish.py: text, never markup */\n"
+ESCAPE = ("function kv_escape_html(text) {  /* tools/publish.py: text, never markup */\n"
           "    return String(text).replace(/[&<>\"']/g, function (c) {\n"
           "        return {'&': '&amp;', '<': '&lt;', '>': '&gt;', '\"': '&quot;', \"'\": '&#39;'}[c];\n"
           "    });\n"
@@ -232,14 +231,3 @@ def finish(html_dir):
 def publish():
     common.run(*common.ASV, "publish")
     finish(common.ROOT / ".asv" / "html")
-
-
-def setup_arguments(subparsers):
-    return subparsers.add_parser("publish", allow_abbrev=False,
-                                 help="asv publish, then the dashboard made offline-ready and text kept text")
-
-
-def run(args):
-    publish()
-    print(VIEW)
-    return 0
