@@ -347,21 +347,19 @@ def test_a_skipped_paired_ratio_falls_back_to_the_medians_and_a_failed_one_is_ma
     assert sweep_rows[4][4] == "failed" and sweep_rows[8][4] == interval(*paired[SWEEP_PAIRED][(8,)], 3)
 
 
-def test_the_ratio_plots_draw_the_paired_values(repo):
+def test_the_speedup_plot_draws_the_paired_values(repo):
     plt = pytest.importorskip("matplotlib.pyplot")
     from tools.report import plots
 
     path, hashes = repo
     write_run(path / ".asv/results", hashes[2], paired=True)
-    fig = plots._ratios_vs_t(plt, load(path, hashes[2]), "t", lab=False)
-    paired = paired_values()
-    for ax, figure in zip(fig.axes, [(CACHE_PAIRED, "no_cache"), (CACHE_PAIRED, "concat"), (BATCH_PAIRED,)]):
-        bars = ax.containers[0]  # the ratio with its 95 % interval as error bars
-        points = [paired[figure[0]][(t, *figure[1:])] for t in LENGTHS]
-        assert list(bars.lines[0].get_ydata())[:5] == pytest.approx([m for m, _, _ in points])
-        segments = bars.lines[2][0].get_segments()[:5]
-        assert [y for seg in segments for y in (seg[0][1], seg[1][1])] == pytest.approx(
-            [y for _, lo, hi in points for y in (lo, hi)])
+    fig = plots._batch_per_step(plt, load(path, hashes[2]), "t", lab=False)
+    bars = fig.axes[1].containers[0]  # the speedup with its 95 % interval as error bars
+    points = [paired_values()[BATCH_PAIRED][(t,)] for t in LENGTHS]
+    assert list(bars.lines[0].get_ydata())[:5] == pytest.approx([m for m, _, _ in points])
+    segments = bars.lines[2][0].get_segments()[:5]
+    assert [y for seg in segments for y in (seg[0][1], seg[1][1])] == pytest.approx(
+        [y for _, lo, hi in points for y in (lo, hi)])
     plt.close(fig)
 
 
@@ -496,7 +494,7 @@ def test_plots_are_written_and_open_as_images(repo, capsys, tmp_path):
     code, out, _ = report(path, "plots", "--out", str(tmp_path / "figs"), capsys=capsys)
     assert code == 0
     names = sorted(p.name for p in (tmp_path / "figs").iterdir())
-    assert names == ["batch_per_step.png", "ratios_vs_T.png"]
+    assert names == ["batch_per_step.png"]
     for name in names:
         pixels = image.imread(tmp_path / "figs" / name)
         assert pixels.ndim == 3 and pixels.shape[0] > 200 and pixels.shape[1] > 300
@@ -648,8 +646,7 @@ def test_plots_of_a_run_where_every_gate_failed(repo, capsys, tmp_path):
         (SWEEP, [1, 2, 4, 8])) for key in keys}
     write_run(path / ".asv/results", hashes[2], override=override)
     code, out, _ = report(path, "plots", "--out", str(tmp_path / "figs"), capsys=capsys)
-    assert code == 0 and sorted(p.name for p in (tmp_path / "figs").iterdir()) == ["batch_per_step.png",
-                                                                                   "ratios_vs_T.png"]
+    assert code == 0 and [p.name for p in (tmp_path / "figs").iterdir()] == ["batch_per_step.png"]
     code, out, _ = report(path, "tables", capsys=capsys)
     assert code == 0 and table_rows(out, CACHE_TITLE)[0][1:4] == ["failed"] * 3
 
@@ -720,28 +717,20 @@ def lines_of(fig):
     return drawn
 
 
-def test_ratio_plots_show_concat_over_preallocated_and_the_lab_s_own_figures_marked(repo, tmp_path):
+def test_the_speedup_plot_marks_the_lab_s_own_figures(repo):
     plt = pytest.importorskip("matplotlib.pyplot")
     from tools.report import lab, plots
 
     path, hashes = repo
     write_run(path / ".asv/results", hashes[2])
     run = load(path, hashes[2])
-    fig = plots._ratios_vs_t(plt, run, "t", lab=True)
-    titles = [ax.get_title() for ax in fig.axes]
-    assert titles == ["no_cache / preallocated", "concat / preallocated", "batched speedup, B = 2"]
-    drawn = lines_of(fig)
-    measured = [v for v in drawn["this machine [95 % interval]"]]  # the last axes' line: the speedup's
-    assert measured[:5] == pytest.approx([1.5] * 5)
-    concat = {line.get_label(): list(line.get_ydata()) for line in fig.axes[1].get_lines()}
-    lab_label = f"{lab.LABEL}: another machine"
-    assert concat[lab_label] == pytest.approx([lab.CACHE_MS[t]["concat"] / lab.CACHE_MS[t]["preallocated"]
-                                               for t in LENGTHS])
-    assert concat["1x: equal cost"] == [1, 1]  # a labelled reference line
-    assert {line.get_label(): list(line.get_ydata()) for line in fig.axes[2].get_lines()}[lab_label] == \
-        pytest.approx([1.687, 1.653, 1.611, 1.499, 1.346])  # the lab's published speedups, as another machine's
+    fig = plots._batch_per_step(plt, run, "t", lab=True)
+    speedup = {line.get_label(): list(line.get_ydata()) for line in fig.axes[1].get_lines()}
+    assert lines_of(fig)["this machine [95 % interval]"][:5] == pytest.approx([1.5] * 5)
+    assert speedup[f"{lab.LABEL}: another machine"] == pytest.approx([1.687, 1.653, 1.611, 1.499, 1.346])
+    assert speedup["1x: no saving"] == [1, 1]  # a labelled reference line
     plt.close(fig)
-    fig = plots._ratios_vs_t(plt, run, "t", lab=False)
+    fig = plots._batch_per_step(plt, run, "t", lab=False)
     assert not any(lab.LABEL in label for label in lines_of(fig))
     plt.close(fig)
 

@@ -12,7 +12,7 @@ from .. import paths
 from ..common import UserError
 from ..results import is_number
 from . import lab as lab_figures
-from .tables import CACHE_RATIOS, LAB_CACHE_RATIOS, Paired, batch_table, cache_table
+from .tables import Paired, batch_table
 
 LAB_STYLE = {"linestyle": "--", "marker": "s", "markersize": 4, "alpha": 0.8}
 T_AXIS = "T (tokens decoded)"
@@ -80,24 +80,6 @@ def _speedup(ax, run, lab):
     ax.set_ylim(0, 2.2)
 
 
-def _ratios_vs_t(plt, run, title, lab):
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    table = cache_table(run)
-    for ax, s in zip(axes, CACHE_RATIOS):
-        figure = f"{s} / preallocated"
-        cells = _column(table, figure)
-        ratio = _errorbar(ax, cells, label="this machine [95 % interval]")
-        if lab:
-            ax.plot(list(LAB_CACHE_RATIOS[s]), list(LAB_CACHE_RATIOS[s].values()), color="grey", **LAB_STYLE,
-                    label=f"{lab_figures.LABEL}: another machine")
-        _reference(ax, 1, "1x: equal cost")
-        _axes(ax, [t for t, _ in cells], ratio, T_AXIS, f"{figure} (×)", figure, bottom=0,  # small wiggles look small
-              legend={"fontsize": 8, "loc": "lower right" if s == "concat" else "upper left"})
-    _speedup(axes[2], run, lab)
-    fig.suptitle(f"Paired ratios vs T — {title}")
-    return fig
-
-
 def _batch_per_step(plt, run, title, lab):
     """Why the speedup shrinks: per step, the saving stays while the batched step grows (both from the pairs)."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8))
@@ -116,7 +98,7 @@ def _batch_per_step(plt, run, title, lab):
     return fig
 
 
-FIGURES = {"batch_per_step.png": _batch_per_step, "ratios_vs_T.png": _ratios_vs_t}
+FIGURES = {"batch_per_step.png": _batch_per_step}
 
 
 def write_plots(run, out_dir, lab=False):
