@@ -547,12 +547,14 @@ def test_unknown_machine_and_several_machines(repo, capsys):
 
 def test_a_machine_whose_name_is_no_plain_folder_name_can_be_chosen(repo, capsys):
     """asv records any name in machine.json; --machine matches a results folder and is never a path, so "my laptop"
-    is taken (a name with '/' is refused on the command line, exit 2, by test_dev)."""
+    is taken and a name with '/' matches none."""
     path, hashes = repo
     write_run(path / ".asv/results", hashes[2], machine="my laptop")
     write_run(path / ".asv/results", hashes[2], machine="other")
     code, out, err = report(path, "tables", "--machine", "my laptop", capsys=capsys)
     assert code == 0 and "on `my laptop`" in out.splitlines()[0], err
+    code, out, err = report(path, "tables", "--machine", "../my laptop", capsys=capsys)
+    assert code == 1 and "no results for machine '../my laptop'" in err
 
 
 def test_several_environments_of_one_commit_are_named(repo, capsys):

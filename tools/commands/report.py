@@ -4,13 +4,8 @@
 import argparse
 import sys
 
-from ..common import checked
 from ..report import EXPERIMENTS
 from ..results import ResultsDir, results_dir
-
-MACHINE = checked(str, lambda text: 0 < len(text) <= 200 and "/" not in text and text.isprintable(),
-                  "1-200 characters without '/' or control characters (a machine.json's name, never a path)")
-
 
 def cmd_tables(args, results, machine):
     from ..report.tables import all_tables, describe, render_table
@@ -45,7 +40,8 @@ def setup_arguments(subparsers):
                                    "the stored results", description="The lab's tables, samples and plots, read "
                                    "from asv's result files (times nothing).")
     shared = argparse.ArgumentParser(add_help=False)
-    shared.add_argument("--machine", type=MACHINE, help="asv machine name (default: this host's, or the only one)")
+    shared.add_argument("--machine", help="asv machine name, a folder of the results (default: this host's, or the "
+                        "only one)")
     shared.add_argument("--results-dir", help="asv results directory (default: asv.conf.json's results_dir)")
     newest = "git revision or hash prefix (default: the newest commit with results)"
     sub = parser.add_subparsers(dest="report_command", metavar="{tables,csv,plots}", required=True)
