@@ -12,8 +12,8 @@ from tools import common, dev
 DEV_PY = common.ROOT / "tools" / "dev.py"
 
 
-@pytest.mark.parametrize("argv", [[], ["frobnicate"], ["bench", "--bogus"], ["bench", "--al"], ["bench", "--commits", "1"],
-                                  ["gate", "HEAD", "HEAD", "--factor", "0.9"]])
+@pytest.mark.parametrize("argv", [[], ["frobnicate"], ["bench", "--bogus"], ["bench", "--al"],
+                                  ["bench", "--commits", "1"], ["gate", "HEAD", "HEAD", "--factor", "0.9"]])
 def test_bad_command_lines_exit_2_without_a_traceback(argv):
     result = subprocess.run([sys.executable, str(DEV_PY), *argv], capture_output=True, text=True)
     assert result.returncode == 2

@@ -205,7 +205,7 @@ def inside_venv(monkeypatch):
 
 
 def report(repo_dir, *argv, capsys=None):
-    """Run ``tools/dev.py report ARGV`` in-process against ``repo_dir`` (``common.ROOT``): (exit code, stdout, stderr)."""
+    """``tools/dev.py report ARGV`` in-process against ``repo_dir`` (``common.ROOT``): (exit code, stdout, stderr)."""
     assert common.ROOT == Path(repo_dir)
     code = dev.main(["report", *argv])
     out, err = capsys.readouterr()
