@@ -122,9 +122,9 @@ def machine_name():
     return f"{platform.node() or 'host'}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
 
 
-def record_machine(name=None):
+def record_machine():
     """``asv machine --yes --machine NAME`` (asv records hostname, CPU, RAM); returns NAME."""
-    name = name or machine_name()
+    name = machine_name()
     result = run(*ASV, "machine", "--yes", "--machine", name, check=False, capture=True)
     if result.returncode != 0:
         raise UserError(f"asv machine --yes failed: {(result.stderr or result.stdout).strip()}")

@@ -165,7 +165,7 @@ def forget(machine, commits, keep):
 
 FAILED = "failed"  # asv stored null: setup (the correctness check) or the benchmark raised
 SKIPPED = "n/a"  # asv stored NaN (NotImplementedError), or the commit has no such result
-RESULT_FILE = re.compile(r"^[0-9a-f]{8}-(.+)\.json$")  # <hash8>-<env_name>.json
+RESULT_FILE = re.compile(r"^[0-9a-f]{8}-.+\.json$")  # <hash8>-<env_name>.json
 
 
 @dataclass(frozen=True)
@@ -232,10 +232,10 @@ class ResultsDir:
     """asv's results directory, ``<path>/<machine>/<hash8>-<env_name>.json``, for the report; parameter names from
     its ``benchmarks.json``, as asv's own commands take them."""
 
-    def __init__(self, path, repo_dir="."):
+    def __init__(self, path):
         if not os.path.isdir(path):
             raise UserError(f"no asv results directory at {path}: run the main job first (python3 tools/dev.py bench)")
-        self.path, self.paths, self.repo_dir = path, [path], repo_dir
+        self.path = path
         self.machines = sorted(n for n in os.listdir(path) if os.path.isfile(os.path.join(path, n, "machine.json")))
         if not self.machines:
             raise UserError(f"{path} holds no machine's results: run the main job first")
@@ -256,34 +256,31 @@ class ResultsDir:
                             f"{', '.join(self.machines)})")
         return machine
 
-    def files(self, machine, env=None):
-        """Result file names of ``machine`` (``env``: a part of the env name), sorted, regular files only."""
+    def files(self, machine):
+        """Result file names of ``machine``, sorted, regular files only."""
         folder = os.path.join(self.path, machine)
-        return [n for n in sorted(os.listdir(folder)) if (m := RESULT_FILE.match(n))
-                and (env is None or env in m[1]) and os.path.isfile(os.path.join(folder, n))]
+        return [n for n in sorted(os.listdir(folder)) if RESULT_FILE.match(n) and os.path.isfile(os.path.join(folder, n))]
 
-    def load(self, machine, rev=None, env=None):
+    def load(self, machine, rev=None):
         """The run of ``rev`` on ``machine``: a git revision, else the start of a stored commit's hash; default:
         the newest commit (by commit date) with results."""
-        where = f"machine {machine!r}" + (f" in an env matching {env!r}" if env else "")
-        names = self.files(machine, env)
+        names = self.files(machine)
         if rev is None and not names:
-            raise UserError(f"no results for {where} in {self.path}")
+            raise UserError(f"no results for machine {machine!r} in {self.path}")
         if rev is None:
             commit = label = max((self.load_file(machine, n) for n in names), key=lambda r: r.date).commit
         else:
             git = subprocess.run(["git", "rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}"],
-                                 cwd=self.repo_dir, capture_output=True, text=True)
+                                 cwd=common.ROOT, capture_output=True, text=True)
             commit = git.stdout.strip() if git.returncode == 0 else rev.lower()
             label = rev if commit.startswith(rev.lower()) else f"{commit[:8]} ({rev})"
         names = [n for n in names if n.startswith(commit[:8])]
         if len(names) != 1:
             raise UserError(f"commit {label[:60]} matches several result files ({', '.join(names)}): name the "
-                            "commit longer, or choose one with --env" if names else
-                            f"commit {label[:60]} has no results on {where}")
+                            "commit longer" if names else f"commit {label[:60]} has no results on machine {machine!r}")
         run = self.load_file(machine, names[0])
         if not run.commit.startswith(commit):
-            raise UserError(f"commit {label[:60]} has no results on {where}: {names[0]} holds {run.commit}")
+            raise UserError(f"commit {label[:60]} has no results on machine {machine!r}: {names[0]} holds {run.commit}")
         return run
 
     def load_file(self, machine, name):

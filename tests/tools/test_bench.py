@@ -118,17 +118,3 @@ def test_a_bad_bound_is_refused(options, capsys):
     with pytest.raises(SystemExit) as stop:
         dev.parse_args(["bench", *options])
     assert stop.value.code == 2 and "--commits" in capsys.readouterr().err
-
-
-def test_progress_says_which_commit_of_how_many_and_the_time_left(repo, capsys, monkeypatch):
-    commits = library_history(repo, 3)[:3]
-    clock = iter([0.0, 0.0, 100.0, 200.0])
-    monkeypatch.setattr(bench.time, "monotonic", lambda: next(clock))
-    progress = bench.Progress(commits, after=30)  # publish and pairs: in every estimate
-    for commit in commits:
-        progress(f"· For kv_attention commit {commit[:8]} <main>:\n")
-        progress("·· Running 12 total benchmarks (1 commits * 1 environments * 12 benchmarks)\n")
-    lines = capsys.readouterr().out.splitlines()
-    assert [line.split(":")[0] for line in lines] == [f"[bench] commit {i} of 3" for i in (1, 2, 3)]
-    assert f"about {bench.minutes(3 * bench.SECONDS_PER_COMMIT + 30)} left" in lines[0]
-    assert "about 4 min left" in lines[1] and "about 2 min left" in lines[2]  # 100 s per commit, then 30 s

@@ -1,4 +1,4 @@
-"""tools/commands/publish.py: asv's pages made to render offline (no npm, no network here), repository text as text."""
+"""tools/publish.py: asv's pages made to render offline (no npm, no network here), repository text as text."""
 
 import base64
 import hashlib
@@ -11,7 +11,7 @@ from pathlib import Path
 import asv
 import pytest
 
-from tools.commands import publish as dashboard
+from tools import publish as dashboard
 
 ASV_INDEX = Path(asv.__file__).parent / "www" / "index.html"
 
@@ -143,10 +143,9 @@ def test_neutralise_is_idempotent_and_refuses_another_asv(published):
 
 def test_publish_removes_a_page_it_cannot_make_safe(tmp_path, monkeypatch):
     from tools import common
-    from tools.commands import publish
 
-    monkeypatch.setattr(publish, "vendor", lambda html_dir: 0)
+    monkeypatch.setattr(dashboard, "vendor", lambda html_dir: 0)
     (tmp_path / "index.html").write_text("<html><head><script></script></head></html>")
     with pytest.raises(common.UserError, match="not published"):
-        publish.finish(tmp_path)
+        dashboard.finish(tmp_path)
     assert not (tmp_path / "index.html").exists()

@@ -12,9 +12,8 @@ from tools import common, dev
 DEV_PY = common.ROOT / "tools" / "dev.py"
 
 
-@pytest.mark.parametrize("argv", [[], ["frobnicate"], ["bench", "--bogus"], ["bench", "--al"], ["bench", "--commits", "1"],
-                                  ["bench", "--machine", "../../docs/results/vm"], ["bench", "--machine", ""],
-                                  ["gate", "HEAD", "HEAD", "--factor", "0.9"], ["report", "tables", "--machine", "a/b"]])
+@pytest.mark.parametrize("argv", [[], ["frobnicate"], ["bench", "--bogus"], ["bench", "--al"],
+                                  ["bench", "--commits", "1"], ["gate", "HEAD", "HEAD", "--factor", "0.9"]])
 def test_bad_command_lines_exit_2_without_a_traceback(argv):
     result = subprocess.run([sys.executable, str(DEV_PY), *argv], capture_output=True, text=True)
     assert result.returncode == 2
@@ -22,9 +21,8 @@ def test_bad_command_lines_exit_2_without_a_traceback(argv):
 
 
 def test_test_passes_its_arguments_through_and_report_parses_its_own():
-    args = dev.parse_args(["report", "compare", "HEAD~1", "HEAD", "--machine", "vm"])
-    assert (args.command, args.report_command, args.base, args.head, args.machine) == (
-        "report", "compare", "HEAD~1", "HEAD", "vm")
+    args = dev.parse_args(["report", "tables", "--commit", "HEAD~1", "--machine", "vm"])
+    assert (args.command, args.report_command, args.commit, args.machine) == ("report", "tables", "HEAD~1", "vm")
     args = dev.parse_args(["test", "-k", "cache", "-x"])
     assert args.command == "test" and args.rest == ["-k", "cache", "-x"]
     with pytest.raises(SystemExit):

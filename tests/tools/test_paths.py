@@ -1,5 +1,5 @@
 """Output paths (tools/paths.py) through ``report csv --out`` and ``report plots --out``: never through a FIFO, a
-device or a symlink, never into asv's workspace; every refused path checked afterwards to be what it was."""
+device or a symlink; every refused path checked afterwards to be what it was."""
 
 import os
 import stat
@@ -33,12 +33,8 @@ def test_a_fifo_is_refused_and_stays_a_fifo(project, capsys, tmp_path):
 
 def test_a_device_is_refused_and_stays_a_device(project, capsys):
     code, _, err = report(project, "csv", "--out", "/dev/null", capsys=capsys)
-    one_line_error(code, err, "is inside /dev")
+    one_line_error(code, err, "is a character device, not a regular file")
     assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
-    before = sorted(os.listdir("/dev"))
-    code, _, err = report(project, "plots", "--out", "/dev", capsys=capsys)
-    one_line_error(code, err, "is inside /dev")
-    assert sorted(os.listdir("/dev")) == before
 
 
 def test_a_symlink_is_never_written_through(project, capsys, tmp_path):
@@ -53,18 +49,11 @@ def test_a_symlink_is_never_written_through(project, capsys, tmp_path):
         assert link.is_symlink() and result.read_bytes() == before and not (tmp_path / "mine.csv").exists()
 
 
-def test_inside_asv_and_git_is_refused(project, capsys):
-    for out in (project / ".asv" / "out.csv", project / ".git" / "out.csv"):
-        code, _, err = report(project, "csv", "--out", str(out), capsys=capsys)
-        one_line_error(code, err, "is inside")
-        assert not out.exists()
-
-
 def test_a_regular_file_is_replaced_whole(project, capsys, tmp_path):
     out = tmp_path / "deep" / "samples.csv"
     assert report(project, "csv", "--out", str(out), capsys=capsys)[0] == 0
     code, printed, _ = report(project, "csv", "--out", str(out), capsys=capsys)
-    assert code == 0 and "replaced the existing file" in printed and out.read_text().startswith("commit,")
+    assert code == 0 and "wrote" in printed and out.read_text().startswith("commit,")
     assert [p.name for p in out.parent.iterdir()] == ["samples.csv"]  # no temporary file left
 
 
@@ -72,20 +61,15 @@ def test_plots_refuse_a_fifo_png_and_a_fifo_directory(project, capsys, tmp_path)
     pytest.importorskip("matplotlib")
     figs = tmp_path / "figs"
     figs.mkdir()
-    os.mkfifo(figs / "ratios_vs_T.png")
+    os.mkfifo(figs / "batch_per_step.png")
     code, _, err = report(project, "plots", "--out", str(figs), capsys=capsys)
-    one_line_error(code, err, "ratios_vs_T.png", "is a FIFO")
+    one_line_error(code, err, "batch_per_step.png", "is a FIFO")
     os.mkfifo(tmp_path / "fifo_dir")
     code, _, err = report(project, "plots", "--out", str(tmp_path / "fifo_dir"), capsys=capsys)
     one_line_error(code, err, "is a FIFO, not a directory")
 
 
-def test_check_file_resolves_the_folders_symlinks(tmp_path, monkeypatch):
-    monkeypatch.setattr(paths.common, "ROOT", tmp_path / "project")
+def test_check_file_resolves_the_folders_symlinks(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").symlink_to(tmp_path / "a")
-    assert paths.check_file(tmp_path / "b" / "x.csv") == (str(tmp_path / "a" / "x.csv"), False)
-    (tmp_path / "project" / ".asv").mkdir(parents=True)
-    (tmp_path / "c").symlink_to(tmp_path / "project" / ".asv")
-    with pytest.raises(paths.UserError, match="is inside"):
-        paths.check_file(tmp_path / "c" / "x.csv")
+    assert paths.check_file(tmp_path / "b" / "x.csv") == str(tmp_path / "a" / "x.csv")

@@ -42,12 +42,3 @@ def test_the_default_tables_show_the_quantized_table_only_where_the_run_measured
     without, with_it = run_of({}), run_of({(BYTES, 128, "int8"): 400})
     assert all(not t.title.startswith("Quantized") for t in tables.all_tables(without))
     assert tables.all_tables(with_it)[-1].title == "Quantized KV cache at T = 128"
-
-
-def test_compare_shows_a_kind_only_the_newer_run_measured_after_the_shared_ones():
-    base = run_of({(BYTES, 128, "int4"): 352})
-    head = run_of({(BYTES, 128, "int4"): 360, (BYTES, 128, "int2"): 328})
-    text = tables.render_compare(tables.quantized_table(base), tables.quantized_table(head), "base", "head")
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines() if "bytes / position" in line]
-    assert rows == [["int4", "bytes / position", "352", "360", f"{360 / 352:.3f}x"],
-                    ["int2", "bytes / position", "n/a", "328", "n/a"]]

@@ -3,18 +3,16 @@
 Benchmark files come from the working tree, so only a commit that changes what asv builds (RESULT_PATHS) can change
 a result: of those the job takes a stable sample (:func:`sample_commits`), or every commit with ``--all``. Then
 ``asv machine``, ``asv run --record-samples --skip-existing`` over the commits without complete results (a timing
-without samples counts as missing), ``asv publish`` with the offline copies (:mod:`tools.commands.publish`), and a
+without samples counts as missing), ``asv publish`` with the offline copies (:mod:`tools.publish`), and a
 summary of main against the newest older commit with results, both named: counts by the gate's factor, timings by
 ``asv compare``, each timing it flags measured again in pairs as the gate does. Exit 2 when a point failed at main
 or vanished since main~1; 1 on an error.
 """
 
 import math
-import re
 import time
 
-from .. import common, results
-from . import publish
+from .. import common, publish, results
 from .gate import (COUNT_FACTOR, DEFAULT_FACTOR, UNPAIRED_FACTOR, asv_compare, exact_regressions, failures, method_of,
                    pair, print_failures, ratio_text)
 
@@ -23,14 +21,11 @@ RESULT_PATHS = ["kv_attention", "setup.cfg", "pyproject.toml", "asv.conf.json"]
 BUILD_FILES = ["setup.cfg", "pyproject.toml", "kv_attention/__init__.py"]  # all present => buildable
 DEFAULT_COMMITS = 5  # 5 x ~100 s beside the .venv and the first asv environment: a fresh clone within 12 min
 NEWEST = 2  # main and main~1: always in the sample
-# Seconds of each phase, for the time left (measured on the 2-core VM, docs/benchmarking.md): a commit's build,
-# install and suite; the first asv environment; asv publish with the offline copies; one timing point in pairs.
+# Seconds of each phase, for the estimate (measured on the 2-core VM): a commit's build, install and suite; the
+# first asv environment; asv publish with the offline copies; one timing point in pairs.
 SECONDS_PER_COMMIT, FIRST_ENV, PUBLISH, PER_PAIRED_POINT = 100, 60, 20, 8
-ASV_COMMIT_LINE = re.compile(r"For \S+ commit ([0-9a-f]{8})")  # asv run's line as it starts a commit
 NAMED = 5  # points named under the summary, per channel
 COMMITS = common.checked(int, lambda n: n >= 2, "an integer of at least 2 (main and main~1)")
-MACHINE = common.checked(str, re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}").fullmatch,
-                         "letters, digits, '.', '_' or '-', not starting with '.' (it names a results folder)")
 
 
 def setup_arguments(subparsers):
@@ -41,8 +36,6 @@ def setup_arguments(subparsers):
     which.add_argument("--commits", type=COMMITS, default=DEFAULT_COMMITS, metavar="N",
                        help=f"at most N commits: main, main~1, the newest that can change a result and older ones "
                             f"spread over the history (default {DEFAULT_COMMITS})")
-    parser.add_argument("--machine", metavar="NAME", type=MACHINE,
-                        help="asv machine name (default: hostname plus a fingerprint of the hardware)")
     return parser
 
 
@@ -80,23 +73,6 @@ def sample_commits(commits, bound):
 
 def minutes(seconds):
     return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
-
-
-class Progress:
-    """One line per commit as asv starts it: which of how many, and the time left for every phase still to come."""
-
-    def __init__(self, commits, after):
-        self.names, self.after = {c[:8]: describe(c) for c in commits}, after
-        self.started, self.done = time.monotonic(), 0
-
-    def __call__(self, line):
-        match = ASV_COMMIT_LINE.search(line)
-        if match and match.group(1) in self.names:
-            elapsed = time.monotonic() - self.started
-            left = (elapsed / self.done if self.done else SECONDS_PER_COMMIT) * (len(self.names) - self.done)
-            self.done += 1
-            print(f"[bench] commit {self.done} of {len(self.names)}: {self.names[match.group(1)]}; about "
-                  f"{minutes(left + self.after)} left (publish and pairs included)", flush=True)
 
 
 def describe(commit, name=""):
@@ -140,7 +116,7 @@ def verdict(tip, failed):
 
 def run(args):
     commits = select_commits(args.all, None if args.all else args.commits)
-    machine = common.record_machine(args.machine)
+    machine = common.record_machine()
     results.quarantine_unreadable(machine)
     results.forget(machine, commits, lambda points: not any(  # a timing without samples is measured again
         method_of(label).startswith("time_") and results.is_measured(p.value) and p.samples is None
@@ -153,7 +129,7 @@ def run(args):
           f"{machine!r}, benchmarking {len(todo)}: about {minutes(estimate)} with publish and pairs", flush=True)
     started = time.monotonic()
     if todo:
-        common.asv_run(todo, machine, lines=Progress(todo, after))
+        common.asv_run(todo, machine)
     publish.publish()
     tip = common.git("rev-parse", common.BRANCH)
     failed = summary(machine, commits, tip, todo)

@@ -42,18 +42,17 @@ def point_rows(run, point):
     return [head + ["", v, name, rest, run.env_name] for name, v in kept]
 
 
-def write_csv(results, out, machine=None, env=None):
-    """Write the samples of every commit (of ``machine`` or every machine; ``env`` filters) to ``out``: "-" is
-    stdout, a file one :func:`tools.paths.check_file` allows, written whole or not at all (UserError if not).
-    Only ``time_`` benchmarks have samples (seconds). Returns counts: rows, runs, points, points_without_samples,
-    and ``replaced`` (a file was there)."""
-    target, replaced = (None, False) if out == "-" else paths.check_file(out, protected=results.paths)
-    counts = {"rows": 0, "runs": 0, "points": 0, "points_without_samples": 0, "replaced": replaced}
+def write_csv(results, out, machine=None):
+    """Write the samples of every commit (of ``machine`` or every machine) to ``out``: "-" is stdout, a file one
+    :func:`tools.paths.check_file` allows, written whole or not at all (UserError if not). Only ``time_``
+    benchmarks have samples (seconds). Returns counts: rows, runs, points, points_without_samples."""
+    target = None if out == "-" else paths.check_file(out)
+    counts = {"rows": 0, "runs": 0, "points": 0, "points_without_samples": 0}
     with contextlib.nullcontext(sys.stdout) if target is None else paths.atomic_write(target) as f:
         writer = csv.writer(f)
         writer.writerow(COLUMNS)
         for m in [machine] if machine else results.machines:
-            for name in results.files(m, env):
+            for name in results.files(m):
                 run = results.load_file(m, name)
                 counts["runs"] += 1
                 for point in run.points.values():

@@ -371,31 +371,14 @@ def format_cell(value, kind):
     return f"{text} (unpaired)" if isinstance(value, Unpaired) else text
 
 
-def _markdown(table, headers, rows, left=(), note=""):
-    """A heading, a pipe table (the columns named in ``left`` left-aligned, the rest right-aligned), the note."""
+def render_table(table):
+    """One table as Markdown: a heading, a pipe table (text columns left-aligned, the rest right), and its note."""
     from tabulate import tabulate  # asv's own dependency
 
-    align = ["left" if h in left else "right" for h in headers]
-    text = tabulate(rows, headers=headers, tablefmt="pipe", colalign=align, disable_numparse=True)
-    return "\n".join([f"### {table.title}", "", text] + (["", note] if note else []))
-
-
-def render_table(table):
-    """One table as Markdown: a heading, the table, and its note."""
     rows = [[*map(str, key), *(format_cell(cells[f], k) for f, k in table.kinds.items())] for key, cells in table.rows]
-    left = [figure for figure, kind in table.kinds.items() if kind == "text"]
-    return _markdown(table, [*table.keys, *table.kinds], rows, left, table.note)
-
-
-def render_compare(base_table, head_table, base_label, head_label):
-    """Two runs' versions of one table, side by side: one row per (key, figure), with HEAD / BASE."""
-    base, head, rows = dict(base_table.rows), dict(head_table.rows), []
-    for key in [*base, *(k for k in head if k not in base)]:  # then the keys only the newer run measured
-        for figure, kind in base_table.kinds.items():
-            b, h = base.get(key, {}).get(figure, SKIPPED), head.get(key, {}).get(figure, SKIPPED)
-            rows.append([*map(str, key), figure, format_cell(b, kind), format_cell(h, kind),
-                         format_cell(_combine(lambda x, y: y / x, b, h), "ratio3")])
-    return _markdown(base_table, [*base_table.keys, "figure", base_label, head_label, "head / base"], rows, ["figure"])
+    align = ["left" if table.kinds.get(h) == "text" else "right" for h in [*table.keys, *table.kinds]]
+    text = tabulate(rows, headers=[*table.keys, *table.kinds], tablefmt="pipe", colalign=align, disable_numparse=True)
+    return "\n".join([f"### {table.title}", "", text] + (["", table.note] if table.note else []))
 
 
 def describe(run, experiments=None):

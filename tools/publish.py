@@ -1,13 +1,10 @@
-"""``publish``: ``asv publish``, then the dashboard made to render offline and to show repository text as text.
+"""The main job's ``asv publish``, then the dashboard made to render offline and to show repository text as text.
 
-asv 0.6.6's index.html loads jQuery, flot, bootstrap and the rest from CDNs: offline it shows only an error banner.
-After ``asv publish``, the same libraries are installed from npm under ``.asv/npm``, copied into
-``.asv/html/vendor`` and the page's tags pointed at them (:func:`vendor`; without npm the page keeps asv's CDN
-links). asv's pages also paste tag names, benchmark names and code, parameter names and machine details into HTML,
-so a git tag such as ``<img/src="x"/onerror="alert(document.domain)">`` would run script in every visitor's
-browser: :func:`neutralise` rewrites each such place to insert text (each rewrite must find asv 0.6.6's code
-exactly once) and adds a Content-Security-Policy allowing no inline script but asv's own. asv publishes every
-machine of its results folder (copy e.g. ``docs/results/vm-f980c2bd`` into ``.asv/results/`` to see it too).
+asv 0.6.6's index.html loads its libraries from CDNs (offline: only an error banner), so they are installed from npm
+and copied into ``.asv/html/vendor`` (:func:`vendor`; without npm the CDN links stay). Its pages paste tag names,
+benchmark names and code, parameter names and machine details into HTML, so a tag such as
+``<img/src="x"/onerror="alert(1)">`` would run script: :func:`neutralise` rewrites each such place to insert text and
+adds a Content-Security-Policy allowing no inline script but asv's own.
 """
 
 import base64
@@ -16,9 +13,8 @@ import re
 import shutil
 from pathlib import Path
 
-from .. import common
+from . import common
 
-LOCKS_WORKSPACE = True
 VIEW = ("dashboard written to .asv/html; serve it (browsers refuse its JSON from file://) with\n"
         "  .venv/bin/python -m asv preview\nand open the address it prints")
 
@@ -91,7 +87,7 @@ def vendor(html_dir, node_modules=None):
     return len(local)
 
 
-ESCAPE = ("function kv_escape_html(text) {  /* tools/commands/publish.py: text, never markup */\n"
+ESCAPE = ("function kv_escape_html(text) {  /* tools/publish.py: text, never markup */\n"
           "    return String(text).replace(/[&<>\"']/g, function (c) {\n"
           "        return {'&': '&amp;', '<': '&lt;', '>': '&gt;', '\"': '&quot;', \"'\": '&#39;'}[c];\n"
           "    });\n"
@@ -232,14 +228,3 @@ def finish(html_dir):
 def publish():
     common.run(*common.ASV, "publish")
     finish(common.ROOT / ".asv" / "html")
-
-
-def setup_arguments(subparsers):
-    return subparsers.add_parser("publish", allow_abbrev=False,
-                                 help="asv publish, then the dashboard made offline-ready and text kept text")
-
-
-def run(args):
-    publish()
-    print(VIEW)
-    return 0
