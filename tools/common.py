@@ -72,21 +72,14 @@ def stop(proc, signum):
     proc.wait()
 
 
-def run(*command, check=True, lines=None, capture=False):
+def run(*command, check=True, capture=False):
     """Run ``command`` from ROOT in a new session: its exit code, or its CompletedProcess with ``capture``.
-    ``lines`` is called with every line it prints, after printing it. A :class:`Stopped` stops its session too."""
-    pipe = subprocess.PIPE if lines or capture else None
-    proc = subprocess.Popen([str(c) for c in command], cwd=ROOT, start_new_session=True, text=True,
-                            stdout=pipe, stderr=subprocess.STDOUT if lines else pipe)
-    out = err = None
+    A :class:`Stopped` stops its session too."""
+    pipe = subprocess.PIPE if capture else None
+    proc = subprocess.Popen([str(c) for c in command], cwd=ROOT, start_new_session=True, text=True, stdout=pipe,
+                            stderr=pipe)
     try:
-        if lines:
-            for line in proc.stdout:
-                print(line, end="", flush=True)
-                lines(line)
-            proc.wait()
-        else:
-            out, err = proc.communicate()
+        out, err = proc.communicate()
     except BaseException as error:
         stop(proc, error.signum if isinstance(error, Stopped) else signal.SIGINT)
         raise
@@ -131,13 +124,13 @@ def record_machine():
     return name
 
 
-def asv_run(commits, machine, *options, lines=None):
+def asv_run(commits, machine, *options):
     """``asv run HASHFILE:... --skip-existing --record-samples --machine MACHINE OPTIONS``: asv's exit code."""
     hashfile = ROOT / ".asv" / "commits-to-run.txt"
     hashfile.parent.mkdir(exist_ok=True)
     hashfile.write_text("\n".join(commits) + "\n")
     return run(*ASV, "run", f"HASHFILE:{hashfile}", "--skip-existing", "--record-samples", "--machine", machine,
-               *options, check=False, lines=lines)
+               *options, check=False)
 
 
 @contextlib.contextmanager

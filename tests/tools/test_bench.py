@@ -15,10 +15,8 @@ def test_default_selection_is_main_main_1_and_library_commits_that_build(repo):
     library = repo.commit("library", {"kv_attention/decode.py": "# change"})
     main_1 = repo.commit("docs again", {"README.md": "again"})
     main = repo.commit("tests", {"tests/test_x.py": "# test"})
-    selected = bench.select_commits(whole_history=False)
-    assert selected == [main, main_1, library, build]
-    assert readme not in bench.select_commits(whole_history=True)
-    assert bench.select_commits(whole_history=True) == [main, main_1, library, *docs[::-1], build]
+    selected = bench.select_commits(8)
+    assert selected == [main, main_1, library, build] and readme not in selected and not set(docs) & set(selected)
 
 
 def test_every_commit_that_can_change_a_result_is_selected(repo):
@@ -28,7 +26,7 @@ def test_every_commit_that_can_change_a_result_is_selected(repo):
     repo.commit("benchmarks only", {"benchmarks/bench_x.py": "# x"})
     main_1 = repo.commit("docs", {"README.md": "x"})
     main = repo.commit("tests", {"tests/test_x.py": "# test"})
-    assert bench.select_commits(whole_history=False) == [main, main_1, config, *library[::-1], package]
+    assert bench.select_commits(20) == [main, main_1, config, *library[::-1], package]
 
 
 def test_a_merged_branch_counts_as_its_merge_commit_only(repo):
@@ -41,15 +39,14 @@ def test_a_merged_branch_counts_as_its_merge_commit_only(repo):
     repo.git("merge", "-q", "--no-ff", "-m", "merge topic", "topic")
     merge = repo.git("rev-parse", "HEAD")
     main = repo.commit("tests", {"tests/test_x.py": "# test"})
-    selected = bench.select_commits(whole_history=False)
-    assert selected == [main, merge, package] and not set(topic) & set(selected)
-    assert bench.select_commits(whole_history=True) == [main, merge, docs, package]
+    selected = bench.select_commits(8)
+    assert selected == [main, merge, package] and not set(topic) & set(selected) and docs not in selected
 
 
 def test_no_buildable_commit_is_a_clear_error(repo):
     repo.commit("readme", {"README.md": "x"})
     with pytest.raises(common.UserError, match="no commit of main has a buildable package"):
-        bench.select_commits(whole_history=True)
+        bench.select_commits(8)
 
 
 # --- the bounded sample of the default selection -----------------------------------------------
@@ -63,7 +60,7 @@ def library_history(repo, count):
 
 def test_the_sample_is_bounded_and_keeps_main_the_newest_and_the_first_commit(repo):
     history = library_history(repo, 60)  # 61 commits that can change a result
-    sample = bench.select_commits(whole_history=False, bound=8)
+    sample = bench.select_commits(8)
     assert bench.NEWEST + 2 < len(sample) <= 8 and len(set(sample)) == len(sample)
     assert sample[:bench.NEWEST] == history[:bench.NEWEST]  # main, main~1 and the next newest, in order
     assert history[-1] in sample  # the first buildable commit: the spread reaches the whole history
@@ -73,7 +70,7 @@ def test_the_sample_is_bounded_and_keeps_main_the_newest_and_the_first_commit(re
 def test_the_older_commits_are_spread_evenly_over_the_history(repo):
     history = library_history(repo, 60)
     older = history[bench.NEWEST:][::-1]  # oldest first
-    sample = bench.select_commits(whole_history=False, bound=8)
+    sample = bench.select_commits(8)
     places = sorted(older.index(c) for c in sample[bench.NEWEST:])
     assert places == [0, 16, 32, 48]  # 57 older commits, 4 places left: every 16th from the oldest
 
@@ -82,9 +79,9 @@ def test_a_new_commit_adds_only_itself_to_the_sample(repo):
     """A re-run after one new library commit measures just that commit: the rest of the sample stays."""
     library_history(repo, 40)
     for i in range(30):
-        before = set(bench.select_commits(whole_history=False, bound=8))
+        before = set(bench.select_commits(8))
         new = repo.commit(f"new {i}", {"kv_attention/b.py": f"# {i}"})
-        after = set(bench.select_commits(whole_history=False, bound=8))
+        after = set(bench.select_commits(8))
         assert after - before <= {new}, i
 
 
@@ -92,15 +89,14 @@ def test_unbuildable_commits_are_never_sampled(repo):
     repo.commit("readme only", {"README.md": "x"})
     unbuildable = repo.commit("library before the package", {"kv_attention/a.py": "# early"})
     library_history(repo, 20)
-    assert unbuildable not in bench.select_commits(whole_history=False, bound=20)
-    assert unbuildable not in bench.select_commits(whole_history=False, bound=3)
+    assert unbuildable not in bench.select_commits(20)
+    assert unbuildable not in bench.select_commits(3)
 
 
-def test_a_short_history_is_taken_whole_and_all_ignores_the_bound(repo):
+def test_a_short_history_is_taken_whole(repo):
     history = library_history(repo, 5)
-    assert bench.select_commits(whole_history=False, bound=8) == history
-    assert bench.select_commits(whole_history=False, bound=2) == history[:2]
-    assert bench.select_commits(whole_history=True, bound=2) == history
+    assert bench.select_commits(8) == history
+    assert bench.select_commits(2) == history[:2]
 
 
 @pytest.mark.parametrize("options, bound", [([], bench.DEFAULT_COMMITS), (["--commits", "20"], 20)])
@@ -108,10 +104,10 @@ def test_the_command_line_sets_the_bound(options, bound):
     from tools import dev
 
     args = dev.parse_args(["bench", *options])
-    assert args.commits == bound and not args.all
+    assert args.commits == bound
 
 
-@pytest.mark.parametrize("options", [["--commits", "1"], ["--commits", "x"], ["--all", "--commits", "7"]])
+@pytest.mark.parametrize("options", [["--commits", "1"], ["--commits", "x"], ["--commits", "2.5"]])
 def test_a_bad_bound_is_refused(options, capsys):
     from tools import dev
 

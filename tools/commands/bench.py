@@ -1,7 +1,7 @@
 """``bench``: the main job. Benchmark a bounded sample of main's commits that can change a result, publish, summarise.
 
 Benchmark files come from the working tree, so only a commit that changes what asv builds (RESULT_PATHS) can change
-a result: of those the job takes a stable sample (:func:`sample_commits`), or every commit with ``--all``. Then
+a result: of those the job takes a stable sample (:func:`sample_commits`). Then
 ``asv machine``, ``asv run --record-samples --skip-existing`` over the commits without complete results (a timing
 without samples counts as missing), ``asv publish`` with the offline copies (:mod:`tools.publish`), and a
 summary of main against the newest older commit with results, both named: counts by the gate's factor, timings by
@@ -31,29 +31,23 @@ COMMITS = common.checked(int, lambda n: n >= 2, "an integer of at least 2 (main 
 def setup_arguments(subparsers):
     parser = subparsers.add_parser("bench", allow_abbrev=False, help="benchmark a bounded sample of the commits of "
                                    "main that can change a result, publish, summarise")
-    which = parser.add_mutually_exclusive_group()
-    which.add_argument("--all", action="store_true", help="every buildable commit of main")
-    which.add_argument("--commits", type=COMMITS, default=DEFAULT_COMMITS, metavar="N",
+    parser.add_argument("--commits", type=COMMITS, default=DEFAULT_COMMITS, metavar="N",
                        help=f"at most N commits: main, main~1, the newest that can change a result and older ones "
                             f"spread over the history (default {DEFAULT_COMMITS})")
     return parser
 
 
-def select_commits(whole_history, bound=None):
+def select_commits(bound):
     """Commits of main to benchmark, newest first, each with every file of BUILD_FILES: main, main~1 and those that
-    changed a path of RESULT_PATHS (``bound``: the sample of :func:`sample_commits`), or every commit. "Of main" is
-    its first-parent history, as asv's graphs: a merged branch counts as its merge commit."""
-    if whole_history:
-        candidates = common.git("rev-list", "--first-parent", common.BRANCH).split()
-    else:
-        head = common.git("rev-list", "--first-parent", "--max-count=2", common.BRANCH).split()
-        changing = common.git("rev-list", "--first-parent", common.BRANCH, "--", *RESULT_PATHS).split()
-        candidates = list(dict.fromkeys(head + changing))
-    commits = [c for c in candidates if set(common.git("ls-tree", "-r", "--name-only", c, "--", *BUILD_FILES).split())
-               == set(BUILD_FILES)]
+    changed a path of RESULT_PATHS, at most ``bound`` of them (:func:`sample_commits`). "Of main" is its
+    first-parent history, as asv's graphs: a merged branch counts as its merge commit."""
+    head = common.git("rev-list", "--first-parent", "--max-count=2", common.BRANCH).split()
+    changing = common.git("rev-list", "--first-parent", common.BRANCH, "--", *RESULT_PATHS).split()
+    commits = [c for c in dict.fromkeys(head + changing)
+               if set(common.git("ls-tree", "-r", "--name-only", c, "--", *BUILD_FILES).split()) == set(BUILD_FILES)]
     if not commits:
         raise common.UserError(f"no commit of {common.BRANCH} has a buildable package ({', '.join(BUILD_FILES)})")
-    return commits if whole_history or bound is None else sample_commits(commits, bound)
+    return sample_commits(commits, bound)
 
 
 def sample_commits(commits, bound):
@@ -115,7 +109,7 @@ def verdict(tip, failed):
 
 
 def run(args):
-    commits = select_commits(args.all, None if args.all else args.commits)
+    commits = select_commits(args.commits)
     machine = common.record_machine()
     results.quarantine_unreadable(machine)
     results.forget(machine, commits, lambda points: not any(  # a timing without samples is measured again

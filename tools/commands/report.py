@@ -23,9 +23,8 @@ def cmd_csv(args, results, machine):
     print(f"wrote {counts['rows']} rows from {counts['points']} benchmark points in {counts['runs']} result files "
           f"to {'stdout' if args.out == '-' else args.out}", file=sys.stderr if args.out == "-" else sys.stdout)
     if counts["points_without_samples"]:
-        print(f"note: {counts['points_without_samples']} points have no recorded samples (asv ran without "
-              "--record-samples); their rows hold asv's median, quartiles and 99 % confidence bounds instead "
-              "(column 'statistic')", file=sys.stderr)
+        print(f"note: {counts['points_without_samples']} points have no recorded samples and no rows: asv ran "
+              "without --record-samples", file=sys.stderr)
 
 
 def cmd_plots(args, results, machine):

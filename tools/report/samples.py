@@ -1,7 +1,7 @@
 """Every recorded timing sample as one CSV row, the lab's ``benchmark.csv`` for any number of commits.
 
-asv keeps the samples only when it ran with ``--record-samples`` (the main job does); for a point without them the
-rows hold the statistics asv kept, named in the ``statistic`` column. Seconds are Python's float repr, so they read
+asv keeps the samples only when it ran with ``--record-samples`` (the main job does); a point without them has no
+rows. Seconds are Python's float repr, so they read
 back bit for bit. T and B are the values a benchmark ran with: its parameters, or the suite's fixed values (B = 2 for
 the batch experiment, T = 128 for the batch-size sweep); B is blank for the single-sequence cache experiment.
 """
@@ -18,9 +18,8 @@ from . import EXPERIMENTS
 from .tables import BATCH_BENCHMARK, SWEEP_BENCHMARK
 
 COLUMNS = ["commit", "machine", "benchmark", "experiment", "strategy", "T", "B",
-           "sample", "seconds", "statistic", "params", "env"]
+           "sample", "seconds", "params", "env"]
 FIXED = {BATCH_BENCHMARK: {"B": BATCH}, SWEEP_BENCHMARK: {"T": SWEEP_LENGTH, "strategy": "batched"}}
-STATISTICS = ("q_25", "q_75", "ci_99_a", "ci_99_b")
 
 
 def _experiment(benchmark):
@@ -29,17 +28,14 @@ def _experiment(benchmark):
 
 
 def point_rows(run, point):
-    """The CSV rows of one point: one per sample, else one per kept statistic; none if it did not run."""
-    if not is_number(point.value):
+    """The CSV rows of one point: one per sample; none without samples or if it did not run."""
+    if not is_number(point.value) or not point.samples:
         return []
     params = FIXED.get(point.benchmark, {}) | point.params
     rest = " ".join(f"{k}={v}" for k, v in point.params.items() if k not in ("strategy", "T", "B"))
     head = [run.commit, run.machine, point.benchmark, _experiment(point.benchmark),
             params.get("strategy", ""), params.get("T", ""), params.get("B", "")]
-    if point.samples:
-        return [head + [i, s, "sample", rest, run.env_name] for i, s in enumerate(point.samples)]
-    kept = [("median", point.value)] + [(k, point.stats[k]) for k in STATISTICS if k in point.stats]
-    return [head + ["", v, name, rest, run.env_name] for name, v in kept]
+    return [head + [i, s, rest, run.env_name] for i, s in enumerate(point.samples)]
 
 
 def write_csv(results, out, machine=None):
@@ -56,9 +52,10 @@ def write_csv(results, out, machine=None):
                 run = results.load_file(m, name)
                 counts["runs"] += 1
                 for point in run.points.values():
-                    rows = point_rows(run, point) if point.benchmark.rsplit(".", 1)[-1].startswith("time_") else []
+                    timed = point.benchmark.rsplit(".", 1)[-1].startswith("time_") and is_number(point.value)
+                    rows = point_rows(run, point) if timed else []
                     counts["points"] += bool(rows)
-                    counts["points_without_samples"] += bool(rows) and not point.samples
+                    counts["points_without_samples"] += timed and not point.samples
                     counts["rows"] += len(rows)
                     writer.writerows(rows)
     return counts
