@@ -16,7 +16,6 @@ import os
 import re
 import stat
 import subprocess
-from collections import namedtuple
 from dataclasses import dataclass, field
 
 from . import common, paths
@@ -29,14 +28,6 @@ def _rows(data):
         row = dict(zip(data["result_columns"], row))
         params = row.get("params") or []
         yield name, list(itertools.product(*params)) if params else [None], row
-
-
-# --- for the main job, the gate and bisect ------------------------------------------------------------
-
-
-# One stored point: benchmark ``name``, its parameter combination's ``index`` (None without parameters), value
-# (a number, None: failed, NaN: skipped), samples (None unless recorded), the benchmark's version.
-Stored = namedtuple("Stored", "name index value samples version")
 
 
 def results_dir():
@@ -58,15 +49,8 @@ def files(machine, commit):
 
 
 def stored(machine, commit):
-    """``{label: Stored}`` of every point asv stored for ``commit`` on ``machine`` (``{}`` if none)."""
-    points = {}
-    for path in files(machine, commit):
-        for name, combos, row in _rows(json.loads(path.read_text())):
-            values, samples = row.get("result") or [None] * len(combos), row.get("samples") or [None] * len(combos)
-            for i, combo in enumerate(combos):
-                label = f"{name}({', '.join(combo)})" if combo is not None else name
-                points[label] = Stored(name, None if combo is None else i, values[i], samples[i], row.get("version"))
-    return points
+    """``{label: Point}`` of every point asv stored for ``commit`` on ``machine`` (``{}`` if none)."""
+    return {p.label: p for path in files(machine, commit) for p in read_run(path, machine).points.values()}
 
 
 def is_measured(value):
@@ -76,9 +60,9 @@ def is_measured(value):
 def complete(machine, commit, benchmarks):
     """Every benchmark of the suite stored for ``commit``, every measured timing with its samples."""
     points = stored(machine, commit)
-    unsampled = any(p.name.rsplit(".", 1)[-1].startswith("time_") and is_measured(p.value) and p.samples is None
+    unsampled = any(p.benchmark.rsplit(".", 1)[-1].startswith("time_") and is_measured(p.value) and p.samples is None
                     for p in points.values())
-    return bool(points) and set(benchmarks) <= {p.name for p in points.values()} and not unsampled
+    return bool(points) and set(benchmarks) <= {p.benchmark for p in points.values()} and not unsampled
 
 
 RETIRE_HINT = ("note: a vanished benchmark removed on purpose passes once it is declared, with the reason, "
@@ -94,18 +78,18 @@ def retired():
     return dict(getattr(bench_common, "RETIRED", {}))
 
 
-def vanished(base, head, retired_names=None):
-    """Sorted labels of the points measured at ``base`` (``{label: Stored}``) that are n/a at ``head``.
+def vanished(base, head):
+    """Sorted labels of the points measured at ``base`` (``{label: Point}``) that are n/a at ``head``.
 
     n/a is NaN (a skip) or no stored point; a failure is no vanished point; a point whose benchmark or label is a
-    key of ``retired_names`` (default :func:`retired`) was removed on purpose. No results at all at ``head`` is a
-    commit that failed to build, reported as such.
+    key of :func:`retired` was removed on purpose. No results at all at ``head`` is a commit that failed to build,
+    reported as such.
     """
     if not head:
         return []
-    retired_names = retired() if retired_names is None else retired_names
+    retired_names = retired()
     return sorted(label for label, point in base.items()
-                  if is_measured(point.value) and label not in retired_names and point.name not in retired_names
+                  if is_measured(point.value) and label not in retired_names and point.benchmark not in retired_names
                   and (head.get(label) is None or (is_number(head[label].value) and math.isnan(head[label].value))))
 
 
@@ -141,7 +125,7 @@ def quarantine_unreadable(machine):
 
 def forget(machine, commits, keep):
     """Remove, through asv's Results API, the stored benchmarks of ``commits`` for which ``keep(points)`` is
-    False (``points``: ``{label: Stored}`` of that benchmark); a file left empty is removed. The number removed."""
+    False (``points``: ``{label: Point}`` of that benchmark); a file left empty is removed. The number removed."""
     from asv.results import Results
 
     removed = 0
@@ -150,7 +134,7 @@ def forget(machine, commits, keep):
         for path in files(machine, commit):
             result = Results.load(str(path))
             drop = [n for n in result.get_all_result_keys()
-                    if not keep({label: p for label, p in points.items() if p.name == n})]
+                    if not keep({label: p for label, p in points.items() if p.benchmark == n})]
             for name in drop:
                 result.remove_result(name)
             if drop and not list(result.get_all_result_keys()):
@@ -161,8 +145,6 @@ def forget(machine, commits, keep):
     return removed
 
 
-# --- for the report -------------------------------------------------------------------------------
-
 FAILED = "failed"  # asv stored null: setup (the correctness check) or the benchmark raised
 SKIPPED = "n/a"  # asv stored NaN (NotImplementedError), or the commit has no such result
 RESULT_FILE = re.compile(r"^[0-9a-f]{8}-.+\.json$")  # <hash8>-<env_name>.json
@@ -170,14 +152,18 @@ RESULT_FILE = re.compile(r"^[0-9a-f]{8}-.+\.json$")  # <hash8>-<env_name>.json
 
 @dataclass(frozen=True)
 class Point:
-    """One benchmark at one parameter combination: ``params`` {name: value}, ``value`` a float (seconds for a
-    timing) or FAILED / SKIPPED, asv's ``stats``, the timing ``samples`` (or None)."""
+    """One benchmark at one parameter combination: ``params`` {name: value}, ``value`` as asv stored it (a number,
+    None or NaN), asv's ``stats``, the timing ``samples`` (or None), the ``label`` asv compare prints, the
+    combination's ``index`` (None without parameters) and the benchmark's ``version``."""
 
     benchmark: str
     params: dict
     value: object
     stats: dict = field(default_factory=dict)
     samples: list = None
+    label: str = ""
+    index: int = None
+    version: str = None
 
 
 @dataclass
@@ -194,9 +180,9 @@ class Run:
     measured: datetime.datetime = None  # when the run's last benchmark started
 
     def value(self, benchmark, **params):
-        """The stored value of ``benchmark`` at ``params``; SKIPPED if the run lacks it."""
-        point = self.points.get((benchmark, tuple(sorted(params.items()))))
-        return SKIPPED if point is None else point.value
+        """The value of ``benchmark`` at ``params``: a number, FAILED, or SKIPPED (NaN, or the run lacks it)."""
+        value = getattr(self.points.get((benchmark, tuple(sorted(params.items())))), "value", math.nan)
+        return FAILED if value is None else SKIPPED if is_number(value) and math.isnan(value) else value
 
 
 def is_number(x):
@@ -284,30 +270,36 @@ class ResultsDir:
         return run
 
     def load_file(self, machine, name):
-        """One result file as a :class:`Run`; UserError naming the file if it is not one asv 0.6 writes."""
-        label = f"asv result file {machine}/{name}"
-        data = read_json(os.path.join(self.path, machine, name), label)
-        try:
-            if not name.startswith(data["commit_hash"][:8]):
-                raise ValueError(f"commit_hash {data['commit_hash'][:40]} is not that of the file's name")
-            run = Run(data["commit_hash"], machine, data["env_name"], _utc(data["date"]),
-                      {str(k): str(v) for k, v in data["params"].items()},
-                      {str(k): str(v) for k, v in (data.get("env_vars") or {}).items()}, {})
-            started = []
-            for benchmark, combos, row in _rows(data):
-                started.append(row.get("started_at") or 0)
-                names, width = self.param_names.get(benchmark, []), len(combos[0] or ())
-                names = names if len(names) == width else [f"param{i + 1}" for i in range(width)]
-                n, stats = len(combos), {k[6:]: v for k, v in row.items() if k.startswith("stats_") and v}
-                for i, combo in enumerate(combos):
-                    value = (row.get("result") or [None] * n)[i]
-                    value = FAILED if value is None else SKIPPED if math.isnan(float(value)) else float(value)
-                    samples = (row.get("samples") or [None] * n)[i]
-                    params = {k: _param(str(v)) for k, v in zip(names, combo or ())}
-                    run.points[(benchmark, tuple(sorted(params.items())))] = Point(
-                        benchmark, params, value, {k: float(v[i]) for k, v in stats.items() if v[i] is not None},
-                        None if samples is None else [float(x) for x in samples])
-            run.measured = _utc(max(started)) if any(started) else None
-        except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, OSError) as exc:
-            raise UserError(f"cannot read {label}: {str(exc)[:200] or type(exc).__name__}") from None
-        return run
+        return read_run(os.path.join(self.path, machine, name), machine, self.param_names)
+
+
+def read_run(path, machine, param_names=None):
+    """One result file as a :class:`Run` (parameters named as ``param_names`` {benchmark: names} says, else
+    ``param1``, ...); UserError naming the file if it is not one asv 0.6 writes."""
+    name, label = os.path.basename(path), f"asv result file {machine}/{os.path.basename(path)}"
+    data = read_json(path, label)
+    try:
+        if not name.startswith(data["commit_hash"][:8]):
+            raise ValueError(f"commit_hash {data['commit_hash'][:40]} is not that of the file's name")
+        run = Run(data["commit_hash"], machine, data["env_name"], _utc(data["date"]),
+                  {str(k): str(v) for k, v in data["params"].items()},
+                  {str(k): str(v) for k, v in (data.get("env_vars") or {}).items()}, {})
+        started = []
+        for benchmark, combos, row in _rows(data):
+            started.append(row.get("started_at") or 0)
+            names, width = (param_names or {}).get(benchmark, []), len(combos[0] or ())
+            names = names if len(names) == width else [f"param{i + 1}" for i in range(width)]
+            n, stats = len(combos), {k[6:]: v for k, v in row.items() if k.startswith("stats_") and v}
+            for i, combo in enumerate(combos):
+                value, samples = (row.get("result") or [None] * n)[i], (row.get("samples") or [None] * n)[i]
+                params = {k: _param(str(v)) for k, v in zip(names, combo or ())}
+                run.points[(benchmark, tuple(sorted(params.items())))] = Point(
+                    benchmark, params, None if value is None else float(value),
+                    {k: float(v[i]) for k, v in stats.items() if v[i] is not None},
+                    None if samples is None else [float(x) for x in samples],
+                    benchmark if combo is None else f"{benchmark}({', '.join(combo)})", None if combo is None else i,
+                    row.get("version"))
+        run.measured = _utc(max(started)) if any(started) else None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, OSError) as exc:
+        raise UserError(f"cannot read {label}: {str(exc)[:200] or type(exc).__name__}") from None
+    return run

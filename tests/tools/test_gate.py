@@ -233,8 +233,8 @@ def test_bench_keeps_no_partial_benchmark_for_the_main_job(project, capsys):
     project.write(project.base, {(t, "'preallocated'"): "nan" for t in PARAMS[0]})  # as --bench 'concat' stores
     project.write(project.head)
     gate(project, capsys, "--bench", "concat")
-    assert TIME not in {p.name for p in results.stored(MACHINE, project.base).values()}
-    assert TIME in {p.name for p in results.stored(MACHINE, project.head).values()}  # measured whole
+    assert TIME not in {p.benchmark for p in results.stored(MACHINE, project.base).values()}
+    assert TIME in {p.benchmark for p in results.stored(MACHINE, project.head).values()}  # measured whole
 
 
 def test_asv_compare_is_asvs_own_table_and_its_plus_rows_are_read(project, capsys, monkeypatch):

@@ -54,7 +54,7 @@ class Point:
         if method_of(self.label).startswith("time_") and good != commit:
             from .. import pairs
 
-            outcome = pairs.measure(pairs.environments()[0], good, commit, [(b.name, b.index, self.label)],
+            outcome = pairs.measure(pairs.environments()[0], good, commit, [(b.benchmark, b.index, self.label)],
                                     lambda line: None, self.factor)[self.label]
             return (outcome.worse(self.factor), outcome.ratio) if isinstance(outcome, pairs.Paired) else (None, None)
         limit = self.factor if method_of(self.label).startswith("time_") else exact_factor(self.label, COUNT_FACTOR)

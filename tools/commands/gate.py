@@ -116,7 +116,7 @@ def pair(commits, labels, base, head, factor):
     """The paired verdicts of ``labels``' timings: ``({label: Paired}, [(label, role)] of failed pairs)``."""
     from .. import pairs
 
-    points = [(head[label].name, head[label].index, label) for label in labels
+    points = [(head[label].benchmark, head[label].index, label) for label in labels
               if method_of(label).startswith("time_") and comparable(base, head, label)]
     if not points:
         return {}, []

@@ -13,7 +13,7 @@ import sys
 from benchmarks.common import BATCH, SWEEP_LENGTH
 
 from .. import paths
-from ..results import is_number
+from ..results import is_measured
 from . import EXPERIMENTS
 from .tables import BATCH_BENCHMARK, SWEEP_BENCHMARK
 
@@ -29,7 +29,7 @@ def _experiment(benchmark):
 
 def point_rows(run, point):
     """The CSV rows of one point: one per sample; none without samples or if it did not run."""
-    if not is_number(point.value) or not point.samples:
+    if not is_measured(point.value) or not point.samples:
         return []
     params = FIXED.get(point.benchmark, {}) | point.params
     rest = " ".join(f"{k}={v}" for k, v in point.params.items() if k not in ("strategy", "T", "B"))
@@ -52,7 +52,7 @@ def write_csv(results, out, machine=None):
                 run = results.load_file(m, name)
                 counts["runs"] += 1
                 for point in run.points.values():
-                    timed = point.benchmark.rsplit(".", 1)[-1].startswith("time_") and is_number(point.value)
+                    timed = point.benchmark.rsplit(".", 1)[-1].startswith("time_") and is_measured(point.value)
                     rows = point_rows(run, point) if timed else []
                     counts["points"] += bool(rows)
                     counts["points_without_samples"] += timed and not point.samples
