@@ -94,24 +94,14 @@ def vanished(base, head):
 
 
 def quarantine_unreadable(machine):
-    """Move every result file of ``machine`` that is not a regular file or not readable JSON to ``.asv/corrupt/``.
-
-    asv writes result files in place: a killed run leaves a truncated one, which asv can neither read nor save
-    over, so its commit would never be measured again; a FIFO would block asv forever. Moved aside, the commit
-    has no results and is measured again.
-    """
+    """Move every result file of ``machine`` that :func:`read_run` cannot read (a FIFO, truncated JSON) to
+    ``.asv/corrupt/``. asv writes result files in place: a killed run leaves a truncated one, which asv can neither
+    read nor save over, so its commit would never be measured again. Moved aside, it is measured again."""
     folder = results_dir() / machine
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        mode = os.stat(path).st_mode if os.path.exists(path) else stat.S_IFREG
-        reason = None if stat.S_ISREG(mode) else f"{paths.kind(mode)}, not a regular file"
-        if not reason and path.name != "machine.json":
-            try:
-                data = json.loads(path.read_text())
-                if not isinstance(data["results"], dict) or not isinstance(data["result_columns"], list):
-                    raise TypeError
-            except (OSError, ValueError, KeyError, TypeError, RecursionError) as error:
-                reason = f"not an asv result file: {type(error).__name__}"
-        if reason:
+    for path in sorted(folder.glob("*-*.json")) if folder.is_dir() else []:
+        try:
+            read_run(path, machine)
+        except UserError as error:
             target = common.ROOT / ".asv" / "corrupt" / machine / path.name
             target.parent.mkdir(parents=True, exist_ok=True)
             for i in itertools.count(1):
@@ -120,7 +110,7 @@ def quarantine_unreadable(machine):
                 target = target.with_name(f"{path.name}.{i}")
             os.rename(path, target)
             print(f"moved unreadable result file {path.relative_to(common.ROOT)} to "
-                  f"{target.relative_to(common.ROOT)} ({reason}): its commit is measured again", flush=True)
+                  f"{target.relative_to(common.ROOT)} ({error}): its commit is measured again", flush=True)
 
 
 def forget(machine, commits, keep):
