@@ -128,7 +128,7 @@ def write_plots(run, out_dir, lab=False):
 def _model(plt, run, title, lab):
     """The model experiment: ms per token vs T per cache kind; a step's bytes vs B x T, weights against K/V, with
     each model's crossover; positions/s vs B with linear scaling from B = 1 (all from the tables' cells)."""
-    from .tables import MODEL_BYTES, model_batch_table, model_bytes, model_table
+    from .tables import model_batch_table, model_bytes, model_table
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
     table, every = model_table(run), []
