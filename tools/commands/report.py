@@ -62,7 +62,7 @@ def setup_arguments(subparsers):
 
 def run(args):
     results = ResultsDir(args.results_dir or str(results_dir()))
-    machine = results.pick_machine(args.machine) if args.machine or args.report_command != "csv" else None
+    machine = results.pick_machine(args.machine)
     try:
         args.report(args, results, machine)
     except BrokenPipeError:  # e.g. piped into head: stop quietly

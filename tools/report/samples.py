@@ -38,8 +38,8 @@ def point_rows(run, point):
     return [head + [i, s, rest, run.env_name] for i, s in enumerate(point.samples)]
 
 
-def write_csv(results, out, machine=None):
-    """Write the samples of every commit (of ``machine`` or every machine) to ``out``: "-" is stdout, a file one
+def write_csv(results, out, machine):
+    """Write the samples of every commit of ``machine`` to ``out``: "-" is stdout, a file one
     :func:`tools.paths.check_file` allows, written whole or not at all (UserError if not). Only ``time_``
     benchmarks have samples (seconds). Returns counts: rows, runs, points, points_without_samples."""
     target = None if out == "-" else paths.check_file(out)
@@ -47,15 +47,14 @@ def write_csv(results, out, machine=None):
     with contextlib.nullcontext(sys.stdout) if target is None else paths.atomic_write(target) as f:
         writer = csv.writer(f)
         writer.writerow(COLUMNS)
-        for m in [machine] if machine else results.machines:
-            for name in results.files(m):
-                run = results.load_file(m, name)
-                counts["runs"] += 1
-                for point in run.points.values():
-                    timed = point.benchmark.rsplit(".", 1)[-1].startswith("time_") and is_measured(point.value)
-                    rows = point_rows(run, point) if timed else []
-                    counts["points"] += bool(rows)
-                    counts["points_without_samples"] += timed and not point.samples
-                    counts["rows"] += len(rows)
-                    writer.writerows(rows)
+        for name in results.files(machine):
+            run = results.load_file(machine, name)
+            counts["runs"] += 1
+            for point in run.points.values():
+                timed = point.benchmark.rsplit(".", 1)[-1].startswith("time_") and is_measured(point.value)
+                rows = point_rows(run, point) if timed else []
+                counts["points"] += bool(rows)
+                counts["points_without_samples"] += timed and not point.samples
+                counts["rows"] += len(rows)
+                writer.writerows(rows)
     return counts

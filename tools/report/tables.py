@@ -194,12 +194,6 @@ def heads_table(run):
     return Table("Heads experiment: MHA, GQA and MQA decode, repeat_kv vs grouped", ("kind", "T"), kinds, rows, note)
 
 
-def _runs(values):
-    """``[256, 16, 16]`` -> ``"256, 16 x2"``."""
-    runs = [(v, len(list(group))) for v, group in itertools.groupby(values)]
-    return ", ".join(f"{v}" + (f" x{n}" if n > 1 else "") for v, n in runs)
-
-
 def ragged_table(run):
     """Ragged experiment: padded vs compacted vs paged decode per length distribution, with their counts."""
     rows = []
@@ -218,7 +212,7 @@ def ragged_table(run):
              | {f"{s} / paged": "ratio" for s in RAGGED_RATIOS}
              | dict.fromkeys(("rows, padded", "rows, compacted", "slots, compacted", "slots, paged"), "count"))
     note = (f"B = {bench_ragged.RAGGED_BATCH} sequences, T_b: " + "; ".join(
-        f"{name} {_runs(lens)}" for name, lens in bench_ragged.LENGTH_DISTRIBUTIONS.items())
+        f"{name} {', '.join(map(str, lens))}" for name, lens in bench_ragged.LENGTH_DISTRIBUTIONS.items())
             + f"; block_size {bench_ragged.BLOCK_SIZE}. rows: query rows computed over the decode; "
             "slots: K/V token slots reserved at the peak (padded reserves as many as compacted). " + PAIRED_NOTE)
     return Table("Ragged experiment: padded vs compacted (dynamic exit) vs paged KV cache", ("lengths",), kinds,
