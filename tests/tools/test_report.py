@@ -390,7 +390,7 @@ def test_tables_name_commit_machine_environment_and_sample_count(repo, capsys):
     assert code == 0
     head = out.split("###", 1)[0]
     assert hashes[1][:8] in head and "`box`" in head and "Test CPU" in head and "2 CPUs" in head
-    assert ENV in head and "numpy 2.2.6" in head and "OPENBLAS_NUM_THREADS=1" in head
+    assert f"environment `{ENV}`" in head
     assert "median of 13 samples" in head
 
 
@@ -497,15 +497,6 @@ def test_plots_are_written_and_open_as_images(repo, capsys, tmp_path):
         pixels = image.imread(tmp_path / "figs" / name)
         assert pixels.ndim == 3 and pixels.shape[0] > 200 and pixels.shape[1] > 300
         assert pixels.std() > 0  # not a blank canvas
-
-
-def test_plots_without_matplotlib_is_a_one_line_error(repo, capsys, monkeypatch, tmp_path):
-    path, hashes = repo
-    write_run(path / ".asv/results", hashes[2])
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
-    code, _, err = report(path, "plots", "--out", str(tmp_path / "figs"), capsys=capsys)
-    assert code == 1 and "matplotlib" in err and len(err.strip().splitlines()) == 1
-    assert not (tmp_path / "figs").exists()
 
 
 # --- errors -----------------------------------------------------------------------------------------

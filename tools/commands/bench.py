@@ -1,12 +1,9 @@
 """``bench``: the main job. Benchmark a bounded sample of main's commits that can change a result, publish, summarise.
 
 Benchmark files come from the working tree, so only a commit that changes what asv builds (RESULT_PATHS) can change
-a result: of those the job takes a stable sample (:func:`sample_commits`). Then
-``asv machine``, ``asv run --record-samples --skip-existing`` over the commits without complete results (a timing
-without samples counts as missing), ``asv publish`` with the offline copies (:mod:`tools.publish`), and a
-summary of main against the newest older commit with results, both named: counts by the gate's factor, timings by
-``asv compare``, each timing it flags measured again in pairs as the gate does. Exit 2 when a point failed at main
-or vanished since main~1; 1 on an error.
+a result: the job takes a stable sample of those (:func:`sample_commits`), runs ``asv machine``, ``asv run
+--record-samples --skip-existing``, ``asv publish`` (:mod:`tools.publish`), and prints a summary. Exit 2 when a
+point failed at main or vanished since main~1; 1 on an error.
 """
 
 import math

@@ -1,13 +1,8 @@
 """``gate BASE HEAD``: benchmark two commits where needed (asv run), print asv compare's table, exit 0, 1 or 2.
 
-Each point is judged on its own, in two channels:
-- work: the instruction counts and estimated cycles (``benchmarks/counts.py``), worse beyond ``--count-factor``;
-- time: every ``time_`` point measured again in pairs (:mod:`tools.pairs`), worse when the median per-pair ratio
-  HEAD / BASE is beyond ``--factor``, its 95 % interval above 1 and new workers confirm it (asv compare's medians
-  of two separate runs are printed, not judged: on a shared machine they move with the load).
-Other ``track_`` values are worse beyond the unpaired factor, ``peakmem_`` beyond PEAKMEM_FACTOR; the lab's answers
-(ANSWERS) never are. Exit 0: nothing worse; 1: a point worse; 2: a point failed or vanished (a value at BASE, n/a at
-HEAD), a commit has no results, or a usage error.
+Counts are judged by ``--count-factor``, every ``time_`` point in pairs (:mod:`tools.pairs`) by ``--factor``, other
+values by their factor below; the lab's answers (ANSWERS) never (docs/benchmarking.md, "Catching regressions"). Exit 0: nothing
+worse; 1: a point worse; 2: a point failed or vanished, a commit has no results, or a usage error.
 """
 
 import math

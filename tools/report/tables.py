@@ -382,9 +382,6 @@ def describe(run, experiments=None):
     ram = f", {int(p['ram']) / 2**30:.1f} GiB RAM" if p.get("ram", "").isdecimal() else ""
     machine = ", ".join(str(p[k]) for k in ("cpu", "arch", "os") if p.get(k))
     cpus = f", {p['num_cpu']} CPUs" if p.get("num_cpu") else ""
-    packages = ", ".join(f"{k} {v}" for k, v in p.items()
-                         if k not in {"arch", "cpu", "machine", "num_cpu", "os", "ram"})
-    threads = ", ".join(f"{k}={v}" for k, v in sorted(run.env_vars.items())) or "none set"
     shown = {EXPERIMENTS[name] for name in (experiments or TABLES)}
     samples = sorted({pt.stats.get("repeat") for pt in run.points.values()
                       if pt.benchmark in shown and pt.stats.get("repeat")})
@@ -394,7 +391,7 @@ def describe(run, experiments=None):
     return [
         f"- commit `{run.commit[:8]}` (commit date {run.date.strftime(UTC)}{measured})",
         f"- machine `{run.machine}`: {machine}{cpus}{ram}",
-        f"- environment `{run.env_name}`: {packages}; thread variables {threads}",
+        f"- environment `{run.env_name}` (its packages and thread variables)",
         f"- each time is asv's median of {counts} samples per point" if timed else
         "- no asv timing shown: each figure is a value asv tracked once for the commit (a paired ratio with "
         "its interval, a time from its pairs, or an exact count)",
