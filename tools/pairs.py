@@ -1,10 +1,9 @@
 """Two commits' timings compared in pairs: one worker process per commit, taking turns on one core.
 
 asv times BASE and HEAD in separate runs, minutes apart: on a shared VM the host's drift between them decides as
-much as the code. Here two workers (:mod:`tools.pair_worker`), each with the interpreter, numpy and thread pin of
-the commit's asv environment and the commit's ``kv_attention`` (from git), run the suite's own setup and
-correctness check, then alternate bursts of samples on one core (the method: ``benchmarks/pairs.py``), with one
-hash seed and no address-space randomisation. asv's own results are not touched.
+much as the code. Here two workers (:mod:`tools.pair_worker`), each in the asv environment with the commit's
+``kv_attention`` (from git), run the suite's setup and correctness check, then alternate bursts of samples on one
+core (``benchmarks/pairs.py``), with one hash seed and no address-space randomisation.
 """
 
 import contextlib

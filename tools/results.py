@@ -57,15 +57,6 @@ def is_measured(value):
     return is_number(value) and not math.isnan(value)
 
 
-def complete(machine, commit, benchmarks):
-    """Every benchmark of the suite stored for ``commit`` (the main job has forgotten timings without samples)."""
-    return set(benchmarks) <= {p.benchmark for p in stored(machine, commit).values()}
-
-
-RETIRE_HINT = ("note: a vanished benchmark removed on purpose passes once it is declared, with the reason, "
-               "in RETIRED in benchmarks/common.py")
-
-
 def retired():
     """``{name: reason}``: ``RETIRED`` in the suite's benchmarks/common.py (a suite without it retired nothing)."""
     try:
@@ -76,12 +67,9 @@ def retired():
 
 
 def vanished(base, head):
-    """Sorted labels of the points measured at ``base`` (``{label: Point}``) that are n/a at ``head``.
-
-    n/a is NaN (a skip) or no stored point; a failure is no vanished point; a point whose benchmark or label is a
-    key of :func:`retired` was removed on purpose. No results at all at ``head`` is a commit that failed to build,
-    reported as such.
-    """
+    """Sorted labels of the points measured at ``base`` (``{label: Point}``) that are n/a (NaN or not stored) at
+    ``head``, but for those :func:`retired`. A failure is no vanished point; no results at all at ``head`` is a commit
+    that failed to build, reported as such."""
     if not head:
         return []
     retired_names = retired()

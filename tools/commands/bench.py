@@ -113,7 +113,8 @@ def run(args):
         method_of(label).startswith("time_") and results.is_measured(p.value) and p.samples is None
         for label, p in points.items()))
     benchmarks = results.suite()
-    todo = [c for c in commits if not benchmarks or not results.complete(machine, c, benchmarks)]
+    todo = [c for c in commits if not benchmarks or not set(benchmarks) <= {  # every benchmark stored, timings sampled
+        p.benchmark for p in results.stored(machine, c).values()}]
     after = PUBLISH + (8 * PER_PAIRED_POINT if todo else 0)  # pairs: a few points asv flags, as a rule
     estimate = SECONDS_PER_COMMIT * len(todo) + after + (0 if (common.ROOT / ".asv" / "env").is_dir() else FIRST_ENV)
     print(f"{len(commits)} commit(s) of {common.BRANCH} selected; {len(commits) - len(todo)} already have results on "

@@ -99,11 +99,8 @@ def _batch_per_step(plt, run, title, lab):
 
 
 def write_plots(run, out_dir, lab=False):
-    """Draw the figures of ``run`` into ``out_dir`` (made if missing); returns ``[(path, replaced)]``.
-
-    Every path is checked as :mod:`tools.paths` says before the first is written, and each PNG is written whole or
-    not at all. UserError: no matplotlib, or a path may not be written.
-    """
+    """Draw the figures of ``run`` into ``out_dir`` (made if missing), every path checked (:mod:`tools.paths`) before
+    the first is written; ``[(path, replaced)]``. UserError if a path may not be written."""
     plt = _pyplot()
     folder = paths.check_dir(out_dir)
     targets = {name: paths.check_file(os.path.join(folder, name), what=os.path.join(out_dir, name))
