@@ -65,7 +65,8 @@ def atomic_write(real, binary=False):
         raise UserError(f"cannot write {real}: {exc.strerror}") from None
     try:
         os.fchmod(fd, 0o644)  # as open() makes it under the usual umask, not mkstemp's 0600
-        with os.fdopen(fd, "wb" if binary else "w", newline=None if binary else "") as f:
+        text = {} if binary else {"newline": "", "errors": "surrogateescape"}  # a name of bytes, not UTF-8: as it is
+        with os.fdopen(fd, "wb" if binary else "w", **text) as f:
             yield f
         os.replace(tmp, real)
     except OSError as exc:

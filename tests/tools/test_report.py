@@ -482,6 +482,19 @@ def test_csv_without_samples_says_so_and_writes_no_rows(repo, capsys, tmp_path):
     assert read_csv(out_file) == []
 
 
+def test_a_machine_named_in_bytes_that_are_not_utf8_is_written_as_those_bytes(repo, capsys, tmp_path):
+    """asv names a machine's folder as the user did; csv and plots write it, never a traceback."""
+    pytest.importorskip("matplotlib")
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2], machine="vm-\udcff", env="env-\udcfe")  # b"vm-\xff" on disk
+    code, _, err = report(path, "csv", "--out", str(tmp_path / "s.csv"), capsys=capsys)
+    assert code == 0, err
+    rows = (tmp_path / "s.csv").read_bytes().splitlines()[1:]
+    assert rows and all(b",vm-\xff," in row and row.endswith(b",env-\xfe") for row in rows)
+    code, out, err = report(path, "plots", "--out", str(tmp_path / "figs"), capsys=capsys)
+    assert code == 0 and out.count("wrote") == 2, err
+
+
 # --- plots ------------------------------------------------------------------------------------------
 
 

@@ -108,7 +108,8 @@ def write_plots(run, out_dir, lab=False):
     written = []
     for name, draw in FIGURES.items():
         replaced = os.path.exists(targets[name])
-        fig = draw(plt, run, f"commit {run.commit[:8]} on {run.machine}", lab)
+        machine = run.machine.encode(errors="surrogateescape").decode(errors="backslashreplace")  # a folder's bytes
+        fig = draw(plt, run, f"commit {run.commit[:8]} on {machine}", lab)
         fig.tight_layout()
         try:
             with paths.atomic_write(targets[name], binary=True) as f:
