@@ -510,6 +510,8 @@ def test_plots_are_written_and_open_as_images(repo, capsys, tmp_path):
         pixels = image.imread(tmp_path / "figs" / name)
         assert pixels.ndim == 3 and pixels.shape[0] > 200 and pixels.shape[1] > 300
         assert pixels.std() > 0  # not a blank canvas
+    code, out, _ = report(path, "plots", "--figure", "model", "--out", str(tmp_path / "one"), capsys=capsys)
+    assert code == 0 and [p.name for p in (tmp_path / "one").iterdir()] == ["model.png"]
 
 
 # --- errors -----------------------------------------------------------------------------------------

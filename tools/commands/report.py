@@ -4,7 +4,7 @@
 import argparse
 import sys
 
-from ..report import EXPERIMENTS
+from ..report import EXPERIMENTS, FIGURES
 from ..results import ResultsDir, results_dir
 
 def cmd_tables(args, results, machine):
@@ -30,7 +30,7 @@ def cmd_csv(args, results, machine):
 def cmd_plots(args, results, machine):
     from ..report.plots import write_plots
 
-    for path, replaced in write_plots(results.load(machine, args.commit), args.out, lab=args.lab):
+    for path, replaced in write_plots(results.load(machine, args.commit), args.out, args.figure, lab=args.lab):
         print(f"{'replaced' if replaced else 'wrote'} {path}")
 
 
@@ -53,6 +53,7 @@ def setup_arguments(subparsers):
     g = sub.add_parser("plots", parents=[shared], help="PNG figures for one commit (needs matplotlib)")
     g.add_argument("--out", required=True, help="directory for the PNG files")
     g.add_argument("--commit", help=newest)
+    g.add_argument("--figure", action="append", choices=FIGURES, help="only this figure; repeatable")
     g.add_argument("--lab", action="store_true",
                    help="also draw the lab's own published figures (tools/report/lab.py), marked as the lab's")
     for command, function in ((t, cmd_tables), (s, cmd_csv), (g, cmd_plots)):

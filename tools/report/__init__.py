@@ -5,6 +5,7 @@ EXPERIMENTS, defined once (here, so that the command line lists them without imp
 rests on: asv's timing, or where the table shows paired figures only, their ratio.
 """
 
+FIGURES = ("batch_per_step", "model")  # report plots: one PNG each (tools/report/plots.py)
 EXPERIMENTS = {
     "cache": "bench_cache.CacheRatios.track_ratio",
     "batch": "bench_batch.BatchRatios.track_ratio",

@@ -98,26 +98,25 @@ def _batch_per_step(plt, run, title, lab):
     return fig
 
 
-def write_plots(run, out_dir, lab=False):
-    """Draw the figures of ``run`` into ``out_dir`` (made if missing), every path checked (:mod:`tools.paths`) before
-    the first is written; ``[(path, replaced)]``. UserError if a path may not be written."""
+def write_plots(run, out_dir, figures=None, lab=False):
+    """Draw ``figures`` (default: all) of ``run`` into ``out_dir`` (made if missing), every path checked
+    (:mod:`tools.paths`) before the first is written; yields ``(path, replaced)`` as each is written. UserError if
+    one may not be written."""
     plt = _pyplot()
     folder = paths.check_dir(out_dir)
     targets = {name: paths.check_file(os.path.join(folder, name), what=os.path.join(out_dir, name))
-               for name in FIGURES}
-    written = []
-    for name, draw in FIGURES.items():
+               for name in FIGURES if not figures or name.removesuffix(".png") in figures}
+    for name in targets:
         replaced = os.path.exists(targets[name])
         machine = run.machine.encode(errors="surrogateescape").decode(errors="backslashreplace")  # a folder's bytes
-        fig = draw(plt, run, f"commit {run.commit[:8]} on {machine}", lab)
+        fig = FIGURES[name](plt, run, f"commit {run.commit[:8]} on {machine}", lab)
         fig.tight_layout()
         try:
             with paths.atomic_write(targets[name], binary=True) as f:
                 fig.savefig(f, format="png", dpi=110)
         finally:
             plt.close(fig)
-        written.append((targets[name], replaced))
-    return written
+        yield targets[name], replaced
 
 
 def _model(plt, run, title, lab):

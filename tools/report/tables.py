@@ -318,7 +318,7 @@ def beyond_table(run):
         cells = [(what, paired(run, benchmark, run.value(benchmark, **params), **params), kind)
                  for what, benchmark, params, kind in parts]
         text = "; ".join(f"{what}: {format_cell(value, kind)}" for what, value, kind in cells)
-        rows.append(((experiment,), {"headline": text, "explained in": f"[{anchor[1:]}]({RESULTS_PAGE}{anchor})"}))
+        rows.append(((experiment,), {"headline": text, "explained in": f"[{anchor[1:]}](/{RESULTS_PAGE}{anchor})"}))
     note = (f"explained in: a section of {RESULTS_PAGE}. A / B is A's time over B's (above 1: B is faster), "
             "paired [95 % interval]; counts are exact.")
     return Table("Beyond the lab", ("experiment",), {"headline": "text", "explained in": "text"}, rows, note)
