@@ -51,10 +51,11 @@ for a StaticCache too short, OutOfBlocksError for a paged pool too small.
 
 import dataclasses
 import json
+import os
 
 import numpy as np
 
-from ._validation import as_size
+from ._validation import as_flag, as_size
 from .cache import StaticCacheFullError
 from .chunked import _attend_chunk, _blocked
 from .paged import PagedCacheView, _as_integer_array
@@ -87,16 +88,30 @@ class ModelConfig:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_attention_heads={self.num_attention_heads} is not a multiple of "
                              f"num_key_value_heads={self.num_key_value_heads}")
+        for field, least, rule in (("rope_theta", np.nextafter(0, 1), "> 0"), ("rms_norm_eps", 0, ">= 0")):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise TypeError(f"{field} must be a number, got {value!r}")
+            if not least <= value < np.inf:  # NaN fails too
+                raise ValueError(f"{field} must be finite and {rule}, got {value!r}")
+        as_flag("tie_word_embeddings", self.tie_word_embeddings)
 
     @classmethod
     def from_json(cls, path):
         """The config of a Hugging Face ``config.json``; ValueError unless it is a plain Llama architecture."""
+        if not isinstance(path, (str, bytes, os.PathLike)):  # an int would be opened as a file descriptor
+            raise TypeError(f"path must be a path to a config.json, got {path!r}")
         with open(path) as f:
             raw = json.load(f)
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: a config.json holds a JSON object, got {type(raw).__name__}")
         if raw.get("model_type") != "llama" or raw.get("architectures", ["LlamaForCausalLM"]) != ["LlamaForCausalLM"]:
             raise ValueError(f"{path}: not a Llama model (model_type={raw.get('model_type')!r}, "
                              f"architectures={raw.get('architectures')!r}); only LlamaForCausalLM is supported")
         rope = raw.pop("rope_parameters", None) or {}  # transformers 5 writes rope_theta in here
+        if not isinstance(rope, dict):
+            raise ValueError(f"{path}: rope_parameters must be a JSON object, got {rope!r}")
+        raw.setdefault("num_key_value_heads", raw.get("num_attention_heads"))  # LlamaConfig's default: MHA
         raw.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
         if rope.get("rope_type", "default") != "default":
             raise ValueError(f"{path}: rope_parameters={rope!r} is not supported (only rope_type 'default')")

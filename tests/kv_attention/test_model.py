@@ -180,6 +180,37 @@ def test_from_json_refuses_what_it_does_not_compute(tmp_path, change, message):
         kv.ModelConfig.from_json(tmp_path / "config.json")
 
 
+@pytest.mark.parametrize("text, error, message", [
+    ("[1, 2]", ValueError, "holds a JSON object, got list"),
+    ('{"model_type": "llama", "rope_parameters": [1]}', ValueError, "rope_parameters must be a JSON object"),
+])
+def test_from_json_refuses_a_file_that_is_not_a_config(tmp_path, text, error, message):
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(error, match=message):
+        kv.ModelConfig.from_json(tmp_path / "config.json")
+    with pytest.raises(TypeError, match="path must be a path"):
+        kv.ModelConfig.from_json(5)  # not file descriptor 5
+
+
+def test_from_json_defaults_num_key_value_heads_to_num_attention_heads_as_llamaconfig(tmp_path):
+    raw = {"model_type": "llama", "vocab_size": 8, "hidden_size": 4, "intermediate_size": 8, "num_hidden_layers": 1,
+           "num_attention_heads": 2}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert kv.ModelConfig.from_json(tmp_path / "config.json").num_key_value_heads == 2
+
+
+@pytest.mark.parametrize("field, value, error", [
+    ("rope_theta", 0, ValueError), ("rope_theta", -1.0, ValueError), ("rope_theta", float("nan"), ValueError),
+    ("rope_theta", float("inf"), ValueError), ("rope_theta", "abc", TypeError), ("rope_theta", True, TypeError),
+    ("rms_norm_eps", -1e-6, ValueError), ("rms_norm_eps", None, TypeError), ("rms_norm_eps", "x", TypeError),
+    ("tie_word_embeddings", "no", TypeError), ("tie_word_embeddings", 0, TypeError),
+])
+def test_a_bad_config_field_is_named(field, value, error):
+    with pytest.raises(error, match=field):
+        kv.ModelConfig(**{**CONFIG.__dict__, field: value})
+    assert kv.ModelConfig(**{**CONFIG.__dict__, "rms_norm_eps": 0, "rope_theta": np.float32(1e4)}).rms_norm_eps == 0
+
+
 def lengths(cache):
     return [str(c.get_seq_length()) for c in cache]
 
