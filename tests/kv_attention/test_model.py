@@ -245,6 +245,59 @@ def test_a_bad_cache_is_refused_and_nothing_is_written():
     assert lengths(views) == [str(np.array([3, 3]))] * 2
 
 
+
+def _one_pool_twice():
+    pool = paged_views()[0].cache
+    return [kv.PagedCacheView(pool, [0, 1]), kv.PagedCacheView(pool, [0, 1])]
+
+
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: [kv.DynamicCache(np.float64), kv.DynamicCache(np.float32)], TypeError, r"cache\[1\] stores float32"),
+    (lambda: [kv.StaticCache((2, 2), 8, 6, 6, np.float64), kv.StaticCache((2, 2), 8, 6, 6, np.float32)], TypeError,
+     r"cache\[1\] stores float32"),
+    (lambda: [kv.StaticCache((2, 2), 8, 6, 6), kv.StaticCache((2, 2), 8, 6, 4)], ValueError,
+     r"cache\[1\] holds batch shape \(2, 2\), k width 6 and v width 4"),
+    (lambda: [kv.DynamicCache()] * 2, ValueError, "each layer needs its own"),
+    (lambda: [kv.StaticCache((2, 2), 8, 6, 6)] * 2, ValueError, "each layer needs its own"),
+    (_one_pool_twice, ValueError, "each layer needs its own"),
+    (lambda: [None, None], TypeError, r"cache\[0\] must be a kv_attention.Cache or a PagedCacheView"),
+    (lambda: ["a", "b"], TypeError, r"cache\[0\] must be"),
+    (lambda: [view.cache for view in paged_views()], TypeError, r"cache\[0\] .*wrap a pool as PagedCacheView"),
+])
+def test_every_layer_is_checked_before_any_is_written(make, error, message):
+    cache = make()
+    with pytest.raises(error, match=message):
+        kv.forward(CONFIG, W64, IDS[:, :3], cache=cache)
+    for c in cache:
+        if isinstance(c, (kv.Cache, kv.PagedCacheView)):
+            assert np.all(c.get_seq_length() == 0)
+            assert isinstance(c, kv.PagedCacheView) or not np.any(c.k_cache)  # None, or a StaticCache's zeros
+
+
+def test_a_paged_view_whose_token_ids_are_not_input_ids_is_refused():
+    d, h_kv = CONFIG.head_dim, CONFIG.num_key_value_heads
+    pools = [kv.PagedKVCache(16, 4, d, d, num_kv_heads=h_kv, enable_prefix_caching=True) for _ in range(2)]
+    for pool in pools:
+        pool.add_sequence(0)
+    ids = IDS[:1, :5]
+    with pytest.raises(ValueError, match=r"cache\[0\].token_ids must be input_ids"):
+        kv.forward(CONFIG, W64, ids, cache=[kv.PagedCacheView(pool, [0], token_ids=ids + 1) for pool in pools])
+    assert [pool.get_seq_length(0) for pool in pools] == [0, 0] and pools[0].allocator.num_cached_blocks == 0
+    got = kv.forward(CONFIG, W64, ids, cache=[kv.PagedCacheView(pool, [0], token_ids=ids) for pool in pools])
+    np.testing.assert_allclose(got, FULL[:1, :5], **TOL)
+    assert [pool.add_sequence(1, IDS[0, :9]) for pool in pools] == [4, 4]  # the block of ids, cached under ids
+
+
+@pytest.mark.parametrize("kind", [None, "dynamic", "static", "paged"])
+def test_no_tokens_where_the_cache_holds_none_is_refused(kind):
+    cache = None if kind is None else make_cache(kind)
+    with pytest.raises(ValueError, match="input_ids must hold at least one token"):
+        kv.forward(CONFIG, W64, IDS[:, :0], cache=cache)
+    if cache is not None:  # once it holds tokens, an empty chunk is empty logits
+        kv.forward(CONFIG, W64, IDS[:, :2], cache=cache)
+        assert kv.forward(CONFIG, W64, IDS[:, :0], cache=cache).shape == (2, 0, CONFIG.vocab_size)
+        np.testing.assert_allclose(kv.forward(CONFIG, W64, IDS[:, 2:4], cache=cache), FULL[:, 2:4], **TOL)
+
 @pytest.mark.parametrize("edit, message", [
     (lambda w: w.pop("model.layers.1.mlp.up_proj.weight"), r"missing \['model.layers.1.mlp.up_proj.weight'\]"),
     (lambda w: w.update({"model.layers.2.mlp.up_proj.weight": w["model.norm.weight"]}),
