@@ -351,6 +351,20 @@ def generate(config, weights, input_ids, max_new_tokens, *, cache=None):
     max_new_tokens = as_size("max_new_tokens", max_new_tokens)
     if max_new_tokens and ids.shape[1] == 0:
         raise ValueError("input_ids must hold at least one token to generate from, got shape (B, 0)")
+    if max_new_tokens and cache is not None:  # every step's room, known before the first writes
+        check_cache(config, cache, ids, check_weights(config, weights))
+        written = ids.shape[1] + max_new_tokens - 1  # the prompt, then each new token but the last
+        for i, c in enumerate(cache):
+            room = getattr(c, "max_seq_len", None)
+            if room is not None and c.get_seq_length() + written > room:
+                raise StaticCacheFullError(f"cache[{i}] is too short for max_new_tokens={max_new_tokens}: "
+                                           f"{c.get_seq_length()} of max_seq_len={room} positions used, the prompt "
+                                           f"and the new tokens write {written} more")
+            if isinstance(c, PagedCacheView):
+                if c.token_ids is not None and max_new_tokens > 1:
+                    raise ValueError(f"cache[{i}].token_ids name the prompt only; generate with max_new_tokens > 1 "
+                                     f"feeds new tokens too: give views without token_ids")
+                c.check_room(written)
     tokens, new = ids, ids
     for _ in range(max_new_tokens):
         logits = forward(config, weights, new if cache is not None else tokens, cache=cache)

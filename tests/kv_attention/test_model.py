@@ -136,6 +136,20 @@ def test_generate_gives_the_same_tokens_with_every_cache(kind):
     np.testing.assert_array_equal(kv.generate(CONFIG, W64, prompt, 7, cache=make_cache(kind)), expected)
 
 
+@pytest.mark.parametrize("kind", ["static", "paged"])
+def test_generate_refuses_a_cache_too_short_for_every_step_before_the_first(kind):
+    # 4 prompt tokens and 7 new ones write 4 + 7 - 1 = 10 positions: a StaticCache of 9 (a pool of 4 blocks of 2
+    # for 2 sequences) is too short, refused before the prefill; one of 10 (5 blocks each) is enough
+    small, enough = {"static": (caches("static", max_seq_len=9), caches("static", max_seq_len=10)),
+                     "paged": (paged_views(num_blocks=9, block_size=2), paged_views(num_blocks=10, block_size=2))}[kind]
+    error = kv.StaticCacheFullError if kind == "static" else kv.OutOfBlocksError
+    with pytest.raises(error, match="max_new_tokens=7" if kind == "static" else "out of blocks"):
+        kv.generate(CONFIG, W64, IDS[:, :4], 7, cache=small)
+    assert lengths(small) == lengths(paged_views() if kind == "paged" else caches(kind))  # nothing written
+    np.testing.assert_array_equal(kv.generate(CONFIG, W64, IDS[:, :4], 7, cache=enough),
+                                  kv.generate(CONFIG, W64, IDS[:, :4], 7))
+    assert lengths(enough) == [str(np.array([10, 10]) if kind == "paged" else 10)] * 2
+
 def test_float32_and_bfloat16_weights_compute_in_float32():
     ml_dtypes = pytest.importorskip("ml_dtypes")
     w32 = {k: v.astype(np.float32) for k, v in W64.items()}
@@ -286,6 +300,9 @@ def test_a_paged_view_whose_token_ids_are_not_input_ids_is_refused():
     got = kv.forward(CONFIG, W64, ids, cache=[kv.PagedCacheView(pool, [0], token_ids=ids) for pool in pools])
     np.testing.assert_allclose(got, FULL[:1, :5], **TOL)
     assert [pool.add_sequence(1, IDS[0, :9]) for pool in pools] == [4, 4]  # the block of ids, cached under ids
+    with pytest.raises(ValueError, match=r"cache\[0\].token_ids name the prompt only"):  # not its new tokens
+        kv.generate(CONFIG, W64, ids, 3, cache=[kv.PagedCacheView(pool, [1], token_ids=ids) for pool in pools])
+    assert [pool.get_seq_length(1) for pool in pools] == [4, 4]
 
 
 @pytest.mark.parametrize("kind", [None, "dynamic", "static", "paged"])
