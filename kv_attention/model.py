@@ -49,7 +49,13 @@ a cache of the wrong batch shape or k/v width, a paged view whose ``token_ids`` 
 ``input_ids``, or weights missing, unexpected or of the wrong shape; TypeError for token ids
 that are not integers, a cache that is not one, or one whose dtype cannot hold the model's;
 StaticCacheFullError (a ValueError) for a StaticCache too short, OutOfBlocksError for a
-paged pool too small.
+paged pool too small. An error inside the layers (a NaN or inf, or a value a storage dtype
+cannot hold, refused by a later layer's cache) crops every layer written back to its length
+before the call, then propagates, so that each cache holds what it held: a dynamic, static,
+paged or window cache its keys and values as they were (a paged pool keeps cached the full
+blocks it filled; a cut inside a block it filled ends that sequence's prefix caching); a
+quantized cache keeps quantized what the write quantized (its ``crop``); a window cache
+that a chunk of several tokens wrapped cannot be cropped back (its ValueError).
 """
 
 import dataclasses
@@ -330,12 +336,18 @@ def forward(config, weights, input_ids, *, cache=None):
         cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, D]: one row of positions per sequence
     eps = config.rms_norm_eps
     x = weights["model.embed_tokens.weight"][ids].astype(dtype)  # [B, T, D_model]
-    for i in range(config.num_hidden_layers):
-        w = {name: weights[f"model.layers.{i}.{name}"].astype(dtype, copy=False) for name in LAYER_WEIGHTS}
-        layer_cache = None if cache is None else cache[i]
-        x = x + attention(config, w, rms_norm(x, w["input_layernorm.weight"], eps), cos, sin, start, layer_cache,
-                          dtype)
-        x = x + mlp(w, rms_norm(x, w["post_attention_layernorm.weight"], eps))
+    try:
+        for i in range(config.num_hidden_layers):
+            w = {name: weights[f"model.layers.{i}.{name}"].astype(dtype, copy=False) for name in LAYER_WEIGHTS}
+            layer_cache = None if cache is None else cache[i]
+            x = x + attention(config, w, rms_norm(x, w["input_layernorm.weight"], eps), cos, sin, start, layer_cache,
+                              dtype)
+            x = x + mlp(w, rms_norm(x, w["post_attention_layernorm.weight"], eps))
+    except BaseException:  # e.g. NaN in a later layer's k, refused by its cache: the layers written are cropped back
+        for c in cache or ():
+            if np.any(c.get_seq_length() != start):
+                c.crop(start)
+        raise
     x = rms_norm(x, weights["model.norm.weight"].astype(dtype, copy=False), eps)
     head = weights["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"]
     return linear(x, head.astype(dtype, copy=False))  # [B, T, vocab_size]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import kv_attention as kv
+from kv_attention._validation import NonFiniteError
 
 from ..references import attends, naive_attend, naive_llama_forward, quantized_reference
 
@@ -314,6 +315,61 @@ def test_no_tokens_where_the_cache_holds_none_is_refused(kind):
         kv.forward(CONFIG, W64, IDS[:, :2], cache=cache)
         assert kv.forward(CONFIG, W64, IDS[:, :0], cache=cache).shape == (2, 0, CONFIG.vocab_size)
         np.testing.assert_allclose(kv.forward(CONFIG, W64, IDS[:, 2:4], cache=cache), FULL[:, 2:4], **TOL)
+
+
+def stored(cache):
+    """Each layer's length and the K/V it holds (a paged view's: each sequence's tokens, gathered), as copies."""
+    out = []
+    for c in cache:
+        if isinstance(c, kv.PagedCacheView):
+            k, v, n = c.cache.gather(c.seq_ids)
+            out.append([n] + [np.concatenate([a[i, :m] for i, m in enumerate(n)]) for a in (k, v)])
+        else:
+            out.append([c.get_seq_length()] + [None if a is None else a.copy() for a in (c.k_cache, c.v_cache)])
+    return out
+
+
+def nan_in_layer_1():
+    w = dict(W64)
+    w["model.layers.1.self_attn.k_proj.weight"] = w["model.layers.1.self_attn.k_proj.weight"].copy()
+    w["model.layers.1.self_attn.k_proj.weight"][0, 0] = np.nan
+    return w
+
+
+@pytest.mark.parametrize("chunk", [3, 1])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_nan_in_a_later_layer_crops_the_layers_written_back(kind, chunk):
+    # layer 0 writes its k/v, then layer 1's k is NaN and its cache refuses it: layer 0's cache is cropped back,
+    # and the next call gives the logits of a run that never failed
+    cache = make_cache(kind)
+    kv.forward(CONFIG, W64, IDS[:, :5], cache=cache)
+    before = stored(cache)
+    with pytest.raises(NonFiniteError, match="k contains NaN"):
+        kv.forward(CONFIG, nan_in_layer_1(), IDS[:, 5 : 5 + chunk], cache=cache)
+    for (n, k, v), (n_was, k_was, v_was) in zip(stored(cache), before):
+        np.testing.assert_array_equal(n, n_was)
+        np.testing.assert_array_equal(k, k_was)
+        np.testing.assert_array_equal(v, v_was)
+    np.testing.assert_allclose(cached_logits(cache, IDS[:, 5:], [chunk, 6 - chunk]), FULL[:, 5:], **TOL)
+
+
+def test_a_paged_rollback_leaves_no_block_cached_under_tokens_it_will_overwrite():
+    d, h_kv = CONFIG.head_dim, CONFIG.num_key_value_heads
+    pools = [kv.PagedKVCache(16, 4, d, d, num_kv_heads=h_kv, enable_prefix_caching=True) for _ in range(2)]
+    ids = IDS[:1]
+
+    def run(w, start, stop):
+        chunk = ids[:, start:stop]
+        return kv.forward(CONFIG, w, chunk, cache=[kv.PagedCacheView(p, [0], token_ids=chunk) for p in pools])
+
+    for pool in pools:
+        pool.add_sequence(0)
+    run(W64, 0, 5)
+    with pytest.raises(NonFiniteError):
+        run(nan_in_layer_1(), 5, 8)  # layer 0 filled and cached block 1 (positions 4..7), then was cropped to 5
+    assert [len(p.find_cached_blocks(ids[0, :8])) for p in pools] == [1, 1]  # block 1, cut at 5, is not cached
+    np.testing.assert_allclose(run(W64, 5, 11), FULL[:1, 5:], **TOL)
+    assert [p.get_seq_length(0) for p in pools] == [11, 11]
 
 @pytest.mark.parametrize("edit, message", [
     (lambda w: w.pop("model.layers.1.mlp.up_proj.weight"), r"missing \['model.layers.1.mlp.up_proj.weight'\]"),
