@@ -42,22 +42,33 @@ query at position t attends to keys t - W < s <= t (``masking_utils.sliding_wind
 HF keeps W - 1 past keys and this ring W, the oldest of which no query attends to).
 A QuantizedCache is attended over its own dequantized K̂/V̂.
 
-Errors, raised before any cache is written: ValueError naming the argument for token ids
-outside the vocabulary, a cache list of the wrong length, layers of different lengths, a
-cache of the wrong batch shape or head_dim, or weights missing, unexpected or of the wrong
-shape; TypeError for token ids that are not integers; StaticCacheFullError (a ValueError)
-for a StaticCache too short, OutOfBlocksError for a paged pool too small.
+Errors, raised before any cache is written, every layer's checked first: ValueError naming the
+argument for token ids outside the vocabulary, no token where the cache holds none, a cache list
+of the wrong length, one cache (or paged pool) for several layers, layers of different lengths,
+a cache of the wrong batch shape or k/v width, a paged view whose ``token_ids`` are not
+``input_ids``, or weights missing, unexpected or of the wrong shape; TypeError for token ids
+that are not integers, a cache that is not one, or one whose dtype cannot hold the model's;
+StaticCacheFullError (a ValueError) for a StaticCache too short, OutOfBlocksError for a
+paged pool too small. An error inside the layers (a NaN or inf, or a value a storage dtype
+cannot hold, refused by a later layer's cache) crops every layer written back to its length
+before the call, then propagates, so that each cache holds what it held: a dynamic, static,
+paged or window cache its keys and values as they were (a paged pool keeps cached the full
+blocks it filled; a cut inside a block it filled ends that sequence's prefix caching); a
+quantized cache keeps quantized what the write quantized (its ``crop``); a window cache
+that a chunk of several tokens wrapped cannot be cropped back (its ValueError).
 """
 
 import dataclasses
 import json
+import os
 
 import numpy as np
 
-from ._validation import as_size
-from .cache import StaticCacheFullError
+from ._validation import as_flag, as_size, compute_dtype
+from .cache import Cache, StaticCacheFullError
 from .chunked import _attend_chunk, _blocked
-from .paged import PagedCacheView, _as_integer_array
+from .paged import PagedCacheView, PagedKVCache, _as_integer_array
+from .quantized import QuantizedCache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,16 +98,30 @@ class ModelConfig:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_attention_heads={self.num_attention_heads} is not a multiple of "
                              f"num_key_value_heads={self.num_key_value_heads}")
+        for field, least, rule in (("rope_theta", np.nextafter(0, 1), "> 0"), ("rms_norm_eps", 0, ">= 0")):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise TypeError(f"{field} must be a number, got {value!r}")
+            if not least <= value < np.inf:  # NaN fails too
+                raise ValueError(f"{field} must be finite and {rule}, got {value!r}")
+        as_flag("tie_word_embeddings", self.tie_word_embeddings)
 
     @classmethod
     def from_json(cls, path):
         """The config of a Hugging Face ``config.json``; ValueError unless it is a plain Llama architecture."""
+        if not isinstance(path, (str, bytes, os.PathLike)):  # an int would be opened as a file descriptor
+            raise TypeError(f"path must be a path to a config.json, got {path!r}")
         with open(path) as f:
             raw = json.load(f)
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: a config.json holds a JSON object, got {type(raw).__name__}")
         if raw.get("model_type") != "llama" or raw.get("architectures", ["LlamaForCausalLM"]) != ["LlamaForCausalLM"]:
             raise ValueError(f"{path}: not a Llama model (model_type={raw.get('model_type')!r}, "
                              f"architectures={raw.get('architectures')!r}); only LlamaForCausalLM is supported")
         rope = raw.pop("rope_parameters", None) or {}  # transformers 5 writes rope_theta in here
+        if not isinstance(rope, dict):
+            raise ValueError(f"{path}: rope_parameters must be a JSON object, got {rope!r}")
+        raw.setdefault("num_key_value_heads", raw.get("num_attention_heads"))  # LlamaConfig's default: MHA
         raw.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
         if rope.get("rope_type", "default") != "default":
             raise ValueError(f"{path}: rope_parameters={rope!r} is not supported (only rope_type 'default')")
@@ -240,37 +265,57 @@ def check_input_ids(config, input_ids):
     return ids
 
 
-def check_cache(config, cache, batch, t_new):
-    """Raise ValueError unless ``cache`` is None or one cache per layer of batch shape ``(B, H_kv)`` with room."""
+def check_cache(config, cache, ids, dtype):
+    """Raise unless ``cache`` is None or one cache of its own per layer that takes this call's k/v ``[B, H_kv, T, D]``
+    of ``dtype``: batch shape ``(B, H_kv)``, k and v widths ``head_dim``, a dtype that holds ``dtype``, room for T.
+    Every layer is checked here, so that no layer is written before a later one is refused."""
     if cache is None:
         return
     if not isinstance(cache, (list, tuple)) or len(cache) != config.num_hidden_layers:
         raise ValueError(f"cache must be a list of num_hidden_layers={config.num_hidden_layers} caches, "
                          f"got {type(cache).__name__} of length {len(cache) if hasattr(cache, '__len__') else '?'}")
-    expected = (batch, config.num_key_value_heads)
+    for i, c in enumerate(cache):
+        if not isinstance(c, (Cache, PagedCacheView)):
+            hint = "; wrap a pool as PagedCacheView(pool, seq_ids)" if isinstance(c, PagedKVCache) else ""
+            raise TypeError(f"cache[{i}] must be a kv_attention.Cache or a PagedCacheView, got {c!r:.100}{hint}")
+    stores = [c.cache if isinstance(c, PagedCacheView) else c for c in cache]
+    if len({id(s) for s in stores}) < len(stores):
+        raise ValueError("cache holds one cache (or paged pool) for several layers: each layer needs its own")
     lengths = {str(c.get_seq_length()) for c in cache}
     if len(lengths) > 1:
         raise ValueError(f"cache: the layers hold different lengths {sorted(lengths)}")
+    (batch, t_new), d = ids.shape, config.head_dim
+    expected = ((batch, config.num_key_value_heads), d, d)
     for i, c in enumerate(cache):
-        batch_shape, dim = _layout(c)
-        if batch_shape is not None and (batch_shape, dim) != (expected, config.head_dim):
-            raise ValueError(f"cache[{i}] holds batch shape {batch_shape} and head_dim {dim}, but the call needs "
-                             f"(B, num_key_value_heads) = {expected} and head_dim {config.head_dim}")
+        *layout, stored = _layout(c)
+        if layout[0] is not None and tuple(layout) != expected:
+            raise ValueError(f"cache[{i}] holds batch shape {layout[0]}, k width {layout[1]} and v width {layout[2]}, "
+                             f"but the call needs (B, num_key_value_heads) = {expected[0]} and head_dim {d} for both")
+        if stored is not None and not np.can_cast(dtype, compute_dtype(stored), casting="safe"):
+            raise TypeError(f"cache[{i}] stores {stored}, which cannot hold the model's {dtype} keys and values")
         room = getattr(c, "max_seq_len", None)
         if room is not None and c.get_seq_length() + t_new > room:
             raise StaticCacheFullError(f"cache[{i}] is too short: {c.get_seq_length()} of max_seq_len={room} "
                                        f"positions used, input_ids bring {t_new} more")
         if isinstance(c, PagedCacheView):
+            if c.token_ids is not None and not np.array_equal(np.asarray(c.token_ids), ids):
+                raise ValueError(f"cache[{i}].token_ids must be input_ids, the tokens written (prefix caching keys "
+                                 f"blocks by them), got {np.asarray(c.token_ids).tolist()!r:.100} for input_ids "
+                                 f"{ids.tolist()!r:.100}")
             c.check_room(t_new)
 
 
 def _layout(cache):
-    """``(batch_shape, k width)`` of a layer's cache; ``(None, None)`` before a DynamicCache's first update."""
-    if isinstance(cache, PagedCacheView) or hasattr(cache, "batch_shape"):  # no dequantize of a QuantizedCache
-        return tuple(cache.batch_shape), cache.k_dim
-    if getattr(cache, "k_cache", None) is None:
-        return None, None
-    return cache.k_cache.shape[:-2], cache.k_cache.shape[-1]
+    """``(batch_shape, k width, v width, storage dtype)`` of a layer's cache; None for what a DynamicCache
+    has not fixed before its first update."""
+    if isinstance(cache, PagedCacheView):
+        pool = cache.cache
+        return tuple(cache.batch_shape), pool.k_cache.shape[-1], pool.v_cache.shape[-1], pool.k_cache.dtype
+    if isinstance(cache, QuantizedCache):  # no dequantize
+        return tuple(cache.batch_shape), cache.k_dim, cache.v_dim, cache.dtype
+    if cache.k_cache is None:
+        return None, None, None, getattr(cache, "_dtype", None)
+    return cache.k_cache.shape[:-2], cache.k_cache.shape[-1], cache.v_cache.shape[-1], cache.k_cache.dtype
 
 
 # The model
@@ -281,20 +326,28 @@ def forward(config, weights, input_ids, *, cache=None):
     ids = check_input_ids(config, input_ids)
     dtype = check_weights(config, weights)
     B, T = ids.shape
-    check_cache(config, cache, B, T)
+    check_cache(config, cache, ids, dtype)
     start = 0 if cache is None else cache[0].get_seq_length()  # an int, or [B] of a paged view
+    if T == 0 and not np.all(start):
+        raise ValueError(f"input_ids must hold at least one token where the cache holds none, got shape {ids.shape}")
     positions = np.add.outer(start, np.arange(T)) if np.ndim(start) else start + np.arange(T)  # [T] or [B, T]
     cos, sin = rope_tables(positions, config.head_dim, config.rope_theta, dtype)  # [T, D] or [B, T, D]
     if cos.ndim == 3:
         cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, D]: one row of positions per sequence
     eps = config.rms_norm_eps
     x = weights["model.embed_tokens.weight"][ids].astype(dtype)  # [B, T, D_model]
-    for i in range(config.num_hidden_layers):
-        w = {name: weights[f"model.layers.{i}.{name}"].astype(dtype, copy=False) for name in LAYER_WEIGHTS}
-        layer_cache = None if cache is None else cache[i]
-        x = x + attention(config, w, rms_norm(x, w["input_layernorm.weight"], eps), cos, sin, start, layer_cache,
-                          dtype)
-        x = x + mlp(w, rms_norm(x, w["post_attention_layernorm.weight"], eps))
+    try:
+        for i in range(config.num_hidden_layers):
+            w = {name: weights[f"model.layers.{i}.{name}"].astype(dtype, copy=False) for name in LAYER_WEIGHTS}
+            layer_cache = None if cache is None else cache[i]
+            x = x + attention(config, w, rms_norm(x, w["input_layernorm.weight"], eps), cos, sin, start, layer_cache,
+                              dtype)
+            x = x + mlp(w, rms_norm(x, w["post_attention_layernorm.weight"], eps))
+    except BaseException:  # e.g. NaN in a later layer's k, refused by its cache: the layers written are cropped back
+        for c in cache or ():
+            if np.any(c.get_seq_length() != start):
+                c.crop(start)
+        raise
     x = rms_norm(x, weights["model.norm.weight"].astype(dtype, copy=False), eps)
     head = weights["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"]
     return linear(x, head.astype(dtype, copy=False))  # [B, T, vocab_size]
@@ -310,6 +363,20 @@ def generate(config, weights, input_ids, max_new_tokens, *, cache=None):
     max_new_tokens = as_size("max_new_tokens", max_new_tokens)
     if max_new_tokens and ids.shape[1] == 0:
         raise ValueError("input_ids must hold at least one token to generate from, got shape (B, 0)")
+    if max_new_tokens and cache is not None:  # every step's room, known before the first writes
+        check_cache(config, cache, ids, check_weights(config, weights))
+        written = ids.shape[1] + max_new_tokens - 1  # the prompt, then each new token but the last
+        for i, c in enumerate(cache):
+            room = getattr(c, "max_seq_len", None)
+            if room is not None and c.get_seq_length() + written > room:
+                raise StaticCacheFullError(f"cache[{i}] is too short for max_new_tokens={max_new_tokens}: "
+                                           f"{c.get_seq_length()} of max_seq_len={room} positions used, the prompt "
+                                           f"and the new tokens write {written} more")
+            if isinstance(c, PagedCacheView):
+                if c.token_ids is not None and max_new_tokens > 1:
+                    raise ValueError(f"cache[{i}].token_ids name the prompt only; generate with max_new_tokens > 1 "
+                                     f"feeds new tokens too: give views without token_ids")
+                c.check_room(written)
     tokens, new = ids, ids
     for _ in range(max_new_tokens):
         logits = forward(config, weights, new if cache is not None else tokens, cache=cache)

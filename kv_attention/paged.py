@@ -31,8 +31,10 @@ import math
 
 import numpy as np
 
-from ._validation import as_array, as_flag, as_float_array, as_float_dtype, as_size, as_stored, compute_dtype
+from ._validation import (as_array, as_flag, as_float_array, as_float_dtype, as_size, as_sizes_per_sequence, as_stored,
+                          compute_dtype)
 from .block_allocator import BlockAllocator, OutOfBlocksError
+from .cache import check_crop
 from .prefix_caching import PrefixCachingAllocator, hash_block_tokens
 from .split import _merge, _state
 
@@ -220,6 +222,25 @@ class PagedKVCache:
         self._make_room(seq_id, num_tokens)
         self._note_peak()
         return needed
+
+    def crop(self, seq_id, length):
+        """Keep the first ``length`` tokens of ``seq_id`` (a write taken back); its blocks past them are freed (a
+        cached one stays findable). With prefix caching, a cut inside a block filled since ends the sequence's
+        caching (that block's first token ids are gone), and the block, to be written again, is no longer cached."""
+        self._check_known([seq_id])
+        length = check_crop(length, self._lengths[seq_id])
+        table, size, full = self._block_tables[seq_id], self.block_size, length // self.block_size
+        self.allocator.free(table[self._blocks_for(length) :])
+        del table[self._blocks_for(length) :]
+        self._lengths[seq_id] = length
+        hashes = self._block_hashes.get(seq_id)
+        if hashes is not None and len(hashes) > full and length % size:
+            if self.allocator.ref_count(table[full]) == 1:  # a shared one is copied before a write
+                self.allocator.uncache(table[full])
+            self._block_hashes[seq_id] = None
+        elif hashes is not None:
+            del hashes[full:]
+            self._partial_tokens[seq_id] = self._partial_tokens[seq_id][: length - full * size]
 
     def update(self, seq_ids, k, v, token_ids=None):
         """Append ``k: [N, T_new, D_k]``, ``v: [N, T_new, D_v]``, row i to sequence ``seq_ids[i]``; return slot_mapping.
@@ -513,6 +534,14 @@ class PagedCacheView:
         needed = self.cache._blocks_needed(self.seq_ids, t_new)
         if needed > self.cache.num_free_blocks:
             raise self.cache._out_of_blocks(len(self.seq_ids), needed)
+
+    def crop(self, lengths):
+        """Keep the first ``lengths[i]`` tokens of each sequence (:meth:`PagedKVCache.crop`); all checked first."""
+        lengths = as_sizes_per_sequence("lengths", lengths, len(self.seq_ids)).tolist()
+        for seq_id, length in zip(self.seq_ids, lengths):
+            check_crop(length, self.cache.get_seq_length(seq_id))
+        for seq_id, length in zip(self.seq_ids, lengths):
+            self.cache.crop(seq_id, length)
 
     def update(self, k, v):
         """Write ``k: [N, H_kv, T_new, D_k]``, ``v: [N, H_kv, T_new, D_v]``; returns the slot_mapping ``[N, T_new]``."""

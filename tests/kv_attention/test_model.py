@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import kv_attention as kv
+from kv_attention._validation import NonFiniteError
 
 from ..references import attends, naive_attend, naive_llama_forward, quantized_reference
 
@@ -136,6 +137,20 @@ def test_generate_gives_the_same_tokens_with_every_cache(kind):
     np.testing.assert_array_equal(kv.generate(CONFIG, W64, prompt, 7, cache=make_cache(kind)), expected)
 
 
+@pytest.mark.parametrize("kind", ["static", "paged"])
+def test_generate_refuses_a_cache_too_short_for_every_step_before_the_first(kind):
+    # 4 prompt tokens and 7 new ones write 4 + 7 - 1 = 10 positions: a StaticCache of 9 (a pool of 4 blocks of 2
+    # for 2 sequences) is too short, refused before the prefill; one of 10 (5 blocks each) is enough
+    small, enough = {"static": (caches("static", max_seq_len=9), caches("static", max_seq_len=10)),
+                     "paged": (paged_views(num_blocks=9, block_size=2), paged_views(num_blocks=10, block_size=2))}[kind]
+    error = kv.StaticCacheFullError if kind == "static" else kv.OutOfBlocksError
+    with pytest.raises(error, match="max_new_tokens=7" if kind == "static" else "out of blocks"):
+        kv.generate(CONFIG, W64, IDS[:, :4], 7, cache=small)
+    assert lengths(small) == lengths(paged_views() if kind == "paged" else caches(kind))  # nothing written
+    np.testing.assert_array_equal(kv.generate(CONFIG, W64, IDS[:, :4], 7, cache=enough),
+                                  kv.generate(CONFIG, W64, IDS[:, :4], 7))
+    assert lengths(enough) == [str(np.array([10, 10]) if kind == "paged" else 10)] * 2
+
 def test_float32_and_bfloat16_weights_compute_in_float32():
     ml_dtypes = pytest.importorskip("ml_dtypes")
     w32 = {k: v.astype(np.float32) for k, v in W64.items()}
@@ -180,6 +195,37 @@ def test_from_json_refuses_what_it_does_not_compute(tmp_path, change, message):
         kv.ModelConfig.from_json(tmp_path / "config.json")
 
 
+@pytest.mark.parametrize("text, error, message", [
+    ("[1, 2]", ValueError, "holds a JSON object, got list"),
+    ('{"model_type": "llama", "rope_parameters": [1]}', ValueError, "rope_parameters must be a JSON object"),
+])
+def test_from_json_refuses_a_file_that_is_not_a_config(tmp_path, text, error, message):
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(error, match=message):
+        kv.ModelConfig.from_json(tmp_path / "config.json")
+    with pytest.raises(TypeError, match="path must be a path"):
+        kv.ModelConfig.from_json(5)  # not file descriptor 5
+
+
+def test_from_json_defaults_num_key_value_heads_to_num_attention_heads_as_llamaconfig(tmp_path):
+    raw = {"model_type": "llama", "vocab_size": 8, "hidden_size": 4, "intermediate_size": 8, "num_hidden_layers": 1,
+           "num_attention_heads": 2}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert kv.ModelConfig.from_json(tmp_path / "config.json").num_key_value_heads == 2
+
+
+@pytest.mark.parametrize("field, value, error", [
+    ("rope_theta", 0, ValueError), ("rope_theta", -1.0, ValueError), ("rope_theta", float("nan"), ValueError),
+    ("rope_theta", float("inf"), ValueError), ("rope_theta", "abc", TypeError), ("rope_theta", True, TypeError),
+    ("rms_norm_eps", -1e-6, ValueError), ("rms_norm_eps", None, TypeError), ("rms_norm_eps", "x", TypeError),
+    ("tie_word_embeddings", "no", TypeError), ("tie_word_embeddings", 0, TypeError),
+])
+def test_a_bad_config_field_is_named(field, value, error):
+    with pytest.raises(error, match=field):
+        kv.ModelConfig(**{**CONFIG.__dict__, field: value})
+    assert kv.ModelConfig(**{**CONFIG.__dict__, "rms_norm_eps": 0, "rope_theta": np.float32(1e4)}).rms_norm_eps == 0
+
+
 def lengths(cache):
     return [str(c.get_seq_length()) for c in cache]
 
@@ -213,6 +259,117 @@ def test_a_bad_cache_is_refused_and_nothing_is_written():
         kv.forward(CONFIG, W64, IDS[:, :2], cache=views)
     assert lengths(views) == [str(np.array([3, 3]))] * 2
 
+
+
+def _one_pool_twice():
+    pool = paged_views()[0].cache
+    return [kv.PagedCacheView(pool, [0, 1]), kv.PagedCacheView(pool, [0, 1])]
+
+
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: [kv.DynamicCache(np.float64), kv.DynamicCache(np.float32)], TypeError, r"cache\[1\] stores float32"),
+    (lambda: [kv.StaticCache((2, 2), 8, 6, 6, np.float64), kv.StaticCache((2, 2), 8, 6, 6, np.float32)], TypeError,
+     r"cache\[1\] stores float32"),
+    (lambda: [kv.StaticCache((2, 2), 8, 6, 6), kv.StaticCache((2, 2), 8, 6, 4)], ValueError,
+     r"cache\[1\] holds batch shape \(2, 2\), k width 6 and v width 4"),
+    (lambda: [kv.DynamicCache()] * 2, ValueError, "each layer needs its own"),
+    (lambda: [kv.StaticCache((2, 2), 8, 6, 6)] * 2, ValueError, "each layer needs its own"),
+    (_one_pool_twice, ValueError, "each layer needs its own"),
+    (lambda: [None, None], TypeError, r"cache\[0\] must be a kv_attention.Cache or a PagedCacheView"),
+    (lambda: ["a", "b"], TypeError, r"cache\[0\] must be"),
+    (lambda: [view.cache for view in paged_views()], TypeError, r"cache\[0\] .*wrap a pool as PagedCacheView"),
+])
+def test_every_layer_is_checked_before_any_is_written(make, error, message):
+    cache = make()
+    with pytest.raises(error, match=message):
+        kv.forward(CONFIG, W64, IDS[:, :3], cache=cache)
+    for c in cache:
+        if isinstance(c, (kv.Cache, kv.PagedCacheView)):
+            assert np.all(c.get_seq_length() == 0)
+            assert isinstance(c, kv.PagedCacheView) or not np.any(c.k_cache)  # None, or a StaticCache's zeros
+
+
+def test_a_paged_view_whose_token_ids_are_not_input_ids_is_refused():
+    d, h_kv = CONFIG.head_dim, CONFIG.num_key_value_heads
+    pools = [kv.PagedKVCache(16, 4, d, d, num_kv_heads=h_kv, enable_prefix_caching=True) for _ in range(2)]
+    for pool in pools:
+        pool.add_sequence(0)
+    ids = IDS[:1, :5]
+    with pytest.raises(ValueError, match=r"cache\[0\].token_ids must be input_ids"):
+        kv.forward(CONFIG, W64, ids, cache=[kv.PagedCacheView(pool, [0], token_ids=ids + 1) for pool in pools])
+    assert [pool.get_seq_length(0) for pool in pools] == [0, 0] and pools[0].allocator.num_cached_blocks == 0
+    got = kv.forward(CONFIG, W64, ids, cache=[kv.PagedCacheView(pool, [0], token_ids=ids) for pool in pools])
+    np.testing.assert_allclose(got, FULL[:1, :5], **TOL)
+    assert [pool.add_sequence(1, IDS[0, :9]) for pool in pools] == [4, 4]  # the block of ids, cached under ids
+    with pytest.raises(ValueError, match=r"cache\[0\].token_ids name the prompt only"):  # not its new tokens
+        kv.generate(CONFIG, W64, ids, 3, cache=[kv.PagedCacheView(pool, [1], token_ids=ids) for pool in pools])
+    assert [pool.get_seq_length(1) for pool in pools] == [4, 4]
+
+
+@pytest.mark.parametrize("kind", [None, "dynamic", "static", "paged"])
+def test_no_tokens_where_the_cache_holds_none_is_refused(kind):
+    cache = None if kind is None else make_cache(kind)
+    with pytest.raises(ValueError, match="input_ids must hold at least one token"):
+        kv.forward(CONFIG, W64, IDS[:, :0], cache=cache)
+    if cache is not None:  # once it holds tokens, an empty chunk is empty logits
+        kv.forward(CONFIG, W64, IDS[:, :2], cache=cache)
+        assert kv.forward(CONFIG, W64, IDS[:, :0], cache=cache).shape == (2, 0, CONFIG.vocab_size)
+        np.testing.assert_allclose(kv.forward(CONFIG, W64, IDS[:, 2:4], cache=cache), FULL[:, 2:4], **TOL)
+
+
+def stored(cache):
+    """Each layer's length and the K/V it holds (a paged view's: each sequence's tokens, gathered), as copies."""
+    out = []
+    for c in cache:
+        if isinstance(c, kv.PagedCacheView):
+            k, v, n = c.cache.gather(c.seq_ids)
+            out.append([n] + [np.concatenate([a[i, :m] for i, m in enumerate(n)]) for a in (k, v)])
+        else:
+            out.append([c.get_seq_length()] + [None if a is None else a.copy() for a in (c.k_cache, c.v_cache)])
+    return out
+
+
+def nan_in_layer_1():
+    w = dict(W64)
+    w["model.layers.1.self_attn.k_proj.weight"] = w["model.layers.1.self_attn.k_proj.weight"].copy()
+    w["model.layers.1.self_attn.k_proj.weight"][0, 0] = np.nan
+    return w
+
+
+@pytest.mark.parametrize("chunk", [3, 1])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_nan_in_a_later_layer_crops_the_layers_written_back(kind, chunk):
+    # layer 0 writes its k/v, then layer 1's k is NaN and its cache refuses it: layer 0's cache is cropped back,
+    # and the next call gives the logits of a run that never failed
+    cache = make_cache(kind)
+    kv.forward(CONFIG, W64, IDS[:, :5], cache=cache)
+    before = stored(cache)
+    with pytest.raises(NonFiniteError, match="k contains NaN"):
+        kv.forward(CONFIG, nan_in_layer_1(), IDS[:, 5 : 5 + chunk], cache=cache)
+    for (n, k, v), (n_was, k_was, v_was) in zip(stored(cache), before):
+        np.testing.assert_array_equal(n, n_was)
+        np.testing.assert_array_equal(k, k_was)
+        np.testing.assert_array_equal(v, v_was)
+    np.testing.assert_allclose(cached_logits(cache, IDS[:, 5:], [chunk, 6 - chunk]), FULL[:, 5:], **TOL)
+
+
+def test_a_paged_rollback_leaves_no_block_cached_under_tokens_it_will_overwrite():
+    d, h_kv = CONFIG.head_dim, CONFIG.num_key_value_heads
+    pools = [kv.PagedKVCache(16, 4, d, d, num_kv_heads=h_kv, enable_prefix_caching=True) for _ in range(2)]
+    ids = IDS[:1]
+
+    def run(w, start, stop):
+        chunk = ids[:, start:stop]
+        return kv.forward(CONFIG, w, chunk, cache=[kv.PagedCacheView(p, [0], token_ids=chunk) for p in pools])
+
+    for pool in pools:
+        pool.add_sequence(0)
+    run(W64, 0, 5)
+    with pytest.raises(NonFiniteError):
+        run(nan_in_layer_1(), 5, 8)  # layer 0 filled and cached block 1 (positions 4..7), then was cropped to 5
+    assert [len(p.find_cached_blocks(ids[0, :8])) for p in pools] == [1, 1]  # block 1, cut at 5, is not cached
+    np.testing.assert_allclose(run(W64, 5, 11), FULL[:1, 5:], **TOL)
+    assert [p.get_seq_length(0) for p in pools] == [11, 11]
 
 @pytest.mark.parametrize("edit, message", [
     (lambda w: w.pop("model.layers.1.mlp.up_proj.weight"), r"missing \['model.layers.1.mlp.up_proj.weight'\]"),

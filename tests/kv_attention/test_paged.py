@@ -675,3 +675,28 @@ def test_paged_attention_equals_attend_over_each_sequences_keys_and_checks_q():
         np.testing.assert_allclose(out[i], kv.attend(q[i], k[i, :n], v[i, :n]), rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match=r"q must be \[N=3, T_q, D_k=4\], got shape \(2, 2, 4\)"):
         kv.paged_attention(q[:2], cache, ["a", "b", "c"])
+
+
+def test_crop_takes_a_write_back_and_a_bad_length_changes_nothing():
+    rng = np.random.default_rng(0)
+    cache = kv.PagedKVCache(8, 4, D_K, D_V, num_kv_heads=1)  # a view takes a pool with heads
+    cache.add_sequence("a")
+    cache.add_sequence("b")
+    cache.update(["a", "b"], *(x[:, :, None] for x in random_kv(rng, 2, 5)))
+    before, gathered = snapshot(cache), cache.gather(["a", "b"])
+    cache.update(["a", "b"], *(x[:, :, None] for x in random_kv(rng, 2, 4)))  # positions 5..8: a third block each
+    assert cache.num_free_blocks == 2
+    cache.crop("a", 5)
+    cache.crop("b", 5)
+    assert snapshot(cache)[3:6] == before[3:6]  # block tables, lengths, free blocks (the peak stays a peak)
+    for was, now in zip(gathered[:2], cache.gather(["a", "b"])[:2]):  # each sequence's 5 tokens (past: its slots)
+        np.testing.assert_array_equal(was[:, :5], now[:, :5])
+    for bad in (6, -1):
+        with pytest.raises((ValueError, TypeError), match="crop length"):
+            cache.crop("a", bad)
+    view = kv.PagedCacheView(cache, ["a", "b"])
+    with pytest.raises(ValueError, match="crop length"):
+        view.crop([4, 6])  # b's 6 is refused before a is cropped
+    assert [cache.get_seq_length(s) for s in "ab"] == [5, 5]
+    view.crop([4, 0])
+    assert [cache.get_seq_length(s) for s in "ab"] == [4, 0] and cache.block_table("b") == ()
