@@ -52,10 +52,13 @@ StaticCacheFullError (a ValueError) for a StaticCache too short, OutOfBlocksErro
 paged pool too small. An error inside the layers (a NaN or inf, or a value a storage dtype
 cannot hold, refused by a later layer's cache) crops every layer written back to its length
 before the call, then propagates, so that each cache holds what it held: a dynamic, static,
-paged or window cache its keys and values as they were (a paged pool keeps cached the full
-blocks it filled; a cut inside a block it filled ends that sequence's prefix caching); a
-quantized cache keeps quantized what the write quantized (its ``crop``); a window cache
-that a chunk of several tokens wrapped cannot be cropped back (its ValueError).
+paged or window cache its keys and values as they were; a quantized cache keeps quantized
+what the write quantized (its ``crop``); a window cache that a chunk of several tokens wrapped
+cannot be cropped back (its ValueError). A paged pool keeps a copy-on-write copy the write
+made, and with prefix caching the layers' pools may then cache different prefixes: the full
+blocks the call filled stay cached (their K/V correct) in the layers it wrote, blocks it
+evicted are gone from those, and a cut inside a full block, or a write without ``token_ids``,
+ends that sequence's caching there. As vLLM does with a failed request, free such a sequence.
 """
 
 import dataclasses
@@ -180,7 +183,8 @@ def check_weights(config, weights):
                          f"unexpected {extra[:5]}{'...' if len(extra) > 5 else ''}")
     for name, shape in shapes.items():
         w = weights[name]
-        if getattr(w, "shape", None) != shape or not (w.dtype.kind == "f" or w.dtype.name == "bfloat16"):
+        if (not isinstance(w, np.ndarray) or isinstance(w, np.ma.MaskedArray) or w.shape != shape
+                or not (w.dtype.kind == "f" or w.dtype.name == "bfloat16")):
             raise ValueError(f"weights[{name!r}] must be a float array of shape {shape}, "
                              f"got {getattr(w, 'dtype', type(w).__name__)} {getattr(w, 'shape', '')}")
     dtypes = {weights[name].dtype for name in shapes}
@@ -257,6 +261,8 @@ def mlp(w, x):
 
 def check_input_ids(config, input_ids):
     """``input_ids`` as int64 ``[B, T]``; ValueError for another shape or an id outside [0, vocab_size)."""
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
     ids = _as_integer_array("input_ids", input_ids)
     if ids.ndim != 2:
         raise ValueError(f"input_ids must be [B, T], got shape {ids.shape}")
@@ -281,9 +287,6 @@ def check_cache(config, cache, ids, dtype):
     stores = [c.cache if isinstance(c, PagedCacheView) else c for c in cache]
     if len({id(s) for s in stores}) < len(stores):
         raise ValueError("cache holds one cache (or paged pool) for several layers: each layer needs its own")
-    lengths = {str(c.get_seq_length()) for c in cache}
-    if len(lengths) > 1:
-        raise ValueError(f"cache: the layers hold different lengths {sorted(lengths)}")
     (batch, t_new), d = ids.shape, config.head_dim
     expected = ((batch, config.num_key_value_heads), d, d)
     for i, c in enumerate(cache):
@@ -298,11 +301,21 @@ def check_cache(config, cache, ids, dtype):
             raise StaticCacheFullError(f"cache[{i}] is too short: {c.get_seq_length()} of max_seq_len={room} "
                                        f"positions used, input_ids bring {t_new} more")
         if isinstance(c, PagedCacheView):
-            if c.token_ids is not None and not np.array_equal(np.asarray(c.token_ids), ids):
+            if c.token_ids is not None and _rows(c.token_ids) != ids.tolist():
                 raise ValueError(f"cache[{i}].token_ids must be input_ids, the tokens written (prefix caching keys "
-                                 f"blocks by them), got {np.asarray(c.token_ids).tolist()!r:.100} for input_ids "
-                                 f"{ids.tolist()!r:.100}")
+                                 f"blocks by them), got {_rows(c.token_ids)!r:.100} for input_ids {ids.tolist()!r:.100}")
             c.check_room(t_new)
+    lengths = [np.broadcast_to(c.get_seq_length(), (batch,)) for c in cache]  # an int, or [B] of a paged view
+    if any(not np.array_equal(n, lengths[0]) for n in lengths):
+        raise ValueError(f"cache: the layers hold different lengths {sorted({str(n.tolist())[:60] for n in lengths})}")
+
+
+def _rows(token_ids):
+    """``token_ids`` as lists of ints, row by row, ragged or not (None where they are not integers)."""
+    try:
+        return [[int(t) for t in row] for row in token_ids]
+    except (TypeError, ValueError):
+        return None
 
 
 def _layout(cache):

@@ -225,8 +225,8 @@ class PagedKVCache:
 
     def crop(self, seq_id, length):
         """Keep the first ``length`` tokens of ``seq_id`` (a write taken back); its blocks past them are freed (a
-        cached one stays findable). With prefix caching, a cut inside a block filled since ends the sequence's
-        caching (that block's first token ids are gone), and the block, to be written again, is no longer cached."""
+        cached one stays findable). With prefix caching, a cut inside a full block ends the sequence's caching (that
+        block's first token ids are gone); a cached block is never written again, but copied first."""
         self._check_known([seq_id])
         length = check_crop(length, self._lengths[seq_id])
         table, size, full = self._block_tables[seq_id], self.block_size, length // self.block_size
@@ -235,8 +235,6 @@ class PagedKVCache:
         self._lengths[seq_id] = length
         hashes = self._block_hashes.get(seq_id)
         if hashes is not None and len(hashes) > full and length % size:
-            if self.allocator.ref_count(table[full]) == 1:  # a shared one is copied before a write
-                self.allocator.uncache(table[full])
             self._block_hashes[seq_id] = None
         elif hashes is not None:
             del hashes[full:]
@@ -383,12 +381,19 @@ class PagedKVCache:
             if length % size:
                 writers[table[length // size]] = writers.get(table[length // size], 0) + 1
         holders = {block: self.allocator.ref_count(block) for block in writers}
-        return new + sum(m - (m == holders[b]) for b, m in writers.items() if holders[b] > 1)
+        return new + sum(m if self._cached(b) else m - (m == holders[b]) for b, m in writers.items()
+                         if holders[b] > 1 or self._cached(b))
+
+    def _cached(self, block):
+        """A cached block is immutable (another sequence may find it): a write into it, after a crop, copies it."""
+        return self.enable_prefix_caching and self.allocator.is_cached(block)
 
     def _make_room(self, seq_id, t_new):
-        """Take the blocks of :meth:`_blocks_needed` (counted free): copy a shared last block, then extend the table."""
+        """Take the blocks of :meth:`_blocks_needed` (counted free): copy a shared or cached last block, then extend
+        the table."""
         table, length = self._block_tables[seq_id], self._lengths[seq_id]
-        if t_new and length % self.block_size and self.allocator.ref_count(table[length // self.block_size]) > 1:
+        last = table[length // self.block_size] if length % self.block_size else None
+        if t_new and last is not None and (self.allocator.ref_count(last) > 1 or self._cached(last)):
             j = length // self.block_size
             (fresh,) = self.allocator.allocate(1)
             self.k_cache[fresh], self.v_cache[fresh] = self.k_cache[table[j]], self.v_cache[table[j]]

@@ -70,10 +70,8 @@ class PrefixCachingAllocator(BlockAllocator):
         self._block_of_hash[block_hash], self._hash_of_block[block] = block, block_hash
         return True
 
-    def uncache(self, block):
-        """Forget held ``block``'s hash, if it has one (a crop took its tokens back)."""
-        block_hash = self._hash_of_block.pop(self._check_held([block], "uncache")[0], None)
-        self._block_of_hash.pop(block_hash, None)
+    def is_cached(self, block):
+        return block in self._hash_of_block
 
     def _take(self, n):
         """The free list's blocks first, then the evictable ones, least recently freed first (their hashes dropped)."""

@@ -353,23 +353,71 @@ def test_a_nan_in_a_later_layer_crops_the_layers_written_back(kind, chunk):
     np.testing.assert_allclose(cached_logits(cache, IDS[:, 5:], [chunk, 6 - chunk]), FULL[:, 5:], **TOL)
 
 
-def test_a_paged_rollback_leaves_no_block_cached_under_tokens_it_will_overwrite():
+def test_layers_of_different_kinds_decode_as_one():
+    """A paged view's length is [B], a dynamic cache's an int: equal lengths, so the layers agree."""
+    cache = [caches("dynamic")[0], paged_views()[1]]
+    np.testing.assert_allclose(cached_logits(cache, IDS, CHUNKS["chunks"]), FULL, **TOL)
+
+
+def test_a_layer_one_position_longer_in_one_of_1001_sequences_is_refused():
+    batch = 1001
+    views = paged_views(batch=batch, num_blocks=batch + 1)
+    one = np.zeros((1, CONFIG.num_key_value_heads, 1, CONFIG.head_dim))
+    kv.PagedCacheView(views[1].cache, [500]).update(one, one)
+    with pytest.raises(ValueError, match="the layers hold different lengths"):
+        kv.forward(CONFIG, W64, np.ones((batch, 1), dtype=np.int64), cache=views)
+    assert views[0].cache.get_seq_lengths(range(batch)).sum() == 0 and views[1].cache.get_seq_length(500) == 1
+
+
+@pytest.mark.parametrize("config, weights, error, message", [
+    ("x", W64, TypeError, "config must be a ModelConfig, got str"),
+    (CONFIG, {**W64, "model.norm.weight": list(W64["model.norm.weight"])}, ValueError, r"weights\['model.norm.weight'\]"),
+    (CONFIG, {**W64, "model.norm.weight": np.ma.masked_array(W64["model.norm.weight"])}, ValueError,
+     r"weights\['model.norm.weight'\]"),
+])
+def test_a_config_or_weight_of_another_type_is_named(config, weights, error, message):
+    with pytest.raises(error, match=message):
+        kv.forward(config, weights, IDS)
+
+
+def test_a_paged_rollback_never_writes_into_a_cached_block():
+    """The failed call fills and caches block 1 (positions 4..7) in layer 0, then is cropped to 5: the block stays
+    cached with layer 0's K/V of those tokens, and the continuation writes position 5 on into a copy."""
     d, h_kv = CONFIG.head_dim, CONFIG.num_key_value_heads
     pools = [kv.PagedKVCache(16, 4, d, d, num_kv_heads=h_kv, enable_prefix_caching=True) for _ in range(2)]
     ids = IDS[:1]
 
-    def run(w, start, stop):
+    def run(w, start, stop, seq=0):
         chunk = ids[:, start:stop]
-        return kv.forward(CONFIG, w, chunk, cache=[kv.PagedCacheView(p, [0], token_ids=chunk) for p in pools])
+        return kv.forward(CONFIG, w, chunk, cache=[kv.PagedCacheView(p, [seq], token_ids=chunk) for p in pools])
 
     for pool in pools:
         pool.add_sequence(0)
     run(W64, 0, 5)
     with pytest.raises(NonFiniteError):
-        run(nan_in_layer_1(), 5, 8)  # layer 0 filled and cached block 1 (positions 4..7), then was cropped to 5
-    assert [len(p.find_cached_blocks(ids[0, :8])) for p in pools] == [1, 1]  # block 1, cut at 5, is not cached
+        run(nan_in_layer_1(), 5, 8)
+    assert [len(p.find_cached_blocks(ids[0, :8])) for p in pools] == [2, 1]  # layer 1 never wrote block 1
+    cached = pools[0].block_table(0)[1]
+    before = pools[0].k_cache[cached].copy()
     np.testing.assert_allclose(run(W64, 5, 11), FULL[:1, 5:], **TOL)
+    assert pools[0].block_table(0)[1] != cached and (pools[0].k_cache[cached] == before).all()
     assert [p.get_seq_length(0) for p in pools] == [11, 11]
+
+
+def test_a_crop_inside_a_cached_block_then_a_write_leaves_the_cached_block_as_it_was():
+    pool = kv.PagedKVCache(4, 4, 2, 2, enable_prefix_caching=True)
+    tokens = np.arange(4)
+    pool.add_sequence("a")
+    pool.update(["a"], np.ones((1, 4, 2)), np.ones((1, 4, 2)), token_ids=tokens[None])
+    pool.fork("a", "b")
+    pool.crop("b", 2)
+    pool.free("a")  # b now holds the cached block alone
+    pool.update(["b"], np.full((1, 2, 2), 7.0), np.full((1, 2, 2), 7.0))
+    assert pool.add_sequence("c", tokens) == 4  # the whole block found
+    k, _, _ = pool.gather(["b", "c"])
+    np.testing.assert_array_equal(k[0][:, 0], [1, 1, 7, 7])
+    np.testing.assert_array_equal(k[1][:, 0], [1, 1, 1, 1])
+
 
 @pytest.mark.parametrize("edit, message", [
     (lambda w: w.pop("model.layers.1.mlp.up_proj.weight"), r"missing \['model.layers.1.mlp.up_proj.weight'\]"),
