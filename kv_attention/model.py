@@ -303,7 +303,8 @@ def check_cache(config, cache, ids, dtype):
         if isinstance(c, PagedCacheView):
             if c.token_ids is not None and _rows(c.token_ids) != ids.tolist():
                 raise ValueError(f"cache[{i}].token_ids must be input_ids, the tokens written (prefix caching keys "
-                                 f"blocks by them), got {_rows(c.token_ids)!r:.100} for input_ids {ids.tolist()!r:.100}")
+                                 f"blocks by them), got {_rows(c.token_ids)!r:.100} for input_ids "
+                                 f"{ids.tolist()!r:.100}")
             c.check_room(t_new)
     lengths = [np.broadcast_to(c.get_seq_length(), (batch,)) for c in cache]  # an int, or [B] of a paged view
     if any(not np.array_equal(n, lengths[0]) for n in lengths):

@@ -394,11 +394,10 @@ class PagedKVCache:
         table, length = self._block_tables[seq_id], self._lengths[seq_id]
         last = table[length // self.block_size] if length % self.block_size else None
         if t_new and last is not None and (self.allocator.ref_count(last) > 1 or self._cached(last)):
-            j = length // self.block_size
             (fresh,) = self.allocator.allocate(1)
-            self.k_cache[fresh], self.v_cache[fresh] = self.k_cache[table[j]], self.v_cache[table[j]]
-            self.allocator.free([table[j]])  # the other holders keep it
-            table[j] = fresh
+            self.k_cache[fresh], self.v_cache[fresh] = self.k_cache[last], self.v_cache[last]
+            self.allocator.free([last])  # the other holders keep it (a cached one stays findable)
+            table[length // self.block_size] = fresh
         new = self._blocks_for(length + t_new) - len(table)
         if new > 0:
             table.extend(self.allocator.allocate(new))

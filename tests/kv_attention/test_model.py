@@ -371,7 +371,8 @@ def test_a_layer_one_position_longer_in_one_of_1001_sequences_is_refused():
 
 @pytest.mark.parametrize("config, weights, error, message", [
     ("x", W64, TypeError, "config must be a ModelConfig, got str"),
-    (CONFIG, {**W64, "model.norm.weight": list(W64["model.norm.weight"])}, ValueError, r"weights\['model.norm.weight'\]"),
+    (CONFIG, {**W64, "model.norm.weight": list(W64["model.norm.weight"])}, ValueError,
+     r"weights\['model.norm.weight'\]"),
     (CONFIG, {**W64, "model.norm.weight": np.ma.masked_array(W64["model.norm.weight"])}, ValueError,
      r"weights\['model.norm.weight'\]"),
 ])

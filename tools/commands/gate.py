@@ -1,8 +1,8 @@
 """``gate BASE HEAD``: benchmark two commits where needed (asv run), print asv compare's table, exit 0, 1 or 2.
 
 Counts are judged by ``--count-factor``, every ``time_`` point in pairs (:mod:`tools.pairs`) by ``--factor``, other
-values by their factor below; the lab's answers (ANSWERS) never (docs/benchmarking.md, "Catching regressions"). Exit 0: nothing
-worse; 1: a point worse; 2: a point failed or vanished, a commit has no results, or a usage error.
+values by their factor below, the lab's answers (ANSWERS) never (docs/benchmarking.md). Exit 0: nothing worse; 1: a
+point worse; 2: a point failed or vanished, a commit has no results, or a usage error.
 """
 
 import math
