@@ -33,6 +33,7 @@ from .problem import Problem, make_problem
 from .quantized import QuantizedCache, attend_quantized
 from .ragged import RAGGED_STRATEGIES, RaggedDecodeStats, ragged_decode, ragged_decode_steps
 from .scheduler import Request, ServeResult, ServeStats, serve
+from .speculative import SpecDecodingStats, prompt_lookup_generate
 from .split import attention_state, cascade_attention, merge_attention_states, split_kv_attention
 from .strategies import EXPERIMENTS, STRATEGIES, get_strategy
 from .window import SlidingWindowCache
@@ -58,4 +59,6 @@ __all__ = [
     "Request", "serve", "ServeResult", "ServeStats",
     # a Llama-architecture model decoding through a cache per layer
     "ModelConfig", "init_weights", "load_weights", "forward", "generate", "PagedCacheView",
+    # speculative decoding: prompt-lookup drafts verified in one forward, the caches cropped back
+    "prompt_lookup_generate", "SpecDecodingStats",
 ]

@@ -367,11 +367,14 @@ def forward(config, weights, input_ids, *, cache=None):
     return linear(x, head.astype(dtype, copy=False))  # [B, T, vocab_size]
 
 
-def generate(config, weights, input_ids, max_new_tokens, *, cache=None):
+def generate(config, weights, input_ids, max_new_tokens, *, cache=None, prompt_lookup_num_tokens=None,
+             max_matching_ngram_size=None):
     """Greedy decoding: ``input_ids [B, T]`` and ``max_new_tokens`` argmax tokens, each fed back; int64 ``[B, T + N]``.
 
     With ``cache``, ``input_ids`` continue it: they are prefilled in one call, and each new
-    token is one call; without, each step recomputes the whole prefix.
+    token is one call; without, each step recomputes the whole prefix. With
+    ``prompt_lookup_num_tokens=k`` (Hugging Face's name; B = 1 and a cache that crops back),
+    drafts of up to k tokens from the context are verified in one call (``speculative``).
     """
     ids = check_input_ids(config, input_ids)
     max_new_tokens = as_size("max_new_tokens", max_new_tokens)
@@ -391,6 +394,12 @@ def generate(config, weights, input_ids, max_new_tokens, *, cache=None):
                     raise ValueError(f"cache[{i}].token_ids name the prompt only; generate with max_new_tokens > 1 "
                                      f"feeds new tokens too: give views without token_ids")
                 c.check_room(written)
+    if prompt_lookup_num_tokens is not None:
+        from .speculative import prompt_lookup_generate
+
+        return prompt_lookup_generate(config, weights, ids, max_new_tokens, cache=cache,
+                                      prompt_lookup_num_tokens=prompt_lookup_num_tokens,
+                                      max_matching_ngram_size=max_matching_ngram_size)[0]
     tokens, new = ids, ids
     for _ in range(max_new_tokens):
         logits = forward(config, weights, new if cache is not None else tokens, cache=cache)
