@@ -51,7 +51,7 @@ def _crop(cache, length):
 
 
 def prompt_lookup_generate(config, weights, input_ids, max_new_tokens, *, cache, prompt_lookup_num_tokens=10,
-                           max_matching_ngram_size=None):
+                           max_matching_ngram_size=None, convert_once=True):
     """Greedy ``input_ids [1, T]`` and ``max_new_tokens`` tokens (int64 ``[1, T + N]``), and the call's
     :class:`SpecDecodingStats`. ``cache``: one DynamicCache, StaticCache or PagedCacheView per layer, which
     can be cropped back exactly; ValueError or TypeError naming the argument otherwise (a window cache
@@ -73,7 +73,7 @@ def prompt_lookup_generate(config, weights, input_ids, max_new_tokens, *, cache,
     while produced < max_new_tokens:
         start = cache[0].get_seq_length() if len(cache) else 0
         start = int(np.max(start))
-        logits = forward(config, weights, forward_ids, cache=cache)  # [1, T_in, vocab]
+        logits = forward(config, weights, forward_ids, cache=cache, convert_once=convert_once)  # [1, T_in, vocab]
         stats.num_forwards += 1
         greedy = logits[0].argmax(axis=-1)  # the greedy token after each prefix of forward_ids
         draft = forward_ids[0, 1:] if produced else forward_ids[0, :0]
