@@ -64,6 +64,10 @@ RETIRED = {  # Llama-2-7B is MHA: its repeat_kv step copies nothing (the two pat
         "repeat_kv at G = 1 is the grouped step, so it is not measured twice"
     for track in ("ratio", "ratio_low", "ratio_high", "step_gbps", "read_gbps") for t, b in
     ((1024, 1), (1024, 4), (4096, 1), (16384, 1))}
+RETIRED.update({  # values no commit can change; the report computes them (docs/benchmarking.md, "Cost per commit")
+    **{f"bench_model.ModelBytes.track_{track}": "arithmetic from the configs (bench_model.weight_bytes, ...), "
+       "not a measurement of the commit" for track in ("weight_bytes", "kv_bytes_per_token", "crossover_positions")},
+    "bench_roofline.RooflineBytes.track_bytes_read": "arithmetic (bench_roofline.step_bytes), not a measurement"})
 
 
 class Benchmark:
