@@ -6,8 +6,6 @@ import re
 import sys
 from pathlib import Path
 
-import pytest
-
 import benchmarks
 
 from .conftest import asv_listing
