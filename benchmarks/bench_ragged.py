@@ -11,13 +11,11 @@ import inspect
 import math
 
 from .common import (
-    Benchmark,
     STRATEGIES,
+    Measured,
     SkipNotImplemented,
-    check_points,
     library_function,
     oracle,
-    replay,
     timed_inputs,
     verified_decode,
 )
@@ -105,7 +103,7 @@ def check_and_count(strategy, lengths):
     return stats.peak_reserved_slots, stats.row_steps
 
 
-class RaggedDecode(Benchmark):
+class RaggedDecode(Measured):
     """Full decode of 8 sequences ``x_b: [T_b, 64]``, float64, block_size 16, a pool for the whole batch.
 
     Every point is checked and its counts taken once, in ``setup_cache``; ``setup`` replays the outcome.
@@ -115,27 +113,26 @@ class RaggedDecode(Benchmark):
     param_names = ["strategy", "lengths"]
     warmup_time = -1  # asv's own default (0.1 s), as before the base class; RaggedCounts detects finely
 
-    def setup_cache(self):
-        return check_points(self.params, check_and_count)
+    measure = staticmethod(check_and_count)
 
-    def setup(self, checked, strategy, lengths):
-        self.stats = replay(checked, (strategy, lengths))
+    def setup(self, measured, strategy, lengths):
+        super().setup(measured, strategy, lengths)
         self.decode = verified_ragged_decode(strategy, lengths)  # verified in setup_cache: not run again
         self.inputs = ragged_inputs(lengths)
 
     def counted(self):
-        if self.stats is None:  # the decode is timed; only its counts are missing, so the tracked values skip
+        if self.measured is None:  # the decode is timed; only its counts are missing, so the tracked values skip
             raise SkipNotImplemented("kv_attention.ragged_decode has no return_stats at this commit")
-        return self.stats
+        return self.measured
 
-    def time_decode(self, checked, strategy, lengths):
+    def time_decode(self, measured, strategy, lengths):
         self.decode(*self.inputs)
 
     # pinned asv hash (9108790): the whole ragged_decode of the 8 sequences, per strategy and lengths;
     # "-paged-by-block": paged attends block by block through the block tables, no longer gathering (issue 31)
     time_decode.version = "b14c0ae8caa1fe29a85b104c320af19812ab3daa0114dd4842f16106378703b5-paged-by-block"
 
-    def track_reserved_slots(self, checked, strategy, lengths):
+    def track_reserved_slots(self, measured, strategy, lengths):
         """K/V token slots reserved at the peak: B x T_max for padded and compacted, peak blocks x 16 for paged."""
         return self.counted()[0]
 
@@ -143,7 +140,7 @@ class RaggedDecode(Benchmark):
     # pinned asv hash (9108790): return_stats' peak_reserved_slots of that decode
     track_reserved_slots.version = "d926deaab3aef882eefbafa1f30234bfe06b11c748e64d904f8504e2a3699e2a"
 
-    def track_row_steps(self, checked, strategy, lengths):
+    def track_row_steps(self, measured, strategy, lengths):
         """Query rows computed over the decode: B x T_max for padded, the sum of T_b for compacted and paged."""
         return self.counted()[1]
 
@@ -160,20 +157,10 @@ class RaggedCounts(Counts):
 
     params = [list(STRATEGIES["ragged"]), list(COUNT_DISTRIBUTIONS)]
     param_names = ["strategy", "lengths"]
+    version = "4"  # 4: paged attends block by block through the block tables, no longer gathering (issue 31)
 
     def prepare(self, strategy, lengths):
         return verified_ragged_decode(strategy, lengths), ragged_inputs(lengths)
-
-    # 4: paged attends block by block through the block tables, no longer gathering (issue 31)
-    def track_instructions(self, counted, *params):
-        return super().track_instructions(counted, *params)
-
-    track_instructions.unit, track_instructions.version = "instructions", "4"
-
-    def track_estimated_cycles(self, counted, *params):
-        return super().track_estimated_cycles(counted, *params)
-
-    track_estimated_cycles.unit, track_estimated_cycles.version = "cycles", "4"
 
 
 class RaggedRatios(Ratios):
@@ -183,23 +170,8 @@ class RaggedRatios(Ratios):
 
     params = [[s for s in STRATEGIES["ragged"] if s != "paged"], [d for d in LENGTH_DISTRIBUTIONS if d != "equal"]]
     param_names = ["strategy", "lengths"]
-
-    def setup_cache(self):
-        return self.measure_points()
+    version = "2"  # 2: paged, the denominator, attends block by block through the block tables (issue 31)
 
     def sides(self, strategy, lengths):
         return (Side(verified_ragged_decode(strategy, lengths), ragged_inputs(lengths)),
                 Side(verified_ragged_decode("paged", lengths), ragged_inputs(lengths)))
-
-    # 2: paged, the denominator, attends block by block through the block tables, no longer gathering (issue 31)
-    def track_ratio(self, measured, *point):
-        return super().track_ratio(measured, *point)
-
-    def track_ratio_low(self, measured, *point):
-        return super().track_ratio_low(measured, *point)
-
-    def track_ratio_high(self, measured, *point):
-        return super().track_ratio_high(measured, *point)
-
-    track_ratio.unit = track_ratio_low.unit = track_ratio_high.unit = "ratio"
-    track_ratio.version = track_ratio_low.version = track_ratio_high.version = "2"
