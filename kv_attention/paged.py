@@ -10,16 +10,16 @@ parent's blocks, and the first write into a shared last block copies it
 (copy-on-write); with ``enable_prefix_caching`` full blocks are cached under a
 chained hash (:mod:`~kv_attention.prefix_caching`).
 
-:func:`paged_attention` reads the pool through each sequence's block table, one
-logical block at a time for all N sequences together, and folds each block's
-attention state into a running one by the exact log-sum-exp merge of
-:mod:`~kv_attention.split` (an online softmax). What matches vLLM's kernels
-(``csrc/attention/attention_kernels.cuh``) and FlashInfer's paged decode: keys and
-values are read block by block through the block table, never gathered into a
-copy. What differs: vLLM's v1 kernel keeps a whole sequence's logits in shared
-memory for one softmax, and its v2 kernel merges partitions of 512 tokens by their
-max logit and exp-sum, where this merges every block; and a block here is one NumPy
-op over N sequences, not a thread block per sequence and head.
+:func:`paged_attention` reads each stored token's k and v once per step, through its
+sequence's block table: in NumPy, reading through a block table copies (``k_cache[slots]``),
+as a GPU kernel loads a block into shared memory before attending to it, so a step copies
+the batch's stored K/V once and nothing more (no table padded to the longest, no slot past
+a length). Sequences of one length are gathered together and attended in one call, one
+softmax over a sequence's keys. What matches vLLM's v1 kernel
+(``csrc/attention/attention_kernels.cuh``): the keys of a sequence are read through its
+block table and take one softmax. What differs: a CUDA thread block per sequence and head
+reads each block from HBM into shared memory and never writes a gathered copy back; here
+the copy is an array, and a group of sequences one NumPy call.
 
 Errors: TypeError or ValueError naming the argument (ids, shapes, dtypes, token ids,
 sizes, NaN/inf), :class:`OutOfBlocksError` when an update needs more blocks than are
@@ -33,10 +33,10 @@ import numpy as np
 
 from ._validation import (as_array, as_flag, as_float_array, as_float_dtype, as_size, as_sizes_per_sequence, as_stored,
                           compute_dtype)
+from .attention import attend, masked_attend
 from .block_allocator import BlockAllocator, OutOfBlocksError
 from .cache import check_crop
 from .prefix_caching import PrefixCachingAllocator, hash_block_tokens
-from .split import _merge, _state
 
 
 def as_id_list(seq_ids):
@@ -205,6 +205,15 @@ class PagedKVCache:
         self._check_known([seq_id])
         return tuple(self._block_tables[seq_id])
 
+    def slots(self, seq_id, length=None):
+        """The slots of ``seq_id``'s first ``length`` tokens (default all): ``[length]`` int64, token p at
+        ``block_table[p // block_size] * block_size + p % block_size`` (the slot_mapping of every token)."""
+        self._check_known([seq_id])
+        length = self._lengths[seq_id] if length is None else length
+        assert 0 <= length <= self._lengths[seq_id], f"{seq_id!r} holds {self._lengths[seq_id]} tokens, not {length}"
+        table = np.asarray(self._block_tables[seq_id][: self._blocks_for(length)], dtype=np.int64)
+        return (table[:, None] * self.block_size + np.arange(self.block_size)).reshape(-1)[:length]
+
     def ref_count(self, block):
         """Block tables holding physical block ``block`` (int; 0 for a free or only cached block)."""
         return self.allocator.ref_count(block)
@@ -276,7 +285,7 @@ class PagedKVCache:
         """Copies ``(k [N, S, (H_kv,) D_k], v [N, S, (H_kv,) D_v], lengths [N])`` of the sequences ``seq_ids``.
 
         Row i holds ``seq_ids[i]``'s tokens at positions ``< lengths[i]``; past that, slots of
-        its own last block (mask them). The decode never gathers: see :func:`paged_attention`.
+        its own last block (mask them).
         """
         seq_ids = as_id_list(seq_ids)
         lengths = self.get_seq_lengths(seq_ids)  # checks every id
@@ -450,21 +459,25 @@ class PagedKVCache:
 def paged_attention(q, cache, seq_ids, *, causal=False, check_finite=True):
     """Attention of ``q: [N, T_q, D_k]`` (row i of sequence ``seq_ids[i]``) over each sequence's keys in the pool.
 
-    Reads ``cache``'s pool block by block through the block tables (the module's
-    method), so no step copies a sequence's whole K/V. Returns ``[N, T_q, D_v]``,
-    equal up to rounding to :func:`~kv_attention.attention.attend` over each
-    sequence's stored keys; a sequence with none gives zeros. With ``num_kv_heads``,
+    Returns ``[N, T_q, D_v]``, equal up to rounding to :func:`~kv_attention.attention.attend`
+    over each sequence's stored keys; a sequence with none gives zeros. With ``num_kv_heads``,
     ``q: [N, H_q, T_q, D_k]`` -> ``[N, H_q, T_q, D_v]``, query head h reading K/V head
-    ``h // (H_q / H_kv)``; a group's query heads are rows against one read of its K/V
-    head, as vLLM's and FlashInfer's GQA decode kernels do. ``causal=True``: the queries
-    are each sequence's last T_q positions, already written (a chunk), and query i
-    attends to the keys before position ``length - T_q + i + 1``: the causal diagonal
-    aligned bottom-right, as vLLM's prefill (FlashAttention's ``causal``) aligns it.
-    ``check_finite`` scans ``q``; the pool's keys and values were scanned when they were written.
+    ``h // (H_q / H_kv)``; a group's query heads are rows against one read of its K/V head,
+    as vLLM's and FlashInfer's GQA decode kernels do. ``causal=True``: the queries are each
+    sequence's last T_q positions, already written (a chunk), and query i attends to the keys
+    before position ``length - T_q + i + 1``: the causal diagonal aligned bottom-right, as
+    vLLM's prefill (FlashAttention's ``causal``) aligns it. ``check_finite`` scans ``q``; the
+    pool's keys and values were scanned when they were written.
+
+    What is copied: each stored token's k and v, once, through its sequence's block table
+    (``k_cache[slots]`` copies them, as a GPU kernel loads a block into shared memory before
+    attending to it); no block table is padded and no slot past a sequence's length is read.
+    Sequences of the same length are gathered and attended together, in one batched call.
     """
     if not isinstance(cache, PagedKVCache):
         raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
     lengths = cache.get_seq_lengths(seq_ids)  # [N]; checks every id
+    seq_ids = as_id_list(seq_ids)
     causal = as_flag("causal", causal)
     q = (as_float_array if as_flag("check_finite", check_finite) else as_array)("q", q)
     n, d_k, h_kv = len(lengths), cache.k_cache.shape[-1], cache.num_kv_heads
@@ -477,33 +490,31 @@ def paged_attention(q, cache, seq_ids, *, causal=False, check_finite=True):
             raise ValueError(f"q must be [N={n}, H_q, T_q, D_k={d_k}] with H_q a multiple of num_kv_heads={h_kv}, "
                              f"got shape {q.shape}")
         q_rows = q.reshape(n, h_kv, q.shape[1] // h_kv, *q.shape[2:]).swapaxes(2, 3)  # [N, H_kv, T_q, G, D_k]
-    t_q, size = q_rows.shape[2], cache.block_size
-    n_blocks = -(-lengths // size)  # [N], written blocks per sequence
-    width = int(n_blocks.max(initial=0))
-    tables = np.zeros((len(lengths), width), dtype=np.int64)  # [N, blocks]: past its own, a row repeats its last block
-    for i, (seq_id, n_held) in enumerate(zip(seq_ids, n_blocks.tolist())):
-        if n_held:
-            tables[i, :n_held] = cache._block_tables[seq_id][:n_held]
-            tables[i, n_held:] = cache._block_tables[seq_id][n_held - 1]
-    # keys a query may attend to are the positions below `ends`: [N, 1], or [N, T_q] bottom-right causal
-    ends = lengths[:, None] - t_q + 1 + np.arange(t_q) if causal else lengths[:, None]
+    t_q = q_rows.shape[2]
     out = np.zeros(q_rows.shape[:-1] + cache.v_cache.shape[-1:], np.result_type(q, cache.v_cache))  # [..., G, D_v]
-    lse = np.full(q_rows.shape[:-1], -np.inf, out.dtype)  # [N, H_kv, T_q, G]: the state of no keys
-    offsets = np.arange(size)
-    for j in range(width):
-        blocks = tables[:, j]  # [N]
-        valid = j * size + offsets < ends[..., None]  # [N, 1 or T_q, block_size]
-        valid = None if valid.all() else valid[:, None]  # [N, 1, 1 or T_q, block_size]
-        k, v = cache.k_cache[blocks], cache.v_cache[blocks]  # [N, block_size, (H_kv,) D]
-        if h_kv is None:
-            k, v = k[:, None, None], v[:, None, None]  # [N, 1, 1, block_size, D]
-        else:
-            k, v = k.swapaxes(1, 2)[:, :, None], v.swapaxes(1, 2)[:, :, None]  # [N, H_kv, 1, block_size, D]
-        state = _state(q_rows, k, v, valid)  # one block: [N, H_kv, T_q, G, D_v], [N, H_kv, T_q, G]
-        out, lse = _merge((out, state[0]), (lse, state[1]))
+    for length in np.unique(lengths[lengths > 0]).tolist():
+        rows = np.flatnonzero(lengths == length)  # the sequences holding `length` tokens
+        slots = np.array([cache.slots(seq_ids[i], length) for i in rows.tolist()])  # [n_g, S = length]
+        shape = (len(rows), q_rows.shape[1], t_q)  # [n_g, H_kv, T_q]: k and v broadcast over T_q, no copy
+        k, v = (np.broadcast_to(_gather(pool, slots), shape + (length, pool.shape[-1]))
+                for pool in (cache.k_cache, cache.v_cache))
+        if not causal or t_q == 1:
+            out[rows] = attend(q_rows[rows], k, v, check_finite=False)
+        else:  # query i sees the keys before length - T_q + i + 1
+            valid = np.arange(length) < length - t_q + 1 + np.arange(t_q)[:, None]  # [T_q, S]
+            out[rows] = masked_attend(q_rows[rows], k, v, np.broadcast_to(valid[:, :], shape + (length,)),
+                                      check_finite=False)
     if h_kv is None:
         return out[:, 0, :, 0]  # [N, T_q, D_v]
     return out.swapaxes(2, 3).reshape(q.shape[:-1] + out.shape[-1:])  # [N, H_q, T_q, D_v]
+
+
+def _gather(pool, slots):
+    """``pool``'s tokens at ``slots [n, S]`` (a copy of each once) as ``[n, H_kv, 1, S, D]``, a view for heads."""
+    tokens = pool.reshape(pool.shape[0] * pool.shape[1], *pool.shape[2:])[slots]  # [n, S, (H_kv,) D]; D may be 0
+    if tokens.ndim == 3:
+        return tokens[:, None, None]  # [n, 1, 1, S, D]
+    return tokens.swapaxes(1, 2)[:, :, None]  # [n, H_kv, 1, S, D]
 
 
 class PagedCacheView:

@@ -8,8 +8,8 @@ position ``s - start_steps[i]``. Strategies (``strategy=``):
     compacted  only the rows in the batch (dynamic exit); when sequences leave, each
                survivor past the new end is copied into a leaver's row.
     paged      compacted, with K/V in a :class:`~kv_attention.paged.PagedKVCache`:
-               leaving frees blocks, no token moves, and each step attends block by
-               block through the block tables (:func:`~kv_attention.paged.paged_attention`).
+               leaving frees blocks, no token moves, and each step reads each stored
+               token once through the block tables (:func:`~kv_attention.paged.paged_attention`).
                A caller's ``cache`` holds sequences 0..B-1 while they are in the batch;
                the blocks the schedule needs at its peak are counted before the first
                step, so a pool too small raises OutOfBlocksError and changes nothing.
@@ -173,7 +173,7 @@ class _PagedBatch:
         positions = self.cache.get_seq_lengths(self.seqs)  # [N]
         q, k, v = problem.project(seqs, positions)
         self.cache.update(self.seqs, k, v)
-        out = paged_attention(q, self.cache, self.seqs, check_finite=False)  # [N, 1, D_v], block by block
+        out = paged_attention(q, self.cache, self.seqs, check_finite=False)  # [N, 1, D_v]
         return seqs, positions, out[:, 0], len(seqs)
 
     @property

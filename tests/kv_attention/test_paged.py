@@ -640,25 +640,39 @@ def test_repr_gives_the_pool_and_its_use_not_the_arrays():
 
 
 
-def test_one_paged_step_at_position_2047_allocates_at_most_a_quarter_of_the_gathered_kv():
-    # The issue's bound: 8 sequences at position 2,047, D 64, float64. Gathering their K/V would allocate
-    # 8 × 2,048 × 64 × 8 bytes for K and as much for V (16.8 MB); paging reads the pool one block at a time.
-    import tracemalloc
+class _CountedPool(np.ndarray):
+    """A pool that adds the bytes of every copy indexing it makes (a fancy index) to ``copied``."""
 
-    p = kv.make_problem(2048, batch_size=8, d_model=64, d_k=64, d_v=64)
-    steps = kv.ragged_decode_steps(*p.args(), strategy="paged")
-    for _ in range(2047):
-        next(steps)
-    gathered = 2 * 8 * 2048 * 64 * 8
-    tracemalloc.start()
-    try:
-        seq_ids, positions, out = next(steps)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert positions.tolist() == [2047] * 8
-    np.testing.assert_allclose(out, kv.causal_attention(*p.args())[:, -1], rtol=1e-10, atol=1e-10)
-    assert peak <= gathered / 4, f"peak {peak} bytes, gathered K/V {gathered}"
+    copied = 0
+
+    def __getitem__(self, index):
+        out = super().__getitem__(index)
+        if isinstance(out, np.ndarray) and not np.shares_memory(out, self):
+            _CountedPool.copied += out.nbytes
+        return out.view(np.ndarray) if isinstance(out, np.ndarray) else out
+
+
+@pytest.mark.parametrize("num_kv_heads", [None, 2])
+def test_a_skewed_paged_step_copies_each_stored_token_once(num_kv_heads):
+    # 1 sequence at 2,047 tokens and 7 at 61 (block 16: every last block partial), one step: the K/V copied
+    # from the pool is the stored tokens' (at most 1.1x), not every table padded to the longest (5.6x before).
+    rng = np.random.default_rng(0)
+    lengths, heads = [2047] + [61] * 7, () if num_kv_heads is None else (num_kv_heads,)
+    pool = kv.PagedKVCache(200, 16, 8, 4, np.float32, num_kv_heads=num_kv_heads)
+    ks = [rng.standard_normal((n, *heads, 8)).astype(np.float32) for n in lengths]
+    vs = [rng.standard_normal((n, *heads, 4)).astype(np.float32) for n in lengths]
+    for i, (k, v) in enumerate(zip(ks, vs)):
+        pool.add_sequence(i)
+        pool.update([i], k[None], v[None])
+    q = rng.standard_normal((8, *(heads and (2 * num_kv_heads,)), 1, 8)).astype(np.float32)
+    pool.k_cache, pool.v_cache = pool.k_cache.view(_CountedPool), pool.v_cache.view(_CountedPool)
+    _CountedPool.copied = 0
+    out = kv.paged_attention(q, pool, range(8), check_finite=False)
+    stored = sum(lengths) * (pool.k_cache[0, 0].nbytes + pool.v_cache[0, 0].nbytes)
+    assert stored <= _CountedPool.copied <= 1.1 * stored, (_CountedPool.copied, stored)
+    for i, (k, v) in enumerate(zip(ks, vs)):  # each row against its own keys; query head h reads K/V head h // 2
+        k, v = (x if num_kv_heads is None else np.repeat(x.swapaxes(0, 1), 2, axis=0) for x in (k, v))
+        np.testing.assert_allclose(out[i], kv.attend(q[i], k, v), rtol=1e-4, atol=1e-5)
 
 
 def test_paged_attention_equals_attend_over_each_sequences_keys_and_checks_q():
