@@ -4,7 +4,7 @@ PagedAttention (Kwon et al. 2023, the vLLM paper), in vLLM's terms: ``block_size
 tokens per block, ``num_blocks`` in the pool, a ``block_table`` per sequence
 (logical block j -> physical block), a ``slot_mapping`` per new token
 (``physical_block * block_size + offset``), a refcount per block. The allocator
-(:mod:`~kv_attention.block_allocator`) keeps the free list and the refcounts; this
+(:mod:`~kv_attention.block_allocator`) keeps V1's free block queue and the refcounts; this
 class the map of sequence -> block table. :meth:`PagedKVCache.fork` shares the
 parent's blocks, and the first write into a shared last block copies it
 (copy-on-write); with ``enable_prefix_caching`` full blocks are cached under a
@@ -182,9 +182,10 @@ class PagedKVCache:
             self._partial_tokens[child_id] = list(self._partial_tokens[parent_id])
 
     def free(self, seq_id):
-        """Remove ``seq_id``; a block no sequence holds goes back to the free list (a cached one stays findable)."""
+        """Remove ``seq_id``; the blocks no sequence holds go back on the free queue, its last block first (a cached
+        one stays findable until taken)."""
         self._check_known([seq_id])
-        self.allocator.free(self._block_tables.pop(seq_id))
+        self.allocator.free(self._block_tables.pop(seq_id)[::-1])  # tail first, as V1's free
         del self._lengths[seq_id]
         self._block_hashes.pop(seq_id, None)
         self._partial_tokens.pop(seq_id, None)
@@ -239,7 +240,7 @@ class PagedKVCache:
         self._check_known([seq_id])
         length = check_crop(length, self._lengths[seq_id])
         table, size, full = self._block_tables[seq_id], self.block_size, length // self.block_size
-        self.allocator.free(table[self._blocks_for(length) :])
+        self.allocator.free(table[self._blocks_for(length) :][::-1])
         del table[self._blocks_for(length) :]
         self._lengths[seq_id] = length
         hashes = self._block_hashes.get(seq_id)
@@ -314,7 +315,7 @@ class PagedKVCache:
 
     @property
     def num_free_blocks(self):
-        """Blocks that can be taken (int): the free list's, and with prefix caching cached ones no sequence holds."""
+        """Blocks that can be taken (int): those on the free queue, cached ones that no sequence holds included."""
         return self.allocator.num_free_blocks
 
     @property
