@@ -7,10 +7,11 @@ logits ``[B, T, vocab_size]``; per layer q ``[B, H_q, T, D_head]``, k and v ``[B
 ``model.safetensors`` runs as it is. The computation is float64 for float64
 weights and float32 for any other float weights (float32, bfloat16, float16).
 
-``cache``: None (the whole sequence at once), or a list of one cache per layer, each
+``cache``: None (the whole sequence at once), a list of one cache per layer, each
 of ``batch_shape (B, H_kv)``: a DynamicCache, StaticCache, QuantizedCache or
-SlidingWindowCache (k/v ``[B, H_kv, T, D_head]``), or a :class:`~kv_attention.paged.PagedCacheView`
-(a paged cache with ``num_kv_heads`` bound to B sequence ids). With a cache,
+SlidingWindowCache (k/v ``[B, H_kv, T, D_head]``), or one :class:`~kv_attention.paged.PagedCacheView`
+for every layer (a paged cache of ``num_layers`` layers and ``num_kv_heads`` bound to B sequence
+ids: one block table per sequence serves every layer, as vLLM V1's KV cache manager). With a cache,
 ``input_ids`` are the new tokens and their positions continue from
 ``cache[0].get_seq_length()`` (a window cache counts every position it has seen; a
 paged view gives one length per sequence); prefill and decode are one call.
@@ -44,7 +45,8 @@ A QuantizedCache is attended over its own dequantized K̂/V̂.
 
 Errors, raised before any cache is written, every layer's checked first: ValueError naming the
 argument for token ids outside the vocabulary, no token where the cache holds none, a cache list
-of the wrong length, one cache (or paged pool) for several layers, layers of different lengths,
+of the wrong length, one cache for several layers, a paged cache of another number of layers,
+layers of different lengths,
 a cache of the wrong batch shape or k/v width, a paged view whose ``token_ids`` are not
 ``input_ids``, or weights missing, unexpected or of the wrong shape; TypeError for token ids
 that are not integers, a cache that is not one, or one whose dtype cannot hold the model's;
@@ -54,11 +56,8 @@ cannot hold, refused by a later layer's cache) crops every layer written back to
 before the call, then propagates, so that each cache holds what it held: a dynamic, static,
 paged or window cache its keys and values as they were; a quantized cache keeps quantized
 what the write quantized (its ``crop``); a window cache that a chunk of several tokens wrapped
-cannot be cropped back (its ValueError). A paged pool keeps a copy-on-write copy the write
-made, and with prefix caching the layers' pools may then cache different prefixes: the full
-blocks the call filled stay cached (their K/V correct) in the layers it wrote, blocks it
-evicted are gone from those, and a cut inside a full block, or a write without ``token_ids``,
-ends that sequence's caching there. As vLLM does with a failed request, free such a sequence.
+cannot be cropped back (its ValueError). A paged cache is one state for every layer: back at its
+lengths, no block the call filled cached, a shared last block it copied kept as the copy.
 """
 
 import dataclasses
@@ -70,7 +69,7 @@ import numpy as np
 from ._validation import as_flag, as_size, compute_dtype
 from .cache import Cache, StaticCacheFullError
 from .chunked import _attend_chunk, _blocked
-from .paged import PagedCacheView, PagedKVCache, _as_integer_array
+from .paged import PagedCacheView, PagedKVCache, PagedLayer, _as_integer_array
 from .quantized import QuantizedCache
 
 
@@ -229,7 +228,7 @@ def attention(config, w, x, cos, sin, start, layer_cache, dtype):
     k = linear(x, w["self_attn.k_proj.weight"]).reshape(B, T, H_kv, D).transpose(0, 2, 1, 3)  # [B, H_kv, T, D]
     v = linear(x, w["self_attn.v_proj.weight"]).reshape(B, T, H_kv, D).transpose(0, 2, 1, 3)  # [B, H_kv, T, D]
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    if isinstance(layer_cache, PagedCacheView):
+    if isinstance(layer_cache, PagedLayer):
         layer_cache.update(k, v)
         out = layer_cache.attend(q)  # [B, H, T, D]
     else:
@@ -272,24 +271,32 @@ def check_input_ids(config, input_ids):
 
 
 def check_cache(config, cache, ids, dtype):
-    """Raise unless ``cache`` is None or one cache of its own per layer that takes this call's k/v ``[B, H_kv, T, D]``
+    """Raise unless ``cache`` is None, one paged view for every layer, or one cache of its own per layer that takes this call's k/v ``[B, H_kv, T, D]``
     of ``dtype``: batch shape ``(B, H_kv)``, k and v widths ``head_dim``, a dtype that holds ``dtype``, room for T.
     Every layer is checked here, so that no layer is written before a later one is refused."""
     if cache is None:
         return
-    if not isinstance(cache, (list, tuple)) or len(cache) != config.num_hidden_layers:
+    if isinstance(cache, PagedCacheView):
+        if cache.cache.num_layers != config.num_hidden_layers:
+            raise ValueError(f"cache is a paged cache of num_layers={cache.cache.num_layers}, the model has "
+                             f"num_hidden_layers={config.num_hidden_layers}")
+        caches = [cache]  # one block table per sequence: every layer's
+    elif not isinstance(cache, (list, tuple)) or len(cache) != config.num_hidden_layers:
         raise ValueError(f"cache must be a list of num_hidden_layers={config.num_hidden_layers} caches, "
                          f"got {type(cache).__name__} of length {len(cache) if hasattr(cache, '__len__') else '?'}")
-    for i, c in enumerate(cache):
-        if not isinstance(c, (Cache, PagedCacheView)):
-            hint = "; wrap a pool as PagedCacheView(pool, seq_ids)" if isinstance(c, PagedKVCache) else ""
-            raise TypeError(f"cache[{i}] must be a kv_attention.Cache or a PagedCacheView, got {c!r:.100}{hint}")
-    stores = [c.cache if isinstance(c, PagedCacheView) else c for c in cache]
-    if len({id(s) for s in stores}) < len(stores):
-        raise ValueError("cache holds one cache (or paged pool) for several layers: each layer needs its own")
+    else:
+        caches = cache
+    for i, c in enumerate(caches if caches is cache else ()):
+        if isinstance(c, (PagedKVCache, PagedCacheView)):
+            raise TypeError(f"cache[{i}] is paged: pass one PagedCacheView(pool, seq_ids) as cache, its pool of "
+                            f"num_layers={config.num_hidden_layers} serving every layer")
+        if not isinstance(c, Cache):
+            raise TypeError(f"cache[{i}] must be a kv_attention.Cache, got {c!r:.100}")
+    if len({id(c) for c in caches}) < len(caches):
+        raise ValueError("cache holds one cache for several layers: each layer needs its own")
     (batch, t_new), d = ids.shape, config.head_dim
     expected = ((batch, config.num_key_value_heads), d, d)
-    for i, c in enumerate(cache):
+    for i, c in enumerate(caches):
         *layout, stored = _layout(c)
         if layout[0] is not None and tuple(layout) != expected:
             raise ValueError(f"cache[{i}] holds batch shape {layout[0]}, k width {layout[1]} and v width {layout[2]}, "
@@ -306,7 +313,7 @@ def check_cache(config, cache, ids, dtype):
                                  f"blocks by them), got {_rows(c.token_ids)!r:.100} for input_ids "
                                  f"{ids.tolist()!r:.100}")
             c.check_room(t_new)
-    lengths = [np.broadcast_to(c.get_seq_length(), (batch,)) for c in cache]  # an int, or [B] of a paged view
+    lengths = [np.broadcast_to(c.get_seq_length(), (batch,)) for c in caches]  # an int, or [B] of a paged view
     if any(not np.array_equal(n, lengths[0]) for n in lengths):
         raise ValueError(f"cache: the layers hold different lengths {sorted({str(n.tolist())[:60] for n in lengths})}")
 
@@ -341,7 +348,8 @@ def forward(config, weights, input_ids, *, cache=None):
     dtype = check_weights(config, weights)
     B, T = ids.shape
     check_cache(config, cache, ids, dtype)
-    start = 0 if cache is None else cache[0].get_seq_length()  # an int, or [B] of a paged view
+    paged = isinstance(cache, PagedCacheView)
+    start = 0 if cache is None else (cache if paged else cache[0]).get_seq_length()  # an int, or [B] of a paged view
     if T == 0 and not np.all(start):
         raise ValueError(f"input_ids must hold at least one token where the cache holds none, got shape {ids.shape}")
     positions = np.add.outer(start, np.arange(T)) if np.ndim(start) else start + np.arange(T)  # [T] or [B, T]
@@ -350,18 +358,21 @@ def forward(config, weights, input_ids, *, cache=None):
         cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, D]: one row of positions per sequence
     eps = config.rms_norm_eps
     x = weights["model.embed_tokens.weight"][ids].astype(dtype)  # [B, T, D_model]
+    layers = cache.layers(T) if paged else cache  # paged: the slots of the T tokens, taken once for every layer
     try:
         for i in range(config.num_hidden_layers):
             w = {name: weights[f"model.layers.{i}.{name}"].astype(dtype, copy=False) for name in LAYER_WEIGHTS}
-            layer_cache = None if cache is None else cache[i]
+            layer_cache = None if cache is None else layers[i]
             x = x + attention(config, w, rms_norm(x, w["input_layernorm.weight"], eps), cos, sin, start, layer_cache,
                               dtype)
             x = x + mlp(w, rms_norm(x, w["post_attention_layernorm.weight"], eps))
     except BaseException:  # e.g. NaN in a later layer's k, refused by its cache: the layers written are cropped back
-        for c in cache or ():
+        for c in [cache] if paged else cache or ():
             if np.any(c.get_seq_length() != start):
                 c.crop(start)
         raise
+    if paged:
+        cache.cache_full_blocks()
     x = rms_norm(x, weights["model.norm.weight"].astype(dtype, copy=False), eps)
     head = weights["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"]
     return linear(x, head.astype(dtype, copy=False))  # [B, T, vocab_size]
@@ -380,7 +391,7 @@ def generate(config, weights, input_ids, max_new_tokens, *, cache=None):
     if max_new_tokens and cache is not None:  # every step's room, known before the first writes
         check_cache(config, cache, ids, check_weights(config, weights))
         written = ids.shape[1] + max_new_tokens - 1  # the prompt, then each new token but the last
-        for i, c in enumerate(cache):
+        for i, c in enumerate([cache] if isinstance(cache, PagedCacheView) else cache):
             room = getattr(c, "max_seq_len", None)
             if room is not None and c.get_seq_length() + written > room:
                 raise StaticCacheFullError(f"cache[{i}] is too short for max_new_tokens={max_new_tokens}: "

@@ -666,7 +666,7 @@ def test_a_skewed_paged_step_copies_each_stored_token_once(num_kv_heads):
         pool.add_sequence(i)
         pool.update([i], k[None], v[None])
     q = rng.standard_normal((8, *(heads and (2 * num_kv_heads,)), 1, 8)).astype(np.float32)
-    pool.k_cache, pool.v_cache = pool.k_cache.view(_CountedPool), pool.v_cache.view(_CountedPool)
+    pool.k_caches[0], pool.v_caches[0] = pool.k_cache.view(_CountedPool), pool.v_cache.view(_CountedPool)
     _CountedPool.copied = 0
     out = kv.paged_attention(q, pool, range(8), check_finite=False)
     stored = sum(lengths) * (pool.k_cache[0, 0].nbytes + pool.v_cache[0, 0].nbytes)
@@ -715,3 +715,33 @@ def test_crop_takes_a_write_back_and_a_bad_length_changes_nothing():
     assert [cache.get_seq_length(s) for s in "ab"] == [5, 5]
     view.crop([4, 0])
     assert [cache.get_seq_length(s) for s in "ab"] == [4, 0] and cache.block_table("b") == ()
+
+
+def test_the_layers_of_a_pool_share_its_block_tables_and_each_keeps_its_own_kv():
+    # One block table per sequence, one allocator and one set of hashes for 3 layers, as vLLM V1's KV cache manager.
+    rng = np.random.default_rng(3)
+    pool = kv.PagedKVCache(6, 2, 3, 2, enable_prefix_caching=True, num_layers=3)
+    pool.add_sequence("a")
+    slots = pool.append_slots(["a"], 3, token_ids=[[5, 6, 7]])  # 2 blocks, once for every layer
+    np.testing.assert_array_equal(slots, [[0, 1, 2]])
+    assert pool.get_seq_length("a") == 3 and pool.num_free_blocks == 4 and pool.allocator.num_cached_blocks == 0
+    ks, vs = rng.standard_normal((3, 1, 3, 3)), rng.standard_normal((3, 1, 3, 2))
+    for layer in range(3):
+        pool.write_slots(layer, slots, ks[layer], vs[layer])
+    pool.cache_full_blocks(["a"])  # the full block [5, 6], once every layer has written it
+    assert pool.allocator.num_cached_blocks == 1 and pool.add_sequence("b", [5, 6, 9]) == 2
+    q = rng.standard_normal((1, 1, 3))
+    for layer in range(3):  # each layer reads its own K/V through the shared table
+        np.testing.assert_array_equal(pool.gather(["a"], layer)[0][:, :3], ks[layer])
+        np.testing.assert_allclose(kv.paged_attention(q, pool, ["a"], layer=layer), kv.attend(q, ks[layer], vs[layer]),
+                                   rtol=1e-12, atol=1e-12)
+    assert pool.nbytes == 3 * 3 * (3 + 2) * 8  # a's 3 tokens (b's 2 are a's block, counted once), in every layer
+    with pytest.raises(ValueError, match="update writes a pool of one layer, this one has num_layers=3"):
+        pool.update(["a"], ks[0], vs[0])
+    with pytest.raises(ValueError, match="layer=3 is not a layer of the pool: num_layers=3"):
+        pool.write_slots(3, slots, ks[0], vs[0])
+    with pytest.raises(ValueError, match="slot_mapping holds a slot outside the pool's 12"):
+        pool.write_slots(0, slots + 12, ks[0], vs[0])
+    with pytest.raises(ValueError, match="k and v hold T_new=2 positions, slot_mapping 3"):
+        pool.write_slots(0, slots, ks[0][:, :2], vs[0][:, :2])
+    np.testing.assert_array_equal(pool.gather(["a"], 0)[0][:, :3], ks[0])  # nothing written by a refused call
