@@ -82,6 +82,22 @@ def as_float_array(name, value, storage=False):
     return array
 
 
+def as_integer_array(name, values):
+    """``values`` as an int64 array of token ids; TypeError unless integers (an empty list counts),
+    ValueError for a negative id or one beyond int64."""
+    array = np.asarray(values)
+    if array.size == 0 and array.dtype.kind == "f":  # np.asarray([]) is float64
+        array = array.astype(np.int64)
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integers, got dtype {array.dtype}")
+    if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} holds an id beyond int64: {array.max()}")
+    if (array < 0).any():
+        j = tuple(np.argwhere(array < 0)[0].tolist())
+        raise ValueError(f"{name}[{', '.join(map(str, j))}] = {array[j]} is negative: token ids are integers >= 0")
+    return array.astype(np.int64, copy=False)
+
+
 def as_size(name, value, minimum=0):
     """``value`` as an int >= ``minimum``; TypeError for a non-integer (bools included)."""
     if type(value) is int and value >= minimum:

@@ -71,14 +71,16 @@ class FreeKVCacheBlockQueue:
         """Put ``blocks`` at the tail, in order (the last evicted last)."""
         for block in blocks:
             last = self._prev[self._tail]
-            self._next[last], self._prev[block], self._next[block], self._prev[self._tail] = block, last, self._tail, block
+            self._next[last], self._prev[block] = block, last
+            self._next[block], self._prev[self._tail] = self._tail, block
         self.num_free_blocks += len(blocks)
 
     def prepend_n(self, blocks):
         """Put ``blocks`` at the head, in order (``blocks[0]`` taken first)."""
         for block in reversed(blocks):
             first = self._next[self._head]
-            self._next[self._head], self._prev[block], self._next[block], self._prev[first] = block, self._head, first, block
+            self._next[self._head], self._prev[block] = block, self._head
+            self._next[block], self._prev[first] = first, block
         self.num_free_blocks += len(blocks)
 
     def __iter__(self):

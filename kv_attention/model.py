@@ -66,10 +66,11 @@ import os
 
 import numpy as np
 
-from ._validation import as_flag, as_size, compute_dtype
+from ._validation import as_flag, as_integer_array, as_size, compute_dtype
+from .attention import attention_forward
 from .cache import Cache, StaticCacheFullError
-from .chunked import _attend_chunk, _blocked
-from .paged import PagedCacheView, PagedKVCache, PagedLayer, _as_integer_array
+from .chunked import chunk_mask
+from .paged import PagedCacheView, PagedKVCache, PagedLayer
 from .quantized import QuantizedCache
 
 
@@ -238,11 +239,11 @@ def attention(config, w, x, cos, sin, start, layer_cache, dtype):
         else:
             key_positions, window, n_sink = layer_cache.key_positions(T), layer_cache.window, layer_cache.n_sink
             k, v = layer_cache.update(k, v)  # [B, H_kv, S, D]: the keys this chunk may attend to
-        blocked = _blocked(start, start + T, key_positions, window, n_sink)  # [T, S] or None
+        mask = chunk_mask(start, start + T, key_positions, window, n_sink)  # [T, S] or None
         group = H // H_kv  # head h reads K/V head h // G; a group's G·T query rows are one matmul with its K/V head
-        blocked = None if blocked is None else np.tile(blocked, (group, 1))  # [G·T, S]
-        out = _attend_chunk(q.reshape(B, H_kv, group * T, D), k.astype(dtype, copy=False),
-                            v.astype(dtype, copy=False), blocked)  # [B, H_kv, G·T, D]
+        mask = None if mask is None else np.tile(mask, (group, 1))  # [G·T, S]
+        out = attention_forward(q.reshape(B, H_kv, group * T, D), k.astype(dtype, copy=False),
+                                v.astype(dtype, copy=False), mask)  # [B, H_kv, G·T, D]
     out = out.astype(dtype, copy=False).reshape(B, H, T, D).transpose(0, 2, 1, 3).reshape(B, T, H * D)
     return linear(out, w["self_attn.o_proj.weight"])  # [B, T, D_model]
 
@@ -262,7 +263,7 @@ def check_input_ids(config, input_ids):
     """``input_ids`` as int64 ``[B, T]``; ValueError for another shape or an id outside [0, vocab_size)."""
     if not isinstance(config, ModelConfig):
         raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
-    ids = _as_integer_array("input_ids", input_ids)
+    ids = as_integer_array("input_ids", input_ids)
     if ids.ndim != 2:
         raise ValueError(f"input_ids must be [B, T], got shape {ids.shape}")
     if ids.size and ids.max() >= config.vocab_size:

@@ -31,9 +31,9 @@ import math
 
 import numpy as np
 
-from ._validation import (as_array, as_flag, as_float_array, as_float_dtype, as_size, as_sizes_per_sequence, as_stored,
-                          compute_dtype)
-from .attention import attend, masked_attend
+from ._validation import (as_array, as_flag, as_float_array, as_float_dtype, as_integer_array, as_size,
+                          as_sizes_per_sequence, as_stored, compute_dtype)
+from .attention import attention_forward
 from .block_allocator import BlockAllocator, OutOfBlocksError
 from .cache import check_crop
 from .prefix_caching import PrefixCachingAllocator, hash_block_tokens
@@ -54,25 +54,9 @@ def _check_hashable(seq_id):
         raise TypeError(f"a sequence id must be hashable, got {seq_id!r}") from None
 
 
-def _as_integer_array(name, values):
-    """``values`` as an int64 array of token ids; TypeError unless integers (an empty list counts),
-    ValueError for a negative id or one beyond int64."""
-    array = np.asarray(values)
-    if array.size == 0 and array.dtype.kind == "f":  # np.asarray([]) is float64
-        array = array.astype(np.int64)
-    if array.dtype.kind not in "iu":
-        raise TypeError(f"{name} must be integers, got dtype {array.dtype}")
-    if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
-        raise ValueError(f"{name} holds an id beyond int64: {array.max()}")
-    if (array < 0).any():
-        j = tuple(np.argwhere(array < 0)[0].tolist())
-        raise ValueError(f"{name}[{', '.join(map(str, j))}] = {array[j]} is negative: token ids are integers >= 0")
-    return array.astype(np.int64)
-
-
 def as_token_ids(name, token_ids):
     """``token_ids`` as a 1-D int64 array; TypeError unless integers, ValueError unless 1-D."""
-    array = _as_integer_array(name, token_ids)
+    array = as_integer_array(name, token_ids)
     if array.ndim != 1:
         raise ValueError(f"{name} must be a 1-D sequence of token ids, got shape {array.shape}")
     return array
@@ -82,7 +66,7 @@ def _as_update_token_ids(token_ids, n_seqs, t_new):
     """The token ids of an update's new positions as ``[N, T_new]`` int64 (None stays None)."""
     if token_ids is None:
         return None
-    array = _as_integer_array("token_ids", token_ids)
+    array = as_integer_array("token_ids", token_ids)
     if array.shape != (n_seqs, t_new):
         raise ValueError(f"token_ids must be [N, T_new] = [{n_seqs}, {t_new}], one per new position, got shape {array.shape}")
     return array
@@ -230,12 +214,11 @@ class PagedKVCache:
         self._check_known([seq_id])
         return tuple(self._block_tables[seq_id])
 
-    def slots(self, seq_id, length=None):
-        """The slots of ``seq_id``'s first ``length`` tokens (default all): ``[length]`` int64, token p at
-        ``block_table[p // block_size] * block_size + p % block_size`` (the slot_mapping of every token)."""
+    def slots(self, seq_id):
+        """The slot of each token of ``seq_id``: ``[length]`` int64, token p at ``block_table[p // block_size] *
+        block_size + p % block_size`` (the slot_mapping of every token stored)."""
         self._check_known([seq_id])
-        length = self._lengths[seq_id] if length is None else length
-        assert 0 <= length <= self._lengths[seq_id], f"{seq_id!r} holds {self._lengths[seq_id]} tokens, not {length}"
+        length = self._lengths[seq_id]
         table = np.asarray(self._block_tables[seq_id][: self._blocks_for(length)], dtype=np.int64)
         return (table[:, None] * self.block_size + np.arange(self.block_size)).reshape(-1)[:length]
 
@@ -358,7 +341,7 @@ class PagedKVCache:
         return layer
 
     def gather(self, seq_ids, layer=0):
-        """Layer ``layer``'s copies ``(k [N, S, (H_kv,) D_k], v [N, S, (H_kv,) D_v], lengths [N])`` of the sequences ``seq_ids``.
+        """Layer ``layer``'s copies ``(k [N, S, (H_kv,) D_k], v [N, S, (H_kv,) D_v], lengths [N])`` of ``seq_ids``.
 
         Row i holds ``seq_ids[i]``'s tokens at positions ``< lengths[i]``; past that, slots of
         its own last block (mask them).
@@ -422,7 +405,8 @@ class PagedKVCache:
     @property
     def nbytes(self):
         """Logical size of the stored keys and values, in bytes (int); not the pool's size."""
-        per_slot = self.num_layers * (self.k_cache.nbytes + self.v_cache.nbytes) // max(self.num_blocks * self.block_size, 1)
+        layer_bytes = self.k_cache.nbytes + self.v_cache.nbytes
+        per_slot = self.num_layers * layer_bytes // max(self.num_blocks * self.block_size, 1)
         return per_slot * self.slots_used
 
     def _check_new(self, seq_id):
@@ -570,16 +554,13 @@ def paged_attention(q, cache, seq_ids, *, causal=False, check_finite=True, layer
     out = np.zeros(q_rows.shape[:-1] + cache.v_cache.shape[-1:], np.result_type(q, cache.v_cache))  # [..., G, D_v]
     for length in np.unique(lengths[lengths > 0]).tolist():
         rows = np.flatnonzero(lengths == length)  # the sequences holding `length` tokens
-        slots = np.array([cache.slots(seq_ids[i], length) for i in rows.tolist()])  # [n_g, S = length]
-        shape = (len(rows), q_rows.shape[1], t_q)  # [n_g, H_kv, T_q]: k and v broadcast over T_q, no copy
-        k, v = (np.broadcast_to(_gather(pool, slots), shape + (length, pool.shape[-1]))
-                for pool in (cache.k_caches[layer], cache.v_caches[layer]))
-        if not causal or t_q == 1:
-            out[rows] = attend(q_rows[rows], k, v, check_finite=False)
-        else:  # query i sees the keys before length - T_q + i + 1
-            valid = np.arange(length) < length - t_q + 1 + np.arange(t_q)[:, None]  # [T_q, S]
-            out[rows] = masked_attend(q_rows[rows], k, v, np.broadcast_to(valid[:, :], shape + (length,)),
-                                      check_finite=False)
+        slots = np.array([cache.slots(seq_ids[i]) for i in rows.tolist()])  # [n_g, S = length]
+        k, v = (_gather(pool, slots).astype(out.dtype, copy=False) for pool in (cache.k_caches[layer],
+                                                                                cache.v_caches[layer]))
+        mask = None  # a decode, or a chunk of T_q: query i sees the keys before length - T_q + i + 1
+        if causal and t_q > 1:
+            mask = (np.arange(length) < length - t_q + 1 + np.arange(t_q)[:, None])[:, None]  # [T_q, 1, S]
+        out[rows] = attention_forward(q_rows[rows].astype(out.dtype, copy=False), k, v, mask)  # [n_g, H_kv, T_q, G, D]
     if h_kv is None:
         return out[:, 0, :, 0]  # [N, T_q, D_v]
     return out.swapaxes(2, 3).reshape(q.shape[:-1] + out.shape[-1:])  # [N, H_q, T_q, D_v]

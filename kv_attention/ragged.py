@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._validation import as_flag, as_float_array, as_size, as_sizes_per_sequence, check_choice
-from .attention import check_projection_inputs, masked_attend
+from .attention import attention_forward, check_projection_inputs
 from .paged import OutOfBlocksError, PagedKVCache, paged_attention
 
 RAGGED_STRATEGIES = ("padded", "compacted", "paged")
@@ -100,7 +100,7 @@ class _PaddedBatch(_ContiguousCache):
         self.lengths[self.in_batch] += 1
         span = int(self.lengths[self.in_batch].max())
         valid = (np.arange(span) < self.lengths[:, None]) & self.in_batch[:, None]  # [B, S]
-        out = masked_attend(q, self.k_cache[:, :span], self.v_cache[:, :span], valid, check_finite=False)  # [B, 1, D_v]
+        out = attention_forward(q, self.k_cache[:, :span], self.v_cache[:, :span], valid[:, None])  # [B, 1, D_v]
         return live, positions, out[self.in_batch, 0], len(rows)
 
 
@@ -140,7 +140,7 @@ class _CompactedBatch(_ContiguousCache):
         self.lengths[:n] += 1
         span = int(positions.max()) + 1
         valid = np.arange(span) < self.lengths[:n, None]  # [N, S]
-        out = masked_attend(q, self.k_cache[:n, :span], self.v_cache[:n, :span], valid, check_finite=False)  # [N, 1, D_v]
+        out = attention_forward(q, self.k_cache[:n, :span], self.v_cache[:n, :span], valid[:, None])  # [N, 1, D_v]
         return seqs, positions, out[:, 0], n
 
 
