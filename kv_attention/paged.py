@@ -11,10 +11,10 @@ parent's blocks, and the first write into a shared last block copies it
 chained hash (:mod:`~kv_attention.prefix_caching`).
 
 :func:`paged_attention` reads each stored token's k and v once per step, through its
-sequence's block table: in NumPy, reading through a block table copies (``k_cache[slots]``),
+sequence's block table: in NumPy, reading through a block table copies (``k_cache[table]``),
 as a GPU kernel loads a block into shared memory before attending to it, so a step copies
-the batch's stored K/V once and nothing more (no table padded to the longest, no slot past
-a length). Sequences of one length are gathered together and attended in one call, one
+each sequence's blocks once (no table padded to the longest; of a last block, its empty
+slots too). Sequences of one length are gathered together and attended in one call, one
 softmax over a sequence's keys. What matches vLLM's v1 kernel
 (``csrc/attention/attention_kernels.cuh``): the keys of a sequence are read through its
 block table and take one softmax. What differs: a CUDA thread block per sequence and head
@@ -213,14 +213,6 @@ class PagedKVCache:
         """The physical blocks of ``seq_id``, logical block 0 first (tuple of ints)."""
         self._check_known([seq_id])
         return tuple(self._block_tables[seq_id])
-
-    def slots(self, seq_id):
-        """The slot of each token of ``seq_id``: ``[length]`` int64, token p at ``block_table[p // block_size] *
-        block_size + p % block_size`` (the slot_mapping of every token stored)."""
-        self._check_known([seq_id])
-        length = self._lengths[seq_id]
-        table = np.asarray(self._block_tables[seq_id][: self._blocks_for(length)], dtype=np.int64)
-        return (table[:, None] * self.block_size + np.arange(self.block_size)).reshape(-1)[:length]
 
     def ref_count(self, block):
         """Block tables holding physical block ``block`` (int; 0 for a free or only cached block)."""
@@ -529,10 +521,11 @@ def paged_attention(q, cache, seq_ids, *, causal=False, check_finite=True, layer
     vLLM's prefill (FlashAttention's ``causal``) aligns it. ``check_finite`` scans ``q``; the
     pool's keys and values were scanned when they were written. ``layer``: whose pools to read.
 
-    What is copied: each stored token's k and v, once, through its sequence's block table
-    (``k_cache[slots]`` copies them, as a GPU kernel loads a block into shared memory before
-    attending to it); no block table is padded and no slot past a sequence's length is read.
-    Sequences of the same length are gathered and attended together, in one batched call.
+    What is copied: each sequence's blocks, once, through its block table (``k_cache[table]``
+    copies them, as a GPU kernel loads a block into shared memory before attending to it): the
+    stored tokens, and the empty slots of each last block (at most ``block_size - 1`` a
+    sequence). No block table is padded to another's length. Sequences of one length are
+    gathered and attended together, in one call.
     """
     if not isinstance(cache, PagedKVCache):
         raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
@@ -550,13 +543,16 @@ def paged_attention(q, cache, seq_ids, *, causal=False, check_finite=True, layer
             raise ValueError(f"q must be [N={n}, H_q, T_q, D_k={d_k}] with H_q a multiple of num_kv_heads={h_kv}, "
                              f"got shape {q.shape}")
         q_rows = q.reshape(n, h_kv, q.shape[1] // h_kv, *q.shape[2:]).swapaxes(2, 3)  # [N, H_kv, T_q, G, D_k]
-    t_q = q_rows.shape[2]
+    t_q, size = q_rows.shape[2], cache.block_size
     out = np.zeros(q_rows.shape[:-1] + cache.v_cache.shape[-1:], np.result_type(q, cache.v_cache))  # [..., G, D_v]
-    for length in np.unique(lengths[lengths > 0]).tolist():
-        rows = np.flatnonzero(lengths == length)  # the sequences holding `length` tokens
-        slots = np.array([cache.slots(seq_ids[i]) for i in rows.tolist()])  # [n_g, S = length]
-        k, v = (_gather(pool, slots).astype(out.dtype, copy=False) for pool in (cache.k_caches[layer],
-                                                                                cache.v_caches[layer]))
+    groups = {}  # length -> the rows of the sequences holding that many tokens
+    for i, length in enumerate(lengths.tolist()):
+        if length:
+            groups.setdefault(length, []).append(i)
+    for length, rows in groups.items():
+        tables = np.array([cache._block_tables[seq_ids[i]][: -(-length // size)] for i in rows])  # [n_g, blocks]
+        k, v = (_gather(pool, tables, length).astype(out.dtype, copy=False)
+                for pool in (cache.k_caches[layer], cache.v_caches[layer]))  # [n_g, H_kv, 1, S, D]
         mask = None  # a decode, or a chunk of T_q: query i sees the keys before length - T_q + i + 1
         if causal and t_q > 1:
             mask = (np.arange(length) < length - t_q + 1 + np.arange(t_q)[:, None])[:, None]  # [T_q, 1, S]
@@ -566,9 +562,11 @@ def paged_attention(q, cache, seq_ids, *, causal=False, check_finite=True, layer
     return out.swapaxes(2, 3).reshape(q.shape[:-1] + out.shape[-1:])  # [N, H_q, T_q, D_v]
 
 
-def _gather(pool, slots):
-    """``pool``'s tokens at ``slots [n, S]`` (a copy of each once) as ``[n, H_kv, 1, S, D]``, a view for heads."""
-    tokens = pool.reshape(pool.shape[0] * pool.shape[1], *pool.shape[2:])[slots]  # [n, S, (H_kv,) D]; D may be 0
+def _gather(pool, tables, length):
+    """The first ``length`` tokens through ``tables [n, blocks]``: ``pool[tables]`` copies each block once, and the
+    tokens are its ``[n, H_kv, 1, S = length, D]`` view."""
+    blocks = pool[tables]  # [n, blocks, block_size, (H_kv,) D]
+    tokens = blocks.reshape(len(tables), blocks.shape[1] * blocks.shape[2], *pool.shape[2:])[:, :length]  # D may be 0
     if tokens.ndim == 3:
         return tokens[:, None, None]  # [n, 1, 1, S, D]
     return tokens.swapaxes(1, 2)[:, :, None]  # [n, H_kv, 1, S, D]

@@ -124,7 +124,8 @@ def test_each_ratio_class_has_its_own_setup_cache_and_every_question_is_asked():
     """asv shares a setup_cache by where it is defined: an inherited one would measure one class for all."""
     classes = ratio_classes()
     assert {c.__name__ for c in classes} == {"CacheRatios", "BatchRatios", "BatchSizeRatios", "HeadsRatios",
-                                             "RaggedRatios", "PrefillRatios", "SplitRatios", "CascadeRatios"}
+                                             "RaggedRatios", "PagedStepRatios", "PrefillRatios", "SplitRatios",
+                                             "CascadeRatios"}
     assert all("setup_cache" in vars(c) for c in classes)
     assert len({c.setup_cache.__code__.co_firstlineno for c in classes if c.__module__ == "benchmarks.bench_split"}) == 2
 
@@ -135,6 +136,7 @@ POINTS = {  # class -> one cheap point, and the keys its two sides' checks add t
     "BatchSizeRatios": ((2,), {"batched at T=128, B=1", "batched at T=128, B=2"}),
     "HeadsRatios": (("gqa", 64), {"repeat_kv gqa at T=64", "grouped gqa at T=64"}),
     "RaggedRatios": (("padded", "skewed"), {"padded, skewed", "paged, skewed"}),
+    "PagedStepRatios": (("gather_2048",), set()),  # checked once a process by paged_step_sides (lru_cache)
     "PrefillRatios": ((16,), {"chunked_attention chunk_size=16, window=None, n_sink=0 at T=512",
                               "chunked_attention chunk_size=512, window=None, n_sink=0 at T=512"}),
     "SplitRatios": ((4,), {"multi_head_decode, num_splits=4, last 16 of T=2048",
