@@ -280,10 +280,8 @@ BEYOND = {
     "heads: GQA": ("#heads", [("repeat_kv / grouped decode, 8 query over 2 K/V heads, T = 64", HEADS_PAIRED,
                                {"kind": "gqa", "T": bench_heads.RATIO_LENGTH}, "ratio")]),
     "ragged batch, paged cache": ("#ragged", [
-        ("one step of 1 × 8,192 and 7 × 64, padded / paged", PAGED_STEP_PAIRED, {"point": "padded_8192"}, "ratio"),
-        ("of 1 × 2,048 and 7 × 64, minimal gather / paged", PAGED_STEP_PAIRED, {"point": "gather_2048"}, "ratio"),
-        ("K/V slots, padded", RAGGED_SLOTS, {"strategy": "padded", "lengths": "skewed"}, "count"),
-        ("paged", RAGGED_SLOTS, {"strategy": "paged", "lengths": "skewed"}, "count")]),
+        ("step, 8,192 + 7 × 64, padded / paged", PAGED_STEP_PAIRED, {"point": "padded_8192"}, "ratio"),
+        ("2,048 + 7 × 64, gather / paged", PAGED_STEP_PAIRED, {"point": "gather_2048"}, "ratio")]),
     "chunked prefill": ("#prefill", [("chunks of 64 / one-shot, T = 512", "bench_prefill.PrefillRatios.track_ratio",
                                       {"chunk_size": 64}, "ratio")]),
     "sliding window": ("#prefill", [
