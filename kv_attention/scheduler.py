@@ -10,7 +10,7 @@ position, ``[len(token_ids) - prompt_len + 1, D_v]``, what a model samples from.
 They equal ``causal_attention(embedding[token_ids], w_q, w_k, w_v)[prompt_len - 1:]``
 however the request was chunked, batched, preempted or served from the cache.
 With ``model=(config, weights)`` (:mod:`~kv_attention.model`) the model is a Llama
-decoder with a paged cache per layer, and the tokens past a prompt are the model's
+decoder over one paged cache for every layer, and the tokens past a prompt are the model's
 own: each output is the argmax of the logits at the last known token, and it becomes
 the next token; a request's outputs equal its own ``generate()``. A step runs the
 one-token chunks of all requests as one batch (one position per row), and each
