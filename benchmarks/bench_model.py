@@ -65,8 +65,10 @@ ITEMSIZES = {"SmolLM-135M": 4, MODEL: 4, "Llama-3-8B": 2}  # bytes of a weight a
 STEP_LENGTHS = [256, 4096]
 STEP_CACHES = ["dynamic", "static", "float16"]  # float16: a StaticCache storing 2 bytes an element
 STORAGE = {"static": np.float32, "float16": np.float16}  # the StaticCache kinds' storage dtype
-BATCH_LENGTH = 256  # T of the batch sweep: the weights are 95 % of a B = 8 step's bytes
+BATCH_LENGTHS = [256, 4096]  # T of the batch sweep: the weights are 95 % of a B = 8 step's bytes at 256, 36 % at 4096
+BATCH_LENGTH = BATCH_LENGTHS[0]
 BATCH_SIZES = [1, 2, 4, 8]
+BLOCK_ROWS = 64  # the BLAS-alone products take a weight this many rows a matmul, as the best formulation found
 TAG = 8  # the experiment's first seed part after SEED (the roofline's draws use 1 to 7)
 # The check's tolerance, a fraction of the largest |logit| (about 20): float32 against the float64 oracle after 30
 # layers of the real weights, measured up to 1.2e-4 (OpenBLAS Prescott; 1e-4 SkylakeX). The oracle of a float16
@@ -233,7 +235,7 @@ def token_ids(batch):
     return np.random.default_rng([SEED, TAG, 1]).integers(0, CONFIGS[MODEL]["vocab_size"], (8, 1))[:batch]
 
 
-@functools.lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=2)  # both T of the batch sweep: 94 MB and 1.5 GB
 def cached_kv(t_len, rows):
     """``[(K, V)]`` per layer, each ``[rows, H_kv, T, D_head]`` float32 in [-1, 1): sequence b's are those of any B."""
     c = CONFIGS[MODEL]
@@ -244,7 +246,7 @@ def cached_kv(t_len, rows):
 
 def kv_rows(t_len):
     """How many sequences' K/V are drawn at T: 8 at the batch sweep's T, else 1."""
-    return max(BATCH_SIZES) if t_len == BATCH_LENGTH else 1
+    return max(BATCH_SIZES) if t_len in BATCH_LENGTHS else 1
 
 
 def static_cache(batch_shape, max_seq_len, head_dim, dtype):
@@ -370,21 +372,56 @@ def measure_step(T, cache):
     return bandwidth_fraction(step, read, nbytes, 0, bench_roofline.Roofline.min_pairs)
 
 
-def measure_batch(B):
-    """B x time(B = 1) / time(B) of the static-cache step at BATCH_LENGTH, with its interval, and B / time(B).
+def measure_batch(T, B):
+    """B x time(B = 1) / time(B) of the static-cache step at T, with its interval, and B / time(B).
 
     Paired as the step's fraction is (``bandwidth_fraction``: a warm-up call each, then Roofline.min_pairs pairs of
     one call a side), the B = 1 step in the read kernel's place: its ratio is time(1) / time(B) per pair, and its
     "rate" over B "bytes" is B over the B-sequence step's median time.
     """
-    one, many = verified_step("static", BATCH_LENGTH, 1), verified_step("static", BATCH_LENGTH, B)
-    paired = bandwidth_fraction(many, one, B, 0, bench_roofline.Roofline.min_pairs)
+    if T != BATCH_LENGTH and B != max(BATCH_SIZES):
+        raise NotImplementedError(f"at T = {T} only B = {max(BATCH_SIZES)}: the far end shows what the cache's "
+                                  f"bytes take from the batch, for a few seconds a commit")
+    one, many = verified_step("static", T, 1), verified_step("static", T, B)
+    return scaled(bandwidth_fraction(many, one, B, 0, bench_roofline.Roofline.min_pairs), B)
+
+
+def scaled(paired, B):
+    """``bandwidth_fraction``'s time(1) / time(B) per pair, times B, and B over the B-row side's median time."""
     return {"ratio": B * paired["ratio"], "low": B * paired["low"], "high": B * paired["high"],
             "pairs": paired["pairs"], "positions_per_second": paired["step_gbps"] * 1e9}
 
 
+def products(rows):
+    """``(take, outs)``: a callable taking every weight product of one step for ``rows`` rows, BLAS alone, into
+    ``outs``: each layer's seven and the lm_head, ``x [rows, in] @ w.T``, x ones / in. One row: one matrix-vector product a weight; several: the weight
+    BLOCK_ROWS rows a matmul, each block read once for every row (module docstring of kv_attention.model)."""
+    weights = model_weights()
+    layer = [n for n in weights if n.startswith("model.layers.") and not n.endswith("layernorm.weight")]
+    mats = [weights[n] for n in layer] + [weights["model.embed_tokens.weight"]]  # tied: the embedding is lm_head
+    inputs = {n: np.ones((rows, n), np.float32) / n for n in {w.shape[1] for w in mats}}
+    outs = [np.empty((rows, len(w)), np.float32) for w in mats]
+
+    def take():
+        for w, out in zip(mats, outs):
+            x = inputs[w.shape[1]]
+            if rows == 1:
+                np.matmul(x, w.T, out=out)
+            else:
+                for i in range(0, len(w), BLOCK_ROWS):
+                    np.matmul(x, w[i : i + BLOCK_ROWS].T, out=out[:, i : i + BLOCK_ROWS])
+
+    return take, outs
+
+
+def measure_blas(B):
+    """B x time(1 row) / time(B rows) of :func:`products`, BLAS alone, paired as :func:`measure_batch`."""
+    return scaled(bandwidth_fraction(products(B)[0], products(1)[0], B, 0, bench_roofline.Roofline.min_pairs), B)
+
+
 STEP_PARAMS = [STEP_LENGTHS, STEP_CACHES]  # T outermost: each T's K/V drawn and its oracle run once
-BATCH_PARAMS = [BATCH_SIZES[1:]]
+BATCH_PARAMS = [BATCH_LENGTHS, BATCH_SIZES[1:]]
+BLAS_PARAMS = [BATCH_SIZES[1:]]
 
 
 class _Measured:
@@ -396,8 +433,9 @@ class _Measured:
     def setup_cache(self):
         if gguf_path() is not None:  # the real model answers as transformers does, or no point is measured
             check_answer(model_weights())
-        batch = check_points(BATCH_PARAMS, measure_batch)  # first: T = 256's K/V and oracle serve the steps' too
-        return {"batch": batch, "step": check_points(STEP_PARAMS, measure_step)}
+        blas = check_points(BLAS_PARAMS, measure_blas)
+        batch = check_points(BATCH_PARAMS, measure_batch)  # T = 4096's K/V and oracle serve the steps' too
+        return {"blas": blas, "batch": batch, "step": check_points(STEP_PARAMS, measure_step)}
 
 
 class ModelStep(_Measured, bench_roofline.Roofline):
@@ -422,26 +460,40 @@ class ModelStep(_Measured, bench_roofline.Roofline):
 
 
 class ModelBatch(_Measured, Ratios):
-    """Positions/s of the decode step at B over that of B = 1, static caches at T = 256: B x time(1) / time(B), paired.
+    """Positions/s of the decode step at B over that of B = 1, static caches at T: B x time(1) / time(B), paired.
 
     ``track_positions_per_second``: B over the B-sequence step's median time in the same pairs.
     """
 
     params = BATCH_PARAMS
-    param_names = ["B"]
+    param_names = ["T", "B"]
 
     def setup(self, measured, *point):
         super().setup(measured["batch"], *point)
 
-    def sides(self, B):  # measured by measure_batch in the shared setup_cache
+    def sides(self, T, B):  # measured by measure_batch in the shared setup_cache
         raise NotImplementedError
 
-    def track_positions_per_second(self, measured, B):
+    def track_positions_per_second(self, measured, T, B):
         """B over the median time of the B-sequence step in the pairs (one new position of each sequence)."""
         return self.measured["positions_per_second"]
 
     track_positions_per_second.unit = "positions/s"
-    track_positions_per_second.version = "1"
+    track_positions_per_second.version = "2"
+
+
+class ModelBatchBLAS(_Measured, Ratios):
+    """The step's weight products alone (:func:`products`), B rows over one: B x time(1) / time(B), paired: what the
+    BLAS allows :class:`ModelBatch`, whose step adds attention, norms, RoPE and Python to the same products."""
+
+    params = BLAS_PARAMS
+    param_names = ["B"]
+
+    def setup(self, measured, *point):
+        super().setup(measured["blas"], *point)
+
+    def sides(self, B):  # measured by measure_blas in the shared setup_cache
+        raise NotImplementedError
 
 
 class ModelCacheBytes(Benchmark):

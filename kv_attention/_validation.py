@@ -109,6 +109,15 @@ def as_size(name, value, minimum=0):
     return int(value)
 
 
+def as_real(name, value, least, above=False):
+    """``value``, a finite real number (not a bool) >= ``least`` (> with ``above``); TypeError, ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    if not (least < value if above else least <= value) or not value < np.inf:  # NaN fails too
+        raise ValueError(f"{name} must be finite and {'>' if above else '>='} {least}, got {value!r}")
+    return value
+
+
 def as_sizes_per_sequence(name, values, count):
     """``values`` as an int64 array of ``count`` integers in [0, 2**62]."""
     if isinstance(values, (str, bytes)) or np.ndim(values) != 1 or len(values) != count:

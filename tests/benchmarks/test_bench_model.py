@@ -95,10 +95,13 @@ def test_a_commit_without_the_model_or_float16_storage_skips(monkeypatch):
 def test_one_setup_cache_measures_both_classes_and_each_replays_its_own(tiny_model):
     from asv_runner.benchmarks._base import get_setup_cache_key
 
-    step, batch = bench_model.ModelStep(), bench_model.ModelBatch()
+    step, batch, blas = bench_model.ModelStep(), bench_model.ModelBatch(), bench_model.ModelBatchBLAS()
     assert get_setup_cache_key(step.setup_cache) == get_setup_cache_key(batch.setup_cache)  # asv runs it once
+    assert get_setup_cache_key(blas.setup_cache) == get_setup_cache_key(batch.setup_cache)
     measured = step.setup_cache()
-    assert set(measured["batch"]) == {(2,), (4,), (8,)}
+    assert set(measured["batch"]) == {(t, b) for t in bench_model.BATCH_LENGTHS for b in (2, 4, 8)}
+    assert [p for p, o in measured["batch"].items() if "skipped" in o] == [(4096, 2), (4096, 4)]
+    assert set(measured["blas"]) == {(2,), (4,), (8,)}
     assert set(measured["step"]) == {(t, c) for t in bench_model.STEP_LENGTHS for c in bench_model.STEP_CACHES}
     step.setup(measured, 256, "static")
     fraction = step.track_ratio(measured, 256, "static")
@@ -106,10 +109,27 @@ def test_one_setup_cache_measures_both_classes_and_each_replays_its_own(tiny_mod
     nbytes = bench_model.step_bytes(256, 1)
     assert step.track_token_seconds(measured, 256, "static") == pytest.approx(
         nbytes / step.track_step_gbps(measured, 256, "static") / 1e9)
-    batch.setup(measured, 8)
-    value = measured["batch"][(8,)]["value"]
-    assert batch.track_ratio_low(measured, 8) <= batch.track_ratio(measured, 8) <= batch.track_ratio_high(measured, 8)
-    assert value["pairs"] == 6 and batch.track_positions_per_second(measured, 8) == value["positions_per_second"]
+    for t in bench_model.BATCH_LENGTHS:
+        batch.setup(measured, t, 8)
+        value = measured["batch"][(t, 8)]["value"]
+        assert batch.track_ratio_low(measured, t, 8) <= batch.track_ratio(measured, t, 8) \
+            <= batch.track_ratio_high(measured, t, 8)
+        assert value["pairs"] == 6 and batch.track_positions_per_second(measured, t, 8) == value["positions_per_second"]
+    blas.setup(measured, 8)
+    assert blas.track_ratio_low(measured, 8) <= blas.track_ratio(measured, 8) <= blas.track_ratio_high(measured, 8)
+
+
+def test_the_blas_alone_products_are_the_steps_weight_products(tiny_model):
+    weights = bench_model.model_weights()
+    for rows in (1, 3):
+        take, outs = bench_model.products(rows)
+        take()  # every product written into its output: x @ w.T, x ones / in
+        mats = [w for n, w in weights.items() if n.startswith("model.layers.") and w.ndim == 2]
+        mats.append(weights["model.embed_tokens.weight"])
+        assert len(outs) == len(mats) == 7 * TINY["num_hidden_layers"] + 1
+        for out, w in zip(outs, mats):
+            np.testing.assert_allclose(out, np.ones((rows, w.shape[1])) / w.shape[1] @ w.T.astype(np.float64),
+                                       rtol=1e-5, atol=1e-6)
 
 
 def test_bytes_per_token_of_each_cache_kind_is_its_nbytes_over_t():
