@@ -107,7 +107,7 @@ def hf_name(name):
     if name in GLOBAL_NAMES:
         return GLOBAL_NAMES[name]
     blk, layer, part, suffix = (name.split(".") + [None] * 4)[:4]
-    if blk == "blk" and layer.isdigit() and part in LAYER_NAMES and suffix == "weight" and name.count(".") == 3:
+    if blk == "blk" and str(layer).isdigit() and part in LAYER_NAMES and suffix == "weight" and name.count(".") == 3:
         return f"model.layers.{layer}.{LAYER_NAMES[part]}.weight"
     return None
 

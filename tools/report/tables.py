@@ -426,7 +426,7 @@ def model_table(run):
     kinds = {"ms / token": "ms", "fraction of read bandwidth": "fraction", "step GB/s": "gbps", "read GB/s": "gbps",
              "bytes / step": "bytes"}
     exact = "; ".join(f"{m}: weights {format_cell(w, 'count')} bytes, K/V {format_cell(kv, 'count')} a token, equal "
-                      f"at B x T = {format_cell(x, 'count')}" for m in bench_model.CONFIGS
+                      f"at B x T = {format_cell(x, 'count')}" for m in bench_model.ModelBytes.params[0]
                       for w, kv, x in [model_bytes(run, m)])
     caches = ", ".join(f"{kind} {format_cell(run.value(MODEL_CACHE_BYTES, cache=kind), 'count')}"
                        for kind in bench_model.CACHE_KINDS)
