@@ -79,7 +79,7 @@ def chat(prompt, *, cache="dynamic", max_new_tokens=256, system=None, out=None):
             f"{held:,} bytes of K/V held" + (f", {reserved:,} reserved" if reserved is not None else ""))
 
 
-def main(argv=None):
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m kv_attention", description=__doc__.split("\n")[0])
     parser.add_argument("prompt", help="the user's message")
     parser.add_argument("--cache", choices=["dynamic", "static", "paged", "quantized"], default="dynamic",
@@ -89,6 +89,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.max_new_tokens < 1:
         parser.error(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
     try:
         stats = chat(args.prompt, cache=args.cache, max_new_tokens=args.max_new_tokens, system=args.system)
     except (FileNotFoundError, ImportError) as error:  # the model or the gguf extra is not installed
