@@ -428,10 +428,10 @@ BLAS_PARAMS = [BATCH_SIZES[1:]]
 
 
 class _Measured:
-    """Both timed classes' one ``setup_cache``: defined once here, so asv runs it once per commit for both (its
+    """The timed classes' one ``setup_cache``: defined once here, so asv runs it once per commit for all (its
     key is the place of definition), and the weights are drawn once. Not collected by asv (a leading ``_``)."""
 
-    timeout = 300
+    timeout = 600  # 99 s beside a load of 7 on 2 cores (4cdb2a53); over 300 s at a load of 11-13
 
     def setup_cache(self):
         try:  # the real model answers as transformers does, or no point is measured
