@@ -113,10 +113,9 @@ def check_weights(config, weights):
     if not isinstance(weights, dict):
         raise TypeError(f"weights must be a dict of Hugging Face state-dict names, got {type(weights).__name__}")
     shapes = weight_shapes(config)
-    if shapes.keys() != weights.keys():
-        missing, extra = sorted(shapes.keys() - weights.keys()), sorted(weights.keys() - shapes.keys())
-        raise ValueError(f"weights do not fit the config: missing {missing[:5]}{'...' * (len(missing) > 5)}, "
-                         f"unexpected {extra[:5]}{'...' * (len(extra) > 5)}")
+    if shapes.keys() != weights.keys():  # at most 5 names of each
+        raise ValueError(f"weights do not fit the config: missing {sorted(shapes.keys() - weights.keys())[:5]}, "
+                         f"unexpected {sorted(weights.keys() - shapes.keys())[:5]}")
     for name, w in weights.items():
         if not isinstance(w, np.ndarray) or isinstance(w, np.ma.MaskedArray) or w.shape != shapes[name] \
                 or not (w.dtype.kind == "f" or w.dtype.name == "bfloat16"):
