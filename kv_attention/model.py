@@ -115,10 +115,9 @@ def check_weights(config, weights):
     if not isinstance(weights, dict):
         raise TypeError(f"weights must be a dict of Hugging Face state-dict names, got {type(weights).__name__}")
     shapes = weight_shapes(config)
-    if shapes.keys() != weights.keys():
-        missing, extra = sorted(shapes.keys() - weights.keys()), sorted(weights.keys() - shapes.keys())
-        raise ValueError(f"weights do not fit the config: missing {missing[:5]}{'...' * (len(missing) > 5)}, "
-                         f"unexpected {extra[:5]}{'...' * (len(extra) > 5)}")
+    if shapes.keys() != weights.keys():  # at most 5 names of each
+        raise ValueError(f"weights do not fit the config: missing {sorted(shapes.keys() - weights.keys())[:5]}, "
+                         f"unexpected {sorted(weights.keys() - shapes.keys())[:5]}")
     for name, w in weights.items():
         if not isinstance(w, np.ndarray) or isinstance(w, np.ma.MaskedArray) or w.shape != shapes[name] \
                 or not (w.dtype.kind == "f" or w.dtype.name == "bfloat16"):
@@ -145,7 +144,7 @@ def converted(w, dtype, once=True):
 # The layer
 
 BLOCK_ROWS = 64  # rows of a weight per matmul when a step brings several rows: docs/results.md#model
-MAX_BLOCKED = 64  # up to this many rows (a decode batch); a prefill's many rows amortise one whole-weight product
+MAX_BLOCKED = 16  # up to this many rows (a decode batch): at 20 and more, one whole-weight product was 1.15x faster
 
 
 def linear(x, w):
