@@ -116,11 +116,16 @@ def machine_name():
 
 
 def record_machine():
-    """``asv machine --yes --machine NAME`` (asv records hostname, CPU, RAM); returns NAME."""
+    """Record this machine in ``~/.asv-machine.json`` as NAME (:func:`machine_name`); returns NAME.
+
+    ``asv machine --yes`` records what asv detects (os, arch, cpu, num_cpu, ram) under the hostname; ``asv machine
+    --yes --machine NAME`` then stores that entry under NAME. The second alone stores the name only: asv 0.6.6 keeps
+    only the fields given that differ from its defaults, and starts from the hostname's entry."""
     name = machine_name()
-    result = run(*ASV, "machine", "--yes", "--machine", name, check=False, capture=True)
-    if result.returncode != 0:
-        raise UserError(f"asv machine --yes failed: {(result.stderr or result.stdout).strip()}")
+    for extra in ([], ["--machine", name]):
+        result = run(*ASV, "machine", "--yes", *extra, check=False, capture=True)
+        if result.returncode != 0:
+            raise UserError(f"asv machine --yes failed: {(result.stderr or result.stdout).strip()}")
     return name
 
 
