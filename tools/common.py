@@ -74,14 +74,15 @@ def stop(proc, signum):
 
 def run(*command, check=True, capture=False):
     """Run ``command`` from ROOT in a new session: its exit code, or its CompletedProcess with ``capture``.
-    A :class:`Stopped` stops its session too."""
+    A :class:`Stopped` (Ctrl-C too) stops its session with SIGTERM, which ends asv and its benchmark processes
+    without the chained KeyboardInterrupt tracebacks that SIGINT prints: the command prints one line."""
     pipe = subprocess.PIPE if capture else None
     proc = subprocess.Popen([str(c) for c in command], cwd=ROOT, start_new_session=True, text=True, stdout=pipe,
                             stderr=pipe)
     try:
         out, err = proc.communicate()
     except BaseException as error:
-        stop(proc, error.signum if isinstance(error, Stopped) else signal.SIGINT)
+        stop(proc, signal.SIGTERM)
         raise
     if check and proc.returncode != 0:
         raise UserError(f"`{' '.join(map(str, command))}` exited {proc.returncode}")
