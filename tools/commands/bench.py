@@ -91,6 +91,11 @@ def summary(machine, commits, tip, measured):
               "compare flagged" + ("" if tip in measured or not flagged else " (measured earlier: the gate pairs)"))
         for label, ratio in [(label, ratio) for label, ratio, _ in work][:NAMED] + time_worse[:NAMED]:
             print(f"      worse {ratio_text(ratio)}  {label}")
+    page = [row for row in publish.regressions(common.ROOT / ".asv" / "html") if row[2] == tip]
+    print(f"the dashboard's Regressions page: {len(page)} row(s) blame {tip[:8]}" + ":" * bool(page))
+    for label, first, _, before, after in page[:2 * NAMED]:
+        print(f"      {ratio_text(after / before) if before else 'from 0'}  {label}"
+              + (f"  (somewhere in {first[:8]}..{tip[:8]})" if first else ""))
     print(f"this summary is not a gate: the gate is `python3 tools/dev.py gate {common.BRANCH}~1 {common.BRANCH}`")
     parent = common.git("rev-list", "--first-parent", "--skip=1", "--max-count=1", tip)
     return failures(results.stored(machine, parent) if parent else {}, stored[tip])
