@@ -11,7 +11,8 @@ prefill onto a cache, sliding windows and attention sinks (``chunked``,
 with forks, prefix caching and preemption (``block_allocator``, ``prefix_caching``).
 Split-KV (flash-decoding) and cascade attention (``split``) merge partial attention
 states exactly by log-sum-exp. A Llama-architecture model (``model``) decodes token by
-token through one of these caches per layer and loads Hugging Face checkpoints as they are.
+token through one of these caches per layer and loads Hugging Face checkpoints as they are,
+or a GGUF file (``gguf``, ``tokenizer``: SmolLM2-135M-Instruct, ``python -m kv_attention``).
 
 Inputs are float32 or float64 arrays, and a computation runs in their
 ``np.result_type``. Bad input raises TypeError or ValueError naming the argument
@@ -26,6 +27,7 @@ from .capacity import MODEL_SHAPES, NAMED_ITEMSIZES, ModelShape, kv_cache_bytes
 from .chunked import chunked_attention
 from .decode import (batched_cached_attention, cached_attention, cached_attention_preallocated, decode_without_cache,
                      sequential_cached_attention)
+from .gguf import load_gguf
 from .heads import multi_head_attention, multi_head_decode
 from .model import ModelConfig, forward, generate, init_weights, load_weights
 from .paged import OutOfBlocksError, PagedCacheView, PagedKVCache, paged_attention
@@ -34,6 +36,7 @@ from .quantized import QuantizedCache, attend_quantized
 from .ragged import RAGGED_STRATEGIES, RaggedDecodeStats, ragged_decode, ragged_decode_steps
 from .scheduler import Request, ServeResult, ServeStats, serve
 from .split import attention_state, cascade_attention, merge_attention_states, split_kv_attention
+from .tokenizer import Tokenizer
 from .strategies import EXPERIMENTS, STRATEGIES, get_strategy
 from .window import SlidingWindowCache
 
@@ -58,4 +61,6 @@ __all__ = [
     "Request", "serve", "ServeResult", "ServeStats",
     # a Llama-architecture model decoding through a cache per layer
     "ModelConfig", "init_weights", "load_weights", "forward", "generate", "PagedCacheView",
+    # a real model: a Llama GGUF file's config, float32 weights and tokenizer (the gguf extra)
+    "load_gguf", "Tokenizer",
 ]

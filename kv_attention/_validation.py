@@ -82,6 +82,22 @@ def as_float_array(name, value, storage=False):
     return array
 
 
+def as_integer_array(name, values):
+    """``values`` as an int64 array of token ids; TypeError unless integers (an empty list counts),
+    ValueError for a negative id or one beyond int64."""
+    array = np.asarray(values)
+    if array.size == 0 and array.dtype.kind == "f":  # np.asarray([]) is float64
+        array = array.astype(np.int64)
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be integers, got dtype {array.dtype}")
+    if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} holds an id beyond int64: {array.max()}")
+    if (array < 0).any():
+        j = tuple(np.argwhere(array < 0)[0].tolist())
+        raise ValueError(f"{name}[{', '.join(map(str, j))}] = {array[j]} is negative: token ids are integers >= 0")
+    return array.astype(np.int64, copy=False)
+
+
 def as_size(name, value, minimum=0):
     """``value`` as an int >= ``minimum``; TypeError for a non-integer (bools included)."""
     if type(value) is int and value >= minimum:
@@ -91,6 +107,15 @@ def as_size(name, value, minimum=0):
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return int(value)
+
+
+def as_real(name, value, least, above=False):
+    """``value``, a finite real number (not a bool) >= ``least`` (> with ``above``); TypeError, ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    if not (least < value if above else least <= value) or not value < np.inf:  # NaN fails too
+        raise ValueError(f"{name} must be finite and {'>' if above else '>='} {least}, got {value!r}")
+    return value
 
 
 def as_sizes_per_sequence(name, values, count):

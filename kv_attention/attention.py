@@ -13,6 +13,11 @@ do not fit, named in the message). ``check_finite`` (keyword, default True) scan
 the inputs for NaN/inf, as ``scipy.linalg`` does; with False a NaN/inf input gives
 NaN/inf out. An overflow of the scores is not looked for.
 
+:func:`attention_forward` is the one composition of scores, mask, softmax, weighted
+sum of v and log-sum-exp: every module's attention calls it on checked inputs
+(Hugging Face's ``eager_attention_forward``); ``attend`` and ``masked_attend`` are it
+behind the checks.
+
 The banded mask (:func:`band_mask`): position t attends to position s when s <= t
 and either t - s < window or s < n_sink. ``window`` counts the keys a query attends
 to including its own. It matches FlashAttention's ``window_size=(W - 1, 0)`` and
@@ -100,18 +105,56 @@ def as_key_mask(valid, k):
     return valid
 
 
-def softmax(scores):
-    """Softmax over the last axis, the row maximum subtracted first; ``-inf`` gets weight 0."""
-    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    weights /= weights.sum(axis=-1, keepdims=True)
-    return weights
-
-
 def scaled_scores(q, k):
     """q kᵀ / sqrt(D_k) of ``q: [..., T_q, D_k]`` and ``k: [..., S, D_k]``: ``[..., T_q, S]``."""
     scores = q @ k.swapaxes(-1, -2)  # [..., T_q, S]
     scores *= 1.0 / math.sqrt(q.shape[-1])
     return scores
+
+
+def attention_weights(scores, mask=None, return_lse=True):
+    """``(weights, lse)`` of ``scores [..., T_q, S]``: the softmax over the keys ``mask`` allows, and its
+    natural log-sum-exp ``[..., T_q]`` (None unless ``return_lse``). ``mask``: None (every key), or bool
+    broadcasting to the scores, True where a query may attend a key. The row maximum is subtracted first, so
+    no exp overflows; a masked key gets weight exactly 0 whatever its score; a row with no key (S = 0, or all
+    masked) gets weights 0 and lse -inf, the identity of the split-KV merge. Overwrites ``scores``."""
+    some_row_empty = mask is not None or scores.shape[-1] == 0
+    if mask is not None:
+        np.copyto(scores, -np.inf, where=~mask)  # in place: a [T_q, S] mask of a chunk needs no [..., T_q, S] copy
+    if some_row_empty:
+        top = scores.max(axis=-1, keepdims=True, initial=-np.inf)  # [..., T_q, 1]; -inf for a row with no key
+        top[np.isneginf(top)] = 0.0  # exp(-inf - 0) = 0, never NaN
+    else:
+        top = scores.max(axis=-1, keepdims=True)  # [..., T_q, 1]
+    weights = np.exp(np.subtract(scores, top, out=scores), out=scores)  # [..., T_q, S]: the largest 1
+    total = weights.sum(axis=-1, keepdims=True)  # [..., T_q, 1]; 0 only for a row with no key
+    lse = None
+    if return_lse:
+        with np.errstate(divide="ignore"):
+            lse = (top + np.log(total))[..., 0]  # [..., T_q]; -inf for a row with no key
+    weights /= np.where(total > 0, total, 1.0) if some_row_empty else total
+    return weights, lse
+
+
+def attention_forward(q, k, v, mask=None, *, return_lse=False):
+    """softmax(q kᵀ / sqrt(D_k) over the keys ``mask`` allows) v: the one attention every module calls.
+
+    ``q: [..., T_q, D_k]``, ``k: [..., S, D_k]``, ``v: [..., S, D_v]`` of one float dtype, checked by the
+    caller (leading axes broadcast as ``np.matmul``'s); ``mask`` as :func:`attention_weights` takes it.
+    Returns ``out [..., T_q, D_v]``, and with ``return_lse`` also ``(out, lse [..., T_q])``. A masked key's
+    value gets weight exactly 0 even when it holds NaN or inf; a row with no key gets zeros (and lse -inf).
+    Hugging Face's ``eager_attention_forward`` (``modeling_llama.py``) without dropout, a bool mask where HF
+    adds a float one, and the lse that a split-KV or paged merge needs (FlashAttention's ``softmax_lse``).
+    """
+    if mask is None:
+        weights, lse = attention_weights(scaled_scores(q, k), None, return_lse)  # [..., T_q, S]
+    else:
+        if not np.isfinite(v).all():  # 0 · NaN would be NaN: a value no query attends is taken as 0
+            v = np.where(np.any(mask, axis=-2)[..., None], v, 0.0).astype(v.dtype, copy=False)
+        with np.errstate(over="ignore", invalid="ignore"):  # a masked key may hold anything
+            weights, lse = attention_weights(scaled_scores(q, k), mask, return_lse)  # [..., T_q, S]
+    out = weights @ v  # [..., T_q, S] -> [..., T_q, D_v]
+    return (out, lse) if return_lse else out
 
 
 def attend(q, k, v, *, check_finite=True):
@@ -120,10 +163,8 @@ def attend(q, k, v, *, check_finite=True):
     ``q: [..., T_q, D_k]`` attends to every key of ``k: [..., S, D_k]``, ``v: [..., S, D_v]``
     (a decode step passes the keys so far, which need no causal mask). S = 0 gives zeros.
     """
-    q, k, v, dtype = check_attention_inputs(q, k, v, as_flag("check_finite", check_finite))
-    if k.shape[-2] == 0:  # no key: zeros, the identity of attention states (split.attention_state)
-        return np.zeros(q.shape[:-1] + v.shape[-1:], dtype)
-    return softmax(scaled_scores(q, k)) @ v  # [..., T_q, S] -> [..., T_q, D_v]
+    q, k, v, _ = check_attention_inputs(q, k, v, as_flag("check_finite", check_finite))
+    return attention_forward(q, k, v)  # [..., T_q, D_v]
 
 
 def masked_attend(q, k, v, valid, *, check_finite=True):
@@ -134,33 +175,13 @@ def masked_attend(q, k, v, valid, *, check_finite=True):
     no valid key gives zeros. ``check_finite`` scans q and the valid keys and values.
     """
     check_finite = as_flag("check_finite", check_finite)
-    q, k, v, dtype = check_attention_inputs(q, k, v, check_finite=False)
+    q, k, v, _ = check_attention_inputs(q, k, v, check_finite=False)
     valid = as_key_mask(valid, k)
     if check_finite:
         check_finite_array("q", q)
         check_finite_array("k at a valid key", k[valid])
         check_finite_array("v at a valid key", v[valid])
-    if k.shape[-2] == 0:
-        return np.zeros(q.shape[:-1] + v.shape[-1:], dtype)  # [..., T_q, D_v]
-    return masked_state(q, k, v, valid)[0]  # [..., T_q, D_v]
-
-
-def masked_state(q, k, v, valid):
-    """``(out, lse)`` of checked inputs over the keys ``valid`` marks (S >= 1): out ``[..., T_q, D_v]``, lse ``[..., T_q]``.
-
-    A row with no valid key gets zeros and lse -inf, the identity of the split-KV merge.
-    """
-    if not np.isfinite(v).all():
-        v = np.where(valid[..., None], v, 0.0).astype(v.dtype, copy=False)  # 0·NaN would be NaN
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # a masked key may hold anything
-        scores = np.where(valid[..., None, :], scaled_scores(q, k), -np.inf)  # [..., T_q, S]
-        top = scores.max(axis=-1, keepdims=True)  # [..., T_q, 1]; -inf for a row with nothing to attend to
-        top[np.isneginf(top)] = 0.0
-        weights = np.exp(scores - top)  # masked keys: exp(-inf) = 0
-        total = weights.sum(axis=-1, keepdims=True)  # 0 for a fully masked row
-        lse = (top + np.log(total))[..., 0]
-    weights /= np.where(total > 0, total, 1.0)
-    return weights @ v, lse
+    return attention_forward(q, k, v, valid[..., None, :])  # [..., T_q, D_v]
 
 
 def band_mask(q_positions, k_positions, window=None, n_sink=0):
@@ -184,6 +205,4 @@ def causal_attention(x, w_q, w_k, w_v, *, window=None, n_sink=0, check_finite=Tr
     if t_len == 0:
         return np.empty(x.shape[:-1] + w_v.shape[1:], dtype)  # [..., 0, D_v]
     positions = np.arange(t_len)
-    scores = scaled_scores(x @ w_q, x @ w_k)  # [..., T, T]
-    scores[..., ~band_mask(positions, positions, window, n_sink)] = -np.inf
-    return softmax(scores) @ (x @ w_v)  # [..., T, D_v]
+    return attention_forward(x @ w_q, x @ w_k, x @ w_v, band_mask(positions, positions, window, n_sink))

@@ -22,24 +22,17 @@ Bad input raises TypeError or ValueError, named, before anything is written;
 import numpy as np
 
 from ._validation import as_size
-from .attention import band_mask, check_window, scaled_scores, softmax
+from .attention import attention_forward, band_mask, check_window
 from .cache import StaticCache
 from .decode import check_decode_inputs
 from .window import SlidingWindowCache
 
 
-def _blocked(start, stop, k_positions, window, n_sink):
-    """``[C, S]`` bool, True where query ``start + i`` may not attend key ``k_positions[j]``; None if nothing is."""
-    blocked = ~band_mask(np.arange(start, stop), k_positions, window, n_sink)  # [C, S]
-    return blocked if blocked.any() else None
-
-
-def _attend_chunk(q, k, v, blocked):
-    """``q: [..., C, D_k]`` over ``k: [..., S, D_k]``, ``v: [..., S, D_v]``, no weight where ``blocked: [C, S]``."""
-    scores = scaled_scores(q, k)  # [..., C, S]
-    if blocked is not None:
-        scores[..., blocked] = -np.inf  # a query always attends its own position, so no row is all -inf
-    return softmax(scores) @ v  # [..., C, D_v]
+def chunk_mask(start, stop, key_positions, window=None, n_sink=0):
+    """``[C, S]`` bool, True where query position ``start + i`` may attend ``key_positions[j]``
+    (:func:`~kv_attention.attention.band_mask`); None when every query may attend every key."""
+    allowed = band_mask(np.arange(start, stop), key_positions, window, n_sink)  # [C, S]
+    return None if allowed.all() else allowed
 
 
 def _prefill(x, w_q, w_k, w_v, chunk_size, window, n_sink, cache):
@@ -51,12 +44,10 @@ def _prefill(x, w_q, w_k, w_v, chunk_size, window, n_sink, cache):
         x_c = x[..., begin : begin + chunk_size, :]  # [..., C, D_model]
         start = cache.get_seq_length()
         stop = start + x_c.shape[-2]
-        if exact_steps and stop - start == 1:
-            blocked = None
-        else:
-            blocked = _blocked(start, stop, cache.key_positions(stop - start), window, n_sink)  # [C, S] or None
+        key_positions = cache.key_positions(stop - start)
+        mask = None if exact_steps and stop - start == 1 else chunk_mask(start, stop, key_positions, window, n_sink)
         k, v = cache.update(x_c @ w_k, x_c @ w_v)  # [..., S, D_k], [..., S, D_v]
-        out[..., begin : begin + x_c.shape[-2], :] = _attend_chunk(x_c @ w_q, k, v, blocked)  # [..., C, D_v]
+        out[..., begin : begin + x_c.shape[-2], :] = attention_forward(x_c @ w_q, k, v, mask)  # [..., C, D_v]
     return out
 
 

@@ -20,7 +20,7 @@ as in scipy, and ``cache.crop(length)`` undoes the partial write.
 import numpy as np
 
 from ._validation import as_flag
-from .attention import causal_attention, check_projection_inputs, scaled_scores, softmax
+from .attention import attention_forward, causal_attention, check_projection_inputs
 from .cache import DynamicCache, StaticCache, check_cache_fits
 
 
@@ -42,7 +42,7 @@ def _decode(x, w_q, w_k, w_v, update):
     for t in range(x.shape[-2]):
         x_t = x[..., t : t + 1, :]  # [..., 1, D_model]
         k, v = update(x_t @ w_k, x_t @ w_v)  # [..., t+1, D_k], [..., t+1, D_v]
-        out[..., t : t + 1, :] = softmax(scaled_scores(x_t @ w_q, k)) @ v  # [..., 1, D_v]
+        out[..., t : t + 1, :] = attention_forward(x_t @ w_q, k, v)  # [..., 1, D_v]
     return out
 
 

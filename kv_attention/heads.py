@@ -30,9 +30,9 @@ import functools
 import numpy as np
 
 from ._validation import as_array, as_flag, as_size, check_choice, check_finite_array
-from .attention import causal_attention, check_weight, scaled_scores, softmax
+from .attention import attention_forward, causal_attention, check_weight
 from .cache import StaticCache, check_cache_fits
-from .split import _split, as_num_splits
+from .split import as_num_splits, split_kv_attention
 
 PATHS = ("repeat_kv", "grouped")
 
@@ -108,11 +108,6 @@ def multi_head_attention(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, check_fi
     return np.concatenate(heads, axis=-1) @ w_o  # [..., T, H_q·D_head] -> [..., T, D_out]
 
 
-def _attend(q, k, v):
-    """softmax(q kᵀ / sqrt(D_head)) v of checked inputs: ``[..., T_q, D_head]``."""
-    return softmax(scaled_scores(q, k)) @ v
-
-
 def _attend_repeat_kv(q, k, v, attention=None):
     """One decode step by repeating each K/V head G times, as Llama's ``repeat_kv`` does.
 
@@ -126,7 +121,7 @@ def _attend_repeat_kv(q, k, v, attention=None):
         k = np.repeat(k, group, axis=-3)  # [..., H_q, S, D_head], K/V head j -> query heads jG..jG+G-1
         v = np.repeat(v, group, axis=-3)  # [..., H_q, S, D_head]
     q = q.reshape((*lead, n_kv_heads * group, 1, head_dim))  # [..., H_q, 1, D_head]
-    return (attention or _attend)(q, k, v)  # [..., H_q, 1, D_head]
+    return (attention or attention_forward)(q, k, v)  # [..., H_q, 1, D_head]
 
 
 def _attend_grouped(q, k, v, attention=None):
@@ -136,7 +131,7 @@ def _attend_grouped(q, k, v, attention=None):
     layout FlashAttention-2 uses for one query position (``seqlenq_ngroups_swapped`` in
     ``flash_api.cpp``), there inside one fused kernel, here one batched matmul.
     """
-    return (attention or _attend)(q, k, v)  # scores [..., H_kv, G, S] -> [..., H_kv, G, D_head]
+    return (attention or attention_forward)(q, k, v)  # scores [..., H_kv, G, S] -> [..., H_kv, G, D_head]
 
 
 _STEPS = {"repeat_kv": _attend_repeat_kv, "grouped": _attend_grouped}
@@ -180,7 +175,8 @@ def multi_head_decode(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, path="group
     check_choice("path", path, PATHS)
     step = _STEPS[path]
     if num_splits is not None:
-        step = functools.partial(step, attention=functools.partial(_split_out, num_splits=as_num_splits(num_splits)))
+        attention = functools.partial(split_kv_attention, num_splits=as_num_splits(num_splits), check_finite=False)
+        step = functools.partial(step, attention=attention)
     n_heads, n_kv_heads = check_head_counts(n_heads, n_kv_heads)
     x, w_q, w_k, w_v, w_o, head_dim, dtype = check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads,
                                                                as_flag("check_finite", check_finite))
@@ -192,6 +188,3 @@ def multi_head_decode(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, path="group
         update = cache._append  # its own cache: k, v from checked inputs, and room for T
     return _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, update)
 
-
-def _split_out(q, k, v, num_splits):
-    return _split(q, k, v, num_splits)[0]

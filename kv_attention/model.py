@@ -1,76 +1,23 @@
-"""A Llama-architecture decoder whose attention runs through the library's caches, one cache per layer.
+"""A Llama decoder (Hugging Face's ``LlamaForCausalLM``) whose attention runs through the library's caches.
 
-Shapes (axis letters as in ``heads``): ``input_ids [B, T]`` integers in [0, vocab_size);
-logits ``[B, T, vocab_size]``; per layer q ``[B, H_q, T, D_head]``, k and v ``[B, H_kv, T, D_head]``.
-``weights`` is a dict keyed by Hugging Face's Llama state-dict names in its
-``[out_features, in_features]`` layout, so ``load_weights`` of a checkpoint's
-``model.safetensors`` runs as it is. The computation is float64 for float64
-weights and float32 for any other float weights (float32, bfloat16, float16).
-
-``cache``: None (the whole sequence at once), or a list of one cache per layer, each
-of ``batch_shape (B, H_kv)``: a DynamicCache, StaticCache, QuantizedCache or
-SlidingWindowCache (k/v ``[B, H_kv, T, D_head]``), or a :class:`~kv_attention.paged.PagedCacheView`
-(a paged cache with ``num_kv_heads`` bound to B sequence ids). With a cache,
-``input_ids`` are the new tokens and their positions continue from
-``cache[0].get_seq_length()`` (a window cache counts every position it has seen; a
-paged view gives one length per sequence); prefill and decode are one call.
-
-The layer is Hugging Face's ``modeling_llama.py`` (``LlamaDecoderLayer``):
-``x += o_proj(attn(RoPE(q_proj(rms(x))), RoPE(k_proj(rms(x))), v_proj(rms(x))))``, then
-``x += down_proj(silu(gate_proj(rms(x))) * up_proj(rms(x)))``; a final RMSNorm and ``lm_head``
-(the embedding when ``tie_word_embeddings``). What matches: RMSNorm ``w · x / sqrt(mean(x²) + eps)``
-in at least float32 (``LlamaRMSNorm``); RoPE in ``rotate_half`` form, ``inv_freq = theta^(-2i/D)``,
-cos/sin of ``cat(freqs, freqs)``, applied to q and k before k is cached; query head h reads
-K/V head ``h // G`` (``repeat_kv``); scale ``1/sqrt(D_head)``. What differs: a float64 model
-computes in float64 throughout, where transformers rounds its RoPE tables and each RMSNorm's
-normalised x through float32 (and its eager attention's softmax), so float64 logits agree
-with ``LlamaForCausalLM`` to about 1e-6, and to 1e-15 with those roundings copied
-(``tests/kv_attention/test_model.py``); no ``rope_scaling``, attention or MLP bias, dropout
-or padding mask (``from_json`` refuses a config that has them). gpt-fast's ``model.py`` is
-the same layer in the same few hundred lines, with two differences: its RoPE pairs adjacent
-channels (Meta's layout; its ``convert_hf_checkpoint.py`` permutes HF's q/k weights), where
-``rotate_half`` pairs channel i with i + D/2, so HF's weights load unchanged; and its
-``KVCache`` returns the whole ``[B, H, max_seq_len, D]`` buffer under a causal mask, where
-here each cache returns the keys to attend to and a band mask covers only what a chunk may
-not see. nanoGPT's is GPT-2 (LayerNorm, learned positions, GELU, no KV cache): the anchor for
-the file's shape, a config dataclass and one function per concept.
-
-Window caches: exact against the full forward while the sequence fits the window. Beyond
-it a SlidingWindowCache of window W behaves as Hugging Face's ``DynamicSlidingWindowLayer``
-(``cache_utils.py``) with ``sliding_window=W``: keys rotated at their absolute positions, and a
-query at position t attends to keys t - W < s <= t (``masking_utils.sliding_window_overlay``;
-HF keeps W - 1 past keys and this ring W, the oldest of which no query attends to).
-A QuantizedCache is attended over its own dequantized K̂/V̂.
-
-Errors, raised before any cache is written, every layer's checked first: ValueError naming the
-argument for token ids outside the vocabulary, no token where the cache holds none, a cache list
-of the wrong length, one cache (or paged pool) for several layers, layers of different lengths,
-a cache of the wrong batch shape or k/v width, a paged view whose ``token_ids`` are not
-``input_ids``, or weights missing, unexpected or of the wrong shape; TypeError for token ids
-that are not integers, a cache that is not one, or one whose dtype cannot hold the model's;
-StaticCacheFullError (a ValueError) for a StaticCache too short, OutOfBlocksError for a
-paged pool too small. An error inside the layers (a NaN or inf, or a value a storage dtype
-cannot hold, refused by a later layer's cache) crops every layer written back to its length
-before the call, then propagates, so that each cache holds what it held: a dynamic, static,
-paged or window cache its keys and values as they were; a quantized cache keeps quantized
-what the write quantized (its ``crop``); a window cache that a chunk of several tokens wrapped
-cannot be cropped back (its ValueError). A paged pool keeps a copy-on-write copy the write
-made, and with prefix caching the layers' pools may then cache different prefixes: the full
-blocks the call filled stay cached (their K/V correct) in the layers it wrote, blocks it
-evicted are gone from those, and a cut inside a full block, or a write without ``token_ids``,
-ends that sequence's caching there. As vLLM does with a failed request, free such a sequence.
+``forward(config, weights, input_ids [B, T], cache=...)`` gives logits ``[B, T, vocab_size]``; ``weights``
+are Hugging Face's state dict (``[out_features, in_features]``); ``cache`` is one cache per layer of batch
+shape ``(B, num_key_value_heads)``, continued by ``input_ids``, so prefill and decode are one call. What
+matches Hugging Face and gpt-fast, what differs, and the errors raised: docs/mechanisms.md#the-model.
 """
 
 import dataclasses
 import json
 import os
+import weakref
 
 import numpy as np
 
-from ._validation import as_flag, as_size, compute_dtype
+from ._validation import as_flag, as_integer_array, as_real, as_size, compute_dtype
+from .attention import attention_forward
 from .cache import Cache, StaticCacheFullError
-from .chunked import _attend_chunk, _blocked
-from .paged import PagedCacheView, PagedKVCache, _as_integer_array
+from .chunked import chunk_mask
+from .paged import PagedCacheView, PagedKVCache
 from .quantized import QuantizedCache
 
 
@@ -90,23 +37,14 @@ class ModelConfig:
     tie_word_embeddings: bool = False
 
     def __post_init__(self):
-        for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                      "num_key_value_heads"):
-            as_size(field, getattr(self, field), minimum=1)
+        for field in dataclasses.fields(self)[:6]:  # vocab_size .. num_key_value_heads
+            as_size(field.name, getattr(self, field.name), minimum=1)
         if self.head_dim is None:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
-        as_size("head_dim", self.head_dim, minimum=1)
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads={self.num_attention_heads} is not a multiple of "
-                             f"num_key_value_heads={self.num_key_value_heads}")
-        for field, least, rule in (("rope_theta", np.nextafter(0, 1), "> 0"), ("rms_norm_eps", 0, ">= 0")):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-                raise TypeError(f"{field} must be a number, got {value!r}")
-            if not least <= value < np.inf:  # NaN fails too
-                raise ValueError(f"{field} must be finite and {rule}, got {value!r}")
+        if as_size("head_dim", self.head_dim, minimum=1) % 2 or self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}, and num_attention_heads="
+                             f"{self.num_attention_heads} a multiple of num_key_value_heads={self.num_key_value_heads}")
+        as_real("rope_theta", self.rope_theta, 0, above=True), as_real("rms_norm_eps", self.rms_norm_eps, 0)
         as_flag("tie_word_embeddings", self.tie_word_embeddings)
 
     @classmethod
@@ -122,14 +60,11 @@ class ModelConfig:
             raise ValueError(f"{path}: not a Llama model (model_type={raw.get('model_type')!r}, "
                              f"architectures={raw.get('architectures')!r}); only LlamaForCausalLM is supported")
         rope = raw.pop("rope_parameters", None) or {}  # transformers 5 writes rope_theta in here
-        if not isinstance(rope, dict):
-            raise ValueError(f"{path}: rope_parameters must be a JSON object, got {rope!r}")
+        if not isinstance(rope, dict) or rope.get("rope_type", "default") != "default":
+            raise ValueError(f"{path}: rope_parameters must be a JSON object of rope_type 'default', got {rope!r}")
         raw.setdefault("num_key_value_heads", raw.get("num_attention_heads"))  # LlamaConfig's default: MHA
         raw.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
-        if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"{path}: rope_parameters={rope!r} is not supported (only rope_type 'default')")
-        unsupported = {"rope_scaling": None, "attention_bias": False, "mlp_bias": False, "hidden_act": "silu"}
-        for key, plain in unsupported.items():
+        for key, plain in dict(rope_scaling=None, attention_bias=False, mlp_bias=False, hidden_act="silu").items():
             if raw.get(key, plain) != plain:
                 raise ValueError(f"{path}: {key}={raw[key]!r} is not supported (only {key}={plain!r})")
         names = {f.name for f in dataclasses.fields(cls)}
@@ -165,11 +100,12 @@ def init_weights(config, *, seed=0, dtype=np.float32):
             for name, shape in weight_shapes(config).items()}
 
 
-def load_weights(path):
-    """The tensors of a ``.safetensors`` file as NumPy arrays (``safetensors.numpy.load_file``)."""
+def load_weights(path, dtype=None):
+    """The tensors of a ``.safetensors`` file as NumPy arrays (``safetensors.numpy.load_file``), converted to
+    ``dtype`` as they load (None: as stored; ``forward`` then converts a 16-bit weight once)."""
     from safetensors.numpy import load_file
 
-    return load_file(path)
+    return {name: w if dtype is None else w.astype(dtype, copy=False) for name, w in load_file(path).items()}
 
 
 def check_weights(config, weights):
@@ -177,28 +113,52 @@ def check_weights(config, weights):
     if not isinstance(weights, dict):
         raise TypeError(f"weights must be a dict of Hugging Face state-dict names, got {type(weights).__name__}")
     shapes = weight_shapes(config)
-    missing, extra = sorted(shapes.keys() - weights.keys()), sorted(weights.keys() - shapes.keys())
-    if missing or extra:
-        raise ValueError(f"weights do not fit the config: missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
-                         f"unexpected {extra[:5]}{'...' if len(extra) > 5 else ''}")
-    for name, shape in shapes.items():
-        w = weights[name]
-        if (not isinstance(w, np.ndarray) or isinstance(w, np.ma.MaskedArray) or w.shape != shape
-                or not (w.dtype.kind == "f" or w.dtype.name == "bfloat16")):
-            raise ValueError(f"weights[{name!r}] must be a float array of shape {shape}, "
+    if shapes.keys() != weights.keys():
+        missing, extra = sorted(shapes.keys() - weights.keys()), sorted(weights.keys() - shapes.keys())
+        raise ValueError(f"weights do not fit the config: missing {missing[:5]}{'...' * (len(missing) > 5)}, "
+                         f"unexpected {extra[:5]}{'...' * (len(extra) > 5)}")
+    for name, w in weights.items():
+        if not isinstance(w, np.ndarray) or isinstance(w, np.ma.MaskedArray) or w.shape != shapes[name] \
+                or not (w.dtype.kind == "f" or w.dtype.name == "bfloat16"):
+            raise ValueError(f"weights[{name!r}] must be a float array of shape {shapes[name]}, "
                              f"got {getattr(w, 'dtype', type(w).__name__)} {getattr(w, 'shape', '')}")
-    dtypes = {weights[name].dtype for name in shapes}
-    return np.dtype(np.float64) if dtypes == {np.dtype(np.float64)} else np.dtype(np.float32)
+    return np.dtype(np.float64 if {w.dtype for w in weights.values()} == {np.dtype(np.float64)} else np.float32)
+
+
+_CONVERTED = {}  # id(weight) -> the weight in the compute dtype, while the weight lives
+
+
+def converted(w, dtype, once=True):
+    """Weight ``w`` in ``dtype``: with ``once``, converted the first time and kept while ``w`` lives (``w`` is
+    then read-only, so that no write leaves the copy stale); else converted now and not kept."""
+    if w.dtype == dtype or not once:
+        return w.astype(dtype, copy=False)
+    if id(w) not in _CONVERTED:
+        _CONVERTED[id(w)] = w.astype(dtype)
+        w.flags.writeable = False
+        weakref.finalize(w, _CONVERTED.pop, id(w), None)
+    return _CONVERTED[id(w)]
 
 
 # The layer
 
+BLOCK_ROWS = 64  # rows of a weight per matmul when a step brings several rows: docs/results.md#model
+MAX_BLOCKED = 64  # up to this many rows (a decode batch); a prefill's many rows amortise one whole-weight product
+
 
 def linear(x, w):
-    """``x @ w.T`` of ``x [..., in]`` and ``w [out, in]``: ``[..., out]``, as one 2-D matmul, so that every row
-    of a batch shares one pass over w (numpy's stacked matmul runs one product per leading index: 1.3x
-    slower for ``x [8, 1, 576]`` against SmolLM's ``[1536, 576]``, one BLAS thread)."""
-    return (x.reshape(-1, x.shape[-1]) @ w.T).reshape(x.shape[:-1] + w.shape[:1])
+    """``x @ w.T`` of ``x [..., in]`` and ``w [out, in]``: ``[..., out]``, the rows of x as one 2-D matmul.
+
+    One row is a matrix-vector product, which streams w. Several rows, up to ``MAX_BLOCKED``, take w
+    ``BLOCK_ROWS`` rows at a time: one call over the whole of w packs it for the matrix kernel, reading it
+    about twice (0.8x the positions/s of one row at B = 2), where a block read once serves every row."""
+    rows = x.reshape(-1, x.shape[-1])  # [N, in]
+    if not 1 < len(rows) <= MAX_BLOCKED:
+        return (rows @ w.T).reshape(x.shape[:-1] + w.shape[:1])
+    out = np.empty((len(rows), len(w)), np.result_type(rows, w))  # [N, out]
+    for i in range(0, len(w), BLOCK_ROWS):
+        np.matmul(rows, w[i : i + BLOCK_ROWS].T, out=out[:, i : i + BLOCK_ROWS])  # [N, BLOCK_ROWS]
+    return out.reshape(x.shape[:-1] + w.shape[:1])
 
 
 def rms_norm(x, weight, eps):
@@ -239,11 +199,11 @@ def attention(config, w, x, cos, sin, start, layer_cache, dtype):
         else:
             key_positions, window, n_sink = layer_cache.key_positions(T), layer_cache.window, layer_cache.n_sink
             k, v = layer_cache.update(k, v)  # [B, H_kv, S, D]: the keys this chunk may attend to
-        blocked = _blocked(start, start + T, key_positions, window, n_sink)  # [T, S] or None
+        mask = chunk_mask(start, start + T, key_positions, window, n_sink)  # [T, S] or None
         group = H // H_kv  # head h reads K/V head h // G; a group's G·T query rows are one matmul with its K/V head
-        blocked = None if blocked is None else np.tile(blocked, (group, 1))  # [G·T, S]
-        out = _attend_chunk(q.reshape(B, H_kv, group * T, D), k.astype(dtype, copy=False),
-                            v.astype(dtype, copy=False), blocked)  # [B, H_kv, G·T, D]
+        mask = None if mask is None else np.tile(mask, (group, 1))  # [G·T, S]
+        out = attention_forward(q.reshape(B, H_kv, group * T, D), k.astype(dtype, copy=False),
+                                v.astype(dtype, copy=False), mask)  # [B, H_kv, G·T, D]
     out = out.astype(dtype, copy=False).reshape(B, H, T, D).transpose(0, 2, 1, 3).reshape(B, T, H * D)
     return linear(out, w["self_attn.o_proj.weight"])  # [B, T, D_model]
 
@@ -263,7 +223,7 @@ def check_input_ids(config, input_ids):
     """``input_ids`` as int64 ``[B, T]``; ValueError for another shape or an id outside [0, vocab_size)."""
     if not isinstance(config, ModelConfig):
         raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
-    ids = _as_integer_array("input_ids", input_ids)
+    ids = as_integer_array("input_ids", input_ids)
     if ids.ndim != 2:
         raise ValueError(f"input_ids must be [B, T], got shape {ids.shape}")
     if ids.size and ids.max() >= config.vocab_size:
@@ -271,10 +231,11 @@ def check_input_ids(config, input_ids):
     return ids
 
 
-def check_cache(config, cache, ids, dtype):
+def check_cache(config, cache, ids, dtype, max_new_tokens=None):
     """Raise unless ``cache`` is None or one cache of its own per layer that takes this call's k/v ``[B, H_kv, T, D]``
-    of ``dtype``: batch shape ``(B, H_kv)``, k and v widths ``head_dim``, a dtype that holds ``dtype``, room for T.
-    Every layer is checked here, so that no layer is written before a later one is refused."""
+    of ``dtype``: batch shape ``(B, H_kv)``, k and v widths ``head_dim``, a dtype that holds ``dtype``, room for T
+    (with ``max_new_tokens``, for a generate's prompt and every new token but the last). Every layer is checked
+    here, so that no layer is written before a later one is refused."""
     if cache is None:
         return
     if not isinstance(cache, (list, tuple)) or len(cache) != config.num_hidden_layers:
@@ -284,39 +245,32 @@ def check_cache(config, cache, ids, dtype):
         if not isinstance(c, (Cache, PagedCacheView)):
             hint = "; wrap a pool as PagedCacheView(pool, seq_ids)" if isinstance(c, PagedKVCache) else ""
             raise TypeError(f"cache[{i}] must be a kv_attention.Cache or a PagedCacheView, got {c!r:.100}{hint}")
-    stores = [c.cache if isinstance(c, PagedCacheView) else c for c in cache]
-    if len({id(s) for s in stores}) < len(stores):
+    if len({id(c.cache if isinstance(c, PagedCacheView) else c) for c in cache}) < len(cache):
         raise ValueError("cache holds one cache (or paged pool) for several layers: each layer needs its own")
     (batch, t_new), d = ids.shape, config.head_dim
+    written = t_new if max_new_tokens is None else t_new + max_new_tokens - 1
     expected = ((batch, config.num_key_value_heads), d, d)
     for i, c in enumerate(cache):
         *layout, stored = _layout(c)
         if layout[0] is not None and tuple(layout) != expected:
-            raise ValueError(f"cache[{i}] holds batch shape {layout[0]}, k width {layout[1]} and v width {layout[2]}, "
-                             f"but the call needs (B, num_key_value_heads) = {expected[0]} and head_dim {d} for both")
+            raise ValueError(f"cache[{i}] holds batch shape {layout[0]}, k, v widths {layout[1:]}; needed {expected}")
         if stored is not None and not np.can_cast(dtype, compute_dtype(stored), casting="safe"):
             raise TypeError(f"cache[{i}] stores {stored}, which cannot hold the model's {dtype} keys and values")
         room = getattr(c, "max_seq_len", None)
-        if room is not None and c.get_seq_length() + t_new > room:
-            raise StaticCacheFullError(f"cache[{i}] is too short: {c.get_seq_length()} of max_seq_len={room} "
-                                       f"positions used, input_ids bring {t_new} more")
+        if room is not None and c.get_seq_length() + written > room:
+            why = "" if max_new_tokens is None else f" for max_new_tokens={max_new_tokens}"
+            raise StaticCacheFullError(f"cache[{i}] is too short{why}: {c.get_seq_length()} of max_seq_len={room} "
+                                       f"positions used, the call writes {written} more")
         if isinstance(c, PagedCacheView):
-            if c.token_ids is not None and _rows(c.token_ids) != ids.tolist():
+            if c.token_ids is not None and written > t_new:  # generate with max_new_tokens > 1
+                raise ValueError(f"cache[{i}].token_ids name the prompt only: generate more tokens without them")
+            if c.token_ids is not None and not np.array_equal(c.token_ids, ids):  # False for ragged token_ids too
                 raise ValueError(f"cache[{i}].token_ids must be input_ids, the tokens written (prefix caching keys "
-                                 f"blocks by them), got {_rows(c.token_ids)!r:.100} for input_ids "
-                                 f"{ids.tolist()!r:.100}")
-            c.check_room(t_new)
+                                 f"blocks by them), got {c.token_ids!r:.100} for input_ids {ids.tolist()!r:.100}")
+            c.check_room(written)
     lengths = [np.broadcast_to(c.get_seq_length(), (batch,)) for c in cache]  # an int, or [B] of a paged view
     if any(not np.array_equal(n, lengths[0]) for n in lengths):
         raise ValueError(f"cache: the layers hold different lengths {sorted({str(n.tolist())[:60] for n in lengths})}")
-
-
-def _rows(token_ids):
-    """``token_ids`` as lists of ints, row by row, ragged or not (None where they are not integers)."""
-    try:
-        return [[int(t) for t in row] for row in token_ids]
-    except (TypeError, ValueError):
-        return None
 
 
 def _layout(cache):
@@ -335,8 +289,11 @@ def _layout(cache):
 # The model
 
 
-def forward(config, weights, input_ids, *, cache=None):
-    """Logits ``[B, T, vocab_size]`` of ``input_ids [B, T]``, continuing each layer's cache (the module's contract)."""
+def forward(config, weights, input_ids, *, cache=None, convert_once=True):
+    """Logits ``[B, T, vocab_size]`` of ``input_ids [B, T]``, continuing each layer's cache (the module's contract).
+
+    ``convert_once``: a weight not in the compute dtype is converted the first time it is seen and kept
+    (:func:`converted`); False holds only the 16-bit weights and converts each layer's on every call."""
     ids = check_input_ids(config, input_ids)
     dtype = check_weights(config, weights)
     B, T = ids.shape
@@ -348,11 +305,11 @@ def forward(config, weights, input_ids, *, cache=None):
     cos, sin = rope_tables(positions, config.head_dim, config.rope_theta, dtype)  # [T, D] or [B, T, D]
     if cos.ndim == 3:
         cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, D]: one row of positions per sequence
-    eps = config.rms_norm_eps
+    eps, once = config.rms_norm_eps, as_flag("convert_once", convert_once)
     x = weights["model.embed_tokens.weight"][ids].astype(dtype)  # [B, T, D_model]
     try:
         for i in range(config.num_hidden_layers):
-            w = {name: weights[f"model.layers.{i}.{name}"].astype(dtype, copy=False) for name in LAYER_WEIGHTS}
+            w = {name: converted(weights[f"model.layers.{i}.{name}"], dtype, once) for name in LAYER_WEIGHTS}
             layer_cache = None if cache is None else cache[i]
             x = x + attention(config, w, rms_norm(x, w["input_layernorm.weight"], eps), cos, sin, start, layer_cache,
                               dtype)
@@ -362,38 +319,27 @@ def forward(config, weights, input_ids, *, cache=None):
             if np.any(c.get_seq_length() != start):
                 c.crop(start)
         raise
-    x = rms_norm(x, weights["model.norm.weight"].astype(dtype, copy=False), eps)
+    x = rms_norm(x, converted(weights["model.norm.weight"], dtype, once), eps)
     head = weights["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"]
-    return linear(x, head.astype(dtype, copy=False))  # [B, T, vocab_size]
+    return linear(x, converted(head, dtype, once))  # [B, T, vocab_size]
 
 
-def generate(config, weights, input_ids, max_new_tokens, *, cache=None):
+def generate(config, weights, input_ids, max_new_tokens, *, cache=None, convert_once=True):
     """Greedy decoding: ``input_ids [B, T]`` and ``max_new_tokens`` argmax tokens, each fed back; int64 ``[B, T + N]``.
 
     With ``cache``, ``input_ids`` continue it: they are prefilled in one call, and each new
-    token is one call; without, each step recomputes the whole prefix.
+    token is one call; without, each step recomputes the whole prefix. Every step's room is
+    checked before the first writes.
     """
     ids = check_input_ids(config, input_ids)
     max_new_tokens = as_size("max_new_tokens", max_new_tokens)
     if max_new_tokens and ids.shape[1] == 0:
         raise ValueError("input_ids must hold at least one token to generate from, got shape (B, 0)")
-    if max_new_tokens and cache is not None:  # every step's room, known before the first writes
-        check_cache(config, cache, ids, check_weights(config, weights))
-        written = ids.shape[1] + max_new_tokens - 1  # the prompt, then each new token but the last
-        for i, c in enumerate(cache):
-            room = getattr(c, "max_seq_len", None)
-            if room is not None and c.get_seq_length() + written > room:
-                raise StaticCacheFullError(f"cache[{i}] is too short for max_new_tokens={max_new_tokens}: "
-                                           f"{c.get_seq_length()} of max_seq_len={room} positions used, the prompt "
-                                           f"and the new tokens write {written} more")
-            if isinstance(c, PagedCacheView):
-                if c.token_ids is not None and max_new_tokens > 1:
-                    raise ValueError(f"cache[{i}].token_ids name the prompt only; generate with max_new_tokens > 1 "
-                                     f"feeds new tokens too: give views without token_ids")
-                c.check_room(written)
+    if max_new_tokens:
+        check_cache(config, cache, ids, check_weights(config, weights), max_new_tokens)
     tokens, new = ids, ids
     for _ in range(max_new_tokens):
-        logits = forward(config, weights, new if cache is not None else tokens, cache=cache)
+        logits = forward(config, weights, new if cache is not None else tokens, cache=cache, convert_once=convert_once)
         new = logits[:, -1].argmax(axis=-1)[:, None]  # [B, 1]
         tokens = np.concatenate([tokens, new], axis=1)  # [B, T + n]
     return tokens

@@ -32,7 +32,7 @@ from collections import namedtuple
 import numpy as np
 
 from ._validation import as_array, as_flag, as_float_array, as_float_dtype, as_size, check_choice
-from .attention import softmax
+from .attention import attention_weights
 from .cache import Cache, as_batch_shape, check_crop
 
 AXES = ("channel", "token")
@@ -330,7 +330,8 @@ def attend_quantized(q, cache, *, check_finite=True):
         return np.zeros(q.shape[:-1] + (cache.v_dim,), cache.dtype)
     (k_quantizer, v_quantizer), (k_part, v_part) = cache._quantizers, cache._parts
     scores = np.concatenate([_key_scores(q, k_quantizer, k_part), q @ k_part.residual.swapaxes(-1, -2)], axis=-1)
-    p = softmax(scores * (1.0 / math.sqrt(cache.k_dim)))  # [..., C, T]
+    scores *= 1.0 / math.sqrt(cache.k_dim)  # [..., C, T]
+    p, _ = attention_weights(scores, return_lse=False)  # [..., C, T]: attention_forward's softmax; its products read the codes
     held = cache.num_quantized
     return _value_output(p[..., :held], v_quantizer, v_part) + p[..., held:] @ v_part.residual  # [..., C, D_v]
 

