@@ -189,7 +189,7 @@ def neutralise(html_dir):
 def finish(html_dir):
     """What follows ``asv publish``: local copies of the scripts, then repository text shown as text."""
     try:
-        print(f"dashboard made offline-ready: {vendor(html_dir)} files served from {html_dir}/vendor")
+        print(f"dashboard made offline-ready: {vendor(html_dir)} files served from its vendor/ folder")
     except VendorError as error:
         print(f"dashboard keeps asv's CDN links (needs internet to render): {error}")
     try:
