@@ -431,8 +431,11 @@ class _Measured:
     timeout = 300
 
     def setup_cache(self):
-        if gguf_path() is not None:  # the real model answers as transformers does, or no point is measured
-            check_answer(model_weights())
+        try:  # the real model answers as transformers does, or no point is measured
+            if gguf_path() is not None:
+                check_answer(model_weights())
+        except NotImplementedError:  # a commit without the model: every point skips by itself
+            pass
         blas = check_points(BLAS_PARAMS, measure_blas)
         batch = check_points(BATCH_PARAMS, measure_batch)  # T = 4096's K/V and oracle serve the steps' too
         return {"blas": blas, "batch": batch, "step": check_points(STEP_PARAMS, measure_step)}
