@@ -1,7 +1,7 @@
 """Prompt-lookup speculative decoding: drafts copied from the context, verified in one forward, the cache cropped back.
 
 A draft is the up to ``prompt_lookup_num_tokens`` tokens that followed the first earlier occurrence of
-the context's last n-gram (n from ``max_matching_ngram_size`` down to 1): Hugging Face's
+the context's (``input_ids`` and the tokens generated) last n-gram (n from ``max_matching_ngram_size`` down to 1): Hugging Face's
 ``PromptLookupCandidateGenerator`` (``generation/candidate_generator.py``), the names and defaults of
 ``generate(prompt_lookup_num_tokens=k)``; vLLM's n-gram proposer does the same with
 ``prompt_lookup_min/max``. One forward of the last token and the draft gives the greedy token after
@@ -45,16 +45,19 @@ def prompt_lookup_candidates(tokens, num_output_tokens, max_matching_ngram_size)
 
 
 def _crop(cache, length):
-    """Every layer's cache cut back to ``length`` positions."""
-    for c in cache:
-        c.crop([length] if isinstance(c, PagedCacheView) else length)
+    """Every layer's cache cut back to ``length`` positions (a paged view: its blocks past them freed)."""
+    if isinstance(cache, PagedCacheView):
+        cache.crop([length])
+    else:
+        for c in cache:
+            c.crop(length)
 
 
 def prompt_lookup_generate(config, weights, input_ids, max_new_tokens, *, cache, prompt_lookup_num_tokens=10,
                            max_matching_ngram_size=None, convert_once=True):
     """Greedy ``input_ids [1, T]`` and ``max_new_tokens`` tokens (int64 ``[1, T + N]``), and the call's
-    :class:`SpecDecodingStats`. ``cache``: one DynamicCache, StaticCache or PagedCacheView per layer, which
-    can be cropped back exactly; ValueError or TypeError naming the argument otherwise (a window cache
+    :class:`SpecDecodingStats`. ``cache``: one DynamicCache or StaticCache per layer, or one PagedCacheView for
+    every layer, which can be cropped back exactly; ValueError or TypeError naming the argument otherwise (a window cache
     that wrapped or a quantized cache cannot take a draft back)."""
     k = as_size("prompt_lookup_num_tokens", prompt_lookup_num_tokens, minimum=1)
     n = 2 if max_matching_ngram_size is None else as_size("max_matching_ngram_size", max_matching_ngram_size, minimum=1)
@@ -63,16 +66,15 @@ def prompt_lookup_generate(config, weights, input_ids, max_new_tokens, *, cache,
         raise ValueError(f"prompt lookup decodes one sequence: input_ids must be [1, T], got shape {ids.shape}")
     if cache is None:
         raise ValueError("prompt lookup needs a cache to crop a rejected draft back from: give cache=[...] per layer")
-    for i, c in enumerate(cache):
-        if not isinstance(c, (DynamicCache, StaticCache, PagedCacheView)):
+    for i, c in enumerate([] if isinstance(cache, PagedCacheView) else cache):
+        if not isinstance(c, (DynamicCache, StaticCache)):
             raise TypeError(f"cache[{i}] is a {type(c).__name__}, which cannot crop a rejected draft back exactly; "
-                            f"prompt lookup needs a DynamicCache, StaticCache or PagedCacheView per layer")
+                            f"prompt lookup needs a DynamicCache or StaticCache per layer, or a PagedCacheView")
     stats = SpecDecodingStats()
     tokens = forward_ids = ids
     produced = 0
     while produced < max_new_tokens:
-        start = cache[0].get_seq_length() if len(cache) else 0
-        start = int(np.max(start))
+        start = int(np.max((cache if isinstance(cache, PagedCacheView) else cache[0]).get_seq_length()))
         logits = forward(config, weights, forward_ids, cache=cache, convert_once=convert_once)  # [1, T_in, vocab]
         stats.num_forwards += 1
         greedy = logits[0].argmax(axis=-1)  # the greedy token after each prefix of forward_ids

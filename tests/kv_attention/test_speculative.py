@@ -45,21 +45,35 @@ def test_prompt_lookup_gives_plain_greedys_tokens_and_caches(kind, k, n):
     assert stats.num_forwards + stats.num_accepted_tokens == 24  # each forward yields one token beyond its accepted
     assert np.array_equal(kv.generate(CONFIG, W64, PROMPT, 24, cache=spec_caches(kind), prompt_lookup_num_tokens=k,
                                       max_matching_ngram_size=n), expected)
-    for plain, spec in zip(plain_cache, spec_cache):  # every rejected draft token left every layer
-        assert np.array_equal(spec.get_seq_length(), plain.get_seq_length())
-        if kind == "paged":
-            pool = spec.cache
-            assert pool.num_free_blocks == plain.cache.num_free_blocks  # a rejected draft's blocks are freed
-            assert len(pool.block_table(0)) == len(plain.cache.block_table(0))
-            table = list(pool.block_table(0))
-            np.testing.assert_allclose(pool.k_cache[table], plain.cache.k_cache[list(plain.cache.block_table(0))],
+    if kind == "paged":  # one view, one block table for every layer
+        pool, plain_pool = spec_cache.cache, plain_cache.cache
+        np.testing.assert_array_equal(spec_cache.get_seq_length(), plain_cache.get_seq_length())
+        assert pool.num_free_blocks == plain_pool.num_free_blocks  # a rejected draft's blocks are freed
+        table, plain_table = list(pool.block_table(0)), list(plain_pool.block_table(0))
+        assert len(table) == len(plain_table)
+        for layer in range(CONFIG.num_hidden_layers):
+            np.testing.assert_allclose(pool.k_caches[layer][table], plain_pool.k_caches[layer][plain_table],
                                        rtol=0, atol=1e-12)
-        else:
-            np.testing.assert_allclose(spec.k_cache, plain.k_cache, rtol=0, atol=1e-12)
-            np.testing.assert_allclose(spec.v_cache, plain.v_cache, rtol=0, atol=1e-12)
+        return
+    for plain, spec in zip(plain_cache, spec_cache):  # every rejected draft token left every layer
+        assert spec.get_seq_length() == plain.get_seq_length()
+        np.testing.assert_allclose(spec.k_cache, plain.k_cache, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(spec.v_cache, plain.v_cache, rtol=0, atol=1e-12)
         if kind == "static":  # past the length, exactly the zeros of a cache that never saw a draft
             assert not spec.k_cache[..., spec.get_seq_length():, :].any()
             assert not spec.v_cache[..., spec.get_seq_length():, :].any()
+
+
+def test_no_prefix_cache_entry_holds_a_drafted_token():
+    """The prompt's full blocks are cached (written with its token ids); the decode after it, drafts and all,
+    caches none, as plain greedy's."""
+    cached = []
+    for k in (None, 10):
+        view = paged_views(batch=1, enable_prefix_caching=True)
+        first = kv.forward(CONFIG, W64, PROMPT, cache=kv.PagedCacheView(view.cache, [0], token_ids=PROMPT))
+        out = kv.generate(CONFIG, W64, first[:, -1].argmax(-1)[:, None], 12, cache=view, prompt_lookup_num_tokens=k)
+        cached.append((view.cache.allocator.num_cached_blocks, out.tolist()))
+    assert cached[0] == cached[1] and cached[0][0] == PROMPT.shape[1] // 4  # block_size 4
 
 
 def test_max_new_tokens_is_exact_even_when_a_draft_could_run_past_it():
