@@ -22,9 +22,10 @@ restoring its arrays, so no step pays a copy a decode would not).
 
 The bytes a step must read (:func:`step_bytes`): every weight once (a tied
 model's embedding is its lm_head, read whole) and K and V of T + 1 positions
-per layer. Beside them, the experiment's exact figures: the weights against a
-token's K/V (:data:`CONFIGS`, Llama-3-8B's too), the batch x length at which
-the cache outweighs the weights, and each cache kind's bytes per token.
+per layer. Beside them, each cache kind's bytes per token, exact. The weights
+against a token's K/V (:data:`CONFIGS`, Llama-3-8B's too) and the batch x
+length at which the cache outweighs the weights are arithmetic, the same at
+every commit: the report computes them, no benchmark tracks them.
 
 Before timing, each point's step is checked against :func:`step_oracle`, one
 decode step written here in float64 from Hugging Face's ``modeling_llama.py``
@@ -524,35 +525,3 @@ class ModelCacheBytes(Benchmark):
 
     track_bytes_per_token.unit = "bytes"
     track_bytes_per_token.version = "1"
-
-
-class ModelBytes(Benchmark):
-    """Exact bytes of SmolLM-135M (float32, as timed) and Llama-3-8B (bfloat16, as served), from their configs.
-
-    ``track_weight_bytes``: what a step reads whole; ``track_kv_bytes_per_token``; ``track_crossover_positions``:
-    the B x T at which the cache a step reads equals the weights.
-    """
-
-    params = [["SmolLM-135M", "Llama-3-8B"]]  # SmolLM2-135M-Instruct has SmolLM-135M's shapes and bytes
-    param_names = ["model"]
-
-    def setup(self, model):
-        self.weights, self.per_token = weight_bytes(model), kv_bytes_per_token(model)
-
-    def track_weight_bytes(self, model):
-        return self.weights
-
-    track_weight_bytes.unit = "bytes"
-    track_weight_bytes.version = "1"
-
-    def track_kv_bytes_per_token(self, model):
-        return self.per_token
-
-    track_kv_bytes_per_token.unit = "bytes"
-    track_kv_bytes_per_token.version = "1"
-
-    def track_crossover_positions(self, model):
-        return self.weights / self.per_token
-
-    track_crossover_positions.unit = "positions"
-    track_crossover_positions.version = "1"

@@ -141,7 +141,7 @@ def _model(plt, run, title, lab):
           "ms per token, B = 1", "one decode step, float32", bottom=0)
     positions = [2 ** k for k in range(8, 21)]  # B x T
     for (model, marker), color in zip((("SmolLM-135M", "o"), ("Llama-3-8B", "s")), ("C0", "C3")):
-        weights, per_token, crossover = model_bytes(run, model)
+        weights, per_token, crossover = model_bytes(model)
         if not all(is_number(v) for v in (weights, per_token, crossover)):
             continue
         axes[1].plot(positions, [weights] * len(positions), color=color, label=f"{model}: weights")
