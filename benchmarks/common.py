@@ -23,6 +23,7 @@ import functools
 import inspect
 import itertools
 import math
+import time
 
 import numpy as np
 
@@ -74,15 +75,18 @@ class Benchmark:
     """The suite's timing defaults, as numpy's ``benchmarks/common.py`` ``Benchmark``: a class sets its own to differ.
 
     2 rounds (two interleaved processes per point) of 5 to 10 samples within about 0.25 s
-    each, after a 0.05 s warm-up: 10 to 20 samples hold the 1.10 factor, now that the
-    instruction counts (``counts.py``) carry the fine detection. asv reads ``rounds``,
-    ``repeat`` and ``warmup_time`` for ``time_`` benchmarks only; ``timeout`` (seconds, also
-    a ``setup_cache``'s) for every kind.
+    each, after a 0.05 s warm-up: 10 to 20 samples, so no single stall moves a median, now
+    that the instruction counts (``counts.py``) carry the fine detection. Every sample is the
+    process's CPU time (asv's ``timer`` attribute, ``time.process_time``: BLAS runs one
+    thread), so the time another job holds the core is not counted (docs/benchmarking.md).
+    asv reads ``rounds``, ``repeat``, ``warmup_time`` and ``timer`` for ``time_`` benchmarks
+    only; ``timeout`` (seconds, also a ``setup_cache``'s) for every kind.
     """
 
     rounds = 2
     repeat = (5, 10, 0.25)
     warmup_time = 0.05
+    timer = time.process_time
     timeout = 120
 
 

@@ -74,14 +74,15 @@ def stop(proc, signum):
 
 def run(*command, check=True, capture=False):
     """Run ``command`` from ROOT in a new session: its exit code, or its CompletedProcess with ``capture``.
-    A :class:`Stopped` stops its session too."""
+    A :class:`Stopped` (Ctrl-C too) stops its session with SIGTERM, which ends asv and its benchmark processes
+    without the chained KeyboardInterrupt tracebacks that SIGINT prints: the command prints one line."""
     pipe = subprocess.PIPE if capture else None
     proc = subprocess.Popen([str(c) for c in command], cwd=ROOT, start_new_session=True, text=True, stdout=pipe,
                             stderr=pipe)
     try:
         out, err = proc.communicate()
     except BaseException as error:
-        stop(proc, error.signum if isinstance(error, Stopped) else signal.SIGINT)
+        stop(proc, signal.SIGTERM)
         raise
     if check and proc.returncode != 0:
         raise UserError(f"`{' '.join(map(str, command))}` exited {proc.returncode}")
@@ -116,11 +117,16 @@ def machine_name():
 
 
 def record_machine():
-    """``asv machine --yes --machine NAME`` (asv records hostname, CPU, RAM); returns NAME."""
+    """Record this machine in ``~/.asv-machine.json`` as NAME (:func:`machine_name`); returns NAME.
+
+    ``asv machine --yes`` records what asv detects (os, arch, cpu, num_cpu, ram) under the hostname; ``asv machine
+    --yes --machine NAME`` then stores that entry under NAME. The second alone stores the name only: asv 0.6.6 keeps
+    only the fields given that differ from its defaults, and starts from the hostname's entry."""
     name = machine_name()
-    result = run(*ASV, "machine", "--yes", "--machine", name, check=False, capture=True)
-    if result.returncode != 0:
-        raise UserError(f"asv machine --yes failed: {(result.stderr or result.stdout).strip()}")
+    for extra in ([], ["--machine", name]):
+        result = run(*ASV, "machine", "--yes", *extra, check=False, capture=True)
+        if result.returncode != 0:
+            raise UserError(f"asv machine --yes failed: {(result.stderr or result.stdout).strip()}")
     return name
 
 

@@ -82,7 +82,7 @@ def main(argv=None):
         print(f"tools/dev.py {args.command}: error: {error}", file=sys.stderr)
         return getattr(args.module, "ERROR_EXIT", 1)  # gate: 1 means a regression, never an error
     except common.Stopped as stop:
-        print(f"tools/dev.py {args.command}: stopped by {stop}, with every process it started", file=sys.stderr)
+        print(f"\ntools/dev.py {args.command}: stopped by {stop}, with every process it started", file=sys.stderr)
         return 128 + stop.signum
 
 

@@ -7,6 +7,8 @@ benchmark names and code, parameter names and machine details into HTML, so a ta
 (asv is pinned to 0.6.6, and a page that lacks one of the places it knows is not published).
 """
 
+import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -14,7 +16,7 @@ from pathlib import Path
 from . import common
 
 VIEW = ("dashboard written to .asv/html; serve it (browsers refuse its JSON from file://) with\n"
-        "  .venv/bin/python -m asv preview\nand open the address it prints")
+        "  .venv/bin/asv preview\nand open the address it prints (a preview left running serves each new publish)")
 
 # CDN address in asv 0.6.6's index.html -> (npm package@version, file in the package).
 # stupid-table-plugin is on npm from 1.1.3 only (the CDN serves 1.0.1, same $.fn.stupidtable).
@@ -187,7 +189,7 @@ def neutralise(html_dir):
 def finish(html_dir):
     """What follows ``asv publish``: local copies of the scripts, then repository text shown as text."""
     try:
-        print(f"dashboard made offline-ready: {vendor(html_dir)} files served from {html_dir}/vendor")
+        print(f"dashboard made offline-ready: {vendor(html_dir)} files served from its vendor/ folder")
     except VendorError as error:
         print(f"dashboard keeps asv's CDN links (needs internet to render): {error}")
     try:
@@ -200,5 +202,33 @@ def finish(html_dir):
 
 
 def publish():
-    common.run(*common.ASV, "publish")
-    finish(common.ROOT / ".asv" / "html")
+    """``asv publish`` into ``.asv/html.new``, :func:`finish` there, then each file moved into ``.asv/html``.
+
+    asv publish deletes and remakes its folder, and ``asv preview`` serves the folder it entered at start (a deleted
+    one after a publish): moved in file by file, the folder stays, and a preview left running serves the new pages."""
+    html, new = common.ROOT / ".asv" / "html", common.ROOT / ".asv" / "html.new"
+    shutil.rmtree(new, ignore_errors=True)
+    common.run(*common.ASV, "publish", "--html-dir", new)
+    finish(new)
+    html.mkdir(exist_ok=True)
+    moved = {path.relative_to(new) for path in new.rglob("*")}
+    for rel in sorted(moved):
+        if (new / rel).is_dir():
+            (html / rel).mkdir(exist_ok=True)
+        else:
+            os.replace(new / rel, html / rel)  # atomic: a page is served whole, old or new
+    for path in sorted(html.rglob("*"), reverse=True):  # what the new pages no longer have, deepest first
+        if path.relative_to(html) not in moved:
+            path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink()
+    shutil.rmtree(new)
+
+
+def regressions(html_dir):
+    """The rows of the dashboard's Regressions page, as ``asv publish`` computed them (``regressions.json``):
+    ``[(label, first commit or None, last commit, value before, value after)]``, one per jump; ``first`` is None
+    where asv pinned the jump to one commit (``last``), else it lies in ``first..last``."""
+    html_dir = Path(html_dir)
+    rows = json.loads((html_dir / "regressions.json").read_text())["regressions"]
+    commit = {int(k): v for k, v in json.loads((html_dir / "index.json").read_text())["revision_to_hash"].items()}
+    return [(label, commit.get(first), commit[last], before, after)
+            for label, _graph, _params, _index, _latest, _best, jumps in rows for first, last, before, after in jumps]

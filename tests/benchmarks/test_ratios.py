@@ -116,7 +116,7 @@ def test_a_tracked_value_without_an_interval_skips():
 def test_the_tracked_values_are_ratios_with_the_class_version():
     for name in ("track_ratio", "track_ratio_low", "track_ratio_high"):
         assert getattr(ratios.Ratios, name).unit == "ratio" and not hasattr(getattr(ratios.Ratios, name), "version")
-        assert asv_listing()[f"bench_ragged.RaggedRatios.{name}"]["version"] == "2"  # its class's
+        assert asv_listing()[f"bench_ragged.RaggedRatios.{name}"]["version"] == "3"  # its class's
         assert asv_listing()[f"bench_cache.CacheRatios.{name}"]["version"] == ratios.Ratios.version == "1"
 
 
@@ -124,7 +124,8 @@ def test_each_ratio_class_has_its_own_setup_cache_and_every_question_is_asked():
     """asv shares a setup_cache by where it is defined: an inherited one would measure one class for all."""
     classes = ratio_classes()
     assert {c.__name__ for c in classes} == {"CacheRatios", "BatchRatios", "BatchSizeRatios", "HeadsRatios",
-                                             "RaggedRatios", "PrefillRatios", "SplitRatios", "CascadeRatios"}
+                                             "RaggedRatios", "PagedStepRatios", "PrefillRatios", "SplitRatios",
+                                             "CascadeRatios"}
     keys = {asv_listing()[f"{c.__module__.split('.')[-1]}.{c.__name__}.track_ratio"]["setup_cache_key"]
             for c in classes}
     assert len(keys) == len(classes)  # e.g. bench_split's two classes: two keys
@@ -136,6 +137,7 @@ POINTS = {  # class -> one cheap point, and the keys its two sides' checks add t
     "BatchSizeRatios": ((2,), {"batched at T=128, B=1", "batched at T=128, B=2"}),
     "HeadsRatios": (("gqa", 64), {"repeat_kv gqa at T=64", "grouped gqa at T=64"}),
     "RaggedRatios": (("padded", "skewed"), {"padded, skewed", "paged, skewed"}),
+    "PagedStepRatios": (("gather_2048",), set()),  # checked once a process by paged_step_sides (lru_cache)
     "PrefillRatios": ((16,), {"chunked_attention chunk_size=16, window=None, n_sink=0 at T=512",
                               "chunked_attention chunk_size=512, window=None, n_sink=0 at T=512"}),
     "SplitRatios": ((4,), {"multi_head_decode, num_splits=4, last 16 of T=2048",

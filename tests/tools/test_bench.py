@@ -1,5 +1,7 @@
 """The main job (tools/commands/bench.py): which commits it benchmarks."""
 
+import subprocess
+
 import pytest
 
 from tools import common
@@ -114,3 +116,12 @@ def test_a_bad_bound_is_refused(options, capsys):
     with pytest.raises(SystemExit) as stop:
         dev.parse_args(["bench", *options])
     assert stop.value.code == 2 and "--commits" in capsys.readouterr().err
+
+
+def test_the_machine_is_recorded_as_asv_machine_detects_it_then_named(monkeypatch):
+    """asv machine --yes --machine NAME alone stores the name only: the hostname's full entry is recorded first."""
+    calls = []
+    monkeypatch.setattr(common, "run", lambda *command, **kw: calls.append(command[3:]) or
+                        subprocess.CompletedProcess(command, 0, "", ""))
+    name = common.record_machine()
+    assert calls == [("machine", "--yes"), ("machine", "--yes", "--machine", name)]

@@ -258,8 +258,11 @@ def test_the_main_jobs_summary_names_both_commits_and_pairs_only_what_asv_flags(
     monkeypatch.setattr(bench, "asv_compare", lambda base, head, machine, factor=None: list(project.flagged))
     monkeypatch.setattr(pairs, "measure_confirmed", lambda env, base, head, points, factor: (
         paired.extend(points) or {label: pairs.Paired(1.3, 1.2, 1.4, 20) for _, _, label in points}))
+    monkeypatch.setattr(bench.publish, "regressions", lambda html_dir: [
+        (f"{TIME}(256, 'concat')", None, project.head, 1.0, 1.3), (f"{TIME}(16, 'concat')", None, project.base, 1, 2)])
     failed = bench.summary(MACHINE, [project.head, project.base], project.head, [project.head])
     out = capsys.readouterr().out
+    assert f"the dashboard's Regressions page: 1 row(s) blame {project.head[:8]}:\n      1.30x  {TIME}(256, 'concat')\n" in out
     assert paired == [(TIME, 2, f"{TIME}(256, 'concat')")] and failed == []
     assert f"main {project.head[:8]} 'head: no code change' against the older {project.base[:8]} 'base'" in out
     assert f"worse 1.30x  {TIME}(256, 'concat')" in out

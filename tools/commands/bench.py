@@ -7,6 +7,7 @@ point failed at main or vanished since main~1; 1 on an error.
 """
 
 import math
+import os
 import time
 
 from .. import common, publish, results
@@ -18,8 +19,9 @@ RESULT_PATHS = ["kv_attention", "setup.cfg", "pyproject.toml", "asv.conf.json"]
 BUILD_FILES = ["setup.cfg", "pyproject.toml", "kv_attention/__init__.py"]  # all present => buildable
 DEFAULT_COMMITS = 5  # 5 x ~100 s beside the .venv and the first asv environment: a fresh clone within 12 min
 NEWEST = 2  # main and main~1: always in the sample
-# Seconds of each phase, for the estimate (measured on the 2-core VM): a commit's build, install and suite; the
-# first asv environment; asv publish with the offline copies; one timing point in pairs.
+# Seconds of each phase on the 2-core VM when quiet, for the estimate (scaled by load / cores): a commit's build,
+# install and suite; the first asv environment; asv publish with the offline copies; one timing point in pairs.
+# At load 4-8 (4 December 2026) a fresh clone took 17 min (4 commits) and a new commit 6-9 min.
 SECONDS_PER_COMMIT, FIRST_ENV, PUBLISH, PER_PAIRED_POINT = 100, 60, 20, 8
 NAMED = 5  # points named under the summary, per channel
 COMMITS = common.checked(int, lambda n: n >= 2, "an integer of at least 2 (main and main~1)")
@@ -91,6 +93,11 @@ def summary(machine, commits, tip, measured):
               "compare flagged" + ("" if tip in measured or not flagged else " (measured earlier: the gate pairs)"))
         for label, ratio in [(label, ratio) for label, ratio, _ in work][:NAMED] + time_worse[:NAMED]:
             print(f"      worse {ratio_text(ratio)}  {label}")
+    page = [row for row in publish.regressions(common.ROOT / ".asv" / "html") if row[2] == tip]
+    print(f"the dashboard's Regressions page: {len(page)} row(s) blame {tip[:8]}" + ":" * bool(page))
+    for label, first, _, before, after in page[:2 * NAMED]:
+        print(f"      {ratio_text(after / before) if before else 'from 0'}  {label}"
+              + (f"  (somewhere in {first[:8]}..{tip[:8]})" if first else ""))
     print(f"this summary is not a gate: the gate is `python3 tools/dev.py gate {common.BRANCH}~1 {common.BRANCH}`")
     parent = common.git("rev-list", "--first-parent", "--skip=1", "--max-count=1", tip)
     return failures(results.stored(machine, parent) if parent else {}, stored[tip])
@@ -117,8 +124,10 @@ def run(args):
         p.benchmark for p in results.stored(machine, c).values()}]
     after = PUBLISH + (8 * PER_PAIRED_POINT if todo else 0)  # pairs: a few points asv flags, as a rule
     estimate = SECONDS_PER_COMMIT * len(todo) + after + (0 if (common.ROOT / ".asv" / "env").is_dir() else FIRST_ENV)
+    load = os.getloadavg()[0]  # the job gets about cores / load of the machine beside other jobs
     print(f"{len(commits)} commit(s) of {common.BRANCH} selected; {len(commits) - len(todo)} already have results on "
-          f"{machine!r}, benchmarking {len(todo)}: about {minutes(estimate)} with publish and pairs", flush=True)
+          f"{machine!r}, benchmarking {len(todo)}: about {minutes(estimate * max(1.0, load / os.cpu_count()))} with "
+          f"publish and pairs at load {load:.1f}", flush=True)
     started = time.monotonic()
     if todo:
         common.asv_run(todo, machine)

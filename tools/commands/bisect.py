@@ -7,6 +7,8 @@ commit it cannot judge (as ``git bisect skip``). Exit 0 naming the first bad com
 commits could not be judged, or on an error.
 """
 
+import difflib
+import itertools
 import re
 
 from .. import common, results
@@ -29,6 +31,24 @@ def setup_arguments(subparsers):
     return parser
 
 
+def labels():
+    """Every point of the suite asv discovered last (``benchmarks.json``), labelled as asv's ``--bench`` matches it."""
+    return [f"{name}({', '.join(combo)})" if combo else name
+            for name, info in results.suite().items() for combo in itertools.product(*info.get("params") or [])]
+
+
+def check_selects(pattern):
+    """UserError naming ``pattern`` and the nearest points' labels (difflib) when it selects none of the suite's points
+    (nothing to check before asv has discovered the suite)."""
+    known = labels()
+    if not known or any(re.search(pattern, label) for label in known):
+        return
+    typed = re.sub(r"\\(.)", r"\1", pattern)  # the text the pattern matches: escapes undone
+    near = difflib.get_close_matches(typed, known, n=3, cutoff=0.5)
+    raise common.UserError(f"--bench {pattern!r} selects no benchmark point of the suite"
+                           + (f"; the nearest: {', '.join(near)}" if near else ""))
+
+
 class Point:
     """The one point ``pattern`` selects, measured and judged commit by commit."""
 
@@ -43,6 +63,8 @@ class Point:
         if len(points) > 1:
             raise common.UserError(f"--bench {self.pattern!r} selects {len(points)} points "
                                    f"({', '.join(sorted(points)[:4])}, ...): give a pattern that selects one")
+        if not points:
+            check_selects(self.pattern)  # asv has discovered the suite now
         self.label = next(iter(points), self.label)
         return next(iter(points.values()), None)
 
@@ -66,6 +88,7 @@ def run(args):
     chain = [good, *common.git("rev-list", "--first-parent", "--reverse", f"{good}..{bad}").split()]
     if len(chain) < 2 or common.git("rev-parse", f"{chain[1]}^") != good:
         raise common.UserError(f"GOOD {good[:8]} is not an earlier commit of BAD {bad[:8]}'s first-parent history")
+    check_selects(args.bench)
     point = Point(args.bench, args.factor, common.record_machine())
     try:
         verdict, ratio = point.worse(good, bad)

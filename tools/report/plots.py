@@ -161,7 +161,7 @@ def _model(plt, run, title, lab):
         rate += _errorbar(axes[2], cells, color=color, label=f"T = {t} (B = 1: its mean over the pairs)")
         if one:
             axes[2].plot([b for b, _ in cells], [b * cells[0][1] for b, _ in cells], linestyle="--", color=color,
-                         alpha=0.6, label="linear from B = 1: weights read once a step")
+                         alpha=0.6, label="linear from B = 1: weights read once a step" if color == "C0" else None)
     _axes(axes[2], sorted({1, *(b for (_, b), _ in batch.rows)}), rate, "B (sequences per step)", "positions / s",
           "batched steps, static caches [95 % interval]", bottom=0, legend={"fontsize": 7})
     axes[2].set_xscale("linear")  # so that linear scaling is a straight line

@@ -33,6 +33,7 @@ RAGGED_ROWS = "bench_ragged.RaggedDecode.track_row_steps"
 SWEEP_PAIRED = "bench_batch.BatchSizeRatios.track_ratio"
 HEADS_PAIRED = "bench_heads.HeadsRatios.track_ratio"
 RAGGED_PAIRED = "bench_ragged.RaggedRatios.track_ratio"
+PAGED_STEP_PAIRED = "bench_ragged.PagedStepRatios.track_ratio"
 CHECK_RTOL, CHECK_ATOL = (inspect.signature(verified_decode).parameters[k].default for k in ("rtol", "atol"))
 BATCH_STEP = "bench_batch.BatchRatios.track_"  # + sequential_step, batched_step, saved_step (+ _low, _high)
 LAB_NOTE = f"lab's: published by the lab, on another machine ({lab.MACHINE}); n/a: none published."
@@ -278,9 +279,8 @@ BEYOND = {
     "heads: GQA": ("#heads", [("repeat_kv / grouped decode, 8 query over 2 K/V heads, T = 64", HEADS_PAIRED,
                                {"kind": "gqa", "T": bench_heads.RATIO_LENGTH}, "ratio")]),
     "ragged batch, paged cache": ("#ragged", [
-        ("padded / paged, 1 long and 7 short", RAGGED_PAIRED, {"strategy": "padded", "lengths": "skewed"}, "ratio"),
-        ("K/V slots, padded", RAGGED_SLOTS, {"strategy": "padded", "lengths": "skewed"}, "count"),
-        ("paged", RAGGED_SLOTS, {"strategy": "paged", "lengths": "skewed"}, "count")]),
+        ("step, 8,192 + 7 × 64, padded / paged", PAGED_STEP_PAIRED, {"point": "padded_8192"}, "ratio"),
+        ("2,048 + 7 × 64, gather / paged", PAGED_STEP_PAIRED, {"point": "gather_2048"}, "ratio")]),
     "chunked prefill": ("#prefill", [("chunks of 64 / one-shot, T = 512", "bench_prefill.PrefillRatios.track_ratio",
                                       {"chunk_size": 64}, "ratio")]),
     "sliding window": ("#prefill", [
