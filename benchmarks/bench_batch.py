@@ -93,9 +93,6 @@ class BatchRatios(Ratios):
     params = [RATIO_LENGTHS]
     param_names = ["T"]
 
-    def setup_cache(self):
-        return self.measure_points()
-
     def sides(self, T):
         return (Side(verified_strategy("sequential", T, BATCH), timed_inputs(T, BATCH)),
                 Side(verified_strategy("batched", T, BATCH), timed_inputs(T, BATCH)))
@@ -147,9 +144,6 @@ class BatchSizeRatios(Ratios):
 
     params = [SWEEP_BATCH_SIZES[1:]]
     param_names = ["B"]
-
-    def setup_cache(self):
-        return self.measure_points()
 
     def sides(self, B):
         one = SWEEP_BATCH_SIZES[0]

@@ -70,9 +70,6 @@ class CacheRatios(Ratios):
     params = [LENGTHS, ["no_cache", "concat"]]
     param_names = ["T", "strategy"]
 
-    def setup_cache(self):
-        return self.measure_points()
-
     def sides(self, T, strategy):
         return (Side(verified_strategy(strategy, T), timed_inputs(T)),
                 Side(verified_strategy("preallocated", T), timed_inputs(T)))

@@ -48,9 +48,6 @@ class CheckFiniteRatios(Ratios):
     params = [list(CALLS)]
     param_names = ["call"]
 
-    def setup_cache(self):
-        return self.measure_points()
-
     def sides(self, call):
         name, inputs, reference = CALLS[call]
         checked = library_function(name, check_finite=True)

@@ -13,16 +13,7 @@ import tracemalloc
 
 import numpy as np
 
-from .common import (
-    Benchmark,
-    HEADS_PATHS,
-    SEED,
-    check_points,
-    library_function,
-    read_only,
-    replay,
-    verified_decode,
-)
+from .common import HEADS_PATHS, SEED, Benchmark, Measured, library_function, read_only, verified_decode
 from .counts import Counts
 from .ratios import Ratios, Side
 
@@ -134,16 +125,7 @@ class PeakBytes:
         return traced
 
 
-def check_and_trace(kind, T, path):
-    """The point's correctness check with its decode traced: that decode's peak bytes."""
-    peak = PeakBytes()
-    decode = verified_heads_decode(kind, T, path, observe=peak.observe)
-    if peak.peak is None:  # checked before in this process: trace a decode of its own
-        peak.observe(decode)(*heads_inputs(kind, T))
-    return peak.peak
-
-
-class HeadsDecode(Benchmark):
+class HeadsDecode(Measured):
     """Full T-step decode of B = 4 sequences ``x: [4, T, 128]``, 8 query heads of D_head = 16, float64.
 
     kind: mha (8 K/V heads), gqa (2), mqa (1). path: repeat_kv copies K/V per
@@ -162,21 +144,26 @@ class HeadsDecode(Benchmark):
     warmup_time = 0
     timeout = 300
 
-    def setup_cache(self):
-        return check_points(self.params, check_and_trace)
+    def measure(self, kind, T, path):
+        """The point's correctness check with its decode traced: that decode's peak bytes."""
+        peak = PeakBytes()
+        decode = verified_heads_decode(kind, T, path, observe=peak.observe)
+        if peak.peak is None:  # checked before in this process: trace a decode of its own
+            peak.observe(decode)(*heads_inputs(kind, T))
+        return peak.peak
 
-    def setup(self, checked, kind, T, path):
-        self.peak_bytes = replay(checked, (kind, T, path))
+    def setup(self, measured, kind, T, path):
+        super().setup(measured, kind, T, path)
         self.decode = verified_heads_decode(kind, T, path)  # verified in setup_cache: not run again
         self.inputs = heads_inputs(kind, T)
 
-    def time_decode(self, checked, kind, T, path):
+    def time_decode(self, measured, kind, T, path):
         self.decode(*self.inputs)
 
     # pinned asv hash (9108790): the full T-step multi_head_decode of heads_inputs(kind, T) [4, T, 128], per path
     time_decode.version = "44c2be19a9a17b049dc00d90a12e1745196ac6ba32aa2676436ce51227f54246"
 
-    def track_decode_peak_bytes(self, checked, kind, T, path):
+    def track_decode_peak_bytes(self, measured, kind, T, path):
         """Peak bytes allocated during one decode (tracemalloc, which sees numpy's allocations).
 
         The cache, 2 x 4 x H_kv x T x 16 x 8 bytes, the output [4, T, 128] and the
@@ -184,7 +171,7 @@ class HeadsDecode(Benchmark):
         for gqa and mqa. Unlike ``peakmem_``, it excludes the check's oracle: the
         check's own decode, in ``setup_cache``, is the one traced.
         """
-        return self.peak_bytes
+        return self.measured
 
     track_decode_peak_bytes.unit = "bytes"
     # pinned asv hash (9108790): tracemalloc's peak over the check's own decode
@@ -234,9 +221,6 @@ class HeadsRatios(Ratios):
 
     params = [list(KINDS), [RATIO_LENGTH]]
     param_names = ["kind", "T"]
-
-    def setup_cache(self):
-        return self.measure_points()
 
     def sides(self, kind, T):
         return (Side(verified_heads_decode(kind, T, "repeat_kv"), heads_inputs(kind, T)),

@@ -13,7 +13,7 @@ import tracemalloc
 
 import numpy as np
 
-from .common import Benchmark, D_K, D_V, check_points, library_function, replay, timed_inputs, verified_decode
+from .common import D_K, D_V, Benchmark, Measured, library_function, timed_inputs, verified_decode
 from .counts import Counts
 from .ratios import Ratios, Side
 
@@ -154,7 +154,7 @@ class WindowDecode(Benchmark):
     time_decode.version = "1"
 
 
-class ChunkedCacheBytes(Benchmark):
+class ChunkedCacheBytes(Measured):
     """Logical K/V bytes of the StaticCache after the chunked prefill of ``x: [512, 64]``: the same at every chunk size.
 
     512 × (64 + 64) × 8 bytes. Every point's prefill is run and checked once, in ``setup_cache``.
@@ -163,20 +163,17 @@ class ChunkedCacheBytes(Benchmark):
     params = [CHUNK_SIZES]
     param_names = ["chunk_size"]
 
-    def setup_cache(self):
-        return check_points(self.params, functools.partial(held_cache_bytes, PREFILL_LENGTH))
+    def measure(self, chunk_size):
+        return held_cache_bytes(PREFILL_LENGTH, chunk_size)
 
-    def setup(self, nbytes, chunk_size):
-        self.nbytes = replay(nbytes, (chunk_size,))  # in setup: a commit without chunked_attention skips
-
-    def track_kv_cache_bytes(self, nbytes, chunk_size):
-        return self.nbytes
+    def track_kv_cache_bytes(self, measured, chunk_size):
+        return self.measured
 
     track_kv_cache_bytes.unit = "bytes"
     track_kv_cache_bytes.version = "1"
 
 
-class WindowCacheBytes(Benchmark):
+class WindowCacheBytes(Measured):
     """Logical K/V bytes held after a token-by-token decode of T positions: the window cache stays flat.
 
     (n_sink + window) × 1024 bytes for a window cache once T passes them, T × 1024 for the full cache.
@@ -186,14 +183,11 @@ class WindowCacheBytes(Benchmark):
     params = [list(WINDOWS), BYTES_LENGTHS]
     param_names = ["window", "T"]
 
-    def setup_cache(self):
-        return check_points(self.params, lambda window, t_len: held_cache_bytes(t_len, 1, *WINDOWS[window]))
+    def measure(self, window, T):
+        return held_cache_bytes(T, 1, *WINDOWS[window])
 
-    def setup(self, nbytes, window, T):
-        self.nbytes = replay(nbytes, (window, T))  # in setup: a commit without SlidingWindowCache skips
-
-    def track_kv_cache_bytes(self, nbytes, window, T):
-        return self.nbytes
+    def track_kv_cache_bytes(self, measured, window, T):
+        return self.measured
 
     track_kv_cache_bytes.unit = "bytes"
     track_kv_cache_bytes.version = "1"
@@ -219,9 +213,6 @@ class PrefillRatios(Ratios):
 
     params = [CHUNK_SIZES[:-1]]
     param_names = ["chunk_size"]
-
-    def setup_cache(self):
-        return self.measure_points()
 
     def sides(self, chunk_size):
         return (Side(verified_chunked(PREFILL_LENGTH, chunk_size), timed_inputs(PREFILL_LENGTH)),

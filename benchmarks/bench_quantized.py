@@ -30,15 +30,14 @@ import numpy as np
 
 from . import common
 from .common import (
-    Benchmark,
     D_K,
     D_V,
+    Benchmark,
+    Measured,
     assert_float64_close,
-    check_points,
     check_single_threaded,
     library_function,
     oracle,
-    replay,
     timed_inputs,
     verified_strategy,
 )
@@ -139,34 +138,28 @@ class QuantizedDecode(Benchmark):
     time_decode.version = "1"  # 1: the T-step decode of timed_inputs(T) through a new cache of the kind
 
 
-class QuantizedAccuracy(Benchmark):
+class QuantizedAccuracy(Measured):
     """What one decode of ``x: [T, 64]`` leaves in the cache, in bytes per position, and its output's error."""
 
     params = [LENGTHS, list(KINDS)]
     param_names = ["T", "kind"]
     timeout = 60
 
-    def setup_cache(self):
-        return check_points(self.params, self.measure)
-
     def measure(self, T, kind):
         """``(bytes per position, max abs error)`` after one decode, behind the check."""
         out, cache = checked_decode(kind, T)
         return cache.nbytes / T, float(np.abs(out - oracle(*timed_inputs(T))).max())
 
-    def setup(self, measured, T, kind):
-        self.bytes_per_position, self.max_abs_error = replay(measured, (T, kind))
-
     def track_bytes_per_position(self, measured, T, kind):
         """The cache's nbytes after the decode over T: codes, scales, zeros and the exact residual (float: 1024)."""
-        return self.bytes_per_position
+        return self.measured[0]
 
     track_bytes_per_position.unit = "bytes"
     track_bytes_per_position.version = "1"  # 1: nbytes / T after that decode
 
     def track_max_abs_error(self, measured, T, kind):
         """max |decode output - exact float64 causal attention| over the T x 64 outputs."""
-        return self.max_abs_error
+        return self.measured[1]
 
     track_max_abs_error.unit = "abs error"
     track_max_abs_error.version = "1"  # 1: against common.oracle, the exact float64 attention
@@ -184,9 +177,6 @@ class QuantizedRatios(Ratios):
     param_names = ["T", "kind"]
     seconds = 0.1  # at least MIN_PAIRS pairs: a 128-step decode fills a sample alone
 
-    def setup_cache(self):
-        return self.measure_points()
-
     def sides(self, T, kind):
         verified_kind(kind, T)
         decode, inputs = verified_strategy("concat", T), timed_inputs(T)
@@ -202,9 +192,6 @@ class FusedRatios(Ratios):
     param_names = ["T", "kind"]
     seconds = 0.05  # MIN_PAIRS pairs of one sample (>= 2 ms) a side
     burst = 1
-
-    def setup_cache(self):
-        return self.measure_points()
 
     def sides(self, T, kind):
         q, cache = prefilled(kind, T)

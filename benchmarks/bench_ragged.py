@@ -10,14 +10,16 @@ import functools
 import inspect
 import math
 
+import numpy as np
+
 from .common import (
-    Benchmark,
+    D_K,
+    SEED,
     STRATEGIES,
+    Measured,
     SkipNotImplemented,
-    check_points,
     library_function,
     oracle,
-    replay,
     timed_inputs,
     verified_decode,
 )
@@ -105,7 +107,7 @@ def check_and_count(strategy, lengths):
     return stats.peak_reserved_slots, stats.row_steps
 
 
-class RaggedDecode(Benchmark):
+class RaggedDecode(Measured):
     """Full decode of 8 sequences ``x_b: [T_b, 64]``, float64, block_size 16, a pool for the whole batch.
 
     Every point is checked and its counts taken once, in ``setup_cache``; ``setup`` replays the outcome.
@@ -115,27 +117,27 @@ class RaggedDecode(Benchmark):
     param_names = ["strategy", "lengths"]
     warmup_time = -1  # asv's own default (0.1 s), as before the base class; RaggedCounts detects finely
 
-    def setup_cache(self):
-        return check_points(self.params, check_and_count)
+    measure = staticmethod(check_and_count)
 
-    def setup(self, checked, strategy, lengths):
-        self.stats = replay(checked, (strategy, lengths))
+    def setup(self, measured, strategy, lengths):
+        super().setup(measured, strategy, lengths)
         self.decode = verified_ragged_decode(strategy, lengths)  # verified in setup_cache: not run again
         self.inputs = ragged_inputs(lengths)
 
     def counted(self):
-        if self.stats is None:  # the decode is timed; only its counts are missing, so the tracked values skip
+        if self.measured is None:  # the decode is timed; only its counts are missing, so the tracked values skip
             raise SkipNotImplemented("kv_attention.ragged_decode has no return_stats at this commit")
-        return self.stats
+        return self.measured
 
-    def time_decode(self, checked, strategy, lengths):
+    def time_decode(self, measured, strategy, lengths):
         self.decode(*self.inputs)
 
     # pinned asv hash (9108790): the whole ragged_decode of the 8 sequences, per strategy and lengths;
-    # "-paged-by-block": paged attends block by block through the block tables, no longer gathering (issue 31)
-    time_decode.version = "b14c0ae8caa1fe29a85b104c320af19812ab3daa0114dd4842f16106378703b5-paged-by-block"
+    # "-paged-by-block": paged attends block by block through the block tables, no longer gathering (issue 31);
+    # "-stored-once": paged reads each stored token once, one attention per length (issue 39)
+    time_decode.version = "b14c0ae8caa1fe29a85b104c320af19812ab3daa0114dd4842f16106378703b5-stored-once"
 
-    def track_reserved_slots(self, checked, strategy, lengths):
+    def track_reserved_slots(self, measured, strategy, lengths):
         """K/V token slots reserved at the peak: B x T_max for padded and compacted, peak blocks x 16 for paged."""
         return self.counted()[0]
 
@@ -143,7 +145,7 @@ class RaggedDecode(Benchmark):
     # pinned asv hash (9108790): return_stats' peak_reserved_slots of that decode
     track_reserved_slots.version = "d926deaab3aef882eefbafa1f30234bfe06b11c748e64d904f8504e2a3699e2a"
 
-    def track_row_steps(self, checked, strategy, lengths):
+    def track_row_steps(self, measured, strategy, lengths):
         """Query rows computed over the decode: B x T_max for padded, the sum of T_b for compacted and paged."""
         return self.counted()[1]
 
@@ -160,46 +162,103 @@ class RaggedCounts(Counts):
 
     params = [list(STRATEGIES["ragged"]), list(COUNT_DISTRIBUTIONS)]
     param_names = ["strategy", "lengths"]
+    # 4: paged attends block by block through the block tables, no longer gathering (issue 31);
+    # 5: paged reads each stored token once, one attention per length (issue 39)
+    version = "5"
 
     def prepare(self, strategy, lengths):
         return verified_ragged_decode(strategy, lengths), ragged_inputs(lengths)
 
-    # 4: paged attends block by block through the block tables, no longer gathering (issue 31)
-    def track_instructions(self, counted, *params):
-        return super().track_instructions(counted, *params)
-
-    track_instructions.unit, track_instructions.version = "instructions", "4"
-
-    def track_estimated_cycles(self, counted, *params):
-        return super().track_estimated_cycles(counted, *params)
-
-    track_estimated_cycles.unit, track_estimated_cycles.version = "cycles", "4"
-
 
 class RaggedRatios(Ratios):
-    """padded / paged and compacted / paged per ragged length distribution: RaggedDecode's decodes timed in turns,
-    paired. Not for ``equal``, where no sequence ends early: its pairs cost about 5 s a commit and ask nothing
-    raggedness changes (RaggedDecode still times it)."""
+    """padded / paged and compacted / paged of the skewed batch: RaggedDecode's decodes timed in turns, paired.
+    Not for ``equal``, where no sequence ends early (its pairs cost about 5 s a commit), nor ``uniform``, which
+    asks nothing the skewed and equal batches do not (RaggedDecode still times both)."""
 
-    params = [[s for s in STRATEGIES["ragged"] if s != "paged"], [d for d in LENGTH_DISTRIBUTIONS if d != "equal"]]
+    params = [[s for s in STRATEGIES["ragged"] if s != "paged"], ["skewed"]]
     param_names = ["strategy", "lengths"]
-
-    def setup_cache(self):
-        return self.measure_points()
+    # 2: paged, the denominator, attends block by block through the block tables, no longer gathering (issue 31);
+    # 3: paged reads each stored token once, one attention per length (issue 39)
+    version = "3"
 
     def sides(self, strategy, lengths):
         return (Side(verified_ragged_decode(strategy, lengths), ragged_inputs(lengths)),
                 Side(verified_ragged_decode("paged", lengths), ragged_inputs(lengths)))
 
-    # 2: paged, the denominator, attends block by block through the block tables, no longer gathering (issue 31)
-    def track_ratio(self, measured, *point):
-        return super().track_ratio(measured, *point)
 
-    def track_ratio_low(self, measured, *point):
-        return super().track_ratio_low(measured, *point)
+# One paged step on a skewed batch (issue 39): point -> (the other side, T of the long sequence)
+PAGED_STEP = {"gather_2048": ("gather", 2048), "padded_8192": ("padded", 8192)}
+STEP_SHORT = [64] * 7  # the 7 short sequences beside the long one
 
-    def track_ratio_high(self, measured, *point):
-        return super().track_ratio_high(measured, *point)
 
-    track_ratio.unit = track_ratio_low.unit = track_ratio_high.unit = "ratio"
-    track_ratio.version = track_ratio_low.version = track_ratio_high.version = "2"
+@functools.lru_cache(maxsize=None)
+def paged_step_inputs(t_long):
+    """``(q [8, 1, 64], ks, vs)``, float32: the query of each sequence and its K and V ``[T_b, 64]``, T_b = t_long,
+    then 64 seven times."""
+    rng = np.random.default_rng(SEED)
+    lengths = [t_long] + STEP_SHORT
+    ks, vs = ([rng.standard_normal((n, D_K), dtype=np.float32) for n in lengths] for _ in range(2))
+    return rng.standard_normal((len(lengths), 1, D_K), dtype=np.float32), ks, vs
+
+
+def paged_step_reference(q, ks, vs):
+    """Each sequence's attention alone, float64: ``[8, 1, 64]``."""
+    out = []
+    for q_i, k, v in zip(q.astype(np.float64), ks, vs):
+        scores = q_i @ k.T.astype(np.float64) / math.sqrt(D_K)
+        weights = np.exp(scores - scores.max())
+        out.append(weights / weights.sum() @ v)
+    return np.array(out)
+
+
+@functools.lru_cache(maxsize=None)
+def paged_step_sides(t_long):
+    """``{"paged", "padded", "gather"}``: one step of the commit's paged_attention over a PagedKVCache (block 16),
+    masked_attend over the batch padded to ``t_long``, and a minimal gather (each sequence's blocks fancy-indexed
+    once through its block table, then its attention); each checked against :func:`paged_step_reference`."""
+    import kv_attention as kv
+
+    if "dtype" not in inspect.signature(getattr(kv, "PagedKVCache", lambda: None)).parameters:
+        raise NotImplementedError("kv_attention has no float32 PagedKVCache at this commit")
+    paged_attention, masked_attend = library_function("paged_attention"), library_function("masked_attend")
+    q, ks, vs = paged_step_inputs(t_long)
+    lengths, ids = [len(k) for k in ks], list(range(len(ks)))
+    pool = kv.PagedKVCache(sum(math.ceil(n / BLOCK_SIZE) for n in lengths), BLOCK_SIZE, D_K, D_K, dtype=np.float32)
+    k_pad, v_pad = np.zeros((2, len(ks), t_long, D_K), np.float32)
+    valid = np.arange(t_long) < np.array(lengths)[:, None]  # [8, t_long]
+    for i, (k, v) in enumerate(zip(ks, vs)):
+        pool.add_sequence(i)
+        pool.update([i], k[None], v[None])
+        k_pad[i, : len(k)], v_pad[i, : len(v)] = k, v
+
+    def gather():
+        out = np.empty((len(ks), 1, D_K), np.float32)
+        for i, n in enumerate(lengths):
+            table = list(pool.block_table(i))
+            k, v = pool.k_cache[table].reshape(-1, D_K)[:n], pool.v_cache[table].reshape(-1, D_K)[:n]
+            scores = q[i] @ k.T / np.float32(math.sqrt(D_K))
+            weights = np.exp(scores - scores.max(-1, keepdims=True))
+            out[i] = weights / weights.sum(-1, keepdims=True) @ v
+        return out
+
+    steps = {"paged": functools.partial(paged_attention, q, pool, ids), "gather": gather,
+             "padded": functools.partial(masked_attend, q, k_pad, v_pad, valid)}
+    expected = paged_step_reference(q, ks, vs)
+    for name, step in steps.items():  # float32: rounding of order 1e-7 relative
+        np.testing.assert_allclose(step(), expected, rtol=1e-4, atol=1e-5, err_msg=f"{name}, 1 x {t_long} + 7 x 64")
+    return steps
+
+
+class PagedStepRatios(Ratios):
+    """One decode step of 1 sequence at T and 7 at 64 (block 16, D 64, float32), paired: ``gather_2048``, a minimal
+    per-sequence gather-then-attend / paged at T = 2,048 (paging reads each stored token once: at least 0.8,
+    within 1.25x of it), and ``padded_8192``, masked_attend over the batch padded to T / paged at T = 8,192
+    (at least 2). They replace RaggedRatios' uniform points."""
+
+    params = [list(PAGED_STEP)]
+    param_names = ["point"]
+
+    def sides(self, point):
+        other, t_long = PAGED_STEP[point]
+        steps = paged_step_sides(t_long)
+        return Side(steps[other], ()), Side(steps["paged"], ())

@@ -7,7 +7,8 @@ bytes once (``np.vdot(a, a)`` of the same weights and cache buffers, and for
 repeat_kv a buffer of its copies' size: :func:`read_kernel`), and stores the bandwidth fraction
 ``(bytes / step time) / (bytes / read time)`` = read time / step time, the
 median of the per-pair values with its 95 % interval (``benchmarks/ratios.py``),
-beside both rates in GB/s and the bytes (:func:`step_bytes`).
+beside both rates in GB/s. The bytes (:func:`step_bytes`) are arithmetic, the
+same at every commit: the report computes them, no benchmark tracks them.
 
 One step is one new token per sequence against a StaticCache already holding
 T positions, through the public ``multi_head_decode(..., cache=cache)``,
@@ -43,7 +44,7 @@ import statistics
 import numpy as np
 
 from . import pairs
-from .common import Benchmark, SEED, library_function, read_only, verified_decode
+from .common import SEED, library_function, read_only, verified_decode
 from .ratios import CLOCK, Ratios
 
 ROOFLINE_SHAPES = ["Llama-3-8B", "Llama-2-7B"]  # GQA 32/8/128 and MHA 32/32/128, keys of MODEL_SHAPES
@@ -311,19 +312,18 @@ class Roofline(Ratios):
 
     shape: a key of ``MODEL_SHAPES`` (Llama-3-8B GQA 32/8/128, Llama-2-7B MHA
     32/32/128); T: positions in the cache; B: sequences; path: grouped or
-    repeat_kv. ``track_ratio`` (and ``_low``, ``_high``) is the bandwidth fraction,
+    repeat_kv. ``track_ratio`` (and ``_low``, ``_high``: its 95 % interval) is the
+    bandwidth fraction, the median of the per-pair read time / step time,
     measured with the rates in ``setup_cache``; points over the 2 GiB memory
     budget or the time budget (:func:`not_measured`) skip, saying why.
     """
 
     params = PARAMS
     param_names = PARAM_NAMES
+    version = "2"  # of the fraction: the read kernel is np.vdot (read_kernel), no longer .sum()
     seconds = 0  # the fewest pairs: a pair of the largest points takes 0.3 s
     min_pairs = 6  # the fewest with a 95 % interval (the smallest and largest of 6: 96.9 %)
     timeout = 300
-
-    def setup_cache(self):
-        return self.measure_points()
 
     def sides(self, *point):  # measured by measure() below: the two sides are not a ratio of two timings
         raise NotImplementedError
@@ -335,28 +335,6 @@ class Roofline(Ratios):
         step, cache = verified_step(shape, T, B, path)
         read, nbytes = read_kernel(shape, T, B, path, cache)
         return bandwidth_fraction(step, read, nbytes, self.seconds, self.min_pairs)
-
-    # Version 2 of the fraction and the read rate: the read kernel is np.vdot (read_kernel), no longer .sum().
-    def track_ratio(self, measured, *point):
-        """The bandwidth fraction: the median of the per-pair read time / step time."""
-        return super().track_ratio(measured, *point)
-
-    track_ratio.unit = "ratio"
-    track_ratio.version = "2"
-
-    def track_ratio_low(self, measured, *point):
-        """The lower end of the fraction's distribution-free 95 % interval."""
-        return super().track_ratio_low(measured, *point)
-
-    track_ratio_low.unit = "ratio"
-    track_ratio_low.version = "2"
-
-    def track_ratio_high(self, measured, *point):
-        """The upper end of the fraction's distribution-free 95 % interval."""
-        return super().track_ratio_high(measured, *point)
-
-    track_ratio_high.unit = "ratio"
-    track_ratio_high.version = "2"
 
     def track_step_gbps(self, measured, *point):
         """The step's rate: its bytes over its median time, 10^9 bytes per second."""
@@ -371,19 +349,3 @@ class Roofline(Ratios):
 
     track_read_gbps.unit = "GB/s"
     track_read_gbps.version = "2"
-
-
-class RooflineBytes(Benchmark):
-    """The bytes one step must read (``roofline_inputs.step_bytes``), at every point, measured or not."""
-
-    params = PARAMS
-    param_names = PARAM_NAMES
-
-    def setup(self, shape, T, B, path):
-        self.nbytes = step_bytes(shape, T, B, path)
-
-    def track_bytes_read(self, shape, T, B, path):
-        return self.nbytes
-
-    track_bytes_read.unit = "bytes"
-    track_bytes_read.version = "1"

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from .common import Benchmark, check_points, library_function, oracle, read_only, replay, verified_decode
+from .common import Benchmark, Measured, library_function, oracle, read_only, verified_decode
 
 SEED = 42
 VOCAB, D_MODEL = 512, 64  # V, and D_model = D_k = D_v as in the rest of the suite
@@ -127,7 +127,7 @@ class Serve(Benchmark):
     time_serve.version = "1"
 
 
-class ServeCounts(Benchmark):
+class ServeCounts(Measured):
     """What the serve of each point did, counted: exact on any machine, and one checked serve per point in all.
 
     ``setup_cache`` serves each point once, through the correctness check, in
@@ -138,43 +138,39 @@ class ServeCounts(Benchmark):
     params = [list(CACHING), list(POOLS)]
     param_names = ["prefix_caching", "pool"]
 
-    def setup_cache(self):
-        return check_points(self.params, serve_counts)
+    measure = staticmethod(serve_counts)
 
-    def setup(self, counts, prefix_caching, pool):
-        self.counts = replay(counts, (prefix_caching, pool))
-
-    def track_steps(self, counts, prefix_caching, pool):
+    def track_steps(self, measured, prefix_caching, pool):
         """Scheduler steps to serve every request."""
-        return self.counts["steps"]
+        return self.measured["steps"]
 
     track_steps.unit = "steps"
     track_steps.version = "1"
 
-    def track_preemptions(self, counts, prefix_caching, pool):
+    def track_preemptions(self, measured, prefix_caching, pool):
         """Requests preempted (by recompute) for want of a block."""
-        return self.counts["preemptions"]
+        return self.measured["preemptions"]
 
     track_preemptions.unit = "preemptions"
     track_preemptions.version = "1"
 
-    def track_recomputed_tokens(self, counts, prefix_caching, pool):
+    def track_recomputed_tokens(self, measured, prefix_caching, pool):
         """Tokens computed again after a preemption."""
-        return self.counts["recomputed_tokens"]
+        return self.measured["recomputed_tokens"]
 
     track_recomputed_tokens.unit = "tokens"
     track_recomputed_tokens.version = "1"
 
-    def track_prefix_hit_tokens(self, counts, prefix_caching, pool):
+    def track_prefix_hit_tokens(self, measured, prefix_caching, pool):
         """Tokens taken from the prefix cache instead of computed."""
-        return self.counts["prefix_hit_tokens"]
+        return self.measured["prefix_hit_tokens"]
 
     track_prefix_hit_tokens.unit = "tokens"
     track_prefix_hit_tokens.version = "1"
 
-    def track_peak_blocks(self, counts, prefix_caching, pool):
+    def track_peak_blocks(self, measured, prefix_caching, pool):
         """The most blocks of 16 tokens in use at once."""
-        return self.counts["peak_blocks"]
+        return self.measured["peak_blocks"]
 
     track_peak_blocks.unit = "blocks"
     track_peak_blocks.version = "1"

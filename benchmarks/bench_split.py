@@ -248,9 +248,6 @@ class SplitRatios(Ratios):
     params = [[n for n in NUM_SPLITS if n is not None]]
     param_names = ["num_splits"]
 
-    def setup_cache(self):
-        return self.measure_points()
-
     def sides(self, num_splits):
         return split_side(num_splits), split_side(None)
 
@@ -260,9 +257,6 @@ class CascadeRatios(Ratios):
 
     params = []
     param_names = []
-
-    def setup_cache(self):
-        return self.measure_points()
 
     def sides(self):
         return Side(*verified_cascade("cascade")), Side(*verified_cascade("concatenated"))

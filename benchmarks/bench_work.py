@@ -27,7 +27,7 @@ copy of the two methods, which the classes share through :class:`_Traced`.
 import sys
 import tracemalloc
 
-from .common import BATCH, STRATEGIES, Benchmark, check_points, replay, timed_inputs, verified_strategy
+from .common import BATCH, STRATEGIES, Measured, timed_inputs, verified_strategy
 
 TRACED_LENGTHS = [16, 64, 256]  # T: enough to tell O(T) from O(T²) growth
 
@@ -60,32 +60,29 @@ def trace_decode(decode, inputs):
     return state["bytes"], state["lines"]
 
 
-class _Traced(Benchmark):
+class _Traced(Measured):
     """Shared by the cache and batch experiments: the traced bytes and lines of one decode of the timed problem."""
 
     batch = None  # B of the timed problem; None for one sequence [T, 64]
 
-    def trace(self, T, strategy):
+    def measure(self, T, strategy):
         """``(bytes allocated, lines)`` of the point's checked decode, on its second traced call."""
         decode = verified_strategy(strategy, T, self.batch)
         inputs = timed_inputs(T, self.batch)
         trace_decode(decode, inputs)  # warm: first-call caches allocate once
         return trace_decode(decode, inputs)
 
-    def setup(self, counted, T, strategy):
-        self.allocated, self.lines = replay(counted, (T, strategy))
-
-    def track_allocated_bytes(self, counted, T, strategy):
+    def track_allocated_bytes(self, measured, T, strategy):
         """Bytes allocated during one decode of every sequence (tracemalloc, line high-water marks summed)."""
-        return self.allocated
+        return self.measured[0]
 
     track_allocated_bytes.unit = "bytes"
     # pinned asv hash (9108790): tracemalloc's line high-water marks summed over one decode
     track_allocated_bytes.version = "5906da7072382f287da496886fd5a099853eddafcb3477ef01577bb549e6193c"
 
-    def track_lines_per_step(self, counted, T, strategy):
+    def track_lines_per_step(self, measured, T, strategy):
         """Python lines executed per decode step (lines / T)."""
-        return self.lines / T
+        return self.measured[1] / T
 
     track_lines_per_step.unit = "lines"
     # pinned asv hash (9108790): Python lines executed per decode step (sys.settrace)
@@ -98,9 +95,6 @@ class CacheWork(_Traced):
     params = [TRACED_LENGTHS, list(STRATEGIES["cache"])]
     param_names = ["T", "strategy"]
 
-    def setup_cache(self):  # one per class: asv shares a setup_cache by where it is defined
-        return check_points(self.params, self.trace)
-
 
 class BatchWork(_Traced):
     """B = 2 sequences ``x: [2, T, 64]``: the traced bytes and lines of the sequential loop vs the batched decode."""
@@ -108,6 +102,3 @@ class BatchWork(_Traced):
     params = [TRACED_LENGTHS, list(STRATEGIES["batch"])]
     param_names = ["T", "strategy"]
     batch = BATCH
-
-    def setup_cache(self):  # as CacheWork's
-        return check_points(self.params, self.trace)

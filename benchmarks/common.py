@@ -14,9 +14,9 @@ n/a) and AssertionError when it is wrong (asv fails it). Where the check costs
 more than the samples, the class's ``setup_cache`` checks every point once per
 commit (:func:`check_points`) and ``setup()`` replays the outcome (:func:`replay`),
 so no process asv starts for a sample runs the oracle again. It is the suite's one
-check-once scheme: HeadsDecode, RaggedDecode, the cache-bytes and work classes,
-ServeCounts, every ``Ratios`` class, and ``Counts`` (whose counting process returns
-its outcomes in the same form) use it.
+check-once scheme, written once in :class:`Measured`: a class defines
+``measure(*point)`` and asv's ``setup_cache`` runs it at every point. ``Counts``
+(whose counting process returns its outcomes in the same form) uses it too.
 """
 
 import functools
@@ -65,6 +65,10 @@ RETIRED = {  # Llama-2-7B is MHA: its repeat_kv step copies nothing (the two pat
         "repeat_kv at G = 1 is the grouped step, so it is not measured twice"
     for track in ("ratio", "ratio_low", "ratio_high", "step_gbps", "read_gbps") for t, b in
     ((1024, 1), (1024, 4), (4096, 1), (16384, 1))}
+RETIRED.update({  # values no commit can change; the report computes them (docs/benchmarking.md, "Cost per commit")
+    **{f"bench_model.ModelBytes.track_{track}": "arithmetic from the configs (bench_model.weight_bytes, ...), "
+       "not a measurement of the commit" for track in ("weight_bytes", "kv_bytes_per_token", "crossover_positions")},
+    "bench_roofline.RooflineBytes.track_bytes_read": "arithmetic (bench_roofline.step_bytes), not a measurement"})
 
 
 class Benchmark:
@@ -235,3 +239,40 @@ def replay(outcomes, point):
         raise AssertionError(outcome["failed"])
     VERIFIED.update(outcome.get("verified", ()))
     return outcome["value"]
+
+
+class Measured(Benchmark):
+    """Every point measured once per commit: ``setup_cache`` runs :meth:`measure` at each (:func:`check_points`),
+    and ``setup`` replays the point's outcome into ``self.measured`` (:func:`replay`).
+
+    asv keys a ``setup_cache`` by where its function is defined, module and line (asv issue 880), and runs it once
+    per key: one inherited from here would serve every subclass the first one's values. So each subclass gets its
+    own, at its own line: this function with ``__wrapped__`` set to the class, as ``functools.wraps`` would set it,
+    through which ``inspect.getsourcelines`` (what asv reads) gives the class's line. A class that defines a
+    ``setup_cache`` itself (to share one between classes) keeps it, and so do its subclasses.
+    """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        inherited = getattr(cls, "setup_cache", None)
+        if inherited is None or getattr(inherited, "per_class", False):  # none yet, or a base class's own
+            cls.setup_cache = per_class_setup_cache(cls)
+
+    def measure(self, *point):
+        """The point's value, after the experiment's correctness check; NotImplementedError skips the point."""
+        raise NotImplementedError(f"{type(self).__name__} measures nothing")
+
+    def setup(self, measured, *point):
+        self.measured = replay(measured, point)
+
+
+def per_class_setup_cache(cls):
+    """``cls``'s ``setup_cache``: :meth:`Measured.measure` at every point, reported (``__wrapped__``) as defined at
+    ``cls``'s own line, so that asv keys it by ``cls``."""
+
+    def setup_cache(self):
+        return check_points(self.params, self.measure)
+
+    setup_cache.__module__, setup_cache.__qualname__ = cls.__module__, f"{cls.__qualname__}.setup_cache"
+    setup_cache.__wrapped__, setup_cache.per_class = cls, True
+    return setup_cache

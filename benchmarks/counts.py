@@ -212,13 +212,15 @@ def why_uncountable():
 
 
 # The counting process: the interpreter of the commit's asv environment, which imports kv_attention from its own
-# site-packages. Only the suite's packages come from the working tree, each through asv_runner's
-# SpecificImporter (as asv's own runner imports the suite): a meta-path finder for that one package name, never
-# a folder on sys.path, so the working tree's kv_attention beside them is not what is counted. Nor is the current
-# folder ("" for -c: dropped) on sys.path; -s: no user site-packages.
+# site-packages. Only the suite's packages come from the working tree, each imported from its own folder by
+# importlib's recipe for a source file (as asv imports the suite: that one package name, never a folder on
+# sys.path), so the working tree's kv_attention beside them is not what is counted. Nor is the current folder
+# ("" for -c: dropped) on sys.path; -s: no user site-packages.
 CHILD_FLAGS = ("-s",)
-CHILD = ("import json, sys; sys.path[:] = [p for p in sys.path if p]; from asv_runner._aux import SpecificImporter; "
-         "sys.meta_path[:0] = [SpecificImporter(n, r) for n, r in json.loads(sys.argv[1]).items()]; "
+CHILD = ("import importlib.util as u, json, sys; sys.path[:] = [p for p in sys.path if p]\n"
+         "for n, d in json.loads(sys.argv[1]).items():\n"
+         "    s = u.spec_from_file_location(n, d + '/__init__.py', submodule_search_locations=[d])\n"
+         "    sys.modules[n] = u.module_from_spec(s); s.loader.exec_module(sys.modules[n])\n"
          "import {module} as c; c.main(sys.argv[2:])")
 # What the counting process inherits of the environment: the thread pins and OpenBLAS's kernel choice (they
 # change what is executed) and PYTHONPATH (asv's --python=same). Nothing else: asv's ASV_* variables, temporary
@@ -245,12 +247,9 @@ def counting_folder_parent():
     return FIXED_TMP if os.path.isdir(FIXED_TMP) and os.access(FIXED_TMP, os.W_OK | os.X_OK) else None
 
 
-def import_root(module):
-    """The folder from which ``module`` (a dotted name, already imported) is imported: for the counting process."""
-    root = os.path.abspath(sys.modules[module].__file__)
-    for _ in module.split("."):
-        root = os.path.dirname(root)
-    return root
+def package_folder(module):
+    """The folder of the package of ``module`` (a dotted name, already imported): for the counting process."""
+    return os.path.dirname(os.path.abspath(sys.modules[module.split(".")[0]].__file__))
 
 
 def suite_classes():
@@ -278,7 +277,7 @@ def count_classes(classes):
     if reason is not None:
         return {"unavailable": reason}
     checked = check_classes(classes)
-    packages = {name.split(".")[0]: import_root(name) for name in (__name__, *(c.__module__ for c in classes))}
+    packages = {name.split(".")[0]: package_folder(name) for name in (__name__, *(c.__module__ for c in classes))}
     with tempfile.TemporaryDirectory(prefix="kv-attention-counts-", dir=counting_folder_parent()) as folder:
         status_file, plan_file = os.path.join(folder, "status.jsonl"), os.path.join(folder, "plan.json")
         with open(plan_file, "w") as plan:
@@ -375,6 +374,11 @@ class Counts(common.Benchmark, abc.ABC):
     """
 
     timeout = COUNT_TIMEOUT  # also the timeout of setup_cache
+    # 2: the correctness check runs natively, one uninstrumented decode before the counted one,
+    # and smaller problems (a count moved by up to 1.7 %, so version 1's history is not comparable).
+    # 3: the commit's own kv_attention is counted (versions 1 and 2 counted the working tree's whenever it
+    # was not the commit under test) in a fixed environment (the shell's moved counts by up to 1 %).
+    version = "3"  # of both tracked values; an experiment whose counts change meaning sets its own
 
     @abc.abstractmethod
     def prepare(self, *params):
@@ -393,15 +397,9 @@ class Counts(common.Benchmark, abc.ABC):
         return self.events["Ir"]
 
     track_instructions.unit = "instructions"
-    # 2: the correctness check runs natively, one uninstrumented decode before the counted one,
-    # and smaller problems (a count moved by up to 1.7 %, so version 1's history is not comparable).
-    # 3: the commit's own kv_attention is counted (versions 1 and 2 counted the working tree's whenever it
-    # was not the commit under test) in a fixed environment (the shell's moved counts by up to 1 %).
-    track_instructions.version = "3"
 
     def track_estimated_cycles(self, counted, *params):
         """Estimated cycles of one decode: Ir + 10 L1 misses + 100 last-level misses (KCachegrind's CEst)."""
         return estimated_cycles(self.events)
 
     track_estimated_cycles.unit = "cycles"
-    track_estimated_cycles.version = "3"  # as track_instructions

@@ -6,7 +6,7 @@ taken at different times compare the drift as much as the code. Taken in
 turns, both sides of a pair see the same machine, and the drift divides out of
 their ratio: duet benchmarking (Bulej et al., ICPE 2020) and randomized
 multiple interleaved trials (Abedi & Brecht, ICPE 2017). Measured here
-(``../shared/notes/pairing.md``): the median of per-pair ratios of two
+(docs/benchmarking.md, "Paired ratios"): the median of per-pair ratios of two
 processes of identical code stayed within 0.17-0.53 % of 1, the ratio of
 their unpaired medians within 2-4 %.
 

@@ -9,16 +9,11 @@ is the median of the per-pair ratios, with its distribution-free 95 % interval
 (:func:`pairs.median_interval`).
 
 An experiment's ratio points are a subclass of :class:`Ratios` in its bench
-module, with asv's ``params`` and ``param_names``, a ``sides`` method and its
-own one-line ``setup_cache`` (asv runs one ``setup_cache`` per place of
-definition, so an inherited one would be shared by every class)::
+module, with asv's ``params`` and ``param_names`` and a ``sides`` method::
 
     class CacheRatios(Ratios):
         params = [LENGTHS, ["no_cache", "concat"]]
         param_names = ["T", "strategy"]
-
-        def setup_cache(self):
-            return self.measure_points()
 
         def sides(self, T, strategy):
             return Side(verified_strategy(strategy, T), timed_inputs(T)), Side(...preallocated...)
@@ -26,12 +21,15 @@ definition, so an inherited one would be shared by every class)::
 ``sides`` returns ``(numerator, denominator)`` (and optionally a constant
 factor), each behind the experiment's own correctness check, so the commit's
 NotImplementedError (the point skips) and AssertionError (it fails) are the
-timings' own. Every point is measured ONCE per commit, in ``setup_cache``
-(:func:`common.check_points`); ``setup`` replays it (:func:`common.replay`),
-and the three tracked values read it:
+timings' own. Every point is measured ONCE per commit, in the class's own
+``setup_cache`` (:class:`common.Measured`); ``setup`` replays it, and the
+three tracked values read it:
 
 - ``track_ratio``: the median of the per-pair ratios (unit "ratio");
 - ``track_ratio_low`` and ``track_ratio_high``: its 95 % interval's ends.
+
+Their ``version`` is the class's: a subclass whose ratio changes meaning sets
+its own.
 
 How long a point takes is sized by time: about ``seconds`` of pairs
 (at least :data:`MIN_PAIRS`), ``burst`` samples of each side per pair (one
@@ -49,7 +47,7 @@ import statistics
 import time
 
 from . import pairs
-from .common import Benchmark, SkipNotImplemented, check_points, replay
+from .common import Measured, SkipNotImplemented
 
 MIN_PAIRS = 9  # the fewest ratios whose 95 % interval is not [min, max]: [x_(2), x_(8)]
 MAX_PAIRS = 200
@@ -109,31 +107,21 @@ def _kept(samples, kept):
     return kept_samples
 
 
-class Ratios(Benchmark, abc.ABC):
+class Ratios(Measured, abc.ABC):
     """A paired ratio per parameter combination, measured once per commit (see the module docstring)."""
 
+    version = "1"  # of the three ratios, the class's unless a subclass's ratio changes meaning
     seconds = 0.25  # of pairs per point, about (pairs_within sizes them by wall time)
     burst = pairs.BURST  # samples of each side per pair, where no single call fills a sample
     # timeout: Benchmark's 120 s, also setup_cache's, where every point of the class is measured
 
-    @abc.abstractmethod
+    @abc.abstractmethod  # abstract: asv collects no class of it where a bench module imports it
     def sides(self, *point):
         """``(numerator, denominator)`` or ``(numerator, denominator, factor)``: zero-argument callables, checked."""
-
-    @abc.abstractmethod
-    def setup_cache(self):
-        """``return self.measure_points()``: each class defines its own (asv shares a setup_cache by definition)."""
 
     def measure(self, *point):
         numerator, denominator, *factor = self.sides(*point)
         return paired_ratio(numerator, denominator, self.seconds, self.burst, *factor)
-
-    def measure_points(self):
-        """Every point's outcome (:func:`common.check_points`): a measurement, a skip or a failure."""
-        return check_points(self.params, self.measure)
-
-    def setup(self, measured, *point):
-        self.measured = replay(measured, point)
 
     def tracked(self, key):
         value = self.measured[key]
@@ -146,18 +134,15 @@ class Ratios(Benchmark, abc.ABC):
         return self.tracked("ratio")
 
     track_ratio.unit = "ratio"
-    track_ratio.version = "1"
 
     def track_ratio_low(self, measured, *point):
         """The lower end of the median's distribution-free 95 % interval."""
         return self.tracked("low")
 
     track_ratio_low.unit = "ratio"
-    track_ratio_low.version = "1"
 
     def track_ratio_high(self, measured, *point):
         """The upper end of the median's distribution-free 95 % interval."""
         return self.tracked("high")
 
     track_ratio_high.unit = "ratio"
-    track_ratio_high.version = "1"

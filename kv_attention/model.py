@@ -2,7 +2,9 @@
 
 ``forward(config, weights, input_ids [B, T], cache=...)`` gives logits ``[B, T, vocab_size]``; ``weights``
 are Hugging Face's state dict (``[out_features, in_features]``); ``cache`` is one cache per layer of batch
-shape ``(B, num_key_value_heads)``, continued by ``input_ids``, so prefill and decode are one call. What
+shape ``(B, num_key_value_heads)``, or one paged view for every layer (one block table per sequence, as vLLM
+V1), continued by ``input_ids``, so prefill and decode are one call. A call that raises leaves a paged cache
+one state for every layer: back at its lengths, no block it filled cached. What
 matches Hugging Face and gpt-fast, what differs, and the errors raised: docs/mechanisms.md#the-model.
 """
 
@@ -17,7 +19,7 @@ from ._validation import as_flag, as_integer_array, as_real, as_size, compute_dt
 from .attention import attention_forward
 from .cache import Cache, StaticCacheFullError
 from .chunked import chunk_mask
-from .paged import PagedCacheView, PagedKVCache
+from .paged import PagedCacheView, PagedKVCache, PagedLayer
 from .quantized import QuantizedCache
 
 
@@ -113,10 +115,9 @@ def check_weights(config, weights):
     if not isinstance(weights, dict):
         raise TypeError(f"weights must be a dict of Hugging Face state-dict names, got {type(weights).__name__}")
     shapes = weight_shapes(config)
-    if shapes.keys() != weights.keys():
-        missing, extra = sorted(shapes.keys() - weights.keys()), sorted(weights.keys() - shapes.keys())
-        raise ValueError(f"weights do not fit the config: missing {missing[:5]}{'...' * (len(missing) > 5)}, "
-                         f"unexpected {extra[:5]}{'...' * (len(extra) > 5)}")
+    if shapes.keys() != weights.keys():  # at most 5 names of each
+        raise ValueError(f"weights do not fit the config: missing {sorted(shapes.keys() - weights.keys())[:5]}, "
+                         f"unexpected {sorted(weights.keys() - shapes.keys())[:5]}")
     for name, w in weights.items():
         if not isinstance(w, np.ndarray) or isinstance(w, np.ma.MaskedArray) or w.shape != shapes[name] \
                 or not (w.dtype.kind == "f" or w.dtype.name == "bfloat16"):
@@ -143,7 +144,7 @@ def converted(w, dtype, once=True):
 # The layer
 
 BLOCK_ROWS = 64  # rows of a weight per matmul when a step brings several rows: docs/results.md#model
-MAX_BLOCKED = 64  # up to this many rows (a decode batch); a prefill's many rows amortise one whole-weight product
+MAX_BLOCKED = 16  # up to this many rows (a decode batch): at 20 and more, one whole-weight product was 1.15x faster
 
 
 def linear(x, w):
@@ -189,7 +190,7 @@ def attention(config, w, x, cos, sin, start, layer_cache, dtype):
     k = linear(x, w["self_attn.k_proj.weight"]).reshape(B, T, H_kv, D).transpose(0, 2, 1, 3)  # [B, H_kv, T, D]
     v = linear(x, w["self_attn.v_proj.weight"]).reshape(B, T, H_kv, D).transpose(0, 2, 1, 3)  # [B, H_kv, T, D]
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    if isinstance(layer_cache, PagedCacheView):
+    if isinstance(layer_cache, PagedLayer):
         layer_cache.update(k, v)
         out = layer_cache.attend(q)  # [B, H, T, D]
     else:
@@ -232,21 +233,29 @@ def check_input_ids(config, input_ids):
 
 
 def check_cache(config, cache, ids, dtype, max_new_tokens=None):
-    """Raise unless ``cache`` is None or one cache of its own per layer that takes this call's k/v ``[B, H_kv, T, D]``
+    """Raise unless ``cache`` is None, one paged view for every layer, or one cache of its own per layer that takes this call's k/v ``[B, H_kv, T, D]``
     of ``dtype``: batch shape ``(B, H_kv)``, k and v widths ``head_dim``, a dtype that holds ``dtype``, room for T
     (with ``max_new_tokens``, for a generate's prompt and every new token but the last). Every layer is checked
     here, so that no layer is written before a later one is refused."""
     if cache is None:
         return
-    if not isinstance(cache, (list, tuple)) or len(cache) != config.num_hidden_layers:
+    if isinstance(cache, PagedCacheView):
+        if cache.cache.num_layers != config.num_hidden_layers:
+            raise ValueError(f"cache is a paged cache of num_layers={cache.cache.num_layers}, the model has "
+                             f"num_hidden_layers={config.num_hidden_layers}")
+        cache = [cache]  # one block table per sequence: every layer's
+    elif not isinstance(cache, (list, tuple)) or len(cache) != config.num_hidden_layers:
         raise ValueError(f"cache must be a list of num_hidden_layers={config.num_hidden_layers} caches, "
                          f"got {type(cache).__name__} of length {len(cache) if hasattr(cache, '__len__') else '?'}")
-    for i, c in enumerate(cache):
-        if not isinstance(c, (Cache, PagedCacheView)):
-            hint = "; wrap a pool as PagedCacheView(pool, seq_ids)" if isinstance(c, PagedKVCache) else ""
-            raise TypeError(f"cache[{i}] must be a kv_attention.Cache or a PagedCacheView, got {c!r:.100}{hint}")
-    if len({id(c.cache if isinstance(c, PagedCacheView) else c) for c in cache}) < len(cache):
-        raise ValueError("cache holds one cache (or paged pool) for several layers: each layer needs its own")
+    else:
+        for i, c in enumerate(cache):
+            if isinstance(c, (PagedKVCache, PagedCacheView)):
+                raise TypeError(f"cache[{i}] is paged: pass one PagedCacheView(pool, seq_ids) as cache, its pool "
+                                f"of num_layers={config.num_hidden_layers} serving every layer")
+            if not isinstance(c, Cache):
+                raise TypeError(f"cache[{i}] must be a kv_attention.Cache, got {c!r:.100}")
+    if len({id(c) for c in cache}) < len(cache):
+        raise ValueError("cache holds one cache for several layers: each layer needs its own")
     (batch, t_new), d = ids.shape, config.head_dim
     written = t_new if max_new_tokens is None else t_new + max_new_tokens - 1
     expected = ((batch, config.num_key_value_heads), d, d)
@@ -298,7 +307,8 @@ def forward(config, weights, input_ids, *, cache=None, convert_once=True):
     dtype = check_weights(config, weights)
     B, T = ids.shape
     check_cache(config, cache, ids, dtype)
-    start = 0 if cache is None else cache[0].get_seq_length()  # an int, or [B] of a paged view
+    paged = isinstance(cache, PagedCacheView)
+    start = 0 if cache is None else (cache if paged else cache[0]).get_seq_length()  # an int, or [B] of a paged view
     if T == 0 and not np.all(start):
         raise ValueError(f"input_ids must hold at least one token where the cache holds none, got shape {ids.shape}")
     positions = np.add.outer(start, np.arange(T)) if np.ndim(start) else start + np.arange(T)  # [T] or [B, T]
@@ -307,18 +317,21 @@ def forward(config, weights, input_ids, *, cache=None, convert_once=True):
         cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, D]: one row of positions per sequence
     eps, once = config.rms_norm_eps, as_flag("convert_once", convert_once)
     x = weights["model.embed_tokens.weight"][ids].astype(dtype)  # [B, T, D_model]
+    layers = cache.layers(T) if paged else cache  # paged: the slots of the T tokens, taken once for every layer
     try:
         for i in range(config.num_hidden_layers):
             w = {name: converted(weights[f"model.layers.{i}.{name}"], dtype, once) for name in LAYER_WEIGHTS}
-            layer_cache = None if cache is None else cache[i]
+            layer_cache = None if cache is None else layers[i]
             x = x + attention(config, w, rms_norm(x, w["input_layernorm.weight"], eps), cos, sin, start, layer_cache,
                               dtype)
             x = x + mlp(w, rms_norm(x, w["post_attention_layernorm.weight"], eps))
     except BaseException:  # e.g. NaN in a later layer's k, refused by its cache: the layers written are cropped back
-        for c in cache or ():
+        for c in [cache] if paged else cache or ():
             if np.any(c.get_seq_length() != start):
                 c.crop(start)
         raise
+    if paged:
+        cache.cache_full_blocks()
     x = rms_norm(x, converted(weights["model.norm.weight"], dtype, once), eps)
     head = weights["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"]
     return linear(x, converted(head, dtype, once))  # [B, T, vocab_size]

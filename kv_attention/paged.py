@@ -4,22 +4,22 @@ PagedAttention (Kwon et al. 2023, the vLLM paper), in vLLM's terms: ``block_size
 tokens per block, ``num_blocks`` in the pool, a ``block_table`` per sequence
 (logical block j -> physical block), a ``slot_mapping`` per new token
 (``physical_block * block_size + offset``), a refcount per block. The allocator
-(:mod:`~kv_attention.block_allocator`) keeps the free list and the refcounts; this
+(:mod:`~kv_attention.block_allocator`) keeps V1's free block queue and the refcounts; this
 class the map of sequence -> block table. :meth:`PagedKVCache.fork` shares the
 parent's blocks, and the first write into a shared last block copies it
 (copy-on-write); with ``enable_prefix_caching`` full blocks are cached under a
 chained hash (:mod:`~kv_attention.prefix_caching`).
 
-:func:`paged_attention` reads the pool through each sequence's block table, one
-logical block at a time for all N sequences together, and folds each block's
-attention state into a running one by the exact log-sum-exp merge of
-:mod:`~kv_attention.split` (an online softmax). What matches vLLM's kernels
-(``csrc/attention/attention_kernels.cuh``) and FlashInfer's paged decode: keys and
-values are read block by block through the block table, never gathered into a
-copy. What differs: vLLM's v1 kernel keeps a whole sequence's logits in shared
-memory for one softmax, and its v2 kernel merges partitions of 512 tokens by their
-max logit and exp-sum, where this merges every block; and a block here is one NumPy
-op over N sequences, not a thread block per sequence and head.
+:func:`paged_attention` reads each stored token's k and v once per step, through its
+sequence's block table: in NumPy, reading through a block table copies (``k_cache[table]``),
+as a GPU kernel loads a block into shared memory before attending to it, so a step copies
+each sequence's blocks once (no table padded to the longest; of a last block, its empty
+slots too). Sequences of one length are gathered together and attended in one call, one
+softmax over a sequence's keys. What matches vLLM's v1 kernel
+(``csrc/attention/attention_kernels.cuh``): the keys of a sequence are read through its
+block table and take one softmax. What differs: a CUDA thread block per sequence and head
+reads each block from HBM into shared memory and never writes a gathered copy back; here
+the copy is an array, and a group of sequences one NumPy call.
 
 Errors: TypeError or ValueError naming the argument (ids, shapes, dtypes, token ids,
 sizes, NaN/inf), :class:`OutOfBlocksError` when an update needs more blocks than are
@@ -31,12 +31,12 @@ import math
 
 import numpy as np
 
-from ._validation import (as_array, as_flag, as_float_array, as_float_dtype, as_size, as_sizes_per_sequence, as_stored,
-                          compute_dtype)
+from ._validation import (as_array, as_flag, as_float_array, as_float_dtype, as_integer_array, as_size,
+                          as_sizes_per_sequence, as_stored, compute_dtype)
+from .attention import attention_forward
 from .block_allocator import BlockAllocator, OutOfBlocksError
 from .cache import check_crop
 from .prefix_caching import PrefixCachingAllocator, hash_block_tokens
-from .split import _merge, _state
 
 
 def as_id_list(seq_ids):
@@ -54,25 +54,9 @@ def _check_hashable(seq_id):
         raise TypeError(f"a sequence id must be hashable, got {seq_id!r}") from None
 
 
-def _as_integer_array(name, values):
-    """``values`` as an int64 array of token ids; TypeError unless integers (an empty list counts),
-    ValueError for a negative id or one beyond int64."""
-    array = np.asarray(values)
-    if array.size == 0 and array.dtype.kind == "f":  # np.asarray([]) is float64
-        array = array.astype(np.int64)
-    if array.dtype.kind not in "iu":
-        raise TypeError(f"{name} must be integers, got dtype {array.dtype}")
-    if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
-        raise ValueError(f"{name} holds an id beyond int64: {array.max()}")
-    if (array < 0).any():
-        j = tuple(np.argwhere(array < 0)[0].tolist())
-        raise ValueError(f"{name}[{', '.join(map(str, j))}] = {array[j]} is negative: token ids are integers >= 0")
-    return array.astype(np.int64)
-
-
 def as_token_ids(name, token_ids):
     """``token_ids`` as a 1-D int64 array; TypeError unless integers, ValueError unless 1-D."""
-    array = _as_integer_array(name, token_ids)
+    array = as_integer_array(name, token_ids)
     if array.ndim != 1:
         raise ValueError(f"{name} must be a 1-D sequence of token ids, got shape {array.shape}")
     return array
@@ -82,7 +66,7 @@ def _as_update_token_ids(token_ids, n_seqs, t_new):
     """The token ids of an update's new positions as ``[N, T_new]`` int64 (None stays None)."""
     if token_ids is None:
         return None
-    array = _as_integer_array("token_ids", token_ids)
+    array = as_integer_array("token_ids", token_ids)
     if array.shape != (n_seqs, t_new):
         raise ValueError(f"token_ids must be [N, T_new] = [{n_seqs}, {t_new}], one per new position, got shape {array.shape}")
     return array
@@ -92,7 +76,11 @@ class PagedKVCache:
     """K/V of many sequences in pools ``k_cache: [num_blocks, block_size, D_k]``, ``v_cache: [..., D_v]``.
 
     A sequence holds ``ceil(length / block_size)`` blocks, plus any reserved by
-    :meth:`allocate_slots`; tokens never move once written. With ``num_kv_heads``
+    :meth:`allocate_slots`; tokens never move once written. With ``num_layers``, one
+    block table per sequence, one allocator and its prefix-cache hashes serve every
+    layer, and each layer has its own pools ``k_caches[layer]``, ``v_caches[layer]``
+    (``k_cache`` is layer 0's), as vLLM V1's ``KVCacheManager`` serves the per-layer
+    ``kv_caches`` of a model. With ``num_kv_heads``
     the pools are ``[num_blocks, block_size, num_kv_heads, D]`` and a token's k/v
     ``[num_kv_heads, D]``: vLLM's layer pool (``FlashAttentionBackend.get_kv_cache_shape``
     in ``vllm/v1/attention/backends/flash_attn.py``: ``(2, num_blocks, block_size,
@@ -100,27 +88,45 @@ class PagedKVCache:
     """
 
     def __init__(self, num_blocks, block_size, k_dim, v_dim, dtype=np.float64, *, enable_prefix_caching=False,
-                 num_kv_heads=None):
+                 num_kv_heads=None, num_layers=1):
         num_blocks = as_size("num_blocks", num_blocks)
         k_dim, v_dim = as_size("k_dim", k_dim, minimum=1), as_size("v_dim", v_dim)  # the library's rule for widths
         block_size = as_size("block_size", block_size, minimum=1)
         dtype = as_float_dtype(dtype, storage=True)  # bfloat16/float16 as cache.py's caches
         enable_prefix_caching = as_flag("enable_prefix_caching", enable_prefix_caching)
         heads = () if num_kv_heads is None else (as_size("num_kv_heads", num_kv_heads, minimum=1),)
-        self.k_cache = np.zeros((num_blocks, block_size, *heads, k_dim), dtype)  # [num_blocks, block_size, (H_kv,) D_k]
-        self.v_cache = np.zeros((num_blocks, block_size, *heads, v_dim), dtype)  # [num_blocks, block_size, (H_kv,) D_v]
+        num_layers = as_size("num_layers", num_layers, minimum=1)
+        self.k_caches = [np.zeros((num_blocks, block_size, *heads, k_dim), dtype) for _ in range(num_layers)]
+        self.v_caches = [np.zeros((num_blocks, block_size, *heads, v_dim), dtype) for _ in range(num_layers)]
         self.allocator = (PrefixCachingAllocator if enable_prefix_caching else BlockAllocator)(num_blocks)
         self._block_tables = {}  # seq_id -> [physical block, ...]
         self._lengths = {}  # seq_id -> tokens stored
-        self._block_hashes = {}  # prefix caching: seq_id -> hashes of its full blocks, or None once a write had no ids
-        self._partial_tokens = {}  # prefix caching: seq_id -> token ids in its last, partial block
+        self._token_ids = {}  # prefix caching: seq_id -> its token ids, or None once a write had none
+        self._block_hashes = {}  # prefix caching: seq_id -> hashes of its full blocks
+        self._num_cached = {}  # prefix caching: seq_id -> its first blocks that are cached (V1's num_cached_block)
         self._peak_blocks = 0
 
     def __repr__(self):
         return (f"PagedKVCache(num_blocks={self.num_blocks}, block_size={self.block_size}, "
                 f"k_dim={self.k_cache.shape[-1]}, v_dim={self.v_cache.shape[-1]}, dtype={self.k_cache.dtype}, "
                 f"{'' if self.num_kv_heads is None else f'num_kv_heads={self.num_kv_heads}, '}"
+                f"{'' if self.num_layers == 1 else f'num_layers={self.num_layers}, '}"
                 f"blocks_in_use={self.blocks_in_use}, sequences={len(self._block_tables)})")
+
+    @property
+    def k_cache(self):
+        """Layer 0's key pool ``[num_blocks, block_size, (H_kv,) D_k]``."""
+        return self.k_caches[0]
+
+    @property
+    def v_cache(self):
+        """Layer 0's value pool ``[num_blocks, block_size, (H_kv,) D_v]``."""
+        return self.v_caches[0]
+
+    @property
+    def num_layers(self):
+        """Layers whose K/V the pool holds, all through the same block tables (int)."""
+        return len(self.k_caches)
 
     @property
     def num_blocks(self):
@@ -160,7 +166,8 @@ class PagedKVCache:
         self._block_tables[seq_id] = blocks
         self._lengths[seq_id] = len(blocks) * self.block_size
         if self.enable_prefix_caching:
-            self._block_hashes[seq_id], self._partial_tokens[seq_id] = hashes, []
+            self._token_ids[seq_id] = [] if token_ids is None else token_ids[: self._lengths[seq_id]].tolist()
+            self._block_hashes[seq_id], self._num_cached[seq_id] = hashes, len(hashes)
         self._note_peak()
         return self._lengths[seq_id]
 
@@ -177,17 +184,19 @@ class PagedKVCache:
         self._block_tables[child_id] = list(blocks)
         self._lengths[child_id] = self._lengths[parent_id]
         if self.enable_prefix_caching:
-            hashes = self._block_hashes[parent_id]
-            self._block_hashes[child_id] = None if hashes is None else list(hashes)
-            self._partial_tokens[child_id] = list(self._partial_tokens[parent_id])
+            tokens = self._token_ids[parent_id]
+            self._token_ids[child_id] = None if tokens is None else list(tokens)
+            self._block_hashes[child_id] = list(self._block_hashes[parent_id])
+            self._num_cached[child_id] = self._num_cached[parent_id]
 
     def free(self, seq_id):
-        """Remove ``seq_id``; a block no sequence holds goes back to the free list (a cached one stays findable)."""
+        """Remove ``seq_id``; the blocks no sequence holds go back on the free queue, its last block first (a cached
+        one stays findable until taken)."""
         self._check_known([seq_id])
-        self.allocator.free(self._block_tables.pop(seq_id))
+        self.allocator.free(self._block_tables.pop(seq_id)[::-1])  # tail first, as V1's free
         del self._lengths[seq_id]
-        self._block_hashes.pop(seq_id, None)
-        self._partial_tokens.pop(seq_id, None)
+        for state in (self._token_ids, self._block_hashes, self._num_cached):
+            state.pop(seq_id, None)
 
     def get_seq_length(self, seq_id):
         """Tokens stored for ``seq_id`` (int)."""
@@ -224,21 +233,20 @@ class PagedKVCache:
         return needed
 
     def crop(self, seq_id, length):
-        """Keep the first ``length`` tokens of ``seq_id`` (a write taken back); its blocks past them are freed (a
-        cached one stays findable). With prefix caching, a cut inside a full block ends the sequence's caching (that
-        block's first token ids are gone); a cached block is never written again, but copied first."""
+        """Keep the first ``length`` tokens of ``seq_id`` (a write taken back); its blocks past them are freed, tail
+        first (a cached one stays findable). A cached block is never written again: a write into one, after a crop
+        inside it, copies it first."""
         self._check_known([seq_id])
         length = check_crop(length, self._lengths[seq_id])
-        table, size, full = self._block_tables[seq_id], self.block_size, length // self.block_size
-        self.allocator.free(table[self._blocks_for(length) :])
+        table, full = self._block_tables[seq_id], length // self.block_size
+        self.allocator.free(table[self._blocks_for(length) :][::-1])
         del table[self._blocks_for(length) :]
         self._lengths[seq_id] = length
-        hashes = self._block_hashes.get(seq_id)
-        if hashes is not None and len(hashes) > full and length % size:
-            self._block_hashes[seq_id] = None
-        elif hashes is not None:
-            del hashes[full:]
-            self._partial_tokens[seq_id] = self._partial_tokens[seq_id][: length - full * size]
+        if self.enable_prefix_caching:
+            del self._block_hashes[seq_id][full:]
+            self._num_cached[seq_id] = min(self._num_cached[seq_id], full)
+            if self._token_ids[seq_id] is not None:
+                del self._token_ids[seq_id][length:]
 
     def update(self, seq_ids, k, v, token_ids=None):
         """Append ``k: [N, T_new, D_k]``, ``v: [N, T_new, D_v]``, row i to sequence ``seq_ids[i]``; return slot_mapping.
@@ -248,13 +256,32 @@ class PagedKVCache:
         ``token_ids: [N, T_new]`` name the new tokens; with prefix caching each block they
         fill is cached (a write without them ends caching for those sequences).
         slot_mapping ``[N, T_new]`` int64 is the slot each new position was written to.
+        A pool of one layer only: :meth:`append_slots`, :meth:`write_slots` and
+        :meth:`cache_full_blocks` are its three steps, for a pool of several layers.
+        """
+        if self.num_layers != 1:
+            raise ValueError(f"update writes a pool of one layer, this one has num_layers={self.num_layers}: "
+                             f"append_slots, then write_slots for each layer, then cache_full_blocks")
+        seq_ids = as_id_list(seq_ids)
+        k, v = self._check_positions(k, v, len(seq_ids))
+        slot_mapping = self.append_slots(seq_ids, k.shape[1], token_ids)
+        self._write(0, slot_mapping, k, v)
+        self.cache_full_blocks(seq_ids)
+        return slot_mapping
+
+    def append_slots(self, seq_ids, num_new_tokens, token_ids=None):
+        """Give each of ``seq_ids`` ``num_new_tokens`` more tokens: ``slot_mapping [N, T_new]`` int64, their slots.
+
+        The tokens count as stored at once, in every layer: each layer's k/v go to those
+        slots by :meth:`write_slots` before it attends, and :meth:`cache_full_blocks`
+        then caches the blocks they filled (vLLM V1's ``allocate_slots``, one
+        slot_mapping for every layer). ``token_ids: [N, T_new]`` as :meth:`update`'s.
         """
         seq_ids = as_id_list(seq_ids)
         self._check_known(seq_ids)
         if len(set(seq_ids)) != len(seq_ids):
             raise ValueError(f"seq_ids repeats a sequence: {seq_ids}")
-        k, v = self._check_positions(k, v, len(seq_ids))
-        t_new = k.shape[1]
+        t_new = as_size("num_new_tokens", num_new_tokens)
         token_ids = _as_update_token_ids(token_ids, len(seq_ids), t_new)
         needed = self._blocks_needed(seq_ids, t_new)
         if needed > self.allocator.num_free_blocks:
@@ -262,21 +289,54 @@ class PagedKVCache:
         for seq_id in seq_ids:
             self._make_room(seq_id, t_new)
         slot_mapping = self._slot_mapping(seq_ids, t_new)  # [N, T_new]
-        slots, new = self.num_blocks * self.block_size, slot_mapping.size  # explicit: reshape(-1, 0) is ambiguous
-        self.k_cache.reshape(slots, *k.shape[2:])[slot_mapping.ravel()] = k.reshape(new, *k.shape[2:])
-        self.v_cache.reshape(slots, *v.shape[2:])[slot_mapping.ravel()] = v.reshape(new, *v.shape[2:])
         for i, seq_id in enumerate(seq_ids):
             self._lengths[seq_id] += t_new
             if self.enable_prefix_caching and t_new:  # an empty write changes nothing, caching included
-                self._cache_full_blocks(seq_id, None if token_ids is None else token_ids[i])
+                self._record_tokens(seq_id, None if token_ids is None else token_ids[i])
         self._note_peak()
         return slot_mapping
 
-    def gather(self, seq_ids):
-        """Copies ``(k [N, S, (H_kv,) D_k], v [N, S, (H_kv,) D_v], lengths [N])`` of the sequences ``seq_ids``.
+    def write_slots(self, layer, slot_mapping, k, v):
+        """Write layer ``layer``'s ``k: [N, T_new, (H_kv,) D_k]``, ``v: [N, T_new, (H_kv,) D_v]`` at the
+        ``slot_mapping [N, T_new]`` that :meth:`append_slots` gave (vLLM's ``reshape_and_cache``)."""
+        layer = self._check_layer(layer)
+        slot_mapping = np.asarray(slot_mapping)
+        if slot_mapping.dtype.kind not in "iu" or slot_mapping.ndim != 2:
+            raise TypeError(f"slot_mapping must be integers [N, T_new], got {slot_mapping.dtype} {slot_mapping.shape}")
+        if slot_mapping.size and not 0 <= slot_mapping.min() <= slot_mapping.max() < self.num_blocks * self.block_size:
+            raise ValueError(f"slot_mapping holds a slot outside the pool's {self.num_blocks * self.block_size}")
+        k, v = self._check_positions(k, v, len(slot_mapping))
+        if k.shape[1] != slot_mapping.shape[1]:
+            raise ValueError(f"k and v hold T_new={k.shape[1]} positions, slot_mapping {slot_mapping.shape[1]}")
+        self._write(layer, slot_mapping, k, v)
+
+    def cache_full_blocks(self, seq_ids):
+        """With prefix caching, cache the full blocks of ``seq_ids`` not cached yet (V1's ``cache_full_blocks``)."""
+        seq_ids = as_id_list(seq_ids)
+        self._check_known(seq_ids)
+        for seq_id in seq_ids if self.enable_prefix_caching else ():
+            table, hashes = self._block_tables[seq_id], self._block_hashes[seq_id]
+            for j in range(self._num_cached[seq_id], len(hashes)):
+                if not self.allocator.is_cached(table[j]):  # a sharer cached it already (a fork)
+                    self.allocator.cache(table[j], hashes[j])
+            self._num_cached[seq_id] = len(hashes)
+
+    def _write(self, layer, slot_mapping, k, v):
+        slots, new = self.num_blocks * self.block_size, slot_mapping.size  # explicit: reshape(-1, 0) is ambiguous
+        self.k_caches[layer].reshape(slots, *k.shape[2:])[slot_mapping.ravel()] = k.reshape(new, *k.shape[2:])
+        self.v_caches[layer].reshape(slots, *v.shape[2:])[slot_mapping.ravel()] = v.reshape(new, *v.shape[2:])
+
+    def _check_layer(self, layer):
+        layer = as_size("layer", layer)
+        if layer >= self.num_layers:
+            raise ValueError(f"layer={layer} is not a layer of the pool: num_layers={self.num_layers}")
+        return layer
+
+    def gather(self, seq_ids, layer=0):
+        """Layer ``layer``'s copies ``(k [N, S, (H_kv,) D_k], v [N, S, (H_kv,) D_v], lengths [N])`` of ``seq_ids``.
 
         Row i holds ``seq_ids[i]``'s tokens at positions ``< lengths[i]``; past that, slots of
-        its own last block (mask them). The decode never gathers: see :func:`paged_attention`.
+        its own last block (mask them).
         """
         seq_ids = as_id_list(seq_ids)
         lengths = self.get_seq_lengths(seq_ids)  # checks every id
@@ -285,8 +345,9 @@ class PagedKVCache:
         # Pad each table with its own last block, so that no row reads another sequence's block.
         held = [t + t[-1:] * (width - len(t)) for t in tables if t]
         index = np.array(held, dtype=np.int64).reshape(len(held), width)  # [N_held, blocks]
-        k = self._gather_pool(self.k_cache, index, tables, n)  # [N, S, D_k]
-        v = self._gather_pool(self.v_cache, index, tables, n)  # [N, S, D_v]
+        layer = self._check_layer(layer)
+        k = self._gather_pool(self.k_caches[layer], index, tables, n)  # [N, S, D_k]
+        v = self._gather_pool(self.v_caches[layer], index, tables, n)  # [N, S, D_v]
         return k, v, lengths
 
     def _gather_pool(self, pool, index, tables, n):
@@ -305,7 +366,7 @@ class PagedKVCache:
 
     @property
     def num_free_blocks(self):
-        """Blocks that can be taken (int): the free list's, and with prefix caching cached ones no sequence holds."""
+        """Blocks that can be taken (int): those on the free queue, cached ones that no sequence holds included."""
         return self.allocator.num_free_blocks
 
     @property
@@ -336,7 +397,8 @@ class PagedKVCache:
     @property
     def nbytes(self):
         """Logical size of the stored keys and values, in bytes (int); not the pool's size."""
-        per_slot = (self.k_cache.nbytes + self.v_cache.nbytes) // max(self.num_blocks * self.block_size, 1)
+        layer_bytes = self.k_cache.nbytes + self.v_cache.nbytes
+        per_slot = self.num_layers * layer_bytes // max(self.num_blocks * self.block_size, 1)
         return per_slot * self.slots_used
 
     def _check_new(self, seq_id):
@@ -395,7 +457,8 @@ class PagedKVCache:
         last = table[length // self.block_size] if length % self.block_size else None
         if t_new and last is not None and (self.allocator.ref_count(last) > 1 or self._cached(last)):
             (fresh,) = self.allocator.allocate(1)
-            self.k_cache[fresh], self.v_cache[fresh] = self.k_cache[last], self.v_cache[last]
+            for pool in self.k_caches + self.v_caches:  # every layer's
+                pool[fresh] = pool[last]
             self.allocator.free([last])  # the other holders keep it (a cached one stays findable)
             table[length // self.block_size] = fresh
         new = self._blocks_for(length + t_new) - len(table)
@@ -425,18 +488,16 @@ class PagedKVCache:
             hashes.append(block_hash)
         return blocks, hashes
 
-    def _cache_full_blocks(self, seq_id, token_ids):
-        """Record ``seq_id``'s new token ids; cache each block they complete under its chained hash."""
-        hashes = self._block_hashes[seq_id]
-        if hashes is None or token_ids is None:  # a write without ids ends the sequence's caching
-            self._block_hashes[seq_id] = None
+    def _record_tokens(self, seq_id, token_ids):
+        """Record ``seq_id``'s new token ids and hash each block they complete (cached by :meth:`cache_full_blocks`)."""
+        tokens, hashes, size = self._token_ids[seq_id], self._block_hashes[seq_id], self.block_size
+        if tokens is None or token_ids is None:  # a write without ids ends the sequence's caching
+            self._token_ids[seq_id] = None
             return
-        partial, size, table = self._partial_tokens[seq_id], self.block_size, self._block_tables[seq_id]
-        partial.extend(token_ids.tolist())
-        while len(partial) >= size:
-            hashes.append(hash_block_tokens(hashes[-1] if hashes else None, partial[:size]))
-            self.allocator.cache(table[len(hashes) - 1], hashes[-1])
-            del partial[:size]
+        tokens.extend(token_ids.tolist())
+        while len(tokens) >= (len(hashes) + 1) * size:
+            j = len(hashes)
+            hashes.append(hash_block_tokens(hashes[-1] if hashes else None, tokens[j * size : (j + 1) * size]))
 
     def _slot_mapping(self, seq_ids, t_new):
         """Slots ``[N, T_new]`` of the next ``t_new`` positions of each sequence (blocks already taken)."""
@@ -447,25 +508,30 @@ class PagedKVCache:
         return np.array(slots, dtype=np.int64).reshape(len(seq_ids), t_new)
 
 
-def paged_attention(q, cache, seq_ids, *, causal=False, check_finite=True):
+def paged_attention(q, cache, seq_ids, *, causal=False, check_finite=True, layer=0):
     """Attention of ``q: [N, T_q, D_k]`` (row i of sequence ``seq_ids[i]``) over each sequence's keys in the pool.
 
-    Reads ``cache``'s pool block by block through the block tables (the module's
-    method), so no step copies a sequence's whole K/V. Returns ``[N, T_q, D_v]``,
-    equal up to rounding to :func:`~kv_attention.attention.attend` over each
-    sequence's stored keys; a sequence with none gives zeros. With ``num_kv_heads``,
+    Returns ``[N, T_q, D_v]``, equal up to rounding to :func:`~kv_attention.attention.attend`
+    over each sequence's stored keys; a sequence with none gives zeros. With ``num_kv_heads``,
     ``q: [N, H_q, T_q, D_k]`` -> ``[N, H_q, T_q, D_v]``, query head h reading K/V head
-    ``h // (H_q / H_kv)``; a group's query heads are rows against one read of its K/V
-    head, as vLLM's and FlashInfer's GQA decode kernels do. ``causal=True``: the queries
-    are each sequence's last T_q positions, already written (a chunk), and query i
-    attends to the keys before position ``length - T_q + i + 1``: the causal diagonal
-    aligned bottom-right, as vLLM's prefill (FlashAttention's ``causal``) aligns it.
-    ``check_finite`` scans ``q``; the pool's keys and values were scanned when they were written.
+    ``h // (H_q / H_kv)``; a group's query heads are rows against one read of its K/V head,
+    as vLLM's and FlashInfer's GQA decode kernels do. ``causal=True``: the queries are each
+    sequence's last T_q positions, already written (a chunk), and query i attends to the keys
+    before position ``length - T_q + i + 1``: the causal diagonal aligned bottom-right, as
+    vLLM's prefill (FlashAttention's ``causal``) aligns it. ``check_finite`` scans ``q``; the
+    pool's keys and values were scanned when they were written. ``layer``: whose pools to read.
+
+    What is copied: each sequence's blocks, once, through its block table (``k_cache[table]``
+    copies them, as a GPU kernel loads a block into shared memory before attending to it): the
+    stored tokens, and the empty slots of each last block (at most ``block_size - 1`` a
+    sequence). No block table is padded to another's length. Sequences of one length are
+    gathered and attended together, in one call.
     """
     if not isinstance(cache, PagedKVCache):
         raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
     lengths = cache.get_seq_lengths(seq_ids)  # [N]; checks every id
-    causal = as_flag("causal", causal)
+    seq_ids = as_id_list(seq_ids)
+    causal, layer = as_flag("causal", causal), cache._check_layer(layer)
     q = (as_float_array if as_flag("check_finite", check_finite) else as_array)("q", q)
     n, d_k, h_kv = len(lengths), cache.k_cache.shape[-1], cache.num_kv_heads
     if h_kv is None:
@@ -478,41 +544,43 @@ def paged_attention(q, cache, seq_ids, *, causal=False, check_finite=True):
                              f"got shape {q.shape}")
         q_rows = q.reshape(n, h_kv, q.shape[1] // h_kv, *q.shape[2:]).swapaxes(2, 3)  # [N, H_kv, T_q, G, D_k]
     t_q, size = q_rows.shape[2], cache.block_size
-    n_blocks = -(-lengths // size)  # [N], written blocks per sequence
-    width = int(n_blocks.max(initial=0))
-    tables = np.zeros((len(lengths), width), dtype=np.int64)  # [N, blocks]: past its own, a row repeats its last block
-    for i, (seq_id, n_held) in enumerate(zip(seq_ids, n_blocks.tolist())):
-        if n_held:
-            tables[i, :n_held] = cache._block_tables[seq_id][:n_held]
-            tables[i, n_held:] = cache._block_tables[seq_id][n_held - 1]
-    # keys a query may attend to are the positions below `ends`: [N, 1], or [N, T_q] bottom-right causal
-    ends = lengths[:, None] - t_q + 1 + np.arange(t_q) if causal else lengths[:, None]
     out = np.zeros(q_rows.shape[:-1] + cache.v_cache.shape[-1:], np.result_type(q, cache.v_cache))  # [..., G, D_v]
-    lse = np.full(q_rows.shape[:-1], -np.inf, out.dtype)  # [N, H_kv, T_q, G]: the state of no keys
-    offsets = np.arange(size)
-    for j in range(width):
-        blocks = tables[:, j]  # [N]
-        valid = j * size + offsets < ends[..., None]  # [N, 1 or T_q, block_size]
-        valid = None if valid.all() else valid[:, None]  # [N, 1, 1 or T_q, block_size]
-        k, v = cache.k_cache[blocks], cache.v_cache[blocks]  # [N, block_size, (H_kv,) D]
-        if h_kv is None:
-            k, v = k[:, None, None], v[:, None, None]  # [N, 1, 1, block_size, D]
-        else:
-            k, v = k.swapaxes(1, 2)[:, :, None], v.swapaxes(1, 2)[:, :, None]  # [N, H_kv, 1, block_size, D]
-        state = _state(q_rows, k, v, valid)  # one block: [N, H_kv, T_q, G, D_v], [N, H_kv, T_q, G]
-        out, lse = _merge((out, state[0]), (lse, state[1]))
+    groups = {}  # length -> the rows of the sequences holding that many tokens
+    for i, length in enumerate(lengths.tolist()):
+        if length:
+            groups.setdefault(length, []).append(i)
+    for length, rows in groups.items():
+        tables = np.array([cache._block_tables[seq_ids[i]][: -(-length // size)] for i in rows])  # [n_g, blocks]
+        k, v = (_gather(pool, tables, length).astype(out.dtype, copy=False)
+                for pool in (cache.k_caches[layer], cache.v_caches[layer]))  # [n_g, H_kv, 1, S, D]
+        mask = None  # a decode, or a chunk of T_q: query i sees the keys before length - T_q + i + 1
+        if causal and t_q > 1:
+            mask = (np.arange(length) < length - t_q + 1 + np.arange(t_q)[:, None])[:, None]  # [T_q, 1, S]
+        out[rows] = attention_forward(q_rows[rows].astype(out.dtype, copy=False), k, v, mask)  # [n_g, H_kv, T_q, G, D]
     if h_kv is None:
         return out[:, 0, :, 0]  # [N, T_q, D_v]
     return out.swapaxes(2, 3).reshape(q.shape[:-1] + out.shape[-1:])  # [N, H_q, T_q, D_v]
 
 
-class PagedCacheView:
-    """One layer's paged cache bound to the sequences of a batch: what :func:`~kv_attention.model.forward` takes.
+def _gather(pool, tables, length):
+    """The first ``length`` tokens through ``tables [n, blocks]``: ``pool[tables]`` copies each block once, and the
+    tokens are its ``[n, H_kv, 1, S = length, D]`` view."""
+    blocks = pool[tables]  # [n, blocks, block_size, (H_kv,) D]
+    tokens = blocks.reshape(len(tables), blocks.shape[1] * blocks.shape[2], *pool.shape[2:])[:, :length]  # D may be 0
+    if tokens.ndim == 3:
+        return tokens[:, None, None]  # [n, 1, 1, S, D]
+    return tokens.swapaxes(1, 2)[:, :, None]  # [n, H_kv, 1, S, D]
 
-    ``cache``: a :class:`PagedKVCache` with ``num_kv_heads``; ``seq_ids``: the N sequences,
-    row i of the batch is ``seq_ids[i]``; ``token_ids``: ``[N, T_new]`` for prefix caching.
-    The model's k/v ``[N, H_kv, T_new, D]`` are written as the pool's tokens
-    ``[N, T_new, H_kv, D]``, then read back block by block by :func:`paged_attention`.
+
+class PagedCacheView:
+    """A paged cache bound to the sequences of a batch, for every layer: what :func:`~kv_attention.model.forward` takes.
+
+    ``cache``: a :class:`PagedKVCache` with ``num_kv_heads`` and one layer per model layer;
+    ``seq_ids``: the N sequences, row i of the batch is ``seq_ids[i]``; ``token_ids``:
+    ``[N, T_new]`` for prefix caching. A forward call takes the slots of its T_new tokens
+    once (:meth:`layers`), each layer writes its k/v ``[N, H_kv, T_new, D]`` there as the
+    pool's tokens ``[N, T_new, H_kv, D]`` and attends through the same block tables, and
+    :meth:`cache_full_blocks` caches the blocks filled once the last layer has written.
     """
 
     def __init__(self, cache, seq_ids, token_ids=None):
@@ -547,10 +615,28 @@ class PagedCacheView:
         for seq_id, length in zip(self.seq_ids, lengths):
             self.cache.crop(seq_id, length)
 
+    def layers(self, t_new):
+        """Take the slots of ``t_new`` more tokens of each sequence (:meth:`PagedKVCache.append_slots`): a
+        :class:`PagedLayer` per layer of the pool, each writing its k/v at those slots and attending."""
+        slot_mapping = self.cache.append_slots(self.seq_ids, t_new, self.token_ids)
+        return [PagedLayer(self, layer, slot_mapping) for layer in range(self.cache.num_layers)]
+
+    def cache_full_blocks(self):
+        """With prefix caching, cache the blocks the call's tokens filled, once every layer has written them."""
+        self.cache.cache_full_blocks(self.seq_ids)
+
+
+class PagedLayer:
+    """Layer ``layer`` of a :class:`PagedCacheView` in one forward call, whose slots are ``slot_mapping [N, T_new]``."""
+
+    def __init__(self, view, layer, slot_mapping):
+        self.view, self.layer, self.slot_mapping = view, layer, slot_mapping
+
     def update(self, k, v):
-        """Write ``k: [N, H_kv, T_new, D_k]``, ``v: [N, H_kv, T_new, D_v]``; returns the slot_mapping ``[N, T_new]``."""
-        return self.cache.update(self.seq_ids, k.swapaxes(1, 2), v.swapaxes(1, 2), token_ids=self.token_ids)
+        """Write ``k: [N, H_kv, T_new, D_k]``, ``v: [N, H_kv, T_new, D_v]`` at the call's slots."""
+        self.view.cache.write_slots(self.layer, self.slot_mapping, k.swapaxes(1, 2), v.swapaxes(1, 2))
 
     def attend(self, q):
         """Causal attention of the last T_q positions' ``q: [N, H_q, T_q, D_k]``: ``[N, H_q, T_q, D_v]``."""
-        return paged_attention(q, self.cache, self.seq_ids, causal=True, check_finite=False)
+        return paged_attention(q, self.view.cache, self.view.seq_ids, causal=True, check_finite=False,
+                               layer=self.layer)

@@ -8,8 +8,8 @@ position ``s - start_steps[i]``. Strategies (``strategy=``):
     compacted  only the rows in the batch (dynamic exit); when sequences leave, each
                survivor past the new end is copied into a leaver's row.
     paged      compacted, with K/V in a :class:`~kv_attention.paged.PagedKVCache`:
-               leaving frees blocks, no token moves, and each step attends block by
-               block through the block tables (:func:`~kv_attention.paged.paged_attention`).
+               leaving frees blocks, no token moves, and each step reads each stored
+               token once through the block tables (:func:`~kv_attention.paged.paged_attention`).
                A caller's ``cache`` holds sequences 0..B-1 while they are in the batch;
                the blocks the schedule needs at its peak are counted before the first
                step, so a pool too small raises OutOfBlocksError and changes nothing.
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._validation import as_flag, as_float_array, as_size, as_sizes_per_sequence, check_choice
-from .attention import check_projection_inputs, masked_attend
+from .attention import attention_forward, check_projection_inputs
 from .paged import OutOfBlocksError, PagedKVCache, paged_attention
 
 RAGGED_STRATEGIES = ("padded", "compacted", "paged")
@@ -100,7 +100,7 @@ class _PaddedBatch(_ContiguousCache):
         self.lengths[self.in_batch] += 1
         span = int(self.lengths[self.in_batch].max())
         valid = (np.arange(span) < self.lengths[:, None]) & self.in_batch[:, None]  # [B, S]
-        out = masked_attend(q, self.k_cache[:, :span], self.v_cache[:, :span], valid, check_finite=False)  # [B, 1, D_v]
+        out = attention_forward(q, self.k_cache[:, :span], self.v_cache[:, :span], valid[:, None])  # [B, 1, D_v]
         return live, positions, out[self.in_batch, 0], len(rows)
 
 
@@ -140,7 +140,7 @@ class _CompactedBatch(_ContiguousCache):
         self.lengths[:n] += 1
         span = int(positions.max()) + 1
         valid = np.arange(span) < self.lengths[:n, None]  # [N, S]
-        out = masked_attend(q, self.k_cache[:n, :span], self.v_cache[:n, :span], valid, check_finite=False)  # [N, 1, D_v]
+        out = attention_forward(q, self.k_cache[:n, :span], self.v_cache[:n, :span], valid[:, None])  # [N, 1, D_v]
         return seqs, positions, out[:, 0], n
 
 
@@ -173,7 +173,7 @@ class _PagedBatch:
         positions = self.cache.get_seq_lengths(self.seqs)  # [N]
         q, k, v = problem.project(seqs, positions)
         self.cache.update(self.seqs, k, v)
-        out = paged_attention(q, self.cache, self.seqs, check_finite=False)  # [N, 1, D_v], block by block
+        out = paged_attention(q, self.cache, self.seqs, check_finite=False)  # [N, 1, D_v]
         return seqs, positions, out[:, 0], len(seqs)
 
     @property

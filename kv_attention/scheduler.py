@@ -10,12 +10,12 @@ position, ``[len(token_ids) - prompt_len + 1, D_v]``, what a model samples from.
 They equal ``causal_attention(embedding[token_ids], w_q, w_k, w_v)[prompt_len - 1:]``
 however the request was chunked, batched, preempted or served from the cache.
 With ``model=(config, weights)`` (:mod:`~kv_attention.model`) the model is a Llama
-decoder with a paged cache per layer, and the tokens past a prompt are the model's
+decoder over one paged cache for every layer, and the tokens past a prompt are the model's
 own: each output is the argmax of the logits at the last known token, and it becomes
 the next token; a request's outputs equal its own ``generate()``. A step runs the
 one-token chunks of all requests as one batch (one position per row), and each
-longer chunk alone. vLLM keeps one block table per request for every layer; here each
-layer's cache keeps its own, changed in step.
+longer chunk alone. As in vLLM V1, one block table per request, one allocator and its
+prefix-cache hashes serve every layer, each layer with its own K/V pools.
 
 A request knows its prompt and, after each output, one token more (the one a
 model would have sampled from it). The scheduler is vLLM V1's
@@ -171,11 +171,10 @@ class _Sequence:
 class _Scheduler:
     """The queues (arrivals, waiting, running), the paged cache, and the counts of one serve."""
 
-    def __init__(self, seqs, embedding, weights, model, caches, max_num_batched_tokens, max_num_seqs):
+    def __init__(self, seqs, embedding, weights, model, cache, max_num_batched_tokens, max_num_seqs):
         self.embedding, self.weights, self.model = embedding, weights, model
         self.max_num_batched_tokens, self.max_num_seqs = max_num_batched_tokens, max_num_seqs
-        self.caches = caches  # one per layer, kept in step: every change goes to each
-        self.cache = caches[0]  # what the scheduler reads: lengths, free blocks, the prefix cache
+        self.cache = cache  # every layer's K/V through one block table per request
         self.arrivals = deque(sorted(seqs, key=lambda s: s.arrival_step))  # stable: FCFS among equal steps
         self.waiting, self.running = deque(), []  # running: in order of admission
         self.preemptions = self.recomputed_tokens = self.prefix_hit_tokens = 0
@@ -217,11 +216,8 @@ class _Scheduler:
             if math.ceil((num_hit + num_new) / self.cache.block_size) - len(hits) + idle > self.cache.num_free_blocks:
                 break
             self.waiting.popleft()
-            starts = {c.add_sequence(seq.request_id, seq.token_ids[: num_hit] if hits else None) for c in self.caches}
-            assert len(starts) == 1, "the layers' caches went out of step"
-            seq.num_computed = starts.pop()
-            for cache in self.caches:
-                cache.allocate_slots(seq.request_id, num_new)
+            seq.num_computed = self.cache.add_sequence(seq.request_id, seq.token_ids[:num_hit] if hits else None)
+            self.cache.allocate_slots(seq.request_id, num_new)
             self.prefix_hit_tokens += seq.num_computed
             self.running.append(seq)
             scheduled.append((seq, num_new))
@@ -231,17 +227,14 @@ class _Scheduler:
     def allocate_slots(self, seq, num_new):
         """Whether the cache could give ``seq`` slots for ``num_new`` more tokens (all or nothing)."""
         try:
-            self.cache.allocate_slots(seq.request_id, num_new)  # all or nothing, and the same in every layer
-            for cache in self.caches[1:]:
-                cache.allocate_slots(seq.request_id, num_new)
+            self.cache.allocate_slots(seq.request_id, num_new)  # all or nothing
             return True
         except OutOfBlocksError:
             return False
 
     def preempt(self, seq):
         """Free ``seq``'s blocks and put it back at the head of the queue, to recompute what it knew."""
-        for cache in self.caches:
-            cache.free(seq.request_id)
+        self.cache.free(seq.request_id)
         seq.num_computed = 0
         self.waiting.appendleft(seq)
         self.preemptions += 1
@@ -297,8 +290,8 @@ class _Scheduler:
             n = group[0][1]
             ids = np.array([s.token_ids[s.num_computed : s.num_computed + n] for s, _ in group])  # [N, n]
             token_ids = ids if self.cache.enable_prefix_caching else None
-            views = [PagedCacheView(c, [s.request_id for s, _ in group], token_ids) for c in self.caches]
-            logits = forward(*self.model, ids, cache=views)  # [N, n, V]
+            view = PagedCacheView(self.cache, [s.request_id for s, _ in group], token_ids)
+            logits = forward(*self.model, ids, cache=view)  # [N, n, V]
             for i, (seq, _) in enumerate(group):
                 self.advance(seq, n)
                 if seq.num_computed == seq.num_tokens:
@@ -312,8 +305,7 @@ class _Scheduler:
         seq.outputs[seq.num_emitted] = output
         seq.num_emitted += 1
         if seq.num_emitted == len(seq.outputs):
-            for cache in self.caches:
-                cache.free(seq.request_id)
+            self.cache.free(seq.request_id)
             self.running.remove(seq)
 
     def result(self, seqs):
@@ -416,12 +408,12 @@ def serve(requests, embedding=None, w_q=None, w_k=None, w_v=None, *, model=None,
         requests: a list of :class:`Request`, with distinct request ids.
         embedding: ``[V, D_model]``; w_q, w_k: ``[D_model, D_k]``; w_v: ``[D_model, D_v]``: the single head.
         model: instead, ``(config, weights)`` of :mod:`~kv_attention.model`, served with a paged
-            cache per layer (``num_kv_heads`` of them, head_dim wide). A request's tokens past
+            cache of one pool per layer (``num_kv_heads`` heads, head_dim wide) and one block table per request. A request's tokens past
             its prompt are then the model's own greedy choices, each fed back (the ones given
             only set how many: ``len(token_ids) - prompt_len + 1`` are generated); its output is
             those tokens, int64, equal to ``generate(config, weights, [prompt], n)[0, prompt_len:]``.
         block_size: tokens per block of the paged cache (default 16).
-        num_blocks: blocks in its pool (in each layer's); every request must fit it alone.
+        num_blocks: blocks in the pool, each a block of every layer's K/V; every request must fit it alone.
         max_num_batched_tokens: the token budget of a step, >= 1.
         max_num_seqs: the most running requests at once (default: no limit).
         enable_prefix_caching: share cached full blocks between requests (default False).
@@ -440,9 +432,9 @@ def serve(requests, embedding=None, w_q=None, w_k=None, w_v=None, *, model=None,
         config = model[0]
         d_k = d_v = config.head_dim
         layers, heads, output = config.num_hidden_layers, config.num_key_value_heads, ((), np.int64)  # a token
-    caches = [PagedKVCache(num_blocks, block_size, d_k, d_v, dtype, enable_prefix_caching=enable_prefix_caching,
-                           num_kv_heads=heads) for _ in range(layers)]
+    cache = PagedKVCache(num_blocks, block_size, d_k, d_v, dtype, enable_prefix_caching=enable_prefix_caching,
+                         num_kv_heads=heads, num_layers=layers)
     seqs = [_Sequence(*spec, *output) for spec in specs]
-    scheduler = _Scheduler(seqs, embedding, weights, model, caches, max_num_batched_tokens, max_num_seqs)
+    scheduler = _Scheduler(seqs, embedding, weights, model, cache, max_num_batched_tokens, max_num_seqs)
     scheduler.run()
     return scheduler.result(seqs)

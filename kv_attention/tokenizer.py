@@ -8,6 +8,8 @@ added tokens, so that both are matched whole. The chat template is the file's ow
 rendered by jinja2 as transformers renders it (``chat_template_utils.py``: a sandbox with ``trim_blocks`` and
 ``lstrip_blocks``, the ``raise_exception`` global and a ``tojson`` filter that escapes no HTML). What differs: a
 pre-tokenizer other than GPT-2's (``tokenizer.ggml.pre`` of Llama 3, Qwen2...) gets a ValueError, not its regex.
+llama.cpp splits digits one by one for ``smollm`` and ``starcoder``, as SmolLM2's own ``tokenizer.json`` does;
+transformers and this module do not, and agree with them where the vocabulary holds single digits only (SmolLM2's).
 """
 
 import json

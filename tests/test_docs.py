@@ -54,6 +54,10 @@ def test_every_shown_command_is_accepted_by_its_program(page, argv):
     program = argv[:2] if argv[0].startswith("python") else argv[:1]
     if program == ["python3", "tools/dev.py"] or program == ["python", "tools/dev.py"]:
         dev.parse_args(argv[2:])  # SystemExit (exit 2) on a command or option that does not exist
+    elif argv[1:3] == ["-m", "kv_attention"]:
+        from kv_attention.__main__ import parse_args
+
+        parse_args(argv[3:])
     elif program in (["asv"], [".venv/bin/asv"]):  # .venv/bin/asv: as typed on a fresh clone, without activating
         asv_parser().parse_args(argv[1:])
     elif argv[:3] in (["python3", "-m", "http.server"], ["python", "-m", "http.server"]):

@@ -3,8 +3,17 @@
 ``<env python> -s tools/pair_worker.py PACKAGE_DIR BENCHMARK_DIR`` (started by :mod:`tools.pairs`): a JSON
 request a line on stdin (``load`` a point: its setup_cache, setup and calibration; ``samples``: K samples of N calls,
 setup before each as asv does), a JSON answer a line on stdout; what benchmarks print goes to stderr.
+
+The suite is plain Python, run here as asv runs it, through no asv code: the commit's ``kv_attention`` first on
+sys.path, the suite's package alone imported from the working tree's BENCHMARK_DIR (importlib's recipe for a
+source file, as asv imports nothing else of that folder), the benchmark's class instantiated, its ``setup_cache``
+called once per function (asv keys it by where it is defined: classes sharing one share its value), ``setup`` and
+``teardown`` around every sample, the method called with the cache's value and the point's parameters.
 """
 
+import importlib
+import importlib.util
+import itertools
 import json
 import os
 import sys
@@ -18,40 +27,58 @@ if __name__ == "__main__":
     sys.path.insert(0, sys.argv[1])  # the commit's kv_attention, first
 
 
+def import_suite(benchmark_dir):
+    """The suite's package (``benchmarks``) from ``benchmark_dir``, and nothing else of the folder around it."""
+    name = os.path.basename(benchmark_dir)
+    spec = importlib.util.spec_from_file_location(name, os.path.join(benchmark_dir, "__init__.py"),
+                                                  submodule_search_locations=[benchmark_dir])
+    sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules[name])
+    return name
+
+
 class Worker:
     def __init__(self, benchmark_dir):
-        self.benchmark_dir = benchmark_dir
-        self.caches = {}  # setup_cache key -> its value, computed once in this process
-        self.benchmark = None
+        self.suite = import_suite(benchmark_dir)
+        self.calibrate = importlib.import_module(f"{self.suite}.pairs").calibrate
+        self.caches = {}  # setup_cache function -> its value, computed once in this process
+        self.instance = None
 
     def load(self, name, param_idx, number):
-        from asv_runner.discovery import get_benchmark_from_name
-
+        """Point ``param_idx`` (None: unparametrized) of ``module.Class.method``, set up: ``{"loaded", "number"}``."""
         self.unload()
-        benchmark = get_benchmark_from_name(self.benchmark_dir, name if param_idx is None else f"{name}-{param_idx}")
-        from benchmarks.pairs import calibrate  # the suite's own, importable once asv_runner imported the suite
-        if benchmark.setup_cache_key is not None:
-            if benchmark.setup_cache_key not in self.caches:
-                self.caches[benchmark.setup_cache_key] = benchmark.do_setup_cache()
-            benchmark.insert_param(self.caches[benchmark.setup_cache_key])
-        self.args = benchmark._build_params()
-        for setup in benchmark._setups:  # asv_runner's do_setup, whose NotImplementedError keeps its message
-            setup(*self.args)
-        self.benchmark = benchmark
-        calibrated = calibrate(self.call)  # in both workers, so that both have made the same calls before the pairs
+        module, cls, method = name.split(".")
+        instance = getattr(importlib.import_module(f"{self.suite}.{module}"), cls)()
+        point = () if param_idx is None else next(itertools.islice(
+            itertools.product(*getattr(instance, "params", [])), param_idx, None))
+        setup_cache = getattr(type(instance), "setup_cache", None)
+        if setup_cache is not None and setup_cache not in self.caches:
+            self.caches[setup_cache] = instance.setup_cache()
+        self.args = ((self.caches[setup_cache],) if setup_cache is not None else ()) + tuple(point)
+        self.instance, self.method = instance, getattr(instance, method)
+        self.setup()
+        calibrated = self.calibrate(self.call)  # in both workers: both have made the same calls before the pairs
         self.number = number or calibrated
         self.fresh = True
         return {"loaded": True, "number": self.number}
 
+    def setup(self):
+        if hasattr(self.instance, "setup"):
+            self.instance.setup(*self.args)
+
+    def teardown(self):
+        if hasattr(self.instance, "teardown"):
+            self.instance.teardown(*self.args)
+
     def call(self):
-        self.benchmark.func(*self.args)
+        self.method(*self.args)
 
     def samples(self, count):
         out = []
         for _ in range(count):
             if not self.fresh:  # setup before every sample but the first, as asv does
-                self.benchmark.do_teardown()
-                self.benchmark.do_setup()
+                self.teardown()
+                self.setup()
             self.fresh = False
             start = CLOCK()
             for _ in range(self.number):
@@ -60,9 +87,9 @@ class Worker:
         return {"samples": out}
 
     def unload(self):
-        if self.benchmark is not None:
-            self.benchmark.do_teardown()
-        self.benchmark = None
+        if self.instance is not None:
+            self.teardown()
+        self.instance = None
 
 
 def main(benchmark_dir):
@@ -79,7 +106,7 @@ def main(benchmark_dir):
                 reply = worker.samples(request["samples"])
             else:
                 break
-        except NotImplementedError as error:
+        except NotImplementedError as error:  # asv_runner's SkipNotImplemented is one too
             reply = {"skipped": str(error) or "not implemented at this commit"}
         except Exception as error:  # noqa: BLE001 (a failed check or benchmark fails its point only)
             traceback.print_exc()

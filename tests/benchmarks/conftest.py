@@ -1,9 +1,23 @@
 """Fixtures of the suite's tests."""
 
+import functools
+import io
+import json
+from pathlib import Path
+
 import pytest
 from threadpoolctl import threadpool_limits
 
 from benchmarks import common
+
+
+@functools.lru_cache(maxsize=1)
+def asv_listing():
+    """``{name: attributes}`` of every benchmark as asv lists it in benchmarks.json (asv_runner's discovery)."""
+    discovery = pytest.importorskip("asv_runner.discovery")
+    listed = io.StringIO()
+    discovery.list_benchmarks(str(Path(common.__file__).parent), listed)
+    return {b["name"]: b for b in json.loads(listed.getvalue())}
 
 
 @pytest.fixture

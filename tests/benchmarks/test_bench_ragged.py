@@ -120,3 +120,24 @@ def test_a_commit_without_return_stats_is_timed_and_its_counts_skip(one_thread, 
 
     with pytest.raises(SkipNotImplemented, match="no return_stats"):  # asv skips, as it would not a plain one
         bench.track_row_steps(checked, "compacted", "skewed")
+
+
+def test_the_paged_step_points_are_the_issues_and_their_sides_agree(one_thread):
+    assert bench_ragged.PAGED_STEP == {"gather_2048": ("gather", 2048), "padded_8192": ("padded", 8192)}
+    q, ks, vs = bench_ragged.paged_step_inputs(2048)
+    assert q.dtype == np.float32 and [len(k) for k in ks] == [2048] + [64] * 7 and ks[0].shape[1] == 64
+    steps = bench_ragged.paged_step_sides(2048)
+    expected = bench_ragged.paged_step_reference(q, ks, vs)
+    for step in steps.values():
+        np.testing.assert_allclose(step(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_wrong_paged_step_fails_its_check(one_thread, monkeypatch):
+    real = kv.paged_attention
+    monkeypatch.setattr(kv, "paged_attention", lambda *args, **kwargs: real(*args, **kwargs) * 1.001)
+    bench_ragged.paged_step_sides.cache_clear()
+    try:
+        with pytest.raises(AssertionError, match="paged, 1 x 2048 \\+ 7 x 64"):
+            bench_ragged.paged_step_sides(2048)
+    finally:
+        bench_ragged.paged_step_sides.cache_clear()

@@ -13,6 +13,8 @@ import pytest
 from benchmarks import common, pairs, ratios
 from benchmarks.common import SkipNotImplemented
 
+from .conftest import asv_listing
+
 BENCH_MODULES = ["bench_cache", "bench_batch", "bench_heads", "bench_ragged", "bench_prefill", "bench_split"]
 
 
@@ -78,9 +80,6 @@ class Tiny(ratios.Ratios):
     param_names = ["case"]
     seconds = 0  # the fewest pairs
 
-    def setup_cache(self):
-        return self.measure_points()
-
     def sides(self, case):
         if case == "absent":
             raise NotImplementedError("no such function at this commit")
@@ -114,19 +113,22 @@ def test_a_tracked_value_without_an_interval_skips():
         bench.track_ratio_low(None, "ok")
 
 
-def test_the_tracked_values_are_ratios_with_versions():
+def test_the_tracked_values_are_ratios_with_the_class_version():
     for name in ("track_ratio", "track_ratio_low", "track_ratio_high"):
-        method = getattr(ratios.Ratios, name)
-        assert method.unit == "ratio" and isinstance(method.version, str)
+        assert getattr(ratios.Ratios, name).unit == "ratio" and not hasattr(getattr(ratios.Ratios, name), "version")
+        assert asv_listing()[f"bench_ragged.RaggedRatios.{name}"]["version"] == "3"  # its class's
+        assert asv_listing()[f"bench_cache.CacheRatios.{name}"]["version"] == ratios.Ratios.version == "1"
 
 
 def test_each_ratio_class_has_its_own_setup_cache_and_every_question_is_asked():
     """asv shares a setup_cache by where it is defined: an inherited one would measure one class for all."""
     classes = ratio_classes()
     assert {c.__name__ for c in classes} == {"CacheRatios", "BatchRatios", "BatchSizeRatios", "HeadsRatios",
-                                             "RaggedRatios", "PrefillRatios", "SplitRatios", "CascadeRatios"}
-    assert all("setup_cache" in vars(c) for c in classes)
-    assert len({c.setup_cache.__code__.co_firstlineno for c in classes if c.__module__ == "benchmarks.bench_split"}) == 2
+                                             "RaggedRatios", "PagedStepRatios", "PrefillRatios", "SplitRatios",
+                                             "CascadeRatios"}
+    keys = {asv_listing()[f"{c.__module__.split('.')[-1]}.{c.__name__}.track_ratio"]["setup_cache_key"]
+            for c in classes}
+    assert len(keys) == len(classes)  # e.g. bench_split's two classes: two keys
 
 
 POINTS = {  # class -> one cheap point, and the keys its two sides' checks add to VERIFIED
@@ -135,6 +137,7 @@ POINTS = {  # class -> one cheap point, and the keys its two sides' checks add t
     "BatchSizeRatios": ((2,), {"batched at T=128, B=1", "batched at T=128, B=2"}),
     "HeadsRatios": (("gqa", 64), {"repeat_kv gqa at T=64", "grouped gqa at T=64"}),
     "RaggedRatios": (("padded", "skewed"), {"padded, skewed", "paged, skewed"}),
+    "PagedStepRatios": (("gather_2048",), set()),  # checked once a process by paged_step_sides (lru_cache)
     "PrefillRatios": ((16,), {"chunked_attention chunk_size=16, window=None, n_sink=0 at T=512",
                               "chunked_attention chunk_size=512, window=None, n_sink=0 at T=512"}),
     "SplitRatios": ((4,), {"multi_head_decode, num_splits=4, last 16 of T=2048",
@@ -165,7 +168,7 @@ def test_a_wrong_side_fails_its_point_and_a_missing_one_skips_it(one_thread, mon
     monkeypatch.delattr(kv_attention, "decode_without_cache")
     bench = CacheRatios()
     bench.params = [[16], ["no_cache", "concat"]]
-    measured = bench.measure_points()
+    measured = bench.setup_cache()
     assert "skipped" in measured[(16, "no_cache")] and "AssertionError" in measured[(16, "concat")]["failed"]
 
 

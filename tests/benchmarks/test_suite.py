@@ -6,18 +6,13 @@ import re
 import sys
 from pathlib import Path
 
-import pytest
-
 import benchmarks
+
+from .conftest import asv_listing
 
 SUITE = Path(benchmarks.__file__).parent
 INPUT_MODULES = {"__init__", "common", "counts", "pairs", "ratios"}  # each experiment's inputs are in its bench module
 BENCHMARK_NAME = re.compile(r"^(Time|Timeraw|Track|Mem|PeakMem)[A-Z_]|^(time|timeraw|track|mem|peakmem)_")
-
-
-def discovered():
-    discovery = pytest.importorskip("asv_runner.discovery")
-    return list(discovery.disc_benchmarks(str(SUITE)))
 
 
 def test_benchmarks_holds_only_benchmark_modules_and_their_inputs():
@@ -40,32 +35,50 @@ def test_input_modules_define_nothing_asv_would_run():
 
 
 def test_asv_discovers_each_benchmark_once_in_a_bench_module():
-    names = [b.name for b in discovered()]
-    assert names and len(names) == len(set(names))
-    assert all(name.startswith("bench_") for name in names)
+    names = list(asv_listing())
+    assert names and all(name.startswith("bench_") for name in names)
 
 
 def test_a_bench_module_that_imports_from_another_runs_only_its_own_benchmarks():
     """bench_split takes the heads problem from bench_heads: an imported class would run again under its name."""
-    for benchmark in discovered():
-        sources = benchmark._attr_sources  # [function, instance, module] for a method, [function, module] else
-        defined_in = type(sources[1]).__module__ if len(sources) == 3 else sources[0].__module__
-        assert defined_in == f"benchmarks.{benchmark.name.split('.')[0]}", benchmark.name
+    for name in asv_listing():
+        module, *cls, _ = name.split(".")
+        owner = getattr(importlib.import_module(f"benchmarks.{module}"), cls[0]) if cls else None
+        assert owner is None or owner.__module__ == f"benchmarks.{module}", name
 
 
 def test_every_benchmark_has_an_explicit_version():
     """asv derives a version from the code unless one is given, and ignores results of another version:
-    an explicit version keeps stored results comparable when the code around a benchmark moves."""
-    for benchmark in discovered():
-        explicit = getattr(benchmark.func, "version", None) or getattr(benchmark._attr_sources[-1], "version", None)
-        assert isinstance(explicit, str) and explicit == benchmark.version, benchmark.name
+    an explicit version (the function's, else its class's) keeps stored results comparable when the code moves."""
+    for name, listed in asv_listing().items():
+        module, *cls, function = name.split(".")
+        owner = importlib.import_module(f"benchmarks.{module}")
+        owner = getattr(owner, cls[0]) if cls else owner
+        explicit = getattr(getattr(owner, function), "version", None) or cls and getattr(owner, "version", None)
+        assert isinstance(explicit, str) and explicit == listed["version"], name
+
+
+def test_each_class_measured_once_has_a_setup_cache_of_its_own():
+    """asv runs one setup_cache per key (module and line): classes sharing a key would share values. Shared
+    on purpose: the count classes' one callgrind process, and the model classes' one read of the weights."""
+    classes = {}
+    for name, listed in asv_listing().items():
+        if listed.get("setup_cache_key"):
+            classes.setdefault(listed["setup_cache_key"], set()).add(name.rsplit(".", 1)[0])
+    shared = {key: names for key, names in classes.items() if len(names) > 1}
+    counts = next(names for names in shared.values() if "bench_cache.CacheCounts" in names)
+    assert all(name.endswith("Counts") for name in counts) and len(counts) >= 8
+    assert [names for names in shared.values() if names != counts] == [
+        {"bench_model.ModelBatch", "bench_model.ModelBatchBLAS", "bench_model.ModelStep"}]
+    assert {"bench_cache.CacheRatios", "bench_work.CacheWork", "bench_work.BatchWork"} <= {
+        names.pop() for names in classes.values() if len(names) == 1}
 
 
 def test_retired_benchmarks_give_a_reason_and_are_gone_from_the_suite():
     """RETIRED lets a benchmark vanish without failing the gate; it must say why, and must not hide a live one."""
     from benchmarks.common import RETIRED
 
-    live = {b.name for b in discovered()}
+    live = set(asv_listing())
     for name, reason in RETIRED.items():
         assert isinstance(reason, str) and reason.strip(), name
         assert name.split("(")[0] not in live or "(" in name, f"{name} is retired but still in the suite"

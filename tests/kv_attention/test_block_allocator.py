@@ -1,7 +1,8 @@
-"""The block allocators: the LIFO free list, refcounts, double frees, and the prefix cache's hashes and LRU eviction.
+"""The block allocators: vLLM V1's free queue, refcounts, double frees, and the prefix cache's hashes and eviction.
 
-Expectations are written out here: the free list's order by hand, the block hash
-by hashlib on the bytes it is defined over.
+Expectations are written out here: the free queue's order by hand (as V1's
+``block_pool.py`` and ``FreeKVCacheBlockQueue`` order it), the block hash by hashlib
+on the bytes it is defined over.
 """
 
 import hashlib
@@ -19,15 +20,15 @@ def allocator_class(request):
     return request.param
 
 
-def test_the_free_list_is_lifo_from_the_last_block(allocator_class):
+def test_a_new_pool_hands_out_blocks_in_id_order_and_a_freed_block_without_hash_is_taken_next(allocator_class):
     allocator = allocator_class(5)
-    assert allocator.free_blocks() == (4, 3, 2, 1, 0)
-    assert allocator.allocate(2) == [4, 3]
-    allocator.free([4, 3])
-    assert allocator.free_blocks() == (4, 3, 2, 1, 0)  # blocks[0] back on top
-    assert allocator.allocate(3) == [4, 3, 2]
-    allocator.free([3])
-    assert allocator.allocate(1) == [3]  # a freed block is the next one taken
+    assert allocator.free_blocks() == (0, 1, 2, 3, 4)
+    assert allocator.allocate(2) == [0, 1]
+    allocator.free([1, 0])  # a table freed tail first, as V1's free: both to the head, in that order
+    assert allocator.free_blocks() == (1, 0, 2, 3, 4)
+    assert allocator.allocate(3) == [1, 0, 2]
+    allocator.free([0])
+    assert allocator.allocate(1) == [0]  # a freed block is the next one taken
 
 
 def test_refcounts_count_holders_and_a_block_is_freed_once_at_zero(allocator_class):
@@ -69,9 +70,10 @@ def test_allocating_more_than_is_free_raises_out_of_blocks_and_takes_none(alloca
     assert allocator.num_free_blocks == 1
 
 
-def test_the_free_list_is_an_integer_array_not_python_objects():
+def test_the_free_queue_is_integer_arrays_not_python_objects():
     allocator = BlockAllocator(1000)
-    assert isinstance(allocator._free, np.ndarray) and allocator._free.dtype == np.int32
+    queue = allocator._free
+    assert queue._next.dtype == queue._prev.dtype == np.int32 and queue._next.shape == (1002,)
 
 
 def test_hash_block_tokens_is_sha256_of_the_parent_hash_and_the_tokens():
@@ -82,36 +84,40 @@ def test_hash_block_tokens_is_sha256_of_the_parent_hash_and_the_tokens():
     assert hash_block_tokens(None, [1, 5, 9]) != second  # the same tokens after another prefix differ
 
 
-def test_cached_blocks_stay_findable_at_refcount_zero_and_are_taken_back():
+def test_cached_blocks_stay_findable_at_refcount_zero_and_a_hit_takes_one_out_of_the_queue():
     allocator = PrefixCachingAllocator(4)
-    a, b = allocator.allocate(2)
-    assert allocator.cache(a, b"h-a") and allocator.cache(b, b"h-b")
-    allocator.free([a, b])
-    assert allocator.num_free_blocks == 4 and allocator.lookup(b"h-a") == a and allocator.num_cached_blocks == 2
-    allocator.share([a])  # a hit: back from the evictable list
-    assert allocator.ref_count(a) == 1 and allocator.num_free_blocks == 3
-    assert a not in allocator.free_blocks() and b in allocator.free_blocks()
-
-
-def test_a_new_block_comes_from_the_plain_free_list_before_any_cached_block_is_evicted():
-    allocator = PrefixCachingAllocator(4)  # plain free list 3, 2, 1, 0
-    a, b = allocator.allocate(2)  # 3, 2
+    a, b = allocator.allocate(2)  # 0, 1
     allocator.cache(a, b"h-a")
-    allocator.free([a, b])  # b plain, a cached
-    assert allocator.free_blocks() == (2, 1, 0, 3)
-    assert allocator.allocate(3) == [2, 1, 0] and allocator.lookup(b"h-a") == a
-    assert allocator.allocate(1) == [a] and allocator.lookup(b"h-a") is None  # evicted: its hash is gone
+    allocator.cache(b, b"h-b")
+    allocator.free([b, a])
+    assert allocator.num_free_blocks == 4 and allocator.lookup(b"h-a") == a and allocator.num_cached_blocks == 2
+    assert allocator.free_blocks() == (2, 3, b, a)  # cached: to the tail, in the order freed
+    allocator.share([a])  # a hit: out of the queue
+    assert allocator.ref_count(a) == 1 and allocator.num_free_blocks == 3 and allocator.free_blocks() == (2, 3, b)
+
+
+def test_freed_blocks_without_hash_go_to_the_head_and_cached_ones_to_the_tail():
+    # V1's free_blocks: prepend_n of the blocks with no hash, append_n of the cached ones.
+    allocator = PrefixCachingAllocator(6)
+    table = allocator.allocate(4)  # 0, 1, 2, 3
+    allocator.cache(0, b"h0")
+    allocator.cache(1, b"h1")
+    allocator.free(table[::-1])  # tail first: 3, 2 uncached; 1, 0 cached
+    assert allocator.free_blocks() == (3, 2, 4, 5, 1, 0)
+    assert allocator.allocate(4) == [3, 2, 4, 5] and allocator.lookup(b"h1") == 1  # no cached block evicted yet
+    assert allocator.allocate(1) == [1] and allocator.lookup(b"h1") is None  # then the queue's head: evicted
+    assert allocator.lookup(b"h0") == 0
 
 
 def test_eviction_is_least_recently_freed_first_and_the_tail_of_a_sequence_first():
     allocator = PrefixCachingAllocator(4)
-    first = allocator.allocate(2)  # one sequence's blocks 3, 2
-    second = allocator.allocate(2)  # another's: 1, 0
+    first = allocator.allocate(2)  # one sequence's blocks 0, 1
+    second = allocator.allocate(2)  # another's: 2, 3
     for block in first + second:
         allocator.cache(block, f"h{block}".encode())
-    allocator.free(first)  # freed earlier: evicted first, its last block (2) before its first (3)
-    allocator.free(second)
-    assert allocator.allocate(4) == [2, 3, 0, 1]
+    allocator.free(first[::-1])  # freed earlier: evicted first, its last block (1) before its first (0)
+    allocator.free(second[::-1])
+    assert allocator.allocate(4) == [1, 0, 3, 2]
     assert all(allocator.lookup(f"h{b}".encode()) is None for b in range(4))
 
 
@@ -122,18 +128,25 @@ def test_a_stale_hash_never_survives_the_reuse_of_its_block():
     allocator.free([a])
     (again,) = allocator.allocate(1)  # the only block, evicted and reused
     assert again == a and allocator.lookup(b"old prefix") is None
-    assert allocator.cache(a, b"new prefix") and allocator.lookup(b"new prefix") == a
+    allocator.cache(a, b"new prefix")
+    assert allocator.lookup(b"new prefix") == a
 
 
-def test_a_hash_or_a_block_is_cached_once():
+def test_a_block_whose_hash_is_cached_is_cached_as_well_and_a_lookup_gives_the_first():
+    # V1 does not de-duplicate ("block tables are append-only"): both blocks are cached under h.
     allocator = PrefixCachingAllocator(3)
     a, b = allocator.allocate(2)
-    assert allocator.cache(a, b"h")
-    assert not allocator.cache(b, b"h")  # the first block of a hash stays; the duplicate is not cached
-    assert not allocator.cache(a, b"other")
+    allocator.cache(a, b"h")
+    allocator.cache(b, b"h")
+    assert allocator.num_cached_blocks == 2 and allocator.lookup(b"h") == a
+    allocator.free([a])
+    assert allocator.free_blocks() == (2, a)  # cached: to the tail
+    allocator.allocate(2)  # 2, then a: evicted, and b is what h names now
+    assert allocator.lookup(b"h") == b
+    with pytest.raises(ValueError, match="cannot cache block 1: it is cached already"):
+        allocator.cache(b, b"h2")
     allocator.free([b])
-    assert allocator.free_blocks()[0] == b  # uncached: back on the plain free list
-    with pytest.raises(ValueError, match="cannot cache block"):
+    with pytest.raises(ValueError, match="cannot cache block 1: it is free"):
         allocator.cache(b, b"h2")
 
 
@@ -142,8 +155,8 @@ def test_a_hash_or_a_block_is_cached_once():
 
 def test_a_free_block_that_is_held_trips_the_allocate_assert(allocator_class):
     allocator = allocator_class(3)
-    allocator._ref_counts[2] = 1  # block 2, the top of the free list, corrupted into "held"
-    with pytest.raises(AssertionError, match=r"a block taken from the free list is held: \[2\]"):
+    allocator._ref_counts[0] = 1  # block 0, the head of the free queue, corrupted into "held"
+    with pytest.raises(AssertionError, match=r"a block taken from the free list is held: \[0\]"):
         allocator.allocate(1)
 
 
@@ -159,16 +172,6 @@ def test_a_free_list_of_more_than_num_blocks_trips_the_duplicate_assert():
     allocator._ref_counts[:] = 0  # every block free, and already on the free list
     with pytest.raises(AssertionError, match="the free list would hold a block twice"):
         allocator._release([0])
-
-
-def test_an_evicted_block_that_is_held_trips_the_evict_assert():
-    allocator = PrefixCachingAllocator(1)
-    (block,) = allocator.allocate(1)
-    allocator.cache(block, b"h")
-    allocator.free([block])  # cached, refcount 0: evictable
-    allocator._ref_counts[block] = 1  # corrupted
-    with pytest.raises(AssertionError, match=f"evictable block {block} is held"):
-        allocator.allocate(1)
 
 
 def test_a_block_table_entry_that_is_not_held_trips_the_paged_assert(monkeypatch):

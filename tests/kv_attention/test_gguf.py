@@ -140,6 +140,9 @@ def test_load_gguf_refuses_another_architecture_a_type_it_cannot_read_and_a_non_
     path = write_gguf(tmp_path / "scaled.gguf", written, extra={"llama.rope.scaling.type": "yarn"})
     with pytest.raises(ValueError, match=r"llama\.rope\.scaling\.type = 'yarn' is not supported"):
         kv.load_gguf(path)
+    path = write_gguf(tmp_path / "llama3.gguf", dict(written, **{"rope_freqs.weight": np.ones(4, np.float32)}))
+    with pytest.raises(ValueError, match=r"llama3\.gguf: tensor 'rope_freqs\.weight' is not one of a Llama model's"):
+        kv.load_gguf(path)  # Llama 3.1's rope scaling factors
     (tmp_path / "text.gguf").write_text("not a model")
     with pytest.raises(ValueError, match=r"text\.gguf: not a readable GGUF file"):
         kv.load_gguf(tmp_path / "text.gguf")

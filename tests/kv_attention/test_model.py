@@ -45,13 +45,14 @@ def caches(kind, batch=2, config=CONFIG, layers=None, max_seq_len=32, window=Non
     return [make() for _ in range(layers or config.num_hidden_layers)]
 
 
-def paged_views(batch=2, config=CONFIG, num_blocks=64, block_size=4):
+def paged_views(batch=2, config=CONFIG, num_blocks=64, block_size=4, **options):
+    """One view of a paged cache of every layer: one block table per sequence serves them all."""
     d, h_kv = config.head_dim, config.num_key_value_heads
-    pools = [kv.PagedKVCache(num_blocks, block_size, d, d, num_kv_heads=h_kv) for _ in range(config.num_hidden_layers)]
-    for pool in pools:
-        for i in range(batch):
-            pool.add_sequence(i)
-    return [kv.PagedCacheView(pool, list(range(batch))) for pool in pools]
+    pool = kv.PagedKVCache(num_blocks, block_size, d, d, num_kv_heads=h_kv, num_layers=config.num_hidden_layers,
+                           **options)
+    for i in range(batch):
+        pool.add_sequence(i)
+    return kv.PagedCacheView(pool, list(range(batch)))
 
 
 def cached_logits(cache, ids, chunks):
@@ -181,9 +182,9 @@ def test_16bit_weights_are_converted_once_and_kept_while_they_live():
     assert all(w.flags.writeable for w in per_call.values()) and len(kv.model._CONVERTED) == count - (len(W64) - 1)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 8, 65])
+@pytest.mark.parametrize("rows", [1, 2, 8, 16, 17])
 def test_linear_takes_every_row_count_to_the_product(rows):
-    # one row: a matrix-vector product; 2..64 rows: the weight BLOCK_ROWS rows at a time; more: one product
+    # one row: a matrix-vector product; 2..16 rows: the weight BLOCK_ROWS rows at a time; more: one product
     x, w = np.random.default_rng(rows).standard_normal((2, (rows + 1) // 2, 200)), np.ones((150, 200)) / 200
     x = x.reshape(-1, 200)[:rows].reshape(rows, 1, 200)
     w = w * np.arange(150)[:, None]
@@ -256,7 +257,9 @@ def test_a_bad_config_field_is_named(field, value, error):
 
 
 def lengths(cache):
-    return [str(c.get_seq_length()) for c in cache]
+    """Each layer's length; a paged view's is every layer's."""
+    layers = [cache] * cache.cache.num_layers if isinstance(cache, kv.PagedCacheView) else cache
+    return [str(c.get_seq_length()) for c in layers]
 
 
 @pytest.mark.parametrize("ids, message", [
@@ -290,11 +293,6 @@ def test_a_bad_cache_is_refused_and_nothing_is_written():
 
 
 
-def _one_pool_twice():
-    pool = paged_views()[0].cache
-    return [kv.PagedCacheView(pool, [0, 1]), kv.PagedCacheView(pool, [0, 1])]
-
-
 @pytest.mark.parametrize("make, error, message", [
     (lambda: [kv.DynamicCache(np.float64), kv.DynamicCache(np.float32)], TypeError, r"cache\[1\] stores float32"),
     (lambda: [kv.StaticCache((2, 2), 8, 6, 6, np.float64), kv.StaticCache((2, 2), 8, 6, 6, np.float32)], TypeError,
@@ -303,10 +301,12 @@ def _one_pool_twice():
      r"cache\[1\] holds batch shape \(2, 2\), k, v widths \[6, 4\]; needed \(\(2, 2\), 6, 6\)"),
     (lambda: [kv.DynamicCache()] * 2, ValueError, "each layer needs its own"),
     (lambda: [kv.StaticCache((2, 2), 8, 6, 6)] * 2, ValueError, "each layer needs its own"),
-    (_one_pool_twice, ValueError, "each layer needs its own"),
-    (lambda: [None, None], TypeError, r"cache\[0\] must be a kv_attention.Cache or a PagedCacheView"),
+    (lambda: [paged_views(), paged_views()], TypeError, r"cache\[0\] is paged: pass one PagedCacheView"),
+    (lambda: [None, None], TypeError, r"cache\[0\] must be a kv_attention.Cache"),
     (lambda: ["a", "b"], TypeError, r"cache\[0\] must be"),
-    (lambda: [view.cache for view in paged_views()], TypeError, r"cache\[0\] .*wrap a pool as PagedCacheView"),
+    (lambda: [paged_views().cache, paged_views().cache], TypeError, r"cache\[0\] is paged"),
+    (lambda: [paged_views(config=kv.ModelConfig(**{**CONFIG.__dict__, "num_hidden_layers": 1}))], ValueError,
+     "cache must be a list of num_hidden_layers=2"),
 ])
 def test_every_layer_is_checked_before_any_is_written(make, error, message):
     cache = make()
@@ -318,21 +318,25 @@ def test_every_layer_is_checked_before_any_is_written(make, error, message):
             assert isinstance(c, kv.PagedCacheView) or not np.any(c.k_cache)  # None, or a StaticCache's zeros
 
 
+def test_a_paged_cache_of_another_number_of_layers_is_refused():
+    view = paged_views(config=kv.ModelConfig(**{**CONFIG.__dict__, "num_hidden_layers": 3}))
+    with pytest.raises(ValueError, match="paged cache of num_layers=3, the model has num_hidden_layers=2"):
+        kv.forward(CONFIG, W64, IDS[:, :3], cache=view)
+    assert view.get_seq_length().tolist() == [0, 0]
+
+
 def test_a_paged_view_whose_token_ids_are_not_input_ids_is_refused():
-    d, h_kv = CONFIG.head_dim, CONFIG.num_key_value_heads
-    pools = [kv.PagedKVCache(16, 4, d, d, num_kv_heads=h_kv, enable_prefix_caching=True) for _ in range(2)]
-    for pool in pools:
-        pool.add_sequence(0)
+    pool = paged_views(batch=1, num_blocks=16, enable_prefix_caching=True).cache
     ids = IDS[:1, :5]
     with pytest.raises(ValueError, match=r"cache\[0\].token_ids must be input_ids"):
-        kv.forward(CONFIG, W64, ids, cache=[kv.PagedCacheView(pool, [0], token_ids=ids + 1) for pool in pools])
-    assert [pool.get_seq_length(0) for pool in pools] == [0, 0] and pools[0].allocator.num_cached_blocks == 0
-    got = kv.forward(CONFIG, W64, ids, cache=[kv.PagedCacheView(pool, [0], token_ids=ids) for pool in pools])
+        kv.forward(CONFIG, W64, ids, cache=kv.PagedCacheView(pool, [0], token_ids=ids + 1))
+    assert pool.get_seq_length(0) == 0 and pool.allocator.num_cached_blocks == 0
+    got = kv.forward(CONFIG, W64, ids, cache=kv.PagedCacheView(pool, [0], token_ids=ids))
     np.testing.assert_allclose(got, FULL[:1, :5], **TOL)
-    assert [pool.add_sequence(1, IDS[0, :9]) for pool in pools] == [4, 4]  # the block of ids, cached under ids
+    assert pool.add_sequence(1, IDS[0, :9]) == 4  # the block of ids, cached under ids
     with pytest.raises(ValueError, match=r"cache\[0\].token_ids name the prompt only"):  # not its new tokens
-        kv.generate(CONFIG, W64, ids, 3, cache=[kv.PagedCacheView(pool, [1], token_ids=ids) for pool in pools])
-    assert [pool.get_seq_length(1) for pool in pools] == [4, 4]
+        kv.generate(CONFIG, W64, ids, 3, cache=kv.PagedCacheView(pool, [1], token_ids=ids))
+    assert pool.get_seq_length(1) == 4
 
 
 @pytest.mark.parametrize("kind", [None, "dynamic", "static", "paged"])
@@ -348,14 +352,13 @@ def test_no_tokens_where_the_cache_holds_none_is_refused(kind):
 
 def stored(cache):
     """Each layer's length and the K/V it holds (a paged view's: each sequence's tokens, gathered), as copies."""
-    out = []
-    for c in cache:
-        if isinstance(c, kv.PagedCacheView):
-            k, v, n = c.cache.gather(c.seq_ids)
+    if isinstance(cache, kv.PagedCacheView):
+        out = []
+        for layer in range(cache.cache.num_layers):
+            k, v, n = cache.cache.gather(cache.seq_ids, layer)
             out.append([n] + [np.concatenate([a[i, :m] for i, m in enumerate(n)]) for a in (k, v)])
-        else:
-            out.append([c.get_seq_length()] + [None if a is None else a.copy() for a in (c.k_cache, c.v_cache)])
-    return out
+        return out
+    return [[c.get_seq_length()] + [None if a is None else a.copy() for a in (c.k_cache, c.v_cache)] for c in cache]
 
 
 def nan_in_layer_1():
@@ -382,22 +385,6 @@ def test_a_nan_in_a_later_layer_crops_the_layers_written_back(kind, chunk):
     np.testing.assert_allclose(cached_logits(cache, IDS[:, 5:], [chunk, 6 - chunk]), FULL[:, 5:], **TOL)
 
 
-def test_layers_of_different_kinds_decode_as_one():
-    """A paged view's length is [B], a dynamic cache's an int: equal lengths, so the layers agree."""
-    cache = [caches("dynamic")[0], paged_views()[1]]
-    np.testing.assert_allclose(cached_logits(cache, IDS, CHUNKS["chunks"]), FULL, **TOL)
-
-
-def test_a_layer_one_position_longer_in_one_of_1001_sequences_is_refused():
-    batch = 1001
-    views = paged_views(batch=batch, num_blocks=batch + 1)
-    one = np.zeros((1, CONFIG.num_key_value_heads, 1, CONFIG.head_dim))
-    kv.PagedCacheView(views[1].cache, [500]).update(one, one)
-    with pytest.raises(ValueError, match="the layers hold different lengths"):
-        kv.forward(CONFIG, W64, np.ones((batch, 1), dtype=np.int64), cache=views)
-    assert views[0].cache.get_seq_lengths(range(batch)).sum() == 0 and views[1].cache.get_seq_length(500) == 1
-
-
 @pytest.mark.parametrize("config, weights, error, message", [
     ("x", W64, TypeError, "config must be a ModelConfig, got str"),
     (CONFIG, {**W64, "model.norm.weight": list(W64["model.norm.weight"])}, ValueError,
@@ -410,28 +397,27 @@ def test_a_config_or_weight_of_another_type_is_named(config, weights, error, mes
         kv.forward(config, weights, IDS)
 
 
-def test_a_paged_rollback_never_writes_into_a_cached_block():
-    """The failed call fills and caches block 1 (positions 4..7) in layer 0, then is cropped to 5: the block stays
-    cached with layer 0's K/V of those tokens, and the continuation writes position 5 on into a copy."""
-    d, h_kv = CONFIG.head_dim, CONFIG.num_key_value_heads
-    pools = [kv.PagedKVCache(16, 4, d, d, num_kv_heads=h_kv, enable_prefix_caching=True) for _ in range(2)]
+def test_a_failed_paged_call_caches_no_block_it_filled_and_every_layer_stays_as_it_was():
+    """The failed call fills block 1 (positions 4..7) in layer 0, then layer 1 refuses its NaN k: one state for
+    every layer, back at 5 tokens, block 1 not cached (layer 1 never wrote it); the continuation then caches it."""
+    pool = paged_views(batch=1, num_blocks=16, enable_prefix_caching=True).cache
     ids = IDS[:1]
 
-    def run(w, start, stop, seq=0):
+    def run(w, start, stop):
         chunk = ids[:, start:stop]
-        return kv.forward(CONFIG, w, chunk, cache=[kv.PagedCacheView(p, [seq], token_ids=chunk) for p in pools])
+        return kv.forward(CONFIG, w, chunk, cache=kv.PagedCacheView(pool, [0], token_ids=chunk))
 
-    for pool in pools:
-        pool.add_sequence(0)
     run(W64, 0, 5)
+    before = stored(kv.PagedCacheView(pool, [0]))
     with pytest.raises(NonFiniteError):
         run(nan_in_layer_1(), 5, 8)
-    assert [len(p.find_cached_blocks(ids[0, :8])) for p in pools] == [2, 1]  # layer 1 never wrote block 1
-    cached = pools[0].block_table(0)[1]
-    before = pools[0].k_cache[cached].copy()
+    assert pool.get_seq_length(0) == 5 and len(pool.find_cached_blocks(ids[0, :8])) == 1
+    for (n, k, v), (n_was, k_was, v_was) in zip(stored(kv.PagedCacheView(pool, [0])), before):
+        np.testing.assert_array_equal(n, n_was)
+        np.testing.assert_array_equal(k, k_was)
+        np.testing.assert_array_equal(v, v_was)
     np.testing.assert_allclose(run(W64, 5, 11), FULL[:1, 5:], **TOL)
-    assert pools[0].block_table(0)[1] != cached and (pools[0].k_cache[cached] == before).all()
-    assert [p.get_seq_length(0) for p in pools] == [11, 11]
+    assert pool.get_seq_length(0) == 11 and len(pool.find_cached_blocks(ids[0, :8])) == 2
 
 
 def test_a_crop_inside_a_cached_block_then_a_write_leaves_the_cached_block_as_it_was():

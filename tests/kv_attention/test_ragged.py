@@ -180,8 +180,9 @@ def test_a_pool_too_small_for_the_peak_is_refused_before_the_first_step(lengths,
 
 
 def test_a_poisoned_pool_does_not_leak_into_any_output(monkeypatch):
-    # Every slot of the pool (block 0 included) starts at 1e300. A LIFO free list never
-    # reaches block 0 here; the unwritten slots of every block in use stay poisoned.
+    # Every slot of the pool (the last block included) starts at 1e300. The free queue hands out blocks in
+    # id order and takes a freed one back first, so the 7 blocks of the peak never reach block 8; the
+    # unwritten slots of every block in use stay poisoned.
     # A gather through a wrong or zero-filled table entry, or a missing mask, shows.
     rng = np.random.default_rng(17)
     lengths, start_steps = [5, 3, 2, 7], [0, 1, 4, 2]
@@ -199,17 +200,17 @@ def test_a_poisoned_pool_does_not_leak_into_any_output(monkeypatch):
     for got, expected in zip(out, solo_outputs(seqs, w_q, w_k, w_v)):
         np.testing.assert_allclose(got, expected, **TOL)
     (pool,) = pools
-    assert (pool.k_cache[0] == 1e300).all()  # block 0 stayed unused and poisoned
+    assert (pool.k_cache[8] == 1e300).all()  # block 8 stayed unused and poisoned
     assert (pool.k_cache == 1e300).any(axis=-1).sum() > 9  # unwritten slots of used blocks too
 
 
 def test_the_poisoned_pool_would_show_a_zero_filled_table_entry():
-    # The check above can fail: a table entry sent to block 0 puts 1e300 where a key belongs.
+    # The check above can fail: a table entry sent to an unused block puts 1e300 where a key belongs.
     cache = kv.PagedKVCache(4, 2, 3, 5)
     cache.k_cache[:] = 1e300
     cache.add_sequence(0)
     cache.update([0], np.ones((1, 3, 3)), np.ones((1, 3, 5)))
-    cache._block_tables[0][0] = 0
+    cache._block_tables[0][0] = 3
     k_seq, _, _ = cache.gather([0])
     assert (k_seq[0, :3] == 1e300).any()
 

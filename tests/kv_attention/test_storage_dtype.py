@@ -271,12 +271,11 @@ def test_every_cache_kind_stores_the_same_bfloat16_values_in_the_model():
     weights = kv.init_weights(MODEL, seed=0, dtype=np.float32)
     ids = np.random.default_rng(0).integers(0, MODEL.vocab_size, (2, 12))
     layers, shape, d = range(MODEL.num_hidden_layers), (2, MODEL.num_key_value_heads), MODEL.head_dim
-    pools = [kv.PagedKVCache(8, 4, d, d, dtype=BF16, num_kv_heads=MODEL.num_key_value_heads) for _ in layers]
-    for pool in pools:
-        pool.add_sequence("a"), pool.add_sequence("b")
+    pool = kv.PagedKVCache(8, 4, d, d, dtype=BF16, num_kv_heads=MODEL.num_key_value_heads, num_layers=len(layers))
+    pool.add_sequence("a"), pool.add_sequence("b")
     kinds = {"dynamic": [kv.DynamicCache(dtype=BF16) for _ in layers],
              "window": [kv.SlidingWindowCache(shape, 16, d, d, dtype=BF16) for _ in layers],
-             "paged": [kv.paged.PagedCacheView(pool, ["a", "b"]) for pool in pools]}
+             "paged": kv.paged.PagedCacheView(pool, ["a", "b"])}
     expected = decoded_logits(weights, ids, BF16, prefill=4)  # StaticCache
     # The paged path sums in another order, and a float32 difference can move a stored value by one bfloat16
     # step (OpenBLAS Prescott: 9.4e-5 of max |logit|); storing in bfloat16 at all moves them by ~u = 3.9e-3.
@@ -285,7 +284,7 @@ def test_every_cache_kind_stores_the_same_bfloat16_values_in_the_model():
         logits = [kv.forward(MODEL, weights, ids[:, :4], cache=cache)]
         logits += [kv.forward(MODEL, weights, ids[:, t : t + 1], cache=cache) for t in range(4, 12)]
         np.testing.assert_allclose(np.concatenate(logits, axis=1), expected, rtol=0, atol=tolerance, err_msg=name)
-    assert pools[0].k_cache.dtype == BF16 and pools[0].nbytes == 2 * 12 * 2 * (d + d) * 2
+    assert pool.k_cache.dtype == BF16 and pool.nbytes == len(layers) * 2 * 12 * 2 * (d + d) * 2  # every layer's
 
 
 @pytest.mark.parametrize("dtype", STORAGE)

@@ -163,3 +163,48 @@ def test_a_worker_answering_a_failure_to_a_samples_request_raises_point_failed()
     with pytest.raises(pairs.PointFailed) as raised:
         worker.samples(3)
     assert raised.value.args == (worker, {"failed": "AssertionError: not equal to the oracle"})
+
+
+def worker_answers(package_dir, *requests):
+    """tools/pair_worker.py's answers to ``requests``, in a process of this interpreter with kv_attention from
+    ``package_dir`` and the suite from the working tree."""
+    import json
+
+    env = {**pairs.os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-s", str(pairs.WORKER), str(package_dir), str(pairs.common.ROOT / "benchmarks")],
+                         input="".join(json.dumps(r) + "\n" for r in requests), capture_output=True, text=True,
+                         env=env, cwd=package_dir, timeout=300)
+    return [json.loads(line) for line in run.stdout.splitlines()]
+
+
+def test_the_worker_runs_the_working_trees_benchmark_on_the_commits_package_as_plain_python(tmp_path):
+    """A point of CacheStrategy: its setup (the correctness check) and samples of its method; at a commit whose
+    kv_attention lacks the function, setup's NotImplementedError skips the point, as asv would."""
+    import itertools
+
+    from benchmarks.bench_cache import CacheStrategy
+
+    index = list(itertools.product(*CacheStrategy.params)).index((16, "concat"))
+    load = {"load": "bench_cache.CacheStrategy.time_decode", "param_idx": index, "number": None}
+    loaded, sampled = worker_answers(pairs.common.ROOT, load, {"samples": 3})
+    assert loaded == {"loaded": True, "number": loaded["number"]} and loaded["number"] >= 1
+    assert len(sampled["samples"]) == 3 and all(0 < s < 0.1 for s in sampled["samples"])
+    old = tmp_path / "old"
+    (old / "kv_attention").mkdir(parents=True)
+    (old / "kv_attention" / "__init__.py").write_text("")  # a commit before cached_attention
+    assert worker_answers(old, load) == [{"skipped": "kv_attention has no cached_attention at this commit"}]
+    failed, = worker_answers(old, {"load": "bench_cache.NoSuchClass.time_decode", "param_idx": 0})
+    assert failed["failed"].startswith("AttributeError")
+
+
+def test_no_private_asv_name_is_used():
+    """benchmarks/, tools/ and tests/ use asv and asv_runner through public names only: an upgrade that renames a
+    private one (a leading underscore, or a private module such as asv_runner's _aux) would break them silently."""
+    import re
+
+    private = re.compile(r"\basv(?:_runner)?(?:\.[a-z]\w*)*\._(?!_)\w"  # a private module or name of asv's (not a dunder)
+                         r"|\.(?:_attr_sources|_build_params|_setups|_setup_cache|insert_param|do_setup_cache)\b")
+    offenders = [f"{path.relative_to(pairs.common.ROOT)}:{n + 1}: {line.strip()}"
+                 for folder in ("benchmarks", "tools", "tests") for path in sorted((pairs.common.ROOT / folder).rglob("*.py"))
+                 for n, line in enumerate(path.read_text().splitlines()) if private.search(line)]
+    assert not offenders, offenders

@@ -8,7 +8,7 @@ import pytest
 from tools.report import tables
 from tools.results import FAILED, Point, Run
 
-STEP, BATCH, BYTES = tables.MODEL_STEP, tables.MODEL_BATCH, tables.MODEL_BYTES
+STEP, BATCH = tables.MODEL_STEP, tables.MODEL_BATCH
 
 
 def run_of(values):
@@ -27,8 +27,6 @@ VALUES = {
     (BATCH + "ratio_high", (("B", 8), ("T", 256))): 2.7, (BATCH + "positions_per_second", (("B", 8), ("T", 256))): 85.0,
     (tables.MODEL_BLAS, (("B", 8),)): 5.0, (tables.MODEL_BLAS + "_low", (("B", 8),)): 4.9,
     (tables.MODEL_BLAS + "_high", (("B", 8),)): 5.1,
-    **{(BYTES + name, (("model", "SmolLM-135M"),)): value for name, value in (
-        ("weight_bytes", 538_060_032), ("kv_bytes_per_token", 46_080), ("crossover_positions", 11_676.65))},
     (tables.MODEL_CACHE_BYTES, (("cache", "quantized"),)): 9810.0,
 }
 
@@ -43,7 +41,8 @@ def test_the_step_table_shows_time_fraction_rates_and_the_suites_bytes():
     assert f"{(538_060_032 + 4097 * 46_080) / 2**20:,.2f} MiB" in line  # every weight, K/V of T + 1 positions
     assert rows[(4096, "dynamic")]["fraction of read bandwidth"] == FAILED
     assert "SmolLM-135M: weights 538,060,032 bytes, K/V 46,080 a token, equal at B x T = 11,677" in table.note
-    assert "Llama-3-8B: weights n/a" in table.note and "quantized 9,810" in table.note
+    assert "Llama-3-8B: weights 15,009,849,344 bytes, K/V 131,072 a token, equal at B x T = 114,516" in table.note
+    assert "quantized 9,810" in table.note  # the bytes are the suite's arithmetic; a cache's, the run's
 
 
 def test_the_batch_table_shows_positions_per_second_and_b_equals_1_from_the_same_pairs():
@@ -69,7 +68,7 @@ def test_model_png_draws_each_side_and_the_crossover(tmp_path):
     plt = plots._pyplot()
     fig = plots._model(plt, run_of(VALUES), "t", lab=False)
     labels = {line.get_label(): line for ax in fig.axes for line in ax.get_lines()}
-    assert list(labels["equal at B x T = 11,677"].get_xdata()) == [11_676.65]
+    assert list(labels["equal at B x T = 11,677"].get_xdata()) == [538_060_032 / 46_080]
     assert list(labels["SmolLM-135M: weights"].get_ydata())[0] == 538_060_032
     linear = labels["linear from B = 1: weights read once a step"]
     assert list(linear.get_xdata()) == [1, 8] and list(linear.get_ydata()) == pytest.approx([34.0, 8 * 34.0])

@@ -141,7 +141,7 @@ def _model(plt, run, title, lab):
           "ms per token, B = 1", "one decode step, float32", bottom=0)
     positions = [2 ** k for k in range(8, 21)]  # B x T
     for (model, marker), color in zip((("SmolLM-135M", "o"), ("Llama-3-8B", "s")), ("C0", "C3")):
-        weights, per_token, crossover = model_bytes(run, model)
+        weights, per_token, crossover = model_bytes(model)
         if not all(is_number(v) for v in (weights, per_token, crossover)):
             continue
         axes[1].plot(positions, [weights] * len(positions), color=color, label=f"{model}: weights")
@@ -161,7 +161,7 @@ def _model(plt, run, title, lab):
         rate += _errorbar(axes[2], cells, color=color, label=f"T = {t} (B = 1: its mean over the pairs)")
         if one:
             axes[2].plot([b for b, _ in cells], [b * cells[0][1] for b, _ in cells], linestyle="--", color=color,
-                         alpha=0.6, label="linear from B = 1: weights read once a step")
+                         alpha=0.6, label="linear from B = 1: weights read once a step" if color == "C0" else None)
     _axes(axes[2], sorted({1, *(b for (_, b), _ in batch.rows)}), rate, "B (sequences per step)", "positions / s",
           "batched steps, static caches [95 % interval]", bottom=0, legend={"fontsize": 7})
     axes[2].set_xscale("linear")  # so that linear scaling is a straight line

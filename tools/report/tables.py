@@ -26,7 +26,6 @@ QUANTIZED_PAIRED = "bench_quantized.QuantizedRatios.track_ratio"  # the decode o
 FUSED_PAIRED = "bench_quantized.FusedRatios.track_ratio"  # one step from the codes over dequantize-then-attend
 ROOFLINE_RATES = {"step GB/s": "bench_roofline.Roofline.track_step_gbps",
                   "read GB/s": "bench_roofline.Roofline.track_read_gbps"}
-ROOFLINE_BYTES = "bench_roofline.RooflineBytes.track_bytes_read"
 HEADS_PEAK = "bench_heads.HeadsDecode.track_decode_peak_bytes"
 HEADS_CACHE = "bench_heads.HeadsCacheBytes.track_kv_cache_bytes"
 RAGGED_SLOTS = "bench_ragged.RaggedDecode.track_reserved_slots"
@@ -34,6 +33,7 @@ RAGGED_ROWS = "bench_ragged.RaggedDecode.track_row_steps"
 SWEEP_PAIRED = "bench_batch.BatchSizeRatios.track_ratio"
 HEADS_PAIRED = "bench_heads.HeadsRatios.track_ratio"
 RAGGED_PAIRED = "bench_ragged.RaggedRatios.track_ratio"
+PAGED_STEP_PAIRED = "bench_ragged.PagedStepRatios.track_ratio"
 CHECK_RTOL, CHECK_ATOL = (inspect.signature(verified_decode).parameters[k].default for k in ("rtol", "atol"))
 BATCH_STEP = "bench_batch.BatchRatios.track_"  # + sequential_step, batched_step, saved_step (+ _low, _high)
 LAB_NOTE = f"lab's: published by the lab, on another machine ({lab.MACHINE}); n/a: none published."
@@ -223,10 +223,10 @@ def roofline_table(run):
     """Roofline experiment: one decode step at model shapes, as a fraction of the read bandwidth in its process."""
     rows = []
     keys = ("shape", "T", "B", "path")
-    for key in itertools.product(*(_keys(run, ROOFLINE_BYTES, name, getattr(bench_roofline, f"ROOFLINE_{plural}"))
+    for key in itertools.product(*(_keys(run, ROOFLINE_PAIRED, name, getattr(bench_roofline, f"ROOFLINE_{plural}"))
                                    for name, plural in zip(keys, ("SHAPES", "LENGTHS", "BATCHES", "PATHS")))):
         point = dict(zip(keys, key))
-        nbytes = run.value(ROOFLINE_BYTES, **point)
+        nbytes = bench_roofline.step_bytes(*key)  # arithmetic, the same at every commit
         rates = {label: run.value(name, **point) for label, name in ROOFLINE_RATES.items()}
         rows.append((key, {
             "bytes / step": nbytes,
@@ -279,9 +279,8 @@ BEYOND = {
     "heads: GQA": ("#heads", [("repeat_kv / grouped decode, 8 query over 2 K/V heads, T = 64", HEADS_PAIRED,
                                {"kind": "gqa", "T": bench_heads.RATIO_LENGTH}, "ratio")]),
     "ragged batch, paged cache": ("#ragged", [
-        ("padded / paged, 1 long and 7 short", RAGGED_PAIRED, {"strategy": "padded", "lengths": "skewed"}, "ratio"),
-        ("K/V slots, padded", RAGGED_SLOTS, {"strategy": "padded", "lengths": "skewed"}, "count"),
-        ("paged", RAGGED_SLOTS, {"strategy": "paged", "lengths": "skewed"}, "count")]),
+        ("step, 8,192 + 7 × 64, padded / paged", PAGED_STEP_PAIRED, {"point": "padded_8192"}, "ratio"),
+        ("2,048 + 7 × 64, gather / paged", PAGED_STEP_PAIRED, {"point": "gather_2048"}, "ratio")]),
     "chunked prefill": ("#prefill", [("chunks of 64 / one-shot, T = 512", "bench_prefill.PrefillRatios.track_ratio",
                                       {"chunk_size": 64}, "ratio")]),
     "sliding window": ("#prefill", [
@@ -329,7 +328,7 @@ TABLES = {"cache": cache_table, "batch": batch_table, "batch_size": batch_size_t
           "quantized": quantized_table, "beyond": beyond_table}  # one per experiment of EXPERIMENTS, in its order
 # Tables shown by default only where the run measured their benchmark (the last in TABLES, so that two runs'
 # default lists align where they share a table): a commit from before the roofline experiment prints no page of n/a.
-OPTIONAL = {"roofline": ROOFLINE_BYTES, "quantized": QUANTIZED_BYTES, "beyond": ROOFLINE_BYTES}
+OPTIONAL = {"roofline": ROOFLINE_PAIRED, "quantized": QUANTIZED_BYTES, "beyond": ROOFLINE_PAIRED}
 
 
 def all_tables(run, experiments=None):
@@ -401,14 +400,12 @@ def describe(run, experiments=None):
 # The model experiment (benchmarks/bench_model.py): the decode step of SmolLM-135M's shape, and its batch sweep.
 MODEL_STEP, MODEL_BATCH = "bench_model.ModelStep.track_", "bench_model.ModelBatch.track_"
 MODEL_BLAS = "bench_model.ModelBatchBLAS.track_ratio"
-MODEL_BYTES = "bench_model.ModelBytes.track_"  # + weight_bytes, kv_bytes_per_token, crossover_positions
 MODEL_CACHE_BYTES = "bench_model.ModelCacheBytes.track_bytes_per_token"
 
 
-def model_bytes(run, model):
-    """``(weight bytes, K/V bytes a token, crossover B x T)`` of ``model``, as the run stored them."""
-    return tuple(run.value(MODEL_BYTES + f, model=model) for f in ("weight_bytes", "kv_bytes_per_token",
-                                                                   "crossover_positions"))
+def model_bytes(model):
+    """``(weight bytes, K/V bytes a token, crossover B x T)`` of ``model``: arithmetic, the same at every commit."""
+    return bench_model.weight_bytes(model), bench_model.kv_bytes_per_token(model), bench_model.crossover(model)
 
 
 def model_table(run):
@@ -426,8 +423,8 @@ def model_table(run):
     kinds = {"ms / token": "ms", "fraction of read bandwidth": "fraction", "step GB/s": "gbps", "read GB/s": "gbps",
              "bytes / step": "bytes"}
     exact = "; ".join(f"{m}: weights {format_cell(w, 'count')} bytes, K/V {format_cell(kv, 'count')} a token, equal "
-                      f"at B x T = {format_cell(x, 'count')}" for m in bench_model.CONFIGS
-                      for w, kv, x in [model_bytes(run, m)])
+                      f"at B x T = {format_cell(x, 'count')}" for m in ("SmolLM-135M", "Llama-3-8B")
+                      for w, kv, x in [model_bytes(m)])
     caches = ", ".join(f"{kind} {format_cell(run.value(MODEL_CACHE_BYTES, cache=kind), 'count')}"
                        for kind in bench_model.CACHE_KINDS)
     note = ("SmolLM-135M's configuration, float32 weights drawn in the suite; one step (one new token) through the "
