@@ -17,4 +17,5 @@ EXPERIMENTS = {
     "beyond": "bench_roofline.Roofline.track_ratio",  # one headline per experiment beyond the lab
     "model": "bench_model.ModelStep.track_ratio",  # a decode step at SmolLM-135M's shape
     "model_batch": "bench_model.ModelBatch.track_ratio",
+    "speculative": "bench_speculative.SpeculativeRatios.track_ratio",  # prompt lookup on the real model
 }

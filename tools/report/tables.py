@@ -9,7 +9,8 @@ import itertools
 import inspect
 from dataclasses import dataclass
 
-from benchmarks import bench_batch, bench_heads, bench_model, bench_quantized, bench_ragged, bench_roofline
+from benchmarks import (bench_batch, bench_heads, bench_model, bench_quantized, bench_ragged, bench_roofline,
+                        bench_speculative)
 from benchmarks.common import BATCH, LENGTHS, STRATEGIES, SWEEP_BATCH_SIZES, SWEEP_LENGTH, verified_decode
 
 from ..common import UserError
@@ -350,6 +351,7 @@ FORMATS = {  # cell kind -> text of a number (seconds, ratio, rate, bytes or cou
     "fraction": lambda v: f"{100 * v:.1f}%",  # its interval reads [34.1, 37.5]
     "gbps": lambda v: f"{v:.2f}",
     "error": lambda v: f"{v:.2g}",
+    "number": lambda v: f"{v:.3f}",
     "text": str,
 }
 
@@ -461,5 +463,30 @@ def model_batch_table(run):
                  rows, note)
 
 
-TABLES.update(model=model_table, model_batch=model_batch_table)
-OPTIONAL.update(model=MODEL_STEP + "ratio", model_batch=MODEL_BATCH + "ratio")
+SPECULATIVE = "bench_speculative.SpeculativeCounts.track_"  # + forwards_per_token, accepted_tokens
+SPECULATIVE_PAIRED = "bench_speculative.SpeculativeRatios.track_ratio"
+
+
+def speculative_table(run):
+    """Speculative decoding: prompt lookup per prompt and k, its exact counts, and its paired speedup at k = 10."""
+    rows = []
+    prompts = _keys(run, SPECULATIVE + "accepted_tokens", "prompt", list(bench_speculative.PROMPTS))
+    for prompt, k in itertools.product(prompts, bench_speculative.DRAFT_LENGTHS):
+        rows.append(((prompt, k), {
+            "forwards / token": run.value(SPECULATIVE + "forwards_per_token", prompt=prompt, k=k),
+            "drafts accepted": run.value(SPECULATIVE + "accepted_tokens", prompt=prompt, k=k),
+            "greedy / prompt lookup": (paired(run, SPECULATIVE_PAIRED, SKIPPED, prompt=prompt)
+                                       if k == bench_speculative.SPEEDUP_K else SKIPPED)}))
+    note = (f"{bench_speculative.NEW_TOKENS} greedy tokens of SmolLM2-135M-Instruct (float32, static caches, one BLAS "
+            "thread) after each stored prompt: copy writes out again a passage of the prompt, story copies nothing. "
+            "k: prompt_lookup_num_tokens. forwards / token: the prefill and each verifying forward over the tokens "
+            "(plain greedy: 1); drafts accepted: draft tokens equal to the model's own greedy ones (exact counts). "
+            "greedy / prompt lookup: the time of the two whole generate calls, paired (above 1: prompt lookup is "
+            "faster). " + PAIRED_NOTE)
+    return Table("Speculative decoding: prompt lookup", ("prompt", "k"),
+                 {"forwards / token": "number", "drafts accepted": "count", "greedy / prompt lookup": "ratio"}, rows,
+                 note)
+
+
+TABLES.update(model=model_table, model_batch=model_batch_table, speculative=speculative_table)
+OPTIONAL.update(model=MODEL_STEP + "ratio", model_batch=MODEL_BATCH + "ratio", speculative=SPECULATIVE_PAIRED)
