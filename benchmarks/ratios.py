@@ -50,6 +50,7 @@ from . import pairs
 from .common import Measured, SkipNotImplemented
 
 MIN_PAIRS = 9  # the fewest ratios whose 95 % interval is not [min, max]: [x_(2), x_(8)]
+FEWEST_PAIRS = 6  # the fewest with a 95 % interval at all, [min, max] (97 %): for a side of seconds
 MAX_PAIRS = 200
 SAMPLE_SECONDS = 2e-3  # one sample is at least this many seconds of calls (pairs.calibrate's default)
 CLOCK = time.thread_time  # CPU time of the benchmark's thread: not the time other jobs held the core
@@ -67,14 +68,14 @@ class Side:
             self.after()
 
 
-def paired_ratio(numerator, denominator, seconds, burst=pairs.BURST, factor=1.0):
+def paired_ratio(numerator, denominator, seconds, burst=pairs.BURST, factor=1.0, min_pairs=MIN_PAIRS):
     """``{"ratio", "low", "high", "pairs", "burst", "numerator_seconds", "denominator_seconds"}``: ``factor`` x
     time(numerator) / time(denominator), paired; the seconds lists hold each side's value (seconds a call) in
     every pair, in order, so ``numerator_seconds[i] / denominator_seconds[i]`` is the i-th per-pair ratio.
 
     Each side is calibrated to samples of at least SAMPLE_SECONDS of calls,
     timed by CLOCK; then :func:`pairs.pairs_within` alternates them for about
-    ``seconds`` (at least MIN_PAIRS pairs), ``burst`` samples of each per pair,
+    ``seconds`` (at least ``min_pairs`` pairs), ``burst`` samples of each per pair,
     or one where a single call of a side fills a sample (a slow side); the
     ratio is the median of the per-pair ratios and low, high its 95 % interval.
     """
@@ -87,7 +88,7 @@ def paired_ratio(numerator, denominator, seconds, burst=pairs.BURST, factor=1.0)
     gc.collect()
     gc.disable()
     try:
-        ratios = pairs.pairs_within(first, second, seconds, MIN_PAIRS, MAX_PAIRS, burst)
+        ratios = pairs.pairs_within(first, second, seconds, min_pairs, MAX_PAIRS, burst)
     finally:
         if enabled:
             gc.enable()
@@ -113,6 +114,7 @@ class Ratios(Measured, abc.ABC):
     version = "1"  # of the three ratios, the class's unless a subclass's ratio changes meaning
     seconds = 0.25  # of pairs per point, about (pairs_within sizes them by wall time)
     burst = pairs.BURST  # samples of each side per pair, where no single call fills a sample
+    min_pairs = MIN_PAIRS
     # timeout: Benchmark's 120 s, also setup_cache's, where every point of the class is measured
 
     @abc.abstractmethod  # abstract: asv collects no class of it where a bench module imports it
@@ -121,7 +123,7 @@ class Ratios(Measured, abc.ABC):
 
     def measure(self, *point):
         numerator, denominator, *factor = self.sides(*point)
-        return paired_ratio(numerator, denominator, self.seconds, self.burst, *factor)
+        return paired_ratio(numerator, denominator, self.seconds, self.burst, *factor, min_pairs=self.min_pairs)
 
     def tracked(self, key):
         value = self.measured[key]

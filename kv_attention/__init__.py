@@ -35,6 +35,7 @@ from .problem import Problem, make_problem
 from .quantized import QuantizedCache, attend_quantized
 from .ragged import RAGGED_STRATEGIES, RaggedDecodeStats, ragged_decode, ragged_decode_steps
 from .scheduler import Request, ServeResult, ServeStats, serve
+from .speculative import SpecDecodingStats, prompt_lookup_generate
 from .split import attention_state, cascade_attention, merge_attention_states, split_kv_attention
 from .tokenizer import Tokenizer
 from .strategies import EXPERIMENTS, STRATEGIES, get_strategy
@@ -63,4 +64,6 @@ __all__ = [
     "ModelConfig", "init_weights", "load_weights", "forward", "generate", "PagedCacheView",
     # a real model: a Llama GGUF file's config, float32 weights and tokenizer (the gguf extra)
     "load_gguf", "Tokenizer",
+    # speculative decoding: prompt-lookup drafts verified in one forward, the caches cropped back
+    "prompt_lookup_generate", "SpecDecodingStats",
 ]

@@ -337,12 +337,15 @@ def forward(config, weights, input_ids, *, cache=None, convert_once=True):
     return linear(x, converted(head, dtype, once))  # [B, T, vocab_size]
 
 
-def generate(config, weights, input_ids, max_new_tokens, *, cache=None, convert_once=True):
+def generate(config, weights, input_ids, max_new_tokens, *, cache=None, convert_once=True,
+             prompt_lookup_num_tokens=None, max_matching_ngram_size=None):
     """Greedy decoding: ``input_ids [B, T]`` and ``max_new_tokens`` argmax tokens, each fed back; int64 ``[B, T + N]``.
 
     With ``cache``, ``input_ids`` continue it: they are prefilled in one call, and each new
     token is one call; without, each step recomputes the whole prefix. Every step's room is
-    checked before the first writes.
+    checked before the first writes. With ``prompt_lookup_num_tokens=k`` (Hugging Face's name;
+    B = 1 and a cache that crops back), drafts of up to k tokens copied from the context are
+    verified in one call each (``speculative``).
     """
     ids = check_input_ids(config, input_ids)
     max_new_tokens = as_size("max_new_tokens", max_new_tokens)
@@ -350,6 +353,12 @@ def generate(config, weights, input_ids, max_new_tokens, *, cache=None, convert_
         raise ValueError("input_ids must hold at least one token to generate from, got shape (B, 0)")
     if max_new_tokens:
         check_cache(config, cache, ids, check_weights(config, weights), max_new_tokens)
+    if prompt_lookup_num_tokens is not None:
+        from .speculative import prompt_lookup_generate
+
+        return prompt_lookup_generate(config, weights, ids, max_new_tokens, cache=cache, convert_once=convert_once,
+                                      prompt_lookup_num_tokens=prompt_lookup_num_tokens,
+                                      max_matching_ngram_size=max_matching_ngram_size)[0]
     tokens, new = ids, ids
     for _ in range(max_new_tokens):
         logits = forward(config, weights, new if cache is not None else tokens, cache=cache, convert_once=convert_once)

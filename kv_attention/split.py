@@ -198,7 +198,7 @@ def attention_state(q, k, v, *, valid=None, check_finite=True):
 
 
 def _state(q, k, v, valid=None):
-    """:func:`attention_state` of checked inputs (kept for paged.py until it calls attention_forward)."""
+    """:func:`attention_state` of checked inputs: attention_forward with its lse."""
     return attention_forward(q, k, v, None if valid is None else valid[..., None, :], return_lse=True)
 
 
