@@ -171,7 +171,8 @@ def worker_answers(package_dir, *requests):
     import json
 
     env = {**pairs.os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    run = subprocess.run([sys.executable, "-s", str(pairs.WORKER), str(package_dir), str(pairs.common.ROOT / "benchmarks")],
+    suite = pairs.common.ROOT / "benchmarks"
+    run = subprocess.run([sys.executable, "-s", str(pairs.WORKER), str(package_dir), str(suite)],
                          input="".join(json.dumps(r) + "\n" for r in requests), capture_output=True, text=True,
                          env=env, cwd=package_dir, timeout=300)
     return [json.loads(line) for line in run.stdout.splitlines()]
@@ -202,9 +203,10 @@ def test_no_private_asv_name_is_used():
     private one (a leading underscore, or a private module such as asv_runner's _aux) would break them silently."""
     import re
 
-    private = re.compile(r"\basv(?:_runner)?(?:\.[a-z]\w*)*\._(?!_)\w"  # a private module or name of asv's (not a dunder)
+    private = re.compile(r"\basv(?:_runner)?(?:\.[a-z]\w*)*\._(?!_)\w"  # asv's private modules and names, not dunders
                          r"|\.(?:_attr_sources|_build_params|_setups|_setup_cache|insert_param|do_setup_cache)\b")
-    offenders = [f"{path.relative_to(pairs.common.ROOT)}:{n + 1}: {line.strip()}"
-                 for folder in ("benchmarks", "tools", "tests") for path in sorted((pairs.common.ROOT / folder).rglob("*.py"))
+    root = pairs.common.ROOT
+    offenders = [f"{path.relative_to(root)}:{n + 1}: {line.strip()}"
+                 for folder in ("benchmarks", "tools", "tests") for path in sorted((root / folder).rglob("*.py"))
                  for n, line in enumerate(path.read_text().splitlines()) if private.search(line)]
     assert not offenders, offenders

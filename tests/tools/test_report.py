@@ -240,7 +240,8 @@ def test_every_experiment_is_defined_once_with_its_table_and_the_suites_benchmar
                            "quantized": "bench_quantized.QuantizedDecode.time_decode",
                            "beyond": "bench_roofline.Roofline.track_ratio",  # one headline per experiment
                            "model": "bench_model.ModelStep.track_ratio",
-                           "model_batch": "bench_model.ModelBatch.track_ratio"}
+                           "model_batch": "bench_model.ModelBatch.track_ratio",
+                           "speculative": "bench_speculative.SpeculativeRatios.track_ratio"}
     assert [samples._experiment(timing) for timing in [CACHE, BATCH, SWEEP, HEADS, RAGGED]] == [
         "cache", "batch", "batch_size", "heads", "ragged"]
     assert samples._experiment("bench_split.SplitDecode.time_decode") == "split"
