@@ -477,12 +477,10 @@ def speculative_table(run):
             "drafts accepted": run.value(SPECULATIVE + "accepted_tokens", prompt=prompt, k=k),
             "greedy / prompt lookup": (paired(run, SPECULATIVE_PAIRED, SKIPPED, prompt=prompt)
                                        if k == bench_speculative.SPEEDUP_K else SKIPPED)}))
-    note = (f"{bench_speculative.NEW_TOKENS} greedy tokens of SmolLM2-135M-Instruct (float32, static caches, one BLAS "
-            "thread) after each stored prompt: copy writes out again a passage of the prompt, story copies nothing. "
-            "k: prompt_lookup_num_tokens. forwards / token: the prefill and each verifying forward over the tokens "
-            "(plain greedy: 1); drafts accepted: draft tokens equal to the model's own greedy ones (exact counts). "
-            "greedy / prompt lookup: the time of the two whole generate calls, paired (above 1: prompt lookup is "
-            "faster). " + PAIRED_NOTE)
+    note = (f"{bench_speculative.NEW_TOKENS} greedy tokens of SmolLM2-135M-Instruct after each stored prompt (copy: the "
+            "answer writes a passage of the prompt again; story: it copies nothing). k: prompt_lookup_num_tokens. "
+            "forwards / token: the prefill and each verifying forward, over the tokens (greedy: 1). greedy / prompt "
+            "lookup: two whole generate calls, static caches, paired. " + PAIRED_NOTE)
     return Table("Speculative decoding: prompt lookup", ("prompt", "k"),
                  {"forwards / token": "number", "drafts accepted": "count", "greedy / prompt lookup": "ratio"}, rows,
                  note)
