@@ -62,8 +62,9 @@ class Cache(abc.ABC):
 
     A subclass implements :meth:`update`, :meth:`get_seq_length` and :meth:`crop`, and
     sets what differs from a cache of every position: ``k_cache``/``v_cache`` (a decode
-    checks their leading axes, widths and dtype), ``max_seq_len`` (None: unbounded),
-    ``window``/``n_sink`` (a cache that keeps only a window), :meth:`key_positions`.
+    checks their leading axes, widths and dtype: :attr:`layout`), ``max_seq_len`` (None:
+    unbounded; :meth:`check_room`), ``window``/``n_sink`` (a cache that keeps only a
+    window), :meth:`key_positions`.
     """
 
     k_cache = v_cache = None
@@ -86,6 +87,19 @@ class Cache(abc.ABC):
     def key_positions(self, t_new):
         """The positions of the keys :meth:`update` returns for ``t_new`` new positions (int64 ``[S]``)."""
         return np.arange(self.get_seq_length() + as_size("t_new", t_new))
+
+    @property
+    def layout(self):
+        """``(batch_shape, k_dim, v_dim, storage dtype)`` that an update must fit; None for what is not fixed yet."""
+        k, v = self.k_cache, self.v_cache
+        return (None,) * 4 if k is None else (k.shape[:-2], k.shape[-1], v.shape[-1], k.dtype)
+
+    def check_room(self, t_new):
+        """Raise :class:`StaticCacheFullError` unless ``t_new`` more positions fit ``max_seq_len``."""
+        stored, room = self.get_seq_length(), self.max_seq_len
+        if room is not None and stored + t_new > room:
+            raise StaticCacheFullError(f"cache is too short: {stored} of max_seq_len={room} positions used, "
+                                       f"the call writes {t_new} more")
 
 
 def as_cache(cache):
@@ -197,6 +211,10 @@ class DynamicCache(Cache):
             self.k_cache = np.concatenate([self.k_cache, k], axis=-2)  # [..., T + T_new, D_k]
             self.v_cache = np.concatenate([self.v_cache, v], axis=-2)  # [..., T + T_new, D_v]
         return self.k_cache, self.v_cache
+
+    @property
+    def layout(self):
+        return super().layout if self.k_cache is not None else (None, None, None, self._dtype)
 
     def get_seq_length(self):
         return 0 if self.k_cache is None else self.k_cache.shape[-2]

@@ -17,10 +17,9 @@ import numpy as np
 
 from ._validation import as_flag, as_integer_array, as_real, as_size, compute_dtype
 from .attention import attention_forward
-from .cache import Cache, StaticCacheFullError
+from .cache import Cache
 from .chunked import chunk_mask
-from .paged import PagedCacheView, PagedKVCache, PagedLayer
-from .quantized import QuantizedCache
+from .paged import PagedCacheView, PagedLayer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,11 +55,10 @@ class ModelConfig:
             raise TypeError(f"path must be a path to a config.json, got {path!r}")
         with open(path) as f:
             raw = json.load(f)
-        if not isinstance(raw, dict):
-            raise ValueError(f"{path}: a config.json holds a JSON object, got {type(raw).__name__}")
-        if raw.get("model_type") != "llama" or raw.get("architectures", ["LlamaForCausalLM"]) != ["LlamaForCausalLM"]:
-            raise ValueError(f"{path}: not a Llama model (model_type={raw.get('model_type')!r}, "
-                             f"architectures={raw.get('architectures')!r}); only LlamaForCausalLM is supported")
+        if not isinstance(raw, dict) or raw.get("model_type") != "llama" \
+                or raw.get("architectures", ["LlamaForCausalLM"]) != ["LlamaForCausalLM"]:
+            raise ValueError(f"{path}: not a Llama model's config.json (a JSON object of model_type 'llama'; only "
+                             f"LlamaForCausalLM is supported), got {raw!r:.100}")
         rope = raw.pop("rope_parameters", None) or {}  # transformers 5 writes rope_theta in here
         if not isinstance(rope, dict) or rope.get("rope_type", "default") != "default":
             raise ValueError(f"{path}: rope_parameters must be a JSON object of rope_type 'default', got {rope!r}")
@@ -225,74 +223,48 @@ def check_input_ids(config, input_ids):
     if not isinstance(config, ModelConfig):
         raise TypeError(f"config must be a ModelConfig, got {type(config).__name__}")
     ids = as_integer_array("input_ids", input_ids)
-    if ids.ndim != 2:
-        raise ValueError(f"input_ids must be [B, T], got shape {ids.shape}")
-    if ids.size and ids.max() >= config.vocab_size:
-        raise ValueError(f"input_ids holds {ids.max()}, outside the vocabulary [0, vocab_size={config.vocab_size})")
+    if ids.ndim != 2 or ids.max(initial=0) >= config.vocab_size:
+        raise ValueError(f"input_ids must be [B, T] of ids in [0, vocab_size={config.vocab_size}), got shape "
+                         f"{ids.shape}, ids up to {ids.max(initial=0)}")
     return ids
 
 
 def check_cache(config, cache, ids, dtype, max_new_tokens=None):
-    """Raise unless ``cache`` is None, one paged view for every layer, or one cache of its own per layer that takes this call's k/v ``[B, H_kv, T, D]``
-    of ``dtype``: batch shape ``(B, H_kv)``, k and v widths ``head_dim``, a dtype that holds ``dtype``, room for T
-    (with ``max_new_tokens``, for a generate's prompt and every new token but the last). Every layer is checked
-    here, so that no layer is written before a later one is refused."""
-    if cache is None:
-        return
-    if isinstance(cache, PagedCacheView):
-        if cache.cache.num_layers != config.num_hidden_layers:
-            raise ValueError(f"cache is a paged cache of num_layers={cache.cache.num_layers}, the model has "
-                             f"num_hidden_layers={config.num_hidden_layers}")
-        cache = [cache]  # one block table per sequence: every layer's
-    elif not isinstance(cache, (list, tuple)) or len(cache) != config.num_hidden_layers:
-        raise ValueError(f"cache must be a list of num_hidden_layers={config.num_hidden_layers} caches, "
-                         f"got {type(cache).__name__} of length {len(cache) if hasattr(cache, '__len__') else '?'}")
-    else:
-        for i, c in enumerate(cache):
-            if isinstance(c, (PagedKVCache, PagedCacheView)):
-                raise TypeError(f"cache[{i}] is paged: pass one PagedCacheView(pool, seq_ids) as cache, its pool "
-                                f"of num_layers={config.num_hidden_layers} serving every layer")
-            if not isinstance(c, Cache):
-                raise TypeError(f"cache[{i}] must be a kv_attention.Cache, got {c!r:.100}")
-    if len({id(c) for c in cache}) < len(cache):
-        raise ValueError("cache holds one cache for several layers: each layer needs its own")
+    """Raise unless ``cache`` is None, one paged view for every layer, or one cache of its own per layer, each with
+    the :attr:`~kv_attention.Cache.layout` of this call's k/v ``[B, H_kv, T, D]`` in ``dtype`` and room for T (with
+    ``max_new_tokens``, for a generate's prompt and every new token but the last), and unless T = 0 where there is
+    no last token to continue from. Every layer is checked here, so that no layer is written before a later one is
+    refused."""
+    paged = isinstance(cache, PagedCacheView)
+    layers = [cache] if paged else [] if cache is None else cache  # a paged view: one block table, every layer's
+    n = cache.cache.num_layers if paged else len(cache) if isinstance(cache, (list, tuple)) else "?"
+    if cache is not None and n != config.num_hidden_layers:
+        raise ValueError(f"cache must be a list of num_hidden_layers={config.num_hidden_layers} caches or a "
+                         f"PagedCacheView of as many layers, got {type(cache).__name__} of {n} layers")
     (batch, t_new), d = ids.shape, config.head_dim
     written = t_new if max_new_tokens is None else t_new + max_new_tokens - 1
+    if paged and cache.token_ids is not None and (written > t_new or not np.array_equal(cache.token_ids, ids)):
+        raise ValueError(f"cache.token_ids must be input_ids, the tokens written (prefix caching keys blocks by them; "
+                         f"a generate of more than one token takes none), got {cache.token_ids!r:.100}")
     expected = ((batch, config.num_key_value_heads), d, d)
-    for i, c in enumerate(cache):
-        *layout, stored = _layout(c)
-        if layout[0] is not None and tuple(layout) != expected:
-            raise ValueError(f"cache[{i}] holds batch shape {layout[0]}, k, v widths {layout[1:]}; needed {expected}")
+    for i, c in enumerate(layers):
+        if not (paged or isinstance(c, Cache)):
+            raise TypeError(f"cache[{i}] must be a kv_attention.Cache, got {c!r:.100} (a paged pool: pass one "
+                            f"PagedCacheView(pool, seq_ids) as cache, serving every layer)")
+        batch_shape, *widths, stored = c.layout
+        if batch_shape is not None and (batch_shape, *widths) != expected:
+            raise ValueError(f"cache[{i}] holds batch shape {batch_shape}, k, v widths {widths}; needed {expected}")
         if stored is not None and not np.can_cast(dtype, compute_dtype(stored), casting="safe"):
             raise TypeError(f"cache[{i}] stores {stored}, which cannot hold the model's {dtype} keys and values")
-        room = getattr(c, "max_seq_len", None)
-        if room is not None and c.get_seq_length() + written > room:
-            why = "" if max_new_tokens is None else f" for max_new_tokens={max_new_tokens}"
-            raise StaticCacheFullError(f"cache[{i}] is too short{why}: {c.get_seq_length()} of max_seq_len={room} "
-                                       f"positions used, the call writes {written} more")
-        if isinstance(c, PagedCacheView):
-            if c.token_ids is not None and written > t_new:  # generate with max_new_tokens > 1
-                raise ValueError(f"cache[{i}].token_ids name the prompt only: generate more tokens without them")
-            if c.token_ids is not None and not np.array_equal(c.token_ids, ids):  # False for ragged token_ids too
-                raise ValueError(f"cache[{i}].token_ids must be input_ids, the tokens written (prefix caching keys "
-                                 f"blocks by them), got {c.token_ids!r:.100} for input_ids {ids.tolist()!r:.100}")
-            c.check_room(written)
-    lengths = [np.broadcast_to(c.get_seq_length(), (batch,)) for c in cache]  # an int, or [B] of a paged view
+        c.check_room(written)
+    if len({id(c) for c in layers}) < len(layers):
+        raise ValueError("cache holds one cache for several layers: each layer needs its own")
+    lengths = [np.broadcast_to(c.get_seq_length(), (batch,)) for c in layers] or [0]  # [B] of a paged view
     if any(not np.array_equal(n, lengths[0]) for n in lengths):
         raise ValueError(f"cache: the layers hold different lengths {sorted({str(n.tolist())[:60] for n in lengths})}")
-
-
-def _layout(cache):
-    """``(batch_shape, k width, v width, storage dtype)`` of a layer's cache; None for what a DynamicCache
-    has not fixed before its first update."""
-    if isinstance(cache, PagedCacheView):
-        pool = cache.cache
-        return tuple(cache.batch_shape), pool.k_cache.shape[-1], pool.v_cache.shape[-1], pool.k_cache.dtype
-    if isinstance(cache, QuantizedCache):  # no dequantize
-        return tuple(cache.batch_shape), cache.k_dim, cache.v_dim, cache.dtype
-    if cache.k_cache is None:
-        return None, None, None, getattr(cache, "_dtype", None)
-    return cache.k_cache.shape[:-2], cache.k_cache.shape[-1], cache.v_cache.shape[-1], cache.k_cache.dtype
+    if t_new == 0 and (max_new_tokens or not np.all(lengths[0])):
+        raise ValueError(f"input_ids must hold at least one token to generate from, or where the cache holds none, "
+                         f"got shape {ids.shape}")
 
 
 # The model
@@ -303,14 +275,11 @@ def forward(config, weights, input_ids, *, cache=None, convert_once=True):
 
     ``convert_once``: a weight not in the compute dtype is converted the first time it is seen and kept
     (:func:`converted`); False holds only the 16-bit weights and converts each layer's on every call."""
-    ids = check_input_ids(config, input_ids)
-    dtype = check_weights(config, weights)
-    B, T = ids.shape
+    ids, dtype = check_input_ids(config, input_ids), check_weights(config, weights)
     check_cache(config, cache, ids, dtype)
+    B, T = ids.shape
     paged = isinstance(cache, PagedCacheView)
     start = 0 if cache is None else (cache if paged else cache[0]).get_seq_length()  # an int, or [B] of a paged view
-    if T == 0 and not np.all(start):
-        raise ValueError(f"input_ids must hold at least one token where the cache holds none, got shape {ids.shape}")
     positions = np.add.outer(start, np.arange(T)) if np.ndim(start) else start + np.arange(T)  # [T] or [B, T]
     cos, sin = rope_tables(positions, config.head_dim, config.rope_theta, dtype)  # [T, D] or [B, T, D]
     if cos.ndim == 3:
@@ -347,10 +316,7 @@ def generate(config, weights, input_ids, max_new_tokens, *, cache=None, convert_
     B = 1 and a cache that crops back), drafts of up to k tokens copied from the context are
     verified in one call each (``speculative``).
     """
-    ids = check_input_ids(config, input_ids)
-    max_new_tokens = as_size("max_new_tokens", max_new_tokens)
-    if max_new_tokens and ids.shape[1] == 0:
-        raise ValueError("input_ids must hold at least one token to generate from, got shape (B, 0)")
+    ids, max_new_tokens = check_input_ids(config, input_ids), as_size("max_new_tokens", max_new_tokens)
     if max_new_tokens:
         check_cache(config, cache, ids, check_weights(config, weights), max_new_tokens)
     if prompt_lookup_num_tokens is not None:

@@ -597,6 +597,11 @@ class PagedCacheView:
     def k_dim(self):
         return self.cache.k_cache.shape[-1]
 
+    @property
+    def layout(self):
+        """``(batch_shape, k_dim, v_dim, storage dtype)`` of the pool, as :attr:`~kv_attention.Cache.layout`."""
+        return self.batch_shape, self.k_dim, self.cache.v_cache.shape[-1], self.cache.k_cache.dtype
+
     def get_seq_length(self):
         """Tokens stored for each sequence: ``[N]`` int64."""
         return self.cache.get_seq_lengths(self.seq_ids)

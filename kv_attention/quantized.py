@@ -267,6 +267,10 @@ class QuantizedCache(Cache):
         """V̂ ``[*batch_shape, T, v_dim]``, dequantized at each access."""
         return self._quantizers[1].dequantize(self._parts[1])
 
+    @property
+    def layout(self):
+        return self.batch_shape, self.k_dim, self.v_dim, self.dtype  # not dequantized
+
     def get_seq_length(self):
         """Number of positions held, quantized and residual (int)."""
         part = self._parts[0]

@@ -145,7 +145,7 @@ def test_generate_refuses_a_cache_too_short_for_every_step_before_the_first(kind
     small, enough = {"static": (caches("static", max_seq_len=9), caches("static", max_seq_len=10)),
                      "paged": (paged_views(num_blocks=9, block_size=2), paged_views(num_blocks=10, block_size=2))}[kind]
     error = kv.StaticCacheFullError if kind == "static" else kv.OutOfBlocksError
-    with pytest.raises(error, match="max_new_tokens=7" if kind == "static" else "out of blocks"):
+    with pytest.raises(error, match="writes 10 more" if kind == "static" else "out of blocks"):
         kv.generate(CONFIG, W64, IDS[:, :4], 7, cache=small)
     assert lengths(small) == lengths(paged_views() if kind == "paged" else caches(kind))  # nothing written
     np.testing.assert_array_equal(kv.generate(CONFIG, W64, IDS[:, :4], 7, cache=enough),
@@ -226,7 +226,7 @@ def test_from_json_refuses_what_it_does_not_compute(tmp_path, change, message):
 
 
 @pytest.mark.parametrize("text, error, message", [
-    ("[1, 2]", ValueError, "holds a JSON object, got list"),
+    ("[1, 2]", ValueError, r"not a Llama model's config.json \(a JSON object .*got \[1, 2\]"),
     ('{"model_type": "llama", "rope_parameters": [1]}', ValueError, "rope_parameters must be a JSON object"),
 ])
 def test_from_json_refuses_a_file_that_is_not_a_config(tmp_path, text, error, message):
@@ -263,7 +263,7 @@ def lengths(cache):
 
 
 @pytest.mark.parametrize("ids, message", [
-    (np.array([[1, 61]]), r"input_ids holds 61, outside the vocabulary \[0, vocab_size=61\)"),
+    (np.array([[1, 61]]), r"input_ids must be \[B, T\] of ids in \[0, vocab_size=61\), .* ids up to 61"),
     (np.array([[1, -1]]), r"input_ids\[0, 1\] = -1 is negative"),
     (np.array([1, 2]), r"input_ids must be \[B, T\]"),
 ])
@@ -282,7 +282,7 @@ def test_a_bad_cache_is_refused_and_nothing_is_written():
     assert lengths(good) == ["0", "0"]  # layer 0's cache fitted but was not written
     short = caches("static", max_seq_len=5)
     kv.forward(CONFIG, W64, ids, cache=short)
-    with pytest.raises(kv.StaticCacheFullError, match=r"cache\[0\] is too short"):
+    with pytest.raises(kv.StaticCacheFullError, match=r"cache is too short: 3 of max_seq_len=5"):
         kv.forward(CONFIG, W64, ids, cache=short)
     assert lengths(short) == ["3", "3"]
     views = paged_views(num_blocks=2, block_size=4)  # 2 sequences of 3 tokens fill the pool; a 5th token does not fit
@@ -301,10 +301,11 @@ def test_a_bad_cache_is_refused_and_nothing_is_written():
      r"cache\[1\] holds batch shape \(2, 2\), k, v widths \[6, 4\]; needed \(\(2, 2\), 6, 6\)"),
     (lambda: [kv.DynamicCache()] * 2, ValueError, "each layer needs its own"),
     (lambda: [kv.StaticCache((2, 2), 8, 6, 6)] * 2, ValueError, "each layer needs its own"),
-    (lambda: [paged_views(), paged_views()], TypeError, r"cache\[0\] is paged: pass one PagedCacheView"),
+    (lambda: [paged_views(), paged_views()], TypeError, r"cache\[0\] must be a kv_attention.Cache.*one PagedCacheView"),
     (lambda: [None, None], TypeError, r"cache\[0\] must be a kv_attention.Cache"),
     (lambda: ["a", "b"], TypeError, r"cache\[0\] must be"),
-    (lambda: [paged_views().cache, paged_views().cache], TypeError, r"cache\[0\] is paged"),
+    (lambda: [paged_views().cache, paged_views().cache], TypeError,
+     r"cache\[0\] must be a kv_attention.Cache.*one PagedCacheView"),
     (lambda: [paged_views(config=kv.ModelConfig(**{**CONFIG.__dict__, "num_hidden_layers": 1}))], ValueError,
      "cache must be a list of num_hidden_layers=2"),
 ])
@@ -320,7 +321,7 @@ def test_every_layer_is_checked_before_any_is_written(make, error, message):
 
 def test_a_paged_cache_of_another_number_of_layers_is_refused():
     view = paged_views(config=kv.ModelConfig(**{**CONFIG.__dict__, "num_hidden_layers": 3}))
-    with pytest.raises(ValueError, match="paged cache of num_layers=3, the model has num_hidden_layers=2"):
+    with pytest.raises(ValueError, match="num_hidden_layers=2 .* got PagedCacheView of 3 layers"):
         kv.forward(CONFIG, W64, IDS[:, :3], cache=view)
     assert view.get_seq_length().tolist() == [0, 0]
 
@@ -328,13 +329,13 @@ def test_a_paged_cache_of_another_number_of_layers_is_refused():
 def test_a_paged_view_whose_token_ids_are_not_input_ids_is_refused():
     pool = paged_views(batch=1, num_blocks=16, enable_prefix_caching=True).cache
     ids = IDS[:1, :5]
-    with pytest.raises(ValueError, match=r"cache\[0\].token_ids must be input_ids"):
+    with pytest.raises(ValueError, match=r"cache.token_ids must be input_ids"):
         kv.forward(CONFIG, W64, ids, cache=kv.PagedCacheView(pool, [0], token_ids=ids + 1))
     assert pool.get_seq_length(0) == 0 and pool.allocator.num_cached_blocks == 0
     got = kv.forward(CONFIG, W64, ids, cache=kv.PagedCacheView(pool, [0], token_ids=ids))
     np.testing.assert_allclose(got, FULL[:1, :5], **TOL)
     assert pool.add_sequence(1, IDS[0, :9]) == 4  # the block of ids, cached under ids
-    with pytest.raises(ValueError, match=r"cache\[0\].token_ids name the prompt only"):  # not its new tokens
+    with pytest.raises(ValueError, match=r"a generate of more than one token takes none"):  # not its new tokens
         kv.generate(CONFIG, W64, ids, 3, cache=kv.PagedCacheView(pool, [1], token_ids=ids))
     assert pool.get_seq_length(1) == 4
 
@@ -348,6 +349,32 @@ def test_no_tokens_where_the_cache_holds_none_is_refused(kind):
         kv.forward(CONFIG, W64, IDS[:, :2], cache=cache)
         assert kv.forward(CONFIG, W64, IDS[:, :0], cache=cache).shape == (2, 0, CONFIG.vocab_size)
         np.testing.assert_allclose(kv.forward(CONFIG, W64, IDS[:, 2:4], cache=cache), FULL[:, 2:4], **TOL)
+
+
+def test_generate_from_no_tokens_is_refused_even_where_the_cache_holds_some():
+    cache = caches("static")
+    kv.forward(CONFIG, W64, IDS[:, :2], cache=cache)
+    with pytest.raises(ValueError, match=r"input_ids must hold at least one token to generate from"):
+        kv.generate(CONFIG, W64, IDS[:, :0], 3, cache=cache)
+    assert lengths(cache) == ["2", "2"]
+    assert kv.generate(CONFIG, W64, IDS[:, :0], 0, cache=cache).shape == (2, 0)  # no new token: nothing to refuse
+
+
+@pytest.mark.parametrize("kind", KINDS + ("quantized",))
+def test_each_cache_kind_gives_the_layout_an_update_must_fit_and_checks_its_room(kind):
+    cache = make_cache(kind)
+    c = cache if kind == "paged" else cache[0]
+    fixed = ((2, CONFIG.num_key_value_heads), CONFIG.head_dim, CONFIG.head_dim, np.dtype(np.float64))
+    assert c.layout == ((None,) * 4 if kind == "dynamic" else fixed)
+    assert kv.DynamicCache(np.float32).layout == (None, None, None, np.dtype(np.float32))  # fixed before an update
+    kv.forward(CONFIG, W64, IDS[:, :3], cache=cache)
+    assert c.layout == fixed
+    room = {"static": 32 - 3, "paged": 32 * 4 - 3}.get(kind)  # max_seq_len=32; 2 sequences of 64 blocks of 4
+    c.check_room(10**6 if room is None else room)  # None: no max_seq_len
+    if room is not None:
+        with pytest.raises(kv.StaticCacheFullError if kind == "static" else kv.OutOfBlocksError):
+            c.check_room(room + 1)
+    assert np.all(c.get_seq_length() == 3)
 
 
 def stored(cache):
