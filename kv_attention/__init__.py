@@ -27,7 +27,7 @@ from .capacity import MODEL_SHAPES, NAMED_ITEMSIZES, ModelShape, kv_cache_bytes
 from .chunked import chunked_attention
 from .decode import (batched_cached_attention, cached_attention, cached_attention_preallocated, decode_without_cache,
                      sequential_cached_attention)
-from .gguf import load_gguf
+from .gguf import load_gguf, smollm2_path
 from .heads import multi_head_attention, multi_head_decode
 from .model import ModelConfig, forward, generate, init_weights, load_weights
 from .paged import OutOfBlocksError, PagedCacheView, PagedKVCache, paged_attention
@@ -63,7 +63,7 @@ __all__ = [
     # a Llama-architecture model decoding through a cache per layer
     "ModelConfig", "init_weights", "load_weights", "forward", "generate", "PagedCacheView",
     # a real model: a Llama GGUF file's config, float32 weights and tokenizer (the gguf extra)
-    "load_gguf", "Tokenizer",
+    "load_gguf", "smollm2_path", "Tokenizer",
     # speculative decoding: prompt-lookup drafts verified in one forward, the caches cropped back
     "prompt_lookup_generate", "SpecDecodingStats",
 ]

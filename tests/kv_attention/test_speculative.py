@@ -100,3 +100,13 @@ def test_what_cannot_take_a_draft_back_is_refused_before_any_write(make, kwargs,
     with pytest.raises(error, match=message):
         kv.generate(CONFIG, W64, max_new_tokens=4, cache=cache, **call)
     assert all(c.get_seq_length() == 0 for c in cache or ())
+
+
+def test_prompt_lookup_generate_itself_checks_every_steps_room_before_the_first_write():
+    cache = spec_caches("static", max_seq_len=PROMPT.shape[1] + 2)
+    with pytest.raises(kv.StaticCacheFullError, match="writes"):
+        prompt_lookup_generate(CONFIG, W64, PROMPT, 10, cache=cache)
+    assert all(c.get_seq_length() == 0 for c in cache)
+    for bad, error in ((-1, ValueError), (2.5, TypeError)):
+        with pytest.raises(error, match="max_new_tokens"):
+            prompt_lookup_generate(CONFIG, W64, PROMPT, bad, cache=spec_caches("dynamic"))
