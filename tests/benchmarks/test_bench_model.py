@@ -68,7 +68,10 @@ def test_a_step_is_checked_and_each_starts_from_the_same_t_positions(tiny_model,
     step = bench_model.verified_step(kind, t_len, batch)
     first, second = step(), step()  # equal only if the first step's position was taken back out
     np.testing.assert_array_equal(first, second)
-    expected = bench_model.expected_logits(t_len, np.float16 if kind == "float16" else np.float64)[:batch]
+    storage = np.float16 if kind == "float16" else np.float64
+    expected = bench_model.expected_logits(t_len, storage, batch)  # the first B sequences, as the step's
+    every_row = bench_model.expected_logits(t_len, storage, bench_model.kv_rows(t_len))
+    np.testing.assert_array_equal(expected, every_row[:batch])
     np.testing.assert_allclose(first, expected, rtol=0, atol=bench_model.TOLERANCE[kind] * np.abs(expected).max())
 
 
