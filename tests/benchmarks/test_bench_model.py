@@ -70,8 +70,8 @@ def test_a_step_is_checked_and_each_starts_from_the_same_t_positions(tiny_model,
     np.testing.assert_array_equal(first, second)
     storage = np.float16 if kind == "float16" else np.float64
     expected = bench_model.expected_logits(t_len, storage, batch)  # the first B sequences, as the step's
-    every_row = bench_model.expected_logits(t_len, storage, bench_model.kv_rows(t_len))
-    np.testing.assert_array_equal(expected, every_row[:batch])
+    every_row = bench_model.expected_logits(t_len, storage, bench_model.kv_rows(t_len))  # the same draws, more rows:
+    np.testing.assert_allclose(expected, every_row[:batch], rtol=0, atol=1e-12)  # a BLAS kernel rounds by row count
     np.testing.assert_allclose(first, expected, rtol=0, atol=bench_model.TOLERANCE[kind] * np.abs(expected).max())
 
 
