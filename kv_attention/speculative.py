@@ -1,8 +1,8 @@
 """Prompt-lookup speculative decoding: drafts copied from the context, verified in one forward, the cache cropped back.
 
 A draft is the up to ``prompt_lookup_num_tokens`` tokens that followed the first earlier occurrence of
-the context's (``input_ids`` and the tokens generated) last n-gram (n from ``max_matching_ngram_size`` down to 1): Hugging Face's
-``PromptLookupCandidateGenerator`` (``generation/candidate_generator.py``), the names and defaults of
+the context's (``input_ids`` and the tokens generated) last n-gram (n from ``max_matching_ngram_size`` down
+to 1): Hugging Face's ``PromptLookupCandidateGenerator`` (``generation/candidate_generator.py``), the names and defaults of
 ``generate(prompt_lookup_num_tokens=k)``; vLLM's n-gram proposer does the same with
 ``prompt_lookup_min/max``. One forward of the last token and the draft gives the greedy token after
 each prefix; the longest prefix of the draft equal to them is accepted, with the model's own next
@@ -34,7 +34,7 @@ class SpecDecodingStats:
 
 
 def prompt_lookup_candidates(tokens, num_output_tokens, max_matching_ngram_size):
-    """The draft after ``tokens [T]``: the tokens that followed the first match of the last n-gram (int64 ``[<= k]``)."""
+    """The draft after ``tokens [T]``: the tokens after the first match of the last n-gram (int64 ``[<= k]``)."""
     tokens = np.asarray(tokens)
     for n in range(min(max_matching_ngram_size, len(tokens) - 1), 0, -1):
         matches = np.flatnonzero((sliding_window_view(tokens, n) == tokens[-n:]).all(axis=1))
@@ -57,8 +57,8 @@ def prompt_lookup_generate(config, weights, input_ids, max_new_tokens, *, cache,
                            max_matching_ngram_size=None, convert_once=True):
     """Greedy ``input_ids [1, T]`` and ``max_new_tokens`` tokens (int64 ``[1, T + N]``), and the call's
     :class:`SpecDecodingStats`. ``cache``: one DynamicCache or StaticCache per layer, or one PagedCacheView for
-    every layer, which can be cropped back exactly; ValueError or TypeError naming the argument otherwise (a window cache
-    that wrapped or a quantized cache cannot take a draft back)."""
+    every layer, which can be cropped back exactly; ValueError or TypeError naming the argument otherwise (a window
+    cache that wrapped or a quantized cache cannot take a draft back)."""
     k = as_size("prompt_lookup_num_tokens", prompt_lookup_num_tokens, minimum=1)
     n = 2 if max_matching_ngram_size is None else as_size("max_matching_ngram_size", max_matching_ngram_size, minimum=1)
     ids = check_input_ids(config, input_ids)
@@ -74,26 +74,27 @@ def prompt_lookup_generate(config, weights, input_ids, max_new_tokens, *, cache,
     if max_new_tokens:  # generate's checks: every step's room, before the first write
         check_cache(config, cache, ids, check_weights(config, weights), max_new_tokens)
     stats = SpecDecodingStats()
-    tokens = forward_ids = ids
-    produced = 0
-    while produced < max_new_tokens:
-        start = int(np.max((cache if isinstance(cache, PagedCacheView) else cache[0]).get_seq_length()))
-        logits = forward(config, weights, forward_ids, cache=cache, convert_once=convert_once)  # [1, T_in, vocab]
-        stats.num_forwards += 1
-        greedy = logits[0].argmax(axis=-1)  # the greedy token after each prefix of forward_ids
-        draft = forward_ids[0, 1:] if produced else forward_ids[0, :0]
+    if not max_new_tokens:
+        return ids, stats
+    held = int(np.max((cache if isinstance(cache, PagedCacheView) else cache[0]).get_seq_length()))  # before the call
+    logits = forward(config, weights, ids, cache=cache, convert_once=convert_once)  # [1, T, vocab]: the prefill
+    stats.num_forwards += 1
+    tokens = np.concatenate([ids, logits[:, -1:].argmax(axis=-1)], axis=1)  # [1, T + 1]: cached all but the last
+    end = ids.shape[1] + max_new_tokens
+    while tokens.shape[1] < end:
+        room = end - tokens.shape[1] - 1  # a verifying forward yields one token beyond its draft
+        draft = prompt_lookup_candidates(tokens[0], min(k, room), n)
+        logits = forward(config, weights, np.concatenate([tokens[0, -1:], draft])[None], cache=cache,
+                         convert_once=convert_once)  # [1, 1 + d, vocab]
+        greedy = logits[0].argmax(axis=-1)  # [1 + d]: the greedy token after each prefix of the last token and draft
         accepted = 0
         while accepted < len(draft) and draft[accepted] == greedy[accepted]:
             accepted += 1
-        if produced:
-            stats.num_drafts += len(draft) > 0
-            stats.num_draft_tokens += len(draft)
-            stats.num_accepted_tokens += accepted
-            if accepted < len(draft):  # the rejected draft tokens leave every layer's cache
-                _crop(cache, start + 1 + accepted)
-        new = np.append(draft[:accepted], greedy[accepted if produced else -1])
-        tokens = np.concatenate([tokens, new[None]], axis=1)
-        produced += len(new)
-        room = max_new_tokens - produced - 1  # the verifying forward yields at most one token more than its draft
-        forward_ids = np.concatenate([new[-1:], prompt_lookup_candidates(tokens[0], min(k, max(room, 0)), n)])[None]
+        stats.num_forwards += 1
+        stats.num_drafts += len(draft) > 0
+        stats.num_draft_tokens += len(draft)
+        stats.num_accepted_tokens += accepted
+        tokens = np.concatenate([tokens, np.append(draft[:accepted], greedy[accepted])[None]], axis=1)
+        if accepted < len(draft):  # the rejected draft tokens leave every layer's cache
+            _crop(cache, held + tokens.shape[1] - 1)
     return tokens, stats
