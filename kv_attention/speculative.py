@@ -1,9 +1,9 @@
 """Prompt-lookup speculative decoding: drafts copied from the context, verified in one forward, the cache cropped back.
 
-A draft is the up to ``prompt_lookup_num_tokens`` tokens that followed the first earlier occurrence of
-the context's (``input_ids`` and the tokens generated) last n-gram (n from ``max_matching_ngram_size`` down
-to 1): Hugging Face's ``PromptLookupCandidateGenerator`` (``generation/candidate_generator.py``), the names and defaults of
-``generate(prompt_lookup_num_tokens=k)``; vLLM's n-gram proposer does the same with
+A draft is the up to ``prompt_lookup_num_tokens`` tokens that followed the first earlier occurrence of the
+context's (``input_ids`` and the tokens generated) last n-gram (n from ``max_matching_ngram_size`` down to 1):
+Hugging Face's ``PromptLookupCandidateGenerator`` (``generation/candidate_generator.py``), the names and
+defaults of ``generate(prompt_lookup_num_tokens=k)``; vLLM's n-gram proposer does the same with
 ``prompt_lookup_min/max``. One forward of the last token and the draft gives the greedy token after
 each prefix; the longest prefix of the draft equal to them is accepted, with the model's own next
 token after it, and every layer's cache is cropped back to the tokens accepted. The output is the
