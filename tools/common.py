@@ -4,6 +4,7 @@ import argparse
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import platform
 import re
@@ -137,6 +138,21 @@ def asv_run(commits, machine, *options):
     hashfile.write_text("\n".join(commits) + "\n")
     return run(*ASV, "run", f"HASHFILE:{hashfile}", "--skip-existing", "--record-samples", "--machine", machine,
                *options, check=False)
+
+
+def answers_config():
+    """The lab's answers' asv config, written to ``.asv/answers.conf.json``: asv.conf.json with ``answers/`` for its
+    benchmarks and results of their own in ``.asv/answers``, the environments shared. Its path, for ``asv --config``.
+
+    The answers are paired ratios, and between runs they move with the machine's load (docs/benchmarking.md), so
+    they are kept out of the results ``asv compare`` and the Regressions page read."""
+    conf = json.loads((ROOT / "asv.conf.json").read_text())
+    conf.update(repo=str(ROOT), benchmark_dir=str(ROOT / "answers"), env_dir=str(ROOT / conf["env_dir"]),
+                results_dir=str(ROOT / ".asv" / "answers"), html_dir=str(ROOT / ".asv" / "html-answers"))
+    path = ROOT / ".asv" / "answers.conf.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(conf, indent=4) + "\n")
+    return path
 
 
 @contextlib.contextmanager
