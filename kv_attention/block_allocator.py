@@ -17,8 +17,11 @@ a double free is a ValueError, not a silently negative refcount.
 
 Errors: TypeError for a block id that is not an integer; ValueError for one out of
 range, repeated in one call, or not held; :class:`OutOfBlocksError` for more blocks
-than are free. A call that raises changes nothing.
+than are free. A call that raises changes nothing; :meth:`~BlockAllocator.checkpoint` and
+:meth:`~BlockAllocator.restore` undo an allocation whose caller failed later.
 """
+
+import itertools
 
 import numpy as np
 
@@ -113,9 +116,9 @@ class BlockAllocator:
         """Block tables holding ``block`` (int); 0 for a free block."""
         return int(self._ref_counts[self._check_block_id(block)])
 
-    def free_blocks(self):
-        """The free blocks, the next one taken first (tuple of ints)."""
-        return tuple(self._free)
+    def free_blocks(self, n=None):
+        """The free blocks, the next one taken first: all, or the first ``n`` (tuple of ints)."""
+        return tuple(itertools.islice(self._free, n))
 
     def is_cached(self, block):
         """Whether ``block`` is cached under a hash (bool; never, without prefix caching)."""
@@ -149,6 +152,19 @@ class BlockAllocator:
         released = [b for b in blocks if self._ref_counts[b] == 0]
         self._release(released)
         return released
+
+    def checkpoint(self, n):
+        """What taking the next ``n`` blocks changes, for :meth:`restore`: those blocks (a tuple)."""
+        return self.free_blocks(n)
+
+    def restore(self, taken):
+        """Put the blocks of ``taken`` (a :meth:`checkpoint`), since allocated and held once each, back at the head
+        of the free queue as they were: the undo of a call that failed after it allocated (its caller undoes any
+        share or free)."""
+        taken = list(taken)
+        assert (self._ref_counts[taken] == 1).all(), f"a block to give back is not held once: {taken}"
+        self._ref_counts[taken] = 0
+        self._free.prepend_n(taken)
 
     def _release(self, blocks):
         assert not self._ref_counts[blocks].any(), f"a block put back on the free list is held: {blocks}"

@@ -4,7 +4,7 @@
 are Hugging Face's state dict (``[out_features, in_features]``); ``cache`` is one cache per layer of batch
 shape ``(B, num_key_value_heads)``, or one paged view for every layer (one block table per sequence, as vLLM
 V1), continued by ``input_ids``, so prefill and decode are one call. A call that raises leaves a paged cache
-one state for every layer: back at its lengths, no block it filled cached. What
+as it was (:meth:`~kv_attention.PagedKVCache.restore`), a cache per layer cropped back to its length. What
 matches Hugging Face and gpt-fast, what differs, and the errors raised: docs/mechanisms.md#the-model.
 """
 
@@ -294,8 +294,10 @@ def forward(config, weights, input_ids, *, cache=None, convert_once=True):
             x = x + attention(config, w, rms_norm(x, w["input_layernorm.weight"], eps), cos, sin, start, layer_cache,
                               dtype)
             x = x + mlp(w, rms_norm(x, w["post_attention_layernorm.weight"], eps))
-    except BaseException:  # e.g. NaN in a later layer's k, refused by its cache: the layers written are cropped back
-        for c in [cache] if paged else cache or ():
+    except BaseException:  # e.g. NaN in a later layer's k, refused by its cache: every cache put back
+        if paged:
+            cache.restore()  # the slots taken given back: the pool as it was
+        for c in () if paged else cache or ():
             if np.any(c.get_seq_length() != start):
                 c.crop(start)
         raise

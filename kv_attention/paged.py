@@ -321,6 +321,39 @@ class PagedKVCache:
                     self.allocator.cache(table[j], hashes[j])
             self._num_cached[seq_id] = len(hashes)
 
+    def checkpoint(self, seq_ids, num_new_tokens):
+        """The state that :meth:`append_slots` of ``num_new_tokens`` tokens of ``seq_ids`` changes, for :meth:`restore`.
+
+        A model's call takes its slots once, then writes and attends layer by layer; when a later layer fails,
+        :meth:`restore` puts the pool back as it was. The checkpoint holds the blocks the call will take, the
+        contents of the cached ones among them (the layers write over them), each sequence's table, length, token
+        ids and block hashes, and the peak: O(blocks taken + the sequences' blocks and tokens), not O(num_blocks).
+        """
+        seq_ids = as_id_list(seq_ids)
+        self._check_known(seq_ids)
+        needed = self._blocks_needed(seq_ids, as_size("num_new_tokens", num_new_tokens))
+        evicted = [b for b in self.allocator.free_blocks(needed) if self._cached(b)]
+        tokens = {s: self._token_ids.get(s) for s in seq_ids}  # None: caching ended (or no prefix caching)
+        seqs = {s: (list(self._block_tables[s]), self._lengths[s], None if tokens[s] is None else list(tokens[s]),
+                    list(self._block_hashes.get(s, ()))) for s in seq_ids}
+        return (self.allocator.checkpoint(needed), evicted, [pool[evicted] for pool in self.k_caches + self.v_caches],
+                seqs, self._peak_blocks)
+
+    def restore(self, checkpoint):
+        """Undo the :meth:`append_slots` and :meth:`write_slots` made since ``checkpoint`` (:meth:`checkpoint`; nothing
+        else may have changed the pool since): each copied shared last block held again, the blocks taken back on the
+        free queue in their places, the cached ones cached again with their contents."""
+        allocator, evicted, contents, seqs, self._peak_blocks = checkpoint
+        for seq_id, (table, length, tokens, hashes) in seqs.items():
+            now = self._block_tables[seq_id]
+            self.allocator.share([b for b, b_now in zip(table, now) if b != b_now])  # copy-on-write: the original
+            self._block_tables[seq_id], self._lengths[seq_id] = table, length
+            if self.enable_prefix_caching:
+                self._token_ids[seq_id], self._block_hashes[seq_id] = tokens, hashes
+        self.allocator.restore(allocator)
+        for pool, saved in zip(self.k_caches + self.v_caches, contents):
+            pool[evicted] = saved
+
     def _write(self, layer, slot_mapping, k, v):
         slots, new = self.num_blocks * self.block_size, slot_mapping.size  # explicit: reshape(-1, 0) is ambiguous
         self.k_caches[layer].reshape(slots, *k.shape[2:])[slot_mapping.ravel()] = k.reshape(new, *k.shape[2:])
@@ -587,6 +620,7 @@ class PagedCacheView:
         if not isinstance(cache, PagedKVCache) or cache.num_kv_heads is None:
             raise TypeError(f"cache must be a PagedKVCache with num_kv_heads, got {cache!r:.100}")
         self.cache, self.seq_ids, self.token_ids = cache, as_id_list(seq_ids), token_ids
+        self._checkpoint = None  # of the last layers(), for restore()
         cache.get_seq_lengths(self.seq_ids)  # checks every id
 
     @property
@@ -607,7 +641,9 @@ class PagedCacheView:
         return self.cache.get_seq_lengths(self.seq_ids)
 
     def check_room(self, t_new):
-        """Raise :class:`OutOfBlocksError` unless ``t_new`` more tokens of each sequence fit the free blocks."""
+        """Raise :class:`OutOfBlocksError` unless ``t_new`` more tokens of each sequence fit the free blocks
+        (ValueError for a sequence freed since the view was made)."""
+        self.cache._check_known(self.seq_ids)
         needed = self.cache._blocks_needed(self.seq_ids, t_new)
         if needed > self.cache.num_free_blocks:
             raise self.cache._out_of_blocks(len(self.seq_ids), needed)
@@ -622,9 +658,16 @@ class PagedCacheView:
 
     def layers(self, t_new):
         """Take the slots of ``t_new`` more tokens of each sequence (:meth:`PagedKVCache.append_slots`): a
-        :class:`PagedLayer` per layer of the pool, each writing its k/v at those slots and attending."""
+        :class:`PagedLayer` per layer of the pool, each writing its k/v at those slots and attending. Until the
+        next call, :meth:`restore` undoes it."""
+        self._checkpoint = self.cache.checkpoint(self.seq_ids, t_new)
         slot_mapping = self.cache.append_slots(self.seq_ids, t_new, self.token_ids)
         return [PagedLayer(self, layer, slot_mapping) for layer in range(self.cache.num_layers)]
+
+    def restore(self):
+        """Put the pool back as it was before :meth:`layers` (:meth:`PagedKVCache.restore`): for a forward that
+        raised in a layer."""
+        self.cache.restore(self._checkpoint)
 
     def cache_full_blocks(self):
         """With prefix caching, cache the blocks the call's tokens filled, once every layer has written them."""

@@ -57,6 +57,21 @@ class PrefixCachingAllocator(BlockAllocator):
         self._blocks_of_hash.setdefault(block_hash, {})[block] = None
         self._hash_of_block[block] = block_hash
 
+    def checkpoint(self, n):
+        """The next ``n`` blocks, and the hashes of those cached (allocating evicts them), for :meth:`restore`."""
+        taken = super().checkpoint(n)
+        hashes = {self._hash_of_block[b] for b in taken if b in self._hash_of_block}
+        return taken, {h: dict(self._blocks_of_hash[h]) for h in hashes}
+
+    def restore(self, state):
+        """Give back the blocks of a :meth:`checkpoint`, those it evicted cached again, each in its place."""
+        taken, cached = state
+        assert not any(b in self._hash_of_block for b in taken), f"a block to give back was cached since: {taken}"
+        super().restore(taken)
+        for block_hash, blocks in cached.items():
+            self._blocks_of_hash[block_hash] = blocks
+            self._hash_of_block.update(dict.fromkeys(blocks, block_hash))
+
     def is_cached(self, block):
         return block in self._hash_of_block
 

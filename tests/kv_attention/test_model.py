@@ -326,6 +326,15 @@ def test_a_paged_cache_of_another_number_of_layers_is_refused():
     assert view.get_seq_length().tolist() == [0, 0]
 
 
+def test_a_paged_view_of_a_sequence_freed_since_is_refused_and_nothing_is_written():
+    view = paged_views(batch=2)
+    view.cache.free(1)
+    free = view.cache.allocator.free_blocks()
+    with pytest.raises(ValueError, match=r"sequence 1 is not in the cache; known: \[0\]"):
+        kv.forward(CONFIG, W64, IDS, cache=view)
+    assert view.cache.get_seq_length(0) == 0 and view.cache.allocator.free_blocks() == free
+
+
 def test_a_paged_view_whose_token_ids_are_not_input_ids_is_refused():
     pool = paged_views(batch=1, num_blocks=16, enable_prefix_caching=True).cache
     ids = IDS[:1, :5]
@@ -445,6 +454,71 @@ def test_a_failed_paged_call_caches_no_block_it_filled_and_every_layer_stays_as_
         np.testing.assert_array_equal(v, v_was)
     np.testing.assert_allclose(run(W64, 5, 11), FULL[:1, 5:], **TOL)
     assert pool.get_seq_length(0) == 11 and len(pool.find_cached_blocks(ids[0, :8])) == 2
+
+
+def pool_state(pool):
+    """Everything about a paged pool that a failed call must leave as it was: each sequence's block table, length
+    and stored K/V in every layer, each block's refcount and whether it is cached, the free queue in order, the peak,
+    and each sequence's recorded token ids and block hashes (prefix caching: what its next blocks are cached by)."""
+    ids, view = pool.seq_ids, kv.PagedCacheView(pool, pool.seq_ids)
+    return dict(
+        tables=[pool.block_table(s) for s in ids], lengths=[pool.get_seq_length(s) for s in ids],
+        stored=[[a.tolist() for a in layer] for layer in stored(view)] if ids else [],
+        ref_counts=[pool.ref_count(b) for b in range(pool.num_blocks)],
+        cached=[pool.allocator.is_cached(b) for b in range(pool.num_blocks)],
+        free_queue=pool.allocator.free_blocks(), num_free=pool.num_free_blocks, peak=pool.peak_blocks,
+        token_ids=repr(pool._token_ids), block_hashes=repr(pool._block_hashes), num_cached=repr(pool._num_cached),
+    )
+
+
+def paged_forward(pool, seq_ids, ids, w=W64, record=True):
+    """forward of ``ids [N, T]`` through a view of ``seq_ids``, with the token ids recorded if ``record``."""
+    return kv.forward(CONFIG, w, ids, cache=kv.PagedCacheView(pool, seq_ids, token_ids=ids if record else None))
+
+
+@pytest.mark.parametrize("caching", [False, True])
+@pytest.mark.parametrize("case", ["new blocks", "a forked shared last block", "without token ids"])
+def test_a_failed_paged_forward_leaves_the_pool_exactly_as_it_was(case, caching):
+    # a: 3 tokens in block 0; the failed call writes 8 more in layer 0 (blocks 1 and 2, and for the fork b a copy
+    # of the shared block 0), then layer 1 refuses its NaN k. A crop gave the new blocks back tail first (the free
+    # queue reordered), kept the copy (b's table changed, one block fewer free) and the "no token ids" mark that
+    # ends a sequence's prefix caching, and left the peak raised.
+    pool = paged_views(batch=0, num_blocks=8, enable_prefix_caching=caching).cache
+    pool.add_sequence("a")
+    paged_forward(pool, ["a"], IDS[:1, :3])
+    seq = "a"
+    if case == "a forked shared last block":
+        pool.fork("a", "b")
+        seq = "b"
+    before = pool_state(pool)
+    assert before["num_free"] == 7
+    with pytest.raises(NonFiniteError, match="k contains NaN"):
+        paged_forward(pool, [seq], IDS[:1, 3:], nan_in_layer_1(), record=case != "without token ids")
+    assert pool_state(pool) == before
+    # the continuation gives the logits of a run that never failed, and caches its full blocks
+    np.testing.assert_allclose(paged_forward(pool, [seq], IDS[:1, 3:]), FULL[:1, 3:], **TOL)
+    assert len(pool.find_cached_blocks(IDS[0])) == (2 if caching else 0)
+
+
+def test_a_failed_paged_forward_gives_back_the_cached_blocks_it_took_with_their_contents():
+    # x's full block 0 is cached and freed: the free queue is 1, 2, 3, 0. The failed call of y takes all four,
+    # evicting block 0 and writing over it in layer 0; afterwards block 0 is cached again, with x's K/V.
+    pool = paged_views(batch=0, num_blocks=4, enable_prefix_caching=True).cache
+    pool.add_sequence("x")
+    paged_forward(pool, ["x"], IDS[:1, :4])
+    x_kv = stored(kv.PagedCacheView(pool, ["x"]))
+    pool.free("x")
+    pool.add_sequence("y")
+    before = pool_state(pool)
+    assert before["free_queue"] == (1, 2, 3, 0) and before["cached"] == [True, False, False, False]
+    with pytest.raises(NonFiniteError):
+        paged_forward(pool, ["y"], tokens((1, 13), seed=5), nan_in_layer_1())  # 13 tokens: 4 blocks
+    assert pool_state(pool) == before
+    assert pool.add_sequence("z", IDS[0, :5]) == 4  # the hit: block 0, as x wrote it
+    for (n, k, v), (n_x, k_x, v_x) in zip(stored(kv.PagedCacheView(pool, ["z"])), x_kv):
+        np.testing.assert_array_equal(n, n_x)
+        np.testing.assert_array_equal(k, k_x)
+        np.testing.assert_array_equal(v, v_x)
 
 
 def test_a_crop_inside_a_cached_block_then_a_write_leaves_the_cached_block_as_it_was():

@@ -173,6 +173,23 @@ class PagedCacheMachine(RuleBasedStateMachine):
         np.testing.assert_array_equal(after[1], before[1])
         assert after[2:] == before[2:]
 
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data(), t_new=st.integers(1, 4), with_token_ids=st.booleans())
+    def a_call_that_fails_after_taking_its_slots_is_undone(self, data, t_new, with_token_ids):
+        """A model's call that took its slots and wrote them (zeros: no sequence's k/v), then failed in a later layer:
+        restored from its checkpoint, the pool's state is as before, and the cached blocks it wrote over hold their
+        contents again (``every_sequence_gathers_its_own_tokens`` checks them after a hit)."""
+        ids = data.draw(st.lists(st.sampled_from(sorted(self.tokens)), min_size=1, max_size=3, unique=True))
+        if self.cache._blocks_needed(ids, t_new) > self.cache.num_free_blocks:
+            return
+        before = self.observed()[2:], repr(self.cache._token_ids), repr(self.cache._block_hashes)
+        checkpoint = self.cache.checkpoint(ids, t_new)
+        token_ids = np.zeros((len(ids), t_new), np.int64) if with_token_ids else None
+        slot_mapping = self.cache.append_slots(ids, t_new, token_ids)
+        self.cache.write_slots(0, slot_mapping, np.zeros((len(ids), t_new, D_K)), np.zeros((len(ids), t_new, D_V)))
+        self.cache.restore(checkpoint)
+        assert (self.observed()[2:], repr(self.cache._token_ids), repr(self.cache._block_hashes)) == before
+
     def observed(self):
         """The pool, every table and length, the free list in order, the refcounts, the peak and the cached prefixes."""
         cache, ids = self.cache, self.cache.seq_ids
