@@ -103,15 +103,15 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         stats = chat(args.prompt, cache=args.cache, max_new_tokens=args.max_new_tokens, system=args.system)
-    except (FileNotFoundError, ImportError) as error:  # the model or the gguf extra is not installed
+    except BrokenPipeError:  # the reader went away (| head): as Python's docs advise, no traceback at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (OSError, ImportError, ValueError) as error:  # the model or the gguf extra missing, its file unreadable
         print(f"python -m kv_attention: {error}", file=sys.stderr)
         return 1
     except MemoryError as error:  # a huge --max-new-tokens for a preallocated cache
         print(f"python -m kv_attention: --max-new-tokens {args.max_new_tokens} needs more memory than there is "
               f"for a {args.cache} cache ({error})", file=sys.stderr)
-        return 1
-    except BrokenPipeError:  # the reader went away (| head): as Python's docs advise, no traceback at exit
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except KeyboardInterrupt:
         print(file=sys.stderr)

