@@ -336,8 +336,8 @@ class PagedKVCache:
         tokens = {s: self._token_ids.get(s) for s in seq_ids}  # None: caching ended (or no prefix caching)
         seqs = {s: (list(self._block_tables[s]), self._lengths[s], None if tokens[s] is None else list(tokens[s]),
                     list(self._block_hashes.get(s, ()))) for s in seq_ids}
-        return (self.allocator.checkpoint(needed), evicted, [pool[evicted] for pool in self.k_caches + self.v_caches],
-                seqs, self._peak_blocks)
+        contents = [pool[evicted] for pool in self.k_caches + self.v_caches] if evicted else []  # [n, size, H, D]
+        return self.allocator.checkpoint(needed), evicted, contents, seqs, self._peak_blocks
 
     def restore(self, checkpoint):
         """Undo the :meth:`append_slots` and :meth:`write_slots` made since ``checkpoint`` (:meth:`checkpoint`; nothing
