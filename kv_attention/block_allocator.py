@@ -154,17 +154,17 @@ class BlockAllocator:
         return released
 
     def checkpoint(self, n):
-        """What taking the next ``n`` blocks changes, for :meth:`restore`: those blocks (a tuple)."""
+        """What taking up to the next ``n`` blocks changes, for :meth:`restore`: those blocks (a tuple)."""
         return self.free_blocks(n)
 
     def restore(self, taken):
-        """Put the blocks of ``taken`` (a :meth:`checkpoint`), since allocated and held once each, back at the head
-        of the free queue as they were: the undo of a call that failed after it allocated (its caller undoes any
-        share or free)."""
-        taken = list(taken)
-        assert (self._ref_counts[taken] == 1).all(), f"a block to give back is not held once: {taken}"
-        self._ref_counts[taken] = 0
-        self._free.prepend_n(taken)
+        """Put the blocks of ``taken`` (a :meth:`checkpoint`) allocated since, its first ones, each held once, back
+        at the head of the free queue as they were: the undo of a call that failed after it allocated (its caller
+        undoes any share or free)."""
+        held = [b for b in taken if self._ref_counts[b]]
+        assert held == list(taken[: len(held)]) and (self._ref_counts[held] == 1).all(), f"not as taken: {taken}"
+        self._ref_counts[held] = 0
+        self._free.prepend_n(held)
 
     def _release(self, blocks):
         assert not self._ref_counts[blocks].any(), f"a block put back on the free list is held: {blocks}"

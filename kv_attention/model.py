@@ -314,7 +314,7 @@ def generate(config, weights, input_ids, max_new_tokens, *, cache=None, convert_
 
     With ``cache``, ``input_ids`` continue it: they are prefilled in one call, and each new
     token is one call; without, each step recomputes the whole prefix. Every step's room is
-    checked before the first writes. With ``prompt_lookup_num_tokens=k`` (Hugging Face's name;
+    checked before the first writes, and a step that raises leaves the cache as before the call. With ``prompt_lookup_num_tokens=k`` (Hugging Face's name;
     B = 1 and a cache that crops back), drafts of up to k tokens copied from the context are
     verified in one call each (``speculative``).
     """
@@ -327,9 +327,23 @@ def generate(config, weights, input_ids, max_new_tokens, *, cache=None, convert_
     ids, max_new_tokens = check_input_ids(config, input_ids), as_size("max_new_tokens", max_new_tokens)
     if max_new_tokens:
         check_cache(config, cache, ids, check_weights(config, weights), max_new_tokens)
-    tokens, new = ids, ids
-    for _ in range(max_new_tokens):
-        logits = forward(config, weights, new if cache is not None else tokens, cache=cache, convert_once=convert_once)
-        new = logits[:, -1].argmax(axis=-1)[:, None]  # [B, 1]
-        tokens = np.concatenate([tokens, new], axis=1)  # [B, T + n]
+    tokens, new, paged = ids, ids, isinstance(cache, PagedCacheView)
+    layer_caches = [] if paged or cache is None else cache
+    if paged and max_new_tokens:  # a step that raises takes back its own write, and this the steps before it
+        start = cache.cache.checkpoint(cache.seq_ids, ids.shape[1] + max_new_tokens - 1)
+    else:
+        start = [c.get_seq_length() for c in layer_caches]
+    try:
+        for _ in range(max_new_tokens):
+            logits = forward(config, weights, new if cache is not None else tokens, cache=cache,
+                             convert_once=convert_once)
+            new = logits[:, -1].argmax(axis=-1)[:, None]  # [B, 1]
+            tokens = np.concatenate([tokens, new], axis=1)  # [B, T + n]
+    except BaseException:
+        if paged:
+            cache.cache.restore(start)
+        for c, length in zip(layer_caches, start):
+            if c.get_seq_length() != length:
+                c.crop(length)
+        raise
     return tokens

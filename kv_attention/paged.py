@@ -325,7 +325,8 @@ class PagedKVCache:
         """The state that :meth:`append_slots` of ``num_new_tokens`` tokens of ``seq_ids`` changes, for :meth:`restore`.
 
         A model's call takes its slots once, then writes and attends layer by layer; when a later layer fails,
-        :meth:`restore` puts the pool back as it was. The checkpoint holds the blocks the call will take, the
+        :meth:`restore` puts the pool back as it was (a generate: the tokens of all its steps, some of which may
+        not have run). The checkpoint holds the blocks the call may take, the
         contents of the cached ones among them (the layers write over them), each sequence's table, length, token
         ids and block hashes, and the peak: O(blocks taken + the sequences' blocks and tokens), not O(num_blocks).
         """

@@ -66,7 +66,7 @@ class PrefixCachingAllocator(BlockAllocator):
     def restore(self, state):
         """Give back the blocks of a :meth:`checkpoint`, those it evicted cached again, each in its place."""
         taken, cached = state
-        assert not any(b in self._hash_of_block for b in taken), f"a block to give back was cached since: {taken}"
+        assert not any(self._ref_counts[b] and b in self._hash_of_block for b in taken), f"cached since: {taken}"
         super().restore(taken)
         for block_hash, blocks in cached.items():
             self._blocks_of_hash[block_hash] = blocks

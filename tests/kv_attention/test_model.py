@@ -521,6 +521,35 @@ def test_a_failed_paged_forward_gives_back_the_cached_blocks_it_took_with_their_
         np.testing.assert_array_equal(v, v_x)
 
 
+@pytest.mark.parametrize("kind", KINDS + ("forked paged",))
+def test_a_generate_whose_third_step_raises_leaves_the_cache_as_before_the_call(kind, monkeypatch):
+    # the prefill and the first decode step write, then the third call's layer 1 refuses its NaN k: the steps that
+    # succeeded are taken back too, and the pool's blocks (a forked sequence's shared block: held again) as before
+    if "paged" in kind:
+        pool = paged_views(batch=0, num_blocks=16, enable_prefix_caching=True).cache
+        pool.add_sequence("a")
+        paged_forward(pool, ["a"], IDS[:1, :3])
+        if kind == "forked paged":
+            pool.fork("a", "b")
+        cache = kv.PagedCacheView(pool, pool.seq_ids[-1:])
+        state = lambda: pool_state(pool)  # noqa: E731
+    else:
+        cache = make_cache(kind)
+        kv.forward(CONFIG, W64, IDS[:1, :3].repeat(2, axis=0), cache=cache)
+        state = lambda: [[np.asarray(a).tolist() for a in layer] for layer in stored(cache)]  # noqa: E731
+    before, calls, real = state(), [], kv.model.forward
+
+    def third_fails(config, weights, ids, **options):
+        calls.append(ids.shape)
+        return real(config, nan_in_layer_1() if len(calls) == 3 else weights, ids, **options)
+
+    monkeypatch.setattr(kv.model, "forward", third_fails)
+    ids = IDS[:1, 3:6] if "paged" in kind else IDS[:, 3:6]
+    with pytest.raises(NonFiniteError):
+        kv.generate(CONFIG, W64, ids, 4, cache=cache)
+    assert calls == [ids.shape, (len(ids), 1), (len(ids), 1)] and state() == before
+
+
 def test_a_crop_inside_a_cached_block_then_a_write_leaves_the_cached_block_as_it_was():
     pool = kv.PagedKVCache(4, 4, 2, 2, enable_prefix_caching=True)
     tokens = np.arange(4)
