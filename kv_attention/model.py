@@ -314,9 +314,10 @@ def generate(config, weights, input_ids, max_new_tokens, *, cache=None, convert_
 
     With ``cache``, ``input_ids`` continue it: they are prefilled in one call, and each new
     token is one call; without, each step recomputes the whole prefix. Every step's room is
-    checked before the first writes, and a step that raises leaves the cache as before the call. With ``prompt_lookup_num_tokens=k`` (Hugging Face's name;
-    B = 1 and a cache that crops back), drafts of up to k tokens copied from the context are
-    verified in one call each (``speculative``).
+    checked before the first writes, and a step that raises leaves the cache as before the
+    call. With ``prompt_lookup_num_tokens=k`` (Hugging Face's name; B = 1 and a cache that
+    crops back), drafts of up to k tokens copied from the context are verified in one call
+    each (``speculative``).
     """
     if prompt_lookup_num_tokens is not None:  # it makes the checks below, and its own
         from .speculative import prompt_lookup_generate

@@ -325,10 +325,10 @@ class PagedKVCache:
         """The state that :meth:`append_slots` of ``num_new_tokens`` tokens of ``seq_ids`` changes, for :meth:`restore`.
 
         A model's call takes its slots once, then writes and attends layer by layer; when a later layer fails,
-        :meth:`restore` puts the pool back as it was (a generate: the tokens of all its steps, some of which may
-        not have run). The checkpoint holds the blocks the call may take, the
-        contents of the cached ones among them (the layers write over them), each sequence's table, length, token
-        ids and block hashes, and the peak: O(blocks taken + the sequences' blocks and tokens), not O(num_blocks).
+        :meth:`restore` puts the pool back as it was (for a generate, ``num_new_tokens`` counts every step's, run
+        or not). The checkpoint holds the blocks the call may take, the contents of the cached ones among them
+        (the layers write over them), each sequence's table, length, token ids and block hashes, and the peak:
+        O(blocks taken + the sequences' blocks and tokens), not O(num_blocks).
         """
         seq_ids = as_id_list(seq_ids)
         self._check_known(seq_ids)
@@ -337,7 +337,7 @@ class PagedKVCache:
         tokens = {s: self._token_ids.get(s) for s in seq_ids}  # None: caching ended (or no prefix caching)
         seqs = {s: (list(self._block_tables[s]), self._lengths[s], None if tokens[s] is None else list(tokens[s]),
                     list(self._block_hashes.get(s, ()))) for s in seq_ids}
-        contents = [pool[evicted] for pool in self.k_caches + self.v_caches] if evicted else []  # [n, size, H, D]
+        contents = [pool[evicted] for pool in self.k_caches + self.v_caches] if evicted else []  # [n, size, (H,) D]
         return self.allocator.checkpoint(needed), evicted, contents, seqs, self._peak_blocks
 
     def restore(self, checkpoint):
