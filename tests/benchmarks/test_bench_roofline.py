@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import kv_attention as kv
+from answers import bench_roofline as answer
 from benchmarks import bench_roofline, pairs
 from tests.references import heads_problem, naive_multi_head
 from .conftest import asv_listing
@@ -110,7 +111,7 @@ def test_a_wrong_step_fails_and_a_library_without_cached_decode_skips(one_thread
         bench_roofline.verified_step("Tiny-GQA", 600, 2, "grouped")
 
 
-class SmallRoofline(bench_roofline.Roofline):
+class SmallRoofline(answer.Roofline):
     params = [["Tiny-GQA"], [600], [1, 2], bench_roofline.ROOFLINE_PATHS]
 
 
@@ -146,7 +147,7 @@ def test_the_read_kernel_reads_the_weights_the_cache_and_a_buffer_of_the_copies(
 
 @pytest.mark.usefixtures("tiny_shapes")
 def test_setup_cache_measures_every_point_and_the_tracked_values_replay_it(one_thread, monkeypatch):
-    monkeypatch.setattr(bench_roofline, "bandwidth_fraction",
+    monkeypatch.setattr(answer, "bandwidth_fraction",
                         lambda step, read, nbytes, seconds, min_pairs: {"ratio": 0.5, "low": 0.4, "high": 0.6,
                                                                         "pairs": min_pairs, "burst": 1,
                                                                         "bytes": nbytes, "step_gbps": 1.0,
@@ -165,11 +166,11 @@ def test_setup_cache_measures_every_point_and_the_tracked_values_replay_it(one_t
 
 @pytest.mark.usefixtures("tiny_shapes")
 def test_a_point_left_out_skips_saying_why_and_a_wrong_step_fails(one_thread, monkeypatch):
-    monkeypatch.setattr(bench_roofline, "not_measured", lambda shape, t, b, path: "too large" if b == 2 else None)
+    monkeypatch.setattr(answer, "not_measured", lambda shape, t, b, path: "too large" if b == 2 else None)
     right = kv.multi_head_decode
     monkeypatch.setattr(kv, "multi_head_decode", functools.wraps(right)(
         lambda *a, path, **k: right(*a, path=path, **k) * (1.01 if path == "repeat_kv" else 1)))
-    monkeypatch.setattr(bench_roofline, "bandwidth_fraction", lambda *a: {"ratio": 0.5})
+    monkeypatch.setattr(answer, "bandwidth_fraction", lambda *a: {"ratio": 0.5})
     measured = SmallRoofline().setup_cache()
     with pytest.raises(NotImplementedError, match="too large"):
         SmallRoofline().setup(measured, "Tiny-GQA", 600, 2, "grouped")
@@ -198,6 +199,6 @@ def test_the_tracked_values_have_units_and_versions():
     versions = {"track_step_gbps": "1", "track_read_gbps": "2", "track_ratio": "2", "track_ratio_low": "2",
                 "track_ratio_high": "2"}  # 2: the read kernel became np.vdot
     for name, version in versions.items():
-        listed = asv_listing()[f"bench_roofline.Roofline.{name}"]
+        listed = asv_listing("answers")[f"bench_roofline.Roofline.{name}"]
         assert listed["unit"] == ("GB/s" if name.endswith("gbps") else "ratio") and listed["version"] == version, name
     assert np.dtype(np.float32).itemsize == bench_roofline.ITEMSIZE
