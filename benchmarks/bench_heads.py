@@ -137,8 +137,6 @@ class HeadsDecode(Measured):
 
     params = [list(KINDS), DECODE_LENGTHS, HEADS_PATHS]
     param_names = ["kind", "T", "path"]
-    rounds = 1
-    repeat = (3, 4, 0.3)  # 3 to 4 samples, so one stall cannot move the median; HeadsCounts detects finely
     number = 1  # one decode per sample, and no warm-up: at T = 1024 a decode is its own calibration
     warmup_time = 0
     timeout = 300

@@ -102,7 +102,6 @@ class ChunkedPrefill(Benchmark):
 
     params = [CHUNK_SIZES]
     param_names = ["chunk_size"]
-    repeat = (5, 15, 0.3)  # in 2 rounds, each process checking the prefill again
     warmup_time = 0.02
 
     def setup(self, chunk_size):
@@ -140,7 +139,6 @@ class WindowDecode(Benchmark):
 
     params = [list(WINDOWS)]
     param_names = ["window"]
-    repeat = (3, 6, 0.3)
     warmup_time = 0.02
 
     def setup(self, window):

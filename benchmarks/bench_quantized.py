@@ -120,8 +120,6 @@ class QuantizedDecode(Benchmark):
 
     params = [LENGTHS, list(KINDS)]
     param_names = ["T", "kind"]
-    rounds = 1  # the paired ratios (QuantizedRatios) carry the comparison; these are the absolute times
-    repeat = (3, 5, 0.1)  # at least 3 samples: one stall cannot move the median
     warmup_time = 0.0
     number = 1
     timeout = 60

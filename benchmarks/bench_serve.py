@@ -114,8 +114,6 @@ class Serve(Benchmark):
 
     params = [list(CACHING), list(POOLS)]
     param_names = ["prefix_caching", "pool"]
-    rounds = 1
-    repeat = (3, 5, 0.4)
     warmup_time = 0
 
     def setup(self, prefix_caching, pool):

@@ -178,7 +178,6 @@ class SplitDecode(Benchmark):
 
     params = [NUM_SPLITS]
     param_names = ["num_splits"]
-    repeat = (3, 10, 0.2)
 
     def setup(self, num_splits):
         self.decode, self.inputs = verified_split_decode(num_splits)
@@ -201,7 +200,6 @@ class CascadeAttention(Benchmark):
 
     params = [CASCADE_STRATEGIES]
     param_names = ["strategy"]
-    repeat = (10, 30, 0.2)
     timeout = 60
 
     def setup(self, strategy):

@@ -87,17 +87,18 @@ RETIRED.update({  # the lab's answers (their class -> tracked values beside the 
 class Benchmark:
     """The suite's timing defaults, as numpy's ``benchmarks/common.py`` ``Benchmark``: a class sets its own to differ.
 
-    2 rounds (two interleaved processes per point) of 5 to 10 samples within about 0.25 s
-    each, after a 0.05 s warm-up: 10 to 20 samples, so no single stall moves a median, now
-    that the instruction counts (``counts.py``) carry the fine detection. Every sample is the
-    process's CPU time (asv's ``timer`` attribute, ``time.process_time``: BLAS runs one
-    thread), so the time another job holds the core is not counted (docs/benchmarking.md).
-    asv reads ``rounds``, ``repeat``, ``warmup_time`` and ``timer`` for ``time_`` benchmarks
-    only; ``timeout`` (seconds, also a ``setup_cache``'s) for every kind.
+    4 rounds (processes, interleaved with another commit's where asv runs two) of 2 to 4
+    samples within about 0.1 s each, after a 0.05 s warm-up: 8 to 16 samples. A process's
+    samples share its moment's load, so they are taken from 4 moments: asv compare's test
+    takes the samples as independent, and with 4 moments their spread is the load's, not one
+    moment's (docs/benchmarking.md). Every sample is the process's CPU time (asv's ``timer``,
+    ``time.process_time``: BLAS runs one thread), so the time another job holds the core is
+    not counted. asv reads ``rounds``, ``repeat``, ``warmup_time`` and ``timer`` for
+    ``time_`` benchmarks only; ``timeout`` (seconds, also a ``setup_cache``'s) for every kind.
     """
 
-    rounds = 2
-    repeat = (5, 10, 0.25)
+    rounds = 4
+    repeat = (2, 4, 0.1)
     warmup_time = 0.05
     timer = time.process_time
     timeout = 120

@@ -131,13 +131,17 @@ def record_machine():
     return name
 
 
-def asv_run(commits, machine, *options):
-    """``asv run HASHFILE:... --skip-existing --record-samples --machine MACHINE OPTIONS``: asv's exit code."""
+def asv_run(commits, machine, *options, config=None, skip_existing=True):
+    """``asv run [--config CONFIG] HASHFILE:... [--skip-existing] --record-samples --machine MACHINE OPTIONS``: asv's
+    exit code (0 without commits)."""
+    if not commits:
+        return 0
     hashfile = ROOT / ".asv" / "commits-to-run.txt"
     hashfile.parent.mkdir(exist_ok=True)
     hashfile.write_text("\n".join(commits) + "\n")
-    return run(*ASV, "run", f"HASHFILE:{hashfile}", "--skip-existing", "--record-samples", "--machine", machine,
-               *options, check=False)
+    return run(*ASV, "run", *(["--config", config] if config else []), f"HASHFILE:{hashfile}",
+               *(["--skip-existing"] if skip_existing else []), "--record-samples", "--machine", machine, *options,
+               check=False)
 
 
 def answers_config():

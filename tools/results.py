@@ -8,6 +8,7 @@ raised) or NaN (skipped: NotImplementedError).
 """
 
 import ast
+import contextlib
 import datetime
 import itertools
 import json
@@ -44,13 +45,17 @@ def suite():
     return {k: v for k, v in data.items() if isinstance(v, dict)}
 
 
-def files(machine, commit):
-    return sorted((results_dir() / machine).glob(f"{commit[:8]}-*.json"))
+def files(machine, commit, answers=False):
+    """``commit``'s result files on ``machine``: the regression suite's, or with ``answers`` the lab's answers'
+    (the answers suite, results in ``.asv/answers``: common.answers_config)."""
+    folder = common.ROOT / ".asv" / "answers" if answers else results_dir()
+    return sorted((folder / machine).glob(f"{commit[:8]}-*.json"))
 
 
-def stored(machine, commit):
-    """``{label: Point}`` of every point asv stored for ``commit`` on ``machine`` (``{}`` if none)."""
-    return {p.label: p for path in files(machine, commit) for p in read_run(path, machine).points.values()}
+def stored(machine, commit, answers=False):
+    """``{label: Point}`` of every point asv stored for ``commit`` on ``machine`` (``{}`` if none); ``answers``:
+    :func:`files`."""
+    return {p.label: p for path in files(machine, commit, answers) for p in read_run(path, machine).points.values()}
 
 
 def is_measured(value):
@@ -191,9 +196,15 @@ def _param(text):
 
 class ResultsDir:
     """asv's results directory, ``<path>/<machine>/<hash8>-<env_name>.json``, for the report; parameter names from
-    its ``benchmarks.json``, as asv's own commands take them."""
+    its ``benchmarks.json``, as asv's own commands take them. A run also holds the lab's answers of its commit where
+    the answers suite stored them, in the folder ``answers`` beside ``path`` (``.asv/answers``: tools/common.py's
+    answers_config)."""
 
-    def __init__(self, path):
+    def __init__(self, path, with_answers=True):
+        answers, self.answers = os.path.join(os.path.dirname(os.path.abspath(path)), "answers"), None
+        if with_answers and os.path.abspath(path) != answers and os.path.isdir(answers):
+            with contextlib.suppress(UserError):  # none measured yet
+                self.answers = ResultsDir(answers, False)
         if not os.path.isdir(path):
             raise UserError(f"no asv results directory at {path}: run the main job first (python3 tools/dev.py bench)")
         self.path = path
@@ -242,6 +253,10 @@ class ResultsDir:
         run = self.load_file(machine, names[0])
         if not run.commit.startswith(commit):
             raise UserError(f"commit {label[:60]} has no results on machine {machine!r}: {names[0]} holds {run.commit}")
+        answers = [n for n in self.answers.files(machine) if n.startswith(run.commit[:8])] if (
+            self.answers and machine in self.answers.machines) else []
+        for name in answers[:1]:
+            run.points.update(self.answers.load_file(machine, name).points)
         return run
 
     def load_file(self, machine, name):

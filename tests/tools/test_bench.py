@@ -125,3 +125,22 @@ def test_the_machine_is_recorded_as_asv_machine_detects_it_then_named(monkeypatc
                         subprocess.CompletedProcess(command, 0, "", ""))
     name = common.record_machine()
     assert calls == [("machine", "--yes"), ("machine", "--yes", "--machine", name)]
+
+
+def test_main_is_timed_beside_main_1_when_main_is_new(repo):
+    """main~1's timings are measured again in main's run (rounds interleaved), never another commit's."""
+    package = repo.commit("package", PACKAGE)
+    main_1 = repo.commit("library", {"kv_attention/a.py": "# 1"})
+    main = repo.commit("docs", {"README.md": "x"})
+    commits = bench.select_commits(8)
+    assert commits == [main, main_1, package]
+    assert bench.beside_parent(commits, todo=[main]) == [main_1, main]
+    assert bench.beside_parent(commits, todo=[main_1, package]) == []  # main measured already: nothing again
+    assert bench.beside_parent(commits[:1], todo=[main]) == []  # main~1 not in the sample
+
+
+def test_main_1_that_does_not_build_is_not_timed_again(repo):
+    main_1 = repo.commit("readme only: no package yet", {"README.md": "x"})
+    main = repo.commit("package", PACKAGE)
+    commits = bench.select_commits(8)
+    assert main_1 not in commits and bench.beside_parent(commits, todo=[main]) == []

@@ -329,6 +329,23 @@ def test_the_ratio_columns_are_the_paired_values_with_their_intervals(repo, caps
     assert "95 % interval" in out and "A ratio marked (unpaired) is one of asv's medians" in out
 
 
+def test_the_paired_ratios_are_read_from_the_answers_suites_results_beside(repo, capsys):
+    """The answers suite stores its results in .asv/answers (common.answers_config): a run is both files."""
+    path, hashes = repo
+    write_run(path / ".asv/results", hashes[2], extra=True)
+    answers = write_run(path / ".asv/answers", hashes[2], paired=True)
+    data = json.loads(answers.read_text())
+    data["results"] = {k: v for k, v in data["results"].items() if k in paired_entries({})}
+    answers.write_text(json.dumps(data))
+    code, out, _ = report(path, "tables", "--experiment", "cache", capsys=capsys)
+    assert code == 0
+    for row, t in zip(table_rows(out, CACHE_TITLE), LENGTHS):
+        assert row[2:4] == [interval(*paired_values()[CACHE_PAIRED][(t, s)], 2) for s in ("no_cache", "concat")]
+    answers.unlink()  # no answers for the commit: the ratios of asv's medians, marked
+    code, out, _ = report(path, "tables", "--experiment", "cache", capsys=capsys)
+    assert code == 0 and "(unpaired)" in table_rows(out, CACHE_TITLE)[0][2]
+
+
 def test_a_skipped_paired_ratio_falls_back_to_the_medians_and_a_failed_one_is_marked(repo, capsys):
     path, hashes = repo
     override = {(CACHE_PAIRED, (64, "concat")): math.nan, (CACHE_PAIRED, (128, "no_cache")): None,

@@ -2,8 +2,9 @@
 
 Benchmark files come from the working tree, so only a commit that changes what asv builds (RESULT_PATHS) can change
 a result: the job takes a stable sample of those (:func:`sample_commits`), runs ``asv machine``, ``asv run
---record-samples --skip-existing``, ``asv publish`` (:mod:`tools.publish`), and prints a summary. Exit 2 when a
-point failed at main or vanished since main~1; 1 on an error.
+--record-samples --skip-existing``, main~1's timings again beside main's (:func:`beside_parent`), the lab's answers
+at main (the answers suite), ``asv publish`` (:mod:`tools.publish`), and prints a summary. Exit 2 when a point failed
+at main or vanished since main~1; 1 on an error.
 """
 
 import math
@@ -20,10 +21,11 @@ BUILD_FILES = ["setup.cfg", "pyproject.toml", "kv_attention/__init__.py"]  # all
 DEFAULT_COMMITS = 5  # 5 x ~100 s beside the .venv and the first asv environment: a fresh clone within 12 min
 NEWEST = 2  # main and main~1: always in the sample
 # Seconds of each phase on the 2-core VM when quiet, for the estimate (scaled by load / cores): a commit's build,
-# install and suite; the first asv environment; asv publish with the offline copies; one timing point in pairs.
-# At load 4-8 (4 December 2026) a fresh clone took 17 min (4 commits) and a new commit 6-9 min.
-SECONDS_PER_COMMIT, FIRST_ENV, PUBLISH, PER_PAIRED_POINT = 100, 60, 20, 8
+# install and regression suite; main~1's timings again; the answers suite at main; the first asv environment; asv
+# publish with the offline copies; one timing point in pairs.
+SECONDS_PER_COMMIT, PARENT_TIMINGS, ANSWERS, FIRST_ENV, PUBLISH, PER_PAIRED_POINT = 80, 35, 90, 60, 20, 8
 NAMED = 5  # points named under the summary, per channel
+TIMED, UNTIMED = r"\.time_", r"^(?!.*\.time_)"  # asv --bench patterns: the timings, and every other benchmark
 COMMITS = common.checked(int, lambda n: n >= 2, "an integer of at least 2 (main and main~1)")
 
 
@@ -62,6 +64,14 @@ def sample_commits(commits, bound):
         stride *= 2
     spread = set(older[::stride])
     return newest + [c for c in commits[NEWEST:] if c in spread]
+
+
+def beside_parent(commits, todo):
+    """``[main~1, main]`` when main is to be measured and main~1 is in the sample, else ``[]``. Their timings are
+    measured in one asv run, rounds interleaved (as ``asv continuous`` does), main~1's again: ``asv compare HEAD~1
+    HEAD`` then compares samples taken side by side, not a run's load against another's (docs/benchmarking.md)."""
+    parent = common.git("rev-list", "--first-parent", "--skip=1", "--max-count=1", commits[0])
+    return commits[1::-1] if commits[0] in todo and commits[1:2] == [parent] else []
 
 
 def minutes(seconds):
@@ -122,17 +132,22 @@ def run(args):
     benchmarks = results.suite()
     todo = [c for c in commits if not benchmarks or not set(benchmarks) <= {  # every benchmark stored, timings sampled
         p.benchmark for p in results.stored(machine, c).values()}]
+    beside, answers = beside_parent(commits, todo), not results.files(machine, commits[0], answers=True)
     after = PUBLISH + (8 * PER_PAIRED_POINT if todo else 0)  # pairs: a few points asv flags, as a rule
-    estimate = SECONDS_PER_COMMIT * len(todo) + after + (0 if (common.ROOT / ".asv" / "env").is_dir() else FIRST_ENV)
+    estimate = (SECONDS_PER_COMMIT * len(todo) + PARENT_TIMINGS * bool(beside) + ANSWERS * answers + after
+                + (0 if (common.ROOT / ".asv" / "env").is_dir() else FIRST_ENV))
     load = os.getloadavg()[0]  # the job gets about cores / load of the machine beside other jobs
     print(f"{len(commits)} commit(s) of {common.BRANCH} selected; {len(commits) - len(todo)} already have results on "
           f"{machine!r}, benchmarking {len(todo)}: about {minutes(estimate * max(1.0, load / os.cpu_count()))} with "
           f"publish and pairs at load {load:.1f}", flush=True)
     started = time.monotonic()
-    if todo:
-        common.asv_run(todo, machine)
+    common.asv_run([c for c in todo if c not in beside], machine)
+    common.asv_run([c for c in beside if c in todo], machine, "--bench", UNTIMED)
+    common.asv_run(beside, machine, "--bench", TIMED, "--interleave-rounds", skip_existing=False)
+    if answers:
+        common.asv_run(commits[:1], machine, config=common.answers_config())
     publish.publish()
     tip = common.git("rev-parse", common.BRANCH)
-    failed = summary(machine, commits, tip, todo)
+    failed = summary(machine, commits, tip, todo) + failures({}, results.stored(machine, tip, answers=True))
     print(f"\n{publish.VIEW}\n[bench] done in {minutes(time.monotonic() - started)}")
     return verdict(tip, failed)
