@@ -4,14 +4,16 @@ sweep against the BLAS alone, paired (benchmarks/bench_model.py: the model, its 
 
 import numpy as np
 
-from benchmarks.bench_model import (BATCH_LENGTH, BATCH_LENGTHS, BATCH_SIZES, BLOCK_ROWS, MODEL, STEP_CACHES,
-                                    STEP_LENGTHS, check_answer, gguf_path, kv_bytes_per_token, model_weights,
-                                    step_bytes, verified_step)
+from benchmarks.bench_model import (BATCH_LENGTH, BATCH_LENGTHS, BATCH_SIZES, MODEL, STEP_CACHES, STEP_LENGTHS,
+                                    check_answer, gguf_path, kv_bytes_per_token, model_weights, step_bytes,
+                                    verified_step)
 from benchmarks.common import check_points
 from benchmarks.ratios import Ratios
 
 from . import bench_roofline  # the module, not its class: asv would collect an imported Roofline here again
 from .bench_roofline import bandwidth_fraction
+
+BLOCK_ROWS = 64  # the BLAS-alone products take a weight this many rows a matmul, as the best formulation found
 
 
 def read_kernel(t_len, batch):

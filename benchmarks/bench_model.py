@@ -68,7 +68,6 @@ BATCH_LENGTHS = [256, 4096]  # T of the batch sweep: the weights are 95 % of a B
 BATCH_LENGTH = BATCH_LENGTHS[0]
 DECODE_LENGTH = 256  # T of ModelDecode, B = 1: the weights are 98 % of its step's bytes
 BATCH_SIZES = [1, 2, 4, 8]
-BLOCK_ROWS = 64  # the BLAS-alone products take a weight this many rows a matmul, as the best formulation found
 TAG = 8  # the experiment's first seed part after SEED (the roofline's draws use 1 to 7)
 # The check's tolerance, a fraction of the largest |logit| (about 20): float32 against the float64 oracle after 30
 # layers of the real weights, measured up to 1.2e-4 (OpenBLAS Prescott; 1e-4 SkylakeX). The oracle of a float16
