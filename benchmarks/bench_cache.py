@@ -4,7 +4,6 @@ import inspect
 
 from .common import Benchmark, D_K, D_V, LENGTHS, STRATEGIES, SkipNotImplemented, timed_inputs, verified_strategy
 from .counts import Counts
-from .ratios import Ratios, Side
 
 
 class CacheStrategy(Benchmark):
@@ -58,18 +57,3 @@ class CacheCounts(Counts):
 
     def prepare(self, T, strategy):
         return verified_strategy(strategy, T), timed_inputs(T)
-
-
-class CacheRatios(Ratios):
-    """no_cache / preallocated and concat / preallocated at every T: the two decodes timed in turns, paired.
-
-    What recomputing every step, and what concatenating into a growing cache,
-    cost over writing into a preallocated one, on CacheStrategy's problem.
-    """
-
-    params = [LENGTHS, ["no_cache", "concat"]]
-    param_names = ["T", "strategy"]
-
-    def sides(self, T, strategy):
-        return (Side(verified_strategy(strategy, T), timed_inputs(T)),
-                Side(verified_strategy("preallocated", T), timed_inputs(T)))

@@ -15,7 +15,6 @@ import numpy as np
 
 from .common import HEADS_PATHS, SEED, Benchmark, Measured, library_function, read_only, verified_decode
 from .counts import Counts
-from .ratios import Ratios, Side
 
 HEADS_BATCH = 4  # B
 HEADS_D_MODEL = 128
@@ -207,19 +206,3 @@ class HeadsCounts(Counts):
 
 
 RATIO_LENGTH = 64  # T of HeadsRatios: a pair at T = 1024 (0.3-1.8 s per decode) would cost seconds
-
-
-class HeadsRatios(Ratios):
-    """repeat_kv / grouped per kind at T = 64: HeadsDecode's two paths timed in turns, paired.
-
-    What copying K/V per query head at every step costs over attending on the
-    cache's grouped views. At HeadsDecode's shortest T: its T = 1024 would cost
-    seconds per pair, beyond the suite's budget.
-    """
-
-    params = [list(KINDS), [RATIO_LENGTH]]
-    param_names = ["kind", "T"]
-
-    def sides(self, kind, T):
-        return (Side(verified_heads_decode(kind, T, "repeat_kv"), heads_inputs(kind, T)),
-                Side(verified_heads_decode(kind, T, "grouped"), heads_inputs(kind, T)))

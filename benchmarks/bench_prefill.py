@@ -15,7 +15,6 @@ import numpy as np
 
 from .common import D_K, D_V, Benchmark, Measured, library_function, timed_inputs, verified_decode
 from .counts import Counts
-from .ratios import Ratios, Side
 
 PREFILL_LENGTH = 512  # T of the chunk-size experiment
 CHUNK_SIZES = [1, 16, 64, 512]  # 1 is decode, 512 a one-shot prefill
@@ -204,14 +203,3 @@ class PrefillCounts(Counts):
 
     def prepare(self, chunk_size):
         return verified_chunked(COUNT_LENGTH, chunk_size), timed_inputs(COUNT_LENGTH)
-
-
-class PrefillRatios(Ratios):
-    """Chunked / one-shot prefill of ``x: [512, 64]`` per chunk size: ChunkedPrefill's calls timed in turns, paired."""
-
-    params = [CHUNK_SIZES[:-1]]
-    param_names = ["chunk_size"]
-
-    def sides(self, chunk_size):
-        return (Side(verified_chunked(PREFILL_LENGTH, chunk_size), timed_inputs(PREFILL_LENGTH)),
-                Side(verified_chunked(PREFILL_LENGTH, CHUNK_SIZES[-1]), timed_inputs(PREFILL_LENGTH)))

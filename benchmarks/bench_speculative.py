@@ -24,7 +24,6 @@ import numpy as np
 
 from . import bench_model
 from .common import Measured, library_function
-from .ratios import FEWEST_PAIRS, Ratios, Side
 
 # The texts, and their ids in SmolLM2-135M-Instruct's chat template (kv.Tokenizer.from_gguf(file).apply_chat_template
 # of one user message, its default system prompt included)
@@ -127,16 +126,3 @@ class SpeculativeCounts(Measured):
         return self.measured["accepted"]
 
     track_accepted_tokens.unit = "tokens"
-
-
-class SpeculativeRatios(Ratios):
-    """Plain greedy / prompt lookup at k = 10: the time of the same NEW_TOKENS tokens, paired (above 1: faster)."""
-
-    params = [["copy"]]
-    param_names = ["prompt"]
-    version = "1"
-    min_pairs = FEWEST_PAIRS  # a pair is 1-2 s of the whole model
-    seconds = 0
-
-    def sides(self, prompt):
-        return Side(decode(prompt), ()), Side(decode(prompt, SPEEDUP_K), ())

@@ -24,7 +24,6 @@ import numpy as np
 from .bench_heads import HEADS_HEAD_DIM, HEADS_N_HEADS, KINDS, heads_inputs
 from .common import Benchmark, library_function, read_only, timed_inputs, verified_decode
 from .counts import Counts
-from .ratios import Ratios, Side
 
 SPLIT_T = 2048  # positions in the cache at the last timed step
 SPLIT_STEPS = 16  # positions decoded per timed call, the last ones of the 2048
@@ -231,30 +230,3 @@ class CascadeCounts(Counts):
 
     def prepare(self, strategy):
         return verified_cascade(strategy)
-
-
-def split_side(num_splits):
-    """SplitDecode's timed call at ``num_splits``, checked: the last 16 steps, then the cache cropped back."""
-    decode, inputs = verified_split_decode(num_splits)
-    cache = prefilled_cache()
-    return Side(decode, inputs, lambda: cache.crop(cache.get_seq_length() - len(inputs[0])), cache=cache)
-
-
-class SplitRatios(Ratios):
-    """A split-KV decode step at num_splits over the unsplit one: SplitDecode's calls timed in turns, paired."""
-
-    params = [[n for n in NUM_SPLITS if n is not None]]
-    param_names = ["num_splits"]
-
-    def sides(self, num_splits):
-        return split_side(num_splits), split_side(None)
-
-
-class CascadeRatios(Ratios):
-    """cascade / concatenated: CascadeAttention's two calls timed in turns, paired."""
-
-    params = []
-    param_names = []
-
-    def sides(self):
-        return Side(*verified_cascade("cascade")), Side(*verified_cascade("concatenated"))

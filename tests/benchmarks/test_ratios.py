@@ -21,7 +21,7 @@ BENCH_MODULES = ["bench_cache", "bench_batch", "bench_heads", "bench_ragged", "b
 def ratio_classes():
     classes = []
     for name in BENCH_MODULES:
-        module = importlib.import_module(f"benchmarks.{name}")
+        module = importlib.import_module(f"answers.{name}")
         classes += [c for _, c in inspect.getmembers(module, inspect.isclass)
                     if c.__module__ == module.__name__ and issubclass(c, ratios.Ratios)]
     return classes
@@ -116,8 +116,8 @@ def test_a_tracked_value_without_an_interval_skips():
 def test_the_tracked_values_are_ratios_with_the_class_version():
     for name in ("track_ratio", "track_ratio_low", "track_ratio_high"):
         assert getattr(ratios.Ratios, name).unit == "ratio" and not hasattr(getattr(ratios.Ratios, name), "version")
-        assert asv_listing()[f"bench_ragged.RaggedRatios.{name}"]["version"] == "3"  # its class's
-        assert asv_listing()[f"bench_cache.CacheRatios.{name}"]["version"] == ratios.Ratios.version == "1"
+        assert asv_listing("answers")[f"bench_ragged.RaggedRatios.{name}"]["version"] == "3"  # its class's
+        assert asv_listing("answers")[f"bench_cache.CacheRatios.{name}"]["version"] == ratios.Ratios.version == "1"
 
 
 def test_each_ratio_class_has_its_own_setup_cache_and_every_question_is_asked():
@@ -126,7 +126,7 @@ def test_each_ratio_class_has_its_own_setup_cache_and_every_question_is_asked():
     assert {c.__name__ for c in classes} == {"CacheRatios", "BatchRatios", "BatchSizeRatios", "HeadsRatios",
                                              "RaggedRatios", "PagedStepRatios", "PrefillRatios", "SplitRatios",
                                              "CascadeRatios"}
-    keys = {asv_listing()[f"{c.__module__.split('.')[-1]}.{c.__name__}.track_ratio"]["setup_cache_key"]
+    keys = {asv_listing("answers")[f"{c.__module__.split('.')[-1]}.{c.__name__}.track_ratio"]["setup_cache_key"]
             for c in classes}
     assert len(keys) == len(classes)  # e.g. bench_split's two classes: two keys
 
@@ -161,7 +161,7 @@ def test_both_sides_pass_the_experiments_own_check_before_anything_is_timed(name
 def test_a_wrong_side_fails_its_point_and_a_missing_one_skips_it(one_thread, monkeypatch):
     import kv_attention
 
-    from benchmarks.bench_cache import CacheRatios
+    from answers.bench_cache import CacheRatios
 
     right = kv_attention.decode_without_cache
     monkeypatch.setattr(kv_attention, "cached_attention", lambda *a, **k: right(*a) + 1e-3)
@@ -173,7 +173,7 @@ def test_a_wrong_side_fails_its_point_and_a_missing_one_skips_it(one_thread, mon
 
 
 def test_the_batch_per_step_times_come_from_the_speedups_own_pairs():
-    from benchmarks.bench_batch import BatchRatios
+    from answers.bench_batch import BatchRatios
 
     seq = [3.0, 5.0, 4.0, 6.0, 4.5, 3.5, 5.5, 4.0, 5.0]  # seconds of each side's decode, pair by pair
     bat = [2.0, 2.5, 3.0, 2.0, 2.5, 3.5, 2.0, 3.0, 2.5]

@@ -11,8 +11,8 @@ import math
 
 import numpy as np
 
-from .common import library_function, oracle, read_only, takes_check_finite, timed_inputs, verified_decode
-from .ratios import Ratios, Side
+from benchmarks.common import library_function, oracle, read_only, takes_check_finite, timed_inputs, verified_decode
+from benchmarks.ratios import Ratios, Side
 
 ATTEND_SHAPES = ((1, 1, 8), (1, 4, 8))  # q [B, 1, D], k and v [B, S, D]: the tiny public attend
 CACHED_LENGTH = 64  # T of the cached decode
