@@ -87,18 +87,18 @@ RETIRED.update({  # the lab's answers (their class -> tracked values beside the 
 class Benchmark:
     """The suite's timing defaults, as numpy's ``benchmarks/common.py`` ``Benchmark``: a class sets its own to differ.
 
-    4 rounds (processes, interleaved with another commit's where asv runs two) of 2 to 4
-    samples within about 0.1 s each, after a 0.05 s warm-up: 8 to 16 samples. A process's
-    samples share its moment's load, so they are taken from 4 moments: asv compare's test
-    takes the samples as independent, and with 4 moments their spread is the load's, not one
-    moment's (docs/benchmarking.md). Every sample is the process's CPU time (asv's ``timer``,
+    6 rounds (processes, interleaved with another commit's where asv runs two) of 1 or 2
+    samples within about 0.05 s each, after a 0.05 s warm-up: 6 to 12 samples. A process's
+    samples share its moment's load and its memory layout, and asv compare's test takes the
+    samples as independent, so each process gives few of them: their spread is then the
+    processes', not one process's (docs/benchmarking.md). Every sample is the process's CPU time (asv's ``timer``,
     ``time.process_time``: BLAS runs one thread), so the time another job holds the core is
     not counted. asv reads ``rounds``, ``repeat``, ``warmup_time`` and ``timer`` for
     ``time_`` benchmarks only; ``timeout`` (seconds, also a ``setup_cache``'s) for every kind.
     """
 
-    rounds = 4
-    repeat = (2, 4, 0.1)
+    rounds = 6
+    repeat = (1, 2, 0.05)
     warmup_time = 0.05
     timer = time.process_time
     timeout = 120

@@ -25,7 +25,8 @@ NEWEST = 2  # main and main~1: always in the sample
 # publish with the offline copies; one timing point in pairs.
 SECONDS_PER_COMMIT, PARENT_TIMINGS, ANSWERS, FIRST_ENV, PUBLISH, PER_PAIRED_POINT = 80, 35, 90, 60, 20, 8
 NAMED = 5  # points named under the summary, per channel
-TIMED, UNTIMED = r"\.time_", r"^(?!.*\.time_)"  # asv --bench patterns: the timings, and every other benchmark
+# asv --bench patterns: what moves between runs of identical code (timings, peak RSS), measured side by side; the rest
+SIDE_BY_SIDE, ALONE = r"\.(time|peakmem)_", r"^(?!.*\.(time|peakmem)_)"
 COMMITS = common.checked(int, lambda n: n >= 2, "an integer of at least 2 (main and main~1)")
 
 
@@ -67,9 +68,10 @@ def sample_commits(commits, bound):
 
 
 def beside_parent(commits, todo):
-    """``[main~1, main]`` when main is to be measured and main~1 is in the sample, else ``[]``. Their timings are
-    measured in one asv run, rounds interleaved (as ``asv continuous`` does), main~1's again: ``asv compare HEAD~1
-    HEAD`` then compares samples taken side by side, not a run's load against another's (docs/benchmarking.md)."""
+    """``[main~1, main]`` when main is to be measured and main~1 is in the sample, else ``[]``. Their timings and
+    peak RSS are measured in one asv run, rounds interleaved (as ``asv continuous`` does), main~1's again: ``asv
+    compare HEAD~1 HEAD`` then compares values taken side by side, not a run's state against another's
+    (docs/benchmarking.md)."""
     parent = common.git("rev-list", "--first-parent", "--skip=1", "--max-count=1", commits[0])
     return commits[1::-1] if commits[0] in todo and commits[1:2] == [parent] else []
 
@@ -142,8 +144,8 @@ def run(args):
           f"publish and pairs at load {load:.1f}", flush=True)
     started = time.monotonic()
     common.asv_run([c for c in todo if c not in beside], machine)
-    common.asv_run([c for c in beside if c in todo], machine, "--bench", UNTIMED)
-    common.asv_run(beside, machine, "--bench", TIMED, "--interleave-rounds", skip_existing=False)
+    common.asv_run([c for c in beside if c in todo], machine, "--bench", ALONE)
+    common.asv_run(beside, machine, "--bench", SIDE_BY_SIDE, "--interleave-rounds", skip_existing=False)
     if answers:
         common.asv_run(commits[:1], machine, config=common.answers_config())
     publish.publish()
