@@ -84,3 +84,15 @@ def test_the_readme_reads_in_five_minutes_and_answers_the_four_questions_first()
     assert max(len(s.split()) for s in sentences if not s.startswith(("|", "<!--"))) <= 45
     words = sum(len(page.read_text().split()) for page in sorted((common.ROOT / "docs").glob("*.md")))
     assert words <= 12_000
+
+
+def test_the_readmes_dashboard_links_name_benchmarks_of_the_regression_suite():
+    """Each link opens a graph asv publishes: a benchmark of benchmarks/, its x-axis one of its parameters."""
+    import importlib
+
+    links = re.findall(r"http://127\.0\.0\.1:8080/#([\w.]+)\?x-axis=(\w+)", (common.ROOT / "README.md").read_text())
+    assert len(links) >= 4
+    for name, axis in links:
+        module, cls, method = name.split(".")
+        benchmark = getattr(importlib.import_module(f"benchmarks.{module}"), cls)
+        assert callable(getattr(benchmark, method)) and axis in benchmark.param_names, name
