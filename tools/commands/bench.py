@@ -101,8 +101,9 @@ def summary(machine, commits, tip, measured):
             paired, _ = pair({"base": older, "head": tip}, flagged, base, head, DEFAULT_FACTOR)
             time_worse = [(label, p.ratio) for label, p in paired.items() if p.worse(DEFAULT_FACTOR)]
         print(f"summary, {tip[:8]} against {older[:8]}: work {len(counts)} worse, other values "
-              f"{len(work) - len(counts)} worse, time {len(time_worse)} worse in pairs of {len(flagged)} asv "
-              "compare flagged" + ("" if tip in measured or not flagged else " (measured earlier: the gate pairs)"))
+              f"{len(work) - len(counts)} worse, time: of {len(flagged)} timing(s) asv compare flagged, "
+              f"{len(time_worse)} worse in pairs" + ("" if tip in measured or not flagged else
+                                                      " (measured earlier: the gate pairs)"))
         for label, ratio in [(label, ratio) for label, ratio, _ in work][:NAMED] + time_worse[:NAMED]:
             print(f"      worse {ratio_text(ratio)}  {label}")
     page = [row for row in publish.regressions(common.ROOT / ".asv" / "html") if row[2] == tip]
