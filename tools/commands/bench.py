@@ -18,7 +18,7 @@ from .gate import (COUNT_FACTOR, DEFAULT_FACTOR, UNPAIRED_FACTOR, asv_compare, e
 LOCKS_WORKSPACE = True
 RESULT_PATHS = ["kv_attention", "setup.cfg", "pyproject.toml", "asv.conf.json"]
 BUILD_FILES = ["setup.cfg", "pyproject.toml", "kv_attention/__init__.py"]  # all present => buildable
-DEFAULT_COMMITS = 5  # 5 x ~100 s beside the .venv and the first asv environment: a fresh clone within 12 min
+DEFAULT_COMMITS = 5  # 5 x ~80 s, the answers once, the .venv and the first asv environment: a fresh clone in 10-15 min
 NEWEST = 2  # main and main~1: always in the sample
 # Seconds of each phase on the 2-core VM when quiet, for the estimate (scaled by load / cores): a commit's build,
 # install and regression suite; main~1's timings again; the answers suite at main; the first asv environment; asv
