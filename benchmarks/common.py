@@ -91,9 +91,9 @@ class Benchmark:
     samples within about 0.05 s each, after a 0.05 s warm-up: 6 to 12 samples. A process's
     samples share its moment's load and its memory layout, and asv compare's test takes the
     samples as independent, so each process gives few of them: their spread is then the
-    processes', not one process's (docs/benchmarking.md). Every sample is the process's CPU time (asv's ``timer``,
-    ``time.process_time``: BLAS runs one thread), so the time another job holds the core is
-    not counted. asv reads ``rounds``, ``repeat``, ``warmup_time`` and ``timer`` for
+    processes', not one process's (docs/benchmarking.md). Every sample is the process's CPU
+    time (asv's ``timer``, ``time.process_time``: BLAS runs one thread), so the time another
+    job holds the core is not counted. asv reads ``rounds``, ``repeat``, ``warmup_time`` and ``timer`` for
     ``time_`` benchmarks only; ``timeout`` (seconds, also a ``setup_cache``'s) for every kind.
     """
 
