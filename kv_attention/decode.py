@@ -20,7 +20,7 @@ as in scipy, and ``cache.crop(length)`` undoes the partial write.
 import numpy as np
 
 from ._validation import as_flag
-from .attention import attention_forward, causal_attention, check_projection_inputs
+from .attention import attention_forward, check_projection_inputs
 from .cache import DynamicCache, StaticCache, check_cache_fits
 
 
@@ -61,8 +61,11 @@ def decode_without_cache(x, w_q, w_k, w_v, *, check_finite=True):
     """
     x, w_q, w_k, w_v, dtype = check_projection_inputs(x, w_q, w_k, w_v, (2, 3), as_flag("check_finite", check_finite))
     out = np.empty(x.shape[:-1] + (w_v.shape[1],), dtype=dtype)  # [..., T, D_v]
+    causal = np.tril(np.ones((x.shape[-2],) * 2, bool))  # [T, T]
     for t in range(x.shape[-2]):
-        out[..., t, :] = causal_attention(x[..., : t + 1, :], w_q, w_k, w_v, check_finite=False)[..., -1, :]
+        x_t = x[..., : t + 1, :]  # [..., t+1, D_model]: the whole prefix, projected again at every step
+        mask = causal[: t + 1, : t + 1]  # [t+1, t+1]
+        out[..., t, :] = attention_forward(x_t @ w_q, x_t @ w_k, x_t @ w_v, mask)[..., -1, :]
     return out
 
 
