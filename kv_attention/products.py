@@ -1,0 +1,179 @@
+"""The model's weight products ``x @ w.T`` and its BLAS thread count, each planned on the machine, as FFTW's wisdom.
+
+Contract: :func:`linear` of ``x [..., in]`` and ``w [out, in]`` gives ``[..., out]`` in ``result_type(x, w)``, equal
+to ``x @ w.T`` within a float rounding (tests/kv_attention/test_products.py). Its N rows, 1 to ``MAX_PLANNED``, take
+the formulation measured fastest for that shape, dtype, N and thread count: one product, ``w`` ``BLOCK_ROWS`` rows
+a product, or one matrix-vector product per row (which wins differs by BLAS kernel: docs/results.md#model). More
+rows take one product. :func:`blas_threads` runs a call at the thread count measured fastest for a one-row step,
+unless the user chose: :func:`set_threads` (the command's ``--threads``), OPENBLAS/OMP/MKL_NUM_THREADS, or their
+own threadpoolctl limit. Each choice is measured once, on first use (a few interleaved repeats, the median), and
+kept as FFTW keeps wisdom (fftw.org/doc/Words-of-Wisdom_002dSaving-Plans.html): in the process, and in
+``$XDG_CACHE_HOME/kv_attention/plans.json`` (default ~/.cache) under a key naming the CPU model, the BLAS
+(threadpoolctl's internal_api, version, architecture) and NumPy's version, since a plan holds on that machine
+only. A file that cannot be read or written is ignored: the plans are then measured again in each process.
+"""
+
+import functools
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+
+import numpy as np
+from threadpoolctl import ThreadpoolController
+
+from ._validation import as_size
+
+BLOCK_ROWS = 64  # a block read once serves every row (147 KB of a 576-column weight: it stays in L2)
+MAX_PLANNED = 16  # a decode batch or a draft's verify; a prefill chunk's rows take one product
+STREAM_BYTES = 64 << 20  # copies of a weight timed in turn: more than a last-level cache, as a step's weights are
+REPEATS = 5  # interleaved timings of each candidate; the median decides
+THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+_BLAS = ThreadpoolController().select(user_api="blas")
+_DEFAULT = [c.num_threads for c in _BLAS.lib_controllers]  # the BLAS's counts before anyone limits them
+_chosen = None  # set_threads' count
+
+
+def one(rows, w, out):
+    np.matmul(rows, w.T, out=out)
+
+
+def blocks(rows, w, out):
+    for i in range(0, len(w), BLOCK_ROWS):
+        np.matmul(rows, w[i : i + BLOCK_ROWS].T, out=out[:, i : i + BLOCK_ROWS])
+
+
+def per_row(rows, w, out):
+    for row, o in zip(rows, out):
+        np.matmul(w, row, out=o)
+
+
+FORMULATIONS = {f.__name__: f for f in (one, blocks, per_row)}
+
+
+def plan_path():
+    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kv_attention",
+                        "plans.json")
+
+
+@functools.cache
+def machine_key():
+    """``'<CPU model>; <BLAS internal_api version architecture>...; numpy <version>'``: what a plan holds for."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        cpu = ""
+    blas = [f"{i['internal_api']} {i.get('version')} {i.get('architecture')}" for i in _BLAS.info()]
+    return "; ".join([cpu or platform.processor() or platform.machine(), *blas, f"numpy {np.__version__}"])
+
+
+def _read():
+    """The plan file's ``{machine key: {entry: choice}}``; {} where it is missing, unreadable or malformed."""
+    try:
+        with open(plan_path()) as f:
+            plans = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return plans if isinstance(plans, dict) and all(isinstance(p, dict) for p in plans.values()) else {}
+
+
+@functools.cache
+def _kept():
+    """This process's plans: the file's for this machine, read once, and those measured since."""
+    return dict(_read().get(machine_key(), {}))
+
+
+def plan(entry, names, calls):
+    """The name in ``names`` whose call (``calls()``: ``{name: zero-argument call}``) takes the least median time,
+    measured once and kept under ``entry``, in the process and in the file."""
+    if _kept().get(entry) in names:  # a value from another version or a corrupt file is measured again
+        return _kept()[entry]
+    calls, times = calls(), {name: [] for name in names}
+    for _ in range(REPEATS):  # interleaved: a slow spell of the machine falls on every candidate
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - start)
+    best = _kept()[entry] = min(names, key=lambda name: statistics.median(times[name]))
+    plans = _read()
+    plans.setdefault(machine_key(), {})[entry] = best
+    try:  # written whole, then renamed: a reader never sees half a file
+        os.makedirs(os.path.dirname(plan_path()), exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=os.path.dirname(plan_path()), delete=False) as f:
+            json.dump(plans, f, indent=0)
+        os.replace(f.name, plan_path())
+    except OSError:
+        pass
+    return best
+
+
+def _stream(rows, shape, dtype):
+    """``(x [rows, in], copies of w [out, in], out [rows, out])``, the copies STREAM_BYTES together (at most 256)."""
+    copies = max(1, min(256, STREAM_BYTES // (shape[0] * shape[1] * dtype.itemsize)))
+    return np.full((rows, shape[1]), 0.5, dtype), np.full((copies, *shape), 0.5, dtype), np.empty((rows, shape[0]), dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def choice(out, inner, dtype, rows, threads):
+    """The formulation of ``rows`` rows times a weight ``[out, inner]`` of ``dtype`` at ``threads`` BLAS threads."""
+    def calls():
+        x, ws, y = _stream(rows, (out, inner), dtype)
+        return {name: lambda f=f: [f(x, w, y) for w in ws] for name, f in FORMULATIONS.items()}
+
+    return plan(f"{out}x{inner} {dtype} {rows} rows {threads} threads", list(FORMULATIONS), calls)
+
+
+def _threads_now():
+    return [c.num_threads for c in _BLAS.lib_controllers]
+
+
+def threads():
+    """The BLAS thread count :func:`blas_threads` sets: :func:`set_threads`' count; None (the count left as it is)
+    where a variable or a caller's own limit chose, or where there is one CPU or no BLAS; else the plan's, the
+    fastest one-row product of STREAM_BYTES."""
+    if _chosen is not None:
+        return _chosen
+    if _threads_now() != _DEFAULT or max(_DEFAULT, default=1) == 1 or any(map(os.environ.get, THREAD_VARIABLES)):
+        return None
+
+    def calls():
+        x, ws, y = _stream(1, (1024, 1024), np.dtype(np.float32))
+        return {str(n): lambda n=n: _limited(n, lambda: [one(x, w, y) for w in ws]) for n in range(1, max(_DEFAULT) + 1)}
+
+    return int(plan(f"BLAS threads of {max(_DEFAULT)}", [str(n) for n in range(1, max(_DEFAULT) + 1)], calls))
+
+
+def set_threads(count):
+    """Run :func:`blas_threads`' calls at ``count`` BLAS threads (an int >= 1), or None: the plan's, as at import."""
+    global _chosen
+    _chosen = None if count is None else as_size("threads", count, minimum=1)
+
+
+def _limited(count, call):
+    if count is None:
+        return call()
+    with _BLAS.limit(limits=count):
+        return call()
+
+
+def blas_threads(function):
+    """``function`` run at :func:`threads`' BLAS thread count (threadpoolctl's limit, 8 us a call)."""
+    @functools.wraps(function)
+    def limited(*args, **kwargs):
+        return _limited(threads(), lambda: function(*args, **kwargs))
+
+    return limited
+
+
+def linear(x, w):
+    """``x @ w.T`` of ``x [..., in]`` and ``w [out, in]``: ``[..., out]``, in the planned formulation (module doc)."""
+    rows = x.reshape(-1, x.shape[-1])  # [N, in]
+    out = np.empty((len(rows), len(w)), np.result_type(rows, w))  # [N, out]
+    name = "one"
+    if 0 < len(rows) <= MAX_PLANNED:
+        name = choice(*w.shape, out.dtype, len(rows), min(_threads_now(), default=1))
+    FORMULATIONS[name](rows, w, out)
+    return out.reshape(x.shape[:-1] + w.shape[:1])
