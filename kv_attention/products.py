@@ -13,10 +13,12 @@ kept as FFTW keeps wisdom (fftw.org/doc/Words-of-Wisdom_002dSaving-Plans.html): 
 only. A file that cannot be read or written is ignored: the plans are then measured again in each process.
 """
 
+import contextlib
 import functools
 import json
 import os
 import platform
+import re
 import statistics
 import tempfile
 import time
@@ -36,26 +38,17 @@ _DEFAULT = [c.num_threads for c in _BLAS.lib_controllers]  # the BLAS's counts b
 _chosen = None  # set_threads' count
 
 
-def one(rows, w, out):
-    np.matmul(rows, w.T, out=out)
-
-
-def blocks(rows, w, out):
-    for i in range(0, len(w), BLOCK_ROWS):
-        np.matmul(rows, w[i : i + BLOCK_ROWS].T, out=out[:, i : i + BLOCK_ROWS])
-
-
-def per_row(rows, w, out):
-    for row, o in zip(rows, out):
-        np.matmul(w, row, out=o)
-
-
-FORMULATIONS = {f.__name__: f for f in (one, blocks, per_row)}
+FORMULATIONS = {  # each writes rows [N, in] @ w.T into out [N, out]
+    "one": lambda rows, w, out: np.matmul(rows, w.T, out=out),
+    "blocks": lambda rows, w, out: [np.matmul(rows, w[i : i + BLOCK_ROWS].T, out=out[:, i : i + BLOCK_ROWS])
+                                    for i in range(0, len(w), BLOCK_ROWS)],
+    "per_row": lambda rows, w, out: [np.matmul(w, row, out=o) for row, o in zip(rows, out)],
+}
 
 
 def plan_path():
-    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "kv_attention",
-                        "plans.json")
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(cache, "kv_attention", "plans.json")
 
 
 @functools.cache
@@ -63,11 +56,11 @@ def machine_key():
     """``'<CPU model>; <BLAS internal_api version architecture>...; numpy <version>'``: what a plan holds for."""
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
-    except OSError:
-        cpu = ""
+            cpu = re.search(r"model name\s*:\s*(.*)", f.read()).group(1)
+    except (OSError, AttributeError):
+        cpu = platform.processor() or platform.machine()
     blas = [f"{i['internal_api']} {i.get('version')} {i.get('architecture')}" for i in _BLAS.info()]
-    return "; ".join([cpu or platform.processor() or platform.machine(), *blas, f"numpy {np.__version__}"])
+    return "; ".join([cpu, *blas, f"numpy {np.__version__}"])
 
 
 def _read():
@@ -89,7 +82,7 @@ def _kept():
 def plan(entry, names, calls):
     """The name in ``names`` whose call (``calls()``: ``{name: zero-argument call}``) takes the least median time,
     measured once and kept under ``entry``, in the process and in the file."""
-    if _kept().get(entry) in names:  # a value from another version or a corrupt file is measured again
+    if _kept().get(entry) in names:  # a name from another version or a corrupt file is measured again
         return _kept()[entry]
     calls, times = calls(), {name: [] for name in names}
     for _ in range(REPEATS):  # interleaved: a slow spell of the machine falls on every candidate
@@ -113,10 +106,11 @@ def plan(entry, names, calls):
 def _stream(rows, shape, dtype):
     """``(x [rows, in], copies of w [out, in], out [rows, out])``, the copies STREAM_BYTES together (at most 256)."""
     copies = max(1, min(256, STREAM_BYTES // (shape[0] * shape[1] * dtype.itemsize)))
-    return np.full((rows, shape[1]), 0.5, dtype), np.full((copies, *shape), 0.5, dtype), np.empty((rows, shape[0]), dtype)
+    x, out = np.full((rows, shape[1]), 0.5, dtype), np.empty((rows, shape[0]), dtype)
+    return x, np.full((copies, *shape), 0.5, dtype), out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def choice(out, inner, dtype, rows, threads):
     """The formulation of ``rows`` rows times a weight ``[out, inner]`` of ``dtype`` at ``threads`` BLAS threads."""
     def calls():
@@ -131,19 +125,18 @@ def _threads_now():
 
 
 def threads():
-    """The BLAS thread count :func:`blas_threads` sets: :func:`set_threads`' count; None (the count left as it is)
-    where a variable or a caller's own limit chose, or where there is one CPU or no BLAS; else the plan's, the
-    fastest one-row product of STREAM_BYTES."""
-    if _chosen is not None:
+    """The BLAS thread count :func:`blas_threads` sets: :func:`set_threads`' count; None (left as it is) where a
+    variable or a caller's limit chose, or with one CPU or no BLAS; else the plan's: the fastest one-row product."""
+    n = max(_DEFAULT, default=1)
+    if _chosen is not None or _threads_now() != _DEFAULT or n == 1 or any(map(os.environ.get, THREAD_VARIABLES)):
         return _chosen
-    if _threads_now() != _DEFAULT or max(_DEFAULT, default=1) == 1 or any(map(os.environ.get, THREAD_VARIABLES)):
-        return None
 
     def calls():
         x, ws, y = _stream(1, (1024, 1024), np.dtype(np.float32))
-        return {str(n): lambda n=n: _limited(n, lambda: [one(x, w, y) for w in ws]) for n in range(1, max(_DEFAULT) + 1)}
+        return {str(i): functools.partial(_run, i, lambda: [np.matmul(x, w.T, out=y) for w in ws]) for i in counts}
 
-    return int(plan(f"BLAS threads of {max(_DEFAULT)}", [str(n) for n in range(1, max(_DEFAULT) + 1)], calls))
+    counts = range(1, n + 1)
+    return int(plan(f"BLAS threads of {n}", [str(i) for i in counts], calls))
 
 
 def set_threads(count):
@@ -152,28 +145,21 @@ def set_threads(count):
     _chosen = None if count is None else as_size("threads", count, minimum=1)
 
 
-def _limited(count, call):
-    if count is None:
-        return call()
-    with _BLAS.limit(limits=count):
+def _run(count, call):
+    with contextlib.nullcontext() if count is None else _BLAS.limit(limits=count):
         return call()
 
 
 def blas_threads(function):
-    """``function`` run at :func:`threads`' BLAS thread count (threadpoolctl's limit, 8 us a call)."""
-    @functools.wraps(function)
-    def limited(*args, **kwargs):
-        return _limited(threads(), lambda: function(*args, **kwargs))
-
-    return limited
+    """``function`` run at :func:`threads`' BLAS thread count (threadpoolctl's limit: 10-30 us a call)."""
+    return functools.wraps(function)(lambda *args, **kwargs: _run(threads(), lambda: function(*args, **kwargs)))
 
 
 def linear(x, w):
     """``x @ w.T`` of ``x [..., in]`` and ``w [out, in]``: ``[..., out]``, in the planned formulation (module doc)."""
     rows = x.reshape(-1, x.shape[-1])  # [N, in]
     out = np.empty((len(rows), len(w)), np.result_type(rows, w))  # [N, out]
-    name = "one"
-    if 0 < len(rows) <= MAX_PLANNED:
-        name = choice(*w.shape, out.dtype, len(rows), min(_threads_now(), default=1))
+    name = "one" if not 0 < len(rows) <= MAX_PLANNED else \
+        choice(*w.shape, out.dtype, len(rows), min(_threads_now(), default=1))
     FORMULATIONS[name](rows, w, out)
     return out.reshape(x.shape[:-1] + w.shape[:1])
