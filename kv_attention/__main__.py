@@ -17,6 +17,7 @@ from .cache import DynamicCache, StaticCache
 from .gguf import load_gguf, smollm2_path
 from .model import forward
 from .paged import PagedCacheView, PagedKVCache
+from .products import set_threads
 from .quantized import QuantizedCache
 from .tokenizer import Tokenizer
 
@@ -88,9 +89,12 @@ def parse_args(argv=None):
                         help="the K/V cache of every layer (default dynamic; quantized: 4 bits)")
     parser.add_argument("--max-new-tokens", type=int, default=256, metavar="N", help="at most N tokens (default 256)")
     parser.add_argument("--system", help="a system message (default: the chat template's own)")
+    parser.add_argument("--threads", type=int, metavar="N", help="BLAS threads (default: the variables', else the "
+                        "count measured fastest here: kv_attention.products)")
     args = parser.parse_args(argv)
-    if args.max_new_tokens < 1:
-        parser.error(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    for name, value in (("--max-new-tokens", args.max_new_tokens), ("--threads", 1 if args.threads is None else args.threads)):
+        if value < 1:
+            parser.error(f"{name} must be at least 1, got {value}")
     for name, text in (("prompt", args.prompt), ("--system", args.system or "")):
         try:
             text.encode("utf-8")
@@ -101,6 +105,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    set_threads(args.threads)
     try:
         stats = chat(args.prompt, cache=args.cache, max_new_tokens=args.max_new_tokens, system=args.system)
     except BrokenPipeError:  # the reader went away (| head): as Python's docs advise, no traceback at exit

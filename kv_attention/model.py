@@ -20,6 +20,7 @@ from .attention import attention_forward
 from .cache import Cache
 from .chunked import chunk_mask
 from .paged import PagedCacheView, PagedLayer
+from .products import blas_threads, linear  # planned on the machine
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,25 +142,6 @@ def converted(w, dtype, once=True):
 
 # The layer
 
-BLOCK_ROWS = 64  # rows of a weight per matmul when a step brings several rows: docs/results.md#model
-MAX_BLOCKED = 16  # up to this many rows (a decode batch): at 20 and more, one whole-weight product was 1.15x faster
-
-
-def linear(x, w):
-    """``x @ w.T`` of ``x [..., in]`` and ``w [out, in]``: ``[..., out]``, the rows of x as one 2-D matmul.
-
-    One row is a matrix-vector product, which streams w. Several rows, up to ``MAX_BLOCKED``, take w
-    ``BLOCK_ROWS`` rows at a time: one call over the whole of w packs it for the matrix kernel, reading it
-    about twice (0.8x the positions/s of one row at B = 2), where a block read once serves every row."""
-    rows = x.reshape(-1, x.shape[-1])  # [N, in]
-    if not 1 < len(rows) <= MAX_BLOCKED:
-        return (rows @ w.T).reshape(x.shape[:-1] + w.shape[:1])
-    out = np.empty((len(rows), len(w)), np.result_type(rows, w))  # [N, out]
-    for i in range(0, len(w), BLOCK_ROWS):
-        np.matmul(rows, w[i : i + BLOCK_ROWS].T, out=out[:, i : i + BLOCK_ROWS])  # [N, BLOCK_ROWS]
-    return out.reshape(x.shape[:-1] + w.shape[:1])
-
-
 def rms_norm(x, weight, eps):
     """``weight · x / sqrt(mean(x²) + eps)`` over the last axis (LlamaRMSNorm)."""
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
@@ -270,6 +252,7 @@ def check_cache(config, cache, ids, dtype, max_new_tokens=None):
 # The model
 
 
+@blas_threads
 def forward(config, weights, input_ids, *, cache=None, convert_once=True):
     """Logits ``[B, T, vocab_size]`` of ``input_ids [B, T]``, continuing each layer's cache (the module's contract).
 
@@ -308,6 +291,7 @@ def forward(config, weights, input_ids, *, cache=None, convert_once=True):
     return linear(x, converted(head, dtype, once))  # [B, T, vocab_size]
 
 
+@blas_threads
 def generate(config, weights, input_ids, max_new_tokens, *, cache=None, convert_once=True,
              prompt_lookup_num_tokens=None, max_matching_ngram_size=None):
     """Greedy decoding: ``input_ids [B, T]`` and ``max_new_tokens`` argmax tokens, each fed back; int64 ``[B, T + N]``.

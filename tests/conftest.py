@@ -1,4 +1,15 @@
-"""What every test run reports: the BLAS kernel it ran on (BLAS kernels differ between machines)."""
+"""What every test run reports: the BLAS kernel it ran on (BLAS kernels differ between machines); where the library
+keeps the plans it measures in the run: a temporary directory, not the user's cache."""
+
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def plans_in_a_temporary_cache(tmp_path_factory):
+    patch = pytest.MonkeyPatch()
+    patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+    yield
+    patch.undo()
 
 
 def blas_kernel():

@@ -126,6 +126,8 @@ def test_one_setup_cache_measures_both_classes_and_each_replays_its_own(tiny_mod
     assert set(measured["batch"]) == {(t, b) for t in bench_model.BATCH_LENGTHS for b in (2, 4, 8)}
     assert [p for p, o in measured["batch"].items() if "skipped" in o] == [(4096, 2), (4096, 4)]
     assert set(measured["blas"]) == {(2,), (4,), (8,)}
+    best = measured["blas"][(8,)]["value"]  # the best formulation's pairs, beside each one's median
+    assert best["ratio"] == max(best["ratios"].values()) == best["ratios"][best["formulation"]]
     assert set(measured["step"]) == {(t, c) for t in bench_model.STEP_LENGTHS for c in bench_model.STEP_CACHES}
     step.setup(measured, 256, "static")
     fraction = step.track_ratio(measured, 256, "static")
@@ -143,10 +145,11 @@ def test_one_setup_cache_measures_both_classes_and_each_replays_its_own(tiny_mod
     assert blas.track_ratio_low(measured, 8) <= blas.track_ratio(measured, 8) <= blas.track_ratio_high(measured, 8)
 
 
-def test_the_blas_alone_products_are_the_steps_weight_products(tiny_model):
+@pytest.mark.parametrize("formulation", list(answer.FORMULATIONS))
+def test_the_blas_alone_products_are_the_steps_weight_products(tiny_model, formulation):
     weights = bench_model.model_weights()
     for rows in (1, 3):
-        take, outs = answer.products(rows)
+        take, outs = answer.products(rows, formulation)
         take()  # every product written into its output: x @ w.T, x ones / in
         mats = [w for n, w in weights.items() if n.startswith("model.layers.") and w.ndim == 2]
         mats.append(weights["model.embed_tokens.weight"])

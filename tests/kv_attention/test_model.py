@@ -182,15 +182,6 @@ def test_16bit_weights_are_converted_once_and_kept_while_they_live():
     assert all(w.flags.writeable for w in per_call.values()) and len(kv.model._CONVERTED) == count - (len(W64) - 1)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 8, 16, 17])
-def test_linear_takes_every_row_count_to_the_product(rows):
-    # one row: a matrix-vector product; 2..16 rows: the weight BLOCK_ROWS rows at a time; more: one product
-    x, w = np.random.default_rng(rows).standard_normal((2, (rows + 1) // 2, 200)), np.ones((150, 200)) / 200
-    x = x.reshape(-1, 200)[:rows].reshape(rows, 1, 200)
-    w = w * np.arange(150)[:, None]
-    np.testing.assert_allclose(kv.model.linear(x, w), np.einsum("bti,oi->bto", x, w), rtol=1e-12, atol=1e-12)
-
-
 def test_a_checkpoint_in_huggingfaces_format_loads_and_runs(tmp_path):
     from safetensors.numpy import save_file
 
