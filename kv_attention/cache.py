@@ -38,11 +38,13 @@ before anything is written, so a call that raises leaves the cache unchanged.
 """
 
 import abc
+import contextlib
 
 import numpy as np
 
 from ._validation import (SUPPORTED_DTYPES, as_array, as_float_dtype, as_size, as_stored, check_finite_array,
                           compute_dtype, is_storage_dtype)
+from .attention import attention_forward, band_mask
 
 
 class CacheFullError(Exception):
@@ -60,17 +62,34 @@ class StaticCacheFullError(CacheFullError, ValueError):
 class Cache(abc.ABC):
     """What a decode needs of a K/V cache, written down once, as transformers' ``cache_utils.Cache``.
 
-    A subclass implements :meth:`update`, :meth:`get_seq_length` and :meth:`crop`, and
-    sets what differs from a cache of every position: ``k_cache``/``v_cache`` (a decode
-    checks their leading axes, widths and dtype: :attr:`layout`), ``max_seq_len`` (None:
-    unbounded; :meth:`check_room`), ``window``/``n_sink`` (a cache that keeps only a
-    window), :meth:`key_positions`.
+    A subclass implements :meth:`update`, :meth:`get_seq_length` and :meth:`crop` of one
+    layer, and sets what differs from a cache of every position: ``k_cache``/``v_cache`` (a
+    decode checks their leading axes, widths and dtype: :attr:`layout`), ``max_seq_len``
+    (None: unbounded; :meth:`check_room`), ``window``/``n_sink`` (a cache that keeps only a
+    window), :meth:`key_positions`, ``can_crop`` (False: a crop may refuse a length).
+
+    *One object for every layer of a model*, as Hugging Face 5's ``Cache`` holds its
+    ``layers``: the object is layer 0, and :meth:`layer` makes each later one the first time
+    it is asked for, as this one was made (HF's ``layer_class_to_replicate``), so
+    ``DynamicCache()`` or ``StaticCache((B, H_kv), max_seq_len, D, D)`` serves a whole model.
+    The model layer (:func:`~kv_attention.forward`, ``generate``, the command) reaches every
+    kind, :class:`~kv_attention.PagedCacheView` too, through this interface only:
+    :meth:`check_update` before a call writes, :meth:`attend` per layer,
+    ``get_seq_length()``, ``crop(length)``, ``nbytes``/``nbytes_reserved``, and
+    :func:`atomic`'s ``snapshot(t_new)``/``restore(snapshot)``/``commit()``.
     """
 
     k_cache = v_cache = None
     max_seq_len = None
     window = None
     n_sink = 0
+    can_crop = True
+    preallocated = False  # buffers of max_seq_len (or the window) allocated up front: nbytes_reserved
+
+    def __new__(cls, *args, **kwargs):
+        self = super().__new__(cls)
+        self._made_with, self._more = (args, kwargs), []  # layers 1.. (made by layer())
+        return self
 
     @abc.abstractmethod
     def update(self, k, v):
@@ -100,6 +119,104 @@ class Cache(abc.ABC):
         if room is not None and stored + t_new > room:
             raise StaticCacheFullError(f"cache is too short: {stored} of max_seq_len={room} positions used, "
                                        f"the call writes {t_new} more")
+
+    # One object for every layer
+
+    @property
+    def layers(self):
+        """The layers made so far, this object first (list)."""
+        return [self, *self._more]
+
+    def layer(self, layer_idx):
+        """Layer ``layer_idx``'s cache: this object for 0; the others made, empty, the first time they are asked for."""
+        while len(self._more) < layer_idx:
+            args, kwargs = self._made_with
+            self._more.append(type(self)(*args, **kwargs))
+        return self._more[layer_idx - 1] if layer_idx else self
+
+    @property
+    def nbytes(self):
+        """Bytes of the keys and values every layer holds (int)."""
+        return sum(layer._nbytes() for layer in self.layers)
+
+    @property
+    def nbytes_reserved(self):
+        """Bytes of every layer's buffers allocated up front (int); None for a cache that grows."""
+        return sum(c.k_cache.nbytes + c.v_cache.nbytes for c in self.layers) if self.preallocated else None
+
+    def check_update(self, num_layers, batch_shape, k_dim, v_dim, dtype, t_new, input_ids=None):
+        """Raise unless every layer of a model of ``num_layers`` takes ``t_new`` more positions of k, v
+        ``[*batch_shape, t_new, k_dim | v_dim]`` computed in ``dtype``, the layers holding one length: a model's
+        call checks this before it writes anything (``input_ids``: for a cache that keys blocks by them)."""
+        layers = self.layers
+        if len(layers) > num_layers:
+            raise ValueError(f"cache holds {len(layers)} layers, more than num_hidden_layers={num_layers}")
+        lengths = sorted({str(c.get_seq_length()) for c in layers})
+        if len(lengths) > 1:
+            raise ValueError(f"cache: the layers hold different lengths {lengths}")
+        for i, c in enumerate(layers):
+            shape, *widths, stored = c.layout
+            if shape is not None and (shape, *widths) != (batch_shape, k_dim, v_dim):
+                raise ValueError(f"cache layer {i} holds batch shape {shape}, k, v widths {widths}; needed "
+                                 f"{(batch_shape, k_dim, v_dim)}")
+            if stored is not None and not np.can_cast(dtype, compute_dtype(stored), casting="safe"):
+                raise TypeError(f"cache layer {i} stores {stored}, which cannot hold the model's {dtype} keys and values")
+            c.check_room(t_new)
+
+    def attend(self, q, k, v, layer_idx=0):
+        """Store ``k``, ``v`` ``[B, H_kv, T, D]`` in layer ``layer_idx`` and attend ``q [B, H, T, D]`` over its keys,
+        causally (banded for a window cache): ``[B, H, T, D_v]`` in q's dtype. Query head h reads K/V head h // G
+        (G = H / H_kv); a group's G·T query rows are one matmul with its K/V head. The cache attends, as vLLM's
+        attention backends write K/V and attend in one call, so that a paged view answers the same call."""
+        c, (B, H, T, D), H_kv = self.layer(layer_idx), q.shape, k.shape[1]
+        start, key_positions = c.get_seq_length(), c.key_positions(T)
+        keys, values = c.update(k, v)  # [B, H_kv, S, D]: the keys this chunk may attend to
+        allowed = band_mask(np.arange(start, start + T), key_positions, c.window, c.n_sink)  # [T, S]
+        mask = None if allowed.all() else np.tile(allowed, (H // H_kv, 1))  # [G·T, S]
+        out = attention_forward(q.reshape(B, H_kv, H // H_kv * T, D), keys.astype(q.dtype, copy=False),
+                                values.astype(q.dtype, copy=False), mask)  # [B, H_kv, G·T, D_v]
+        return out.reshape(B, H, T, values.shape[-1])
+
+    def snapshot(self, t_new):
+        """What a call writing up to ``t_new`` positions a layer may change, for :meth:`restore` (see :func:`atomic`)."""
+        return len(self._more), [c._snapshot(t_new) for c in self.layers]
+
+    def restore(self, snapshot):
+        """Every layer as at ``snapshot``; the layers made since dropped."""
+        made, states = snapshot
+        del self._more[made:]
+        for c, state in zip(self.layers, states):
+            c._restore(state)
+
+    def commit(self):
+        """The end of a call that succeeded (a paged view caches the blocks it filled)."""
+
+    def _snapshot(self, t_new):
+        """One layer's state for :meth:`_restore`: by default its length, cropped back to (exact for a cache that
+        never writes over what it holds)."""
+        return self.get_seq_length()
+
+    def _restore(self, length):
+        if self.get_seq_length() != length:
+            self.crop(length)
+
+
+@contextlib.contextmanager
+def atomic(cache, t_new):
+    """Run the body as one call on ``cache`` (None: nothing to undo), which writes up to ``t_new`` positions a layer:
+    if it raises, anything at all (a MemoryError, a KeyboardInterrupt), the cache is put back exactly as before
+    (``cache.restore(cache.snapshot(t_new))``) and the error goes on as it was; else ``cache.commit()``. The one
+    rollback of forward, generate and prompt lookup. A snapshot costs what the call may write (the positions, or
+    blocks, it touches), not the length held."""
+    snapshot = None if cache is None else cache.snapshot(t_new)
+    try:
+        yield
+    except BaseException:
+        if cache is not None:
+            cache.restore(snapshot)
+        raise
+    if cache is not None:
+        cache.commit()
 
 
 def as_cache(cache):
@@ -198,8 +315,11 @@ class DynamicCache(Cache):
         return (f"DynamicCache(k_cache={list(self.k_cache.shape)}, v_cache={list(self.v_cache.shape)}, "
                 f"dtype={self.k_cache.dtype}, seq_length={self.get_seq_length()})")
 
-    def update(self, k, v, *, check_finite=True):
-        """Append ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]``; return the cache's own arrays (do not write)."""
+    def update(self, k, v, layer_idx=0, *, check_finite=True):
+        """Append ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]`` to layer ``layer_idx``; return its own arrays
+        (do not write)."""
+        if layer_idx:
+            return self.layer(layer_idx).update(k, v, check_finite=check_finite)
         return self._append(*check_new_positions(k, v, self, check_finite, self._dtype))
 
     def _append(self, k, v):
@@ -216,21 +336,23 @@ class DynamicCache(Cache):
     def layout(self):
         return super().layout if self.k_cache is not None else (None, None, None, self._dtype)
 
-    def get_seq_length(self):
+    def get_seq_length(self, layer_idx=0):
+        if layer_idx:
+            return self.layer(layer_idx).get_seq_length()
         return 0 if self.k_cache is None else self.k_cache.shape[-2]
 
     def crop(self, length):
-        """Keep the first ``length`` positions; ``crop(0)`` empties the cache as new."""
+        """Keep the first ``length`` positions of every layer; ``crop(0)`` empties the cache as new."""
         length = check_crop(length, self.get_seq_length())
+        for c in self._more:
+            c.crop(length)
         if length == 0:
             self.k_cache = self.v_cache = None
         elif self.k_cache is not None:
             self.k_cache = self.k_cache[..., :length, :].copy()
             self.v_cache = self.v_cache[..., :length, :].copy()
 
-    @property
-    def nbytes(self):
-        """Bytes of the stored keys and values (int)."""
+    def _nbytes(self):
         return 0 if self.k_cache is None else self.k_cache.nbytes + self.v_cache.nbytes
 
 
@@ -241,6 +363,8 @@ class StaticCache(Cache):
     >= 1, every other size >= 0; ``dtype`` float32, float64 (default), or bfloat16/float16
     storage (see the module's docstring).
     """
+
+    preallocated = True
 
     def __init__(self, batch_shape, max_seq_len, k_dim, v_dim, dtype=np.float64):
         batch_shape = as_batch_shape(batch_shape)
@@ -259,12 +383,14 @@ class StaticCache(Cache):
     def max_seq_len(self):
         return self.k_cache.shape[-2]
 
-    def update(self, k, v, *, check_finite=True):
-        """Write ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]`` after the stored positions.
+    def update(self, k, v, layer_idx=0, *, check_finite=True):
+        """Write ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]`` after layer ``layer_idx``'s stored positions.
 
         Returns views ``[..., T, D]`` of the buffers (do not write to them);
         :class:`StaticCacheFullError` past ``max_seq_len``.
         """
+        if layer_idx:
+            return self.layer(layer_idx).update(k, v, check_finite=check_finite)
         k, v = check_new_positions(k, v, self, check_finite)
         if self._length + k.shape[-2] > self.max_seq_len:
             raise StaticCacheFullError(f"cache is full: {self._length} of max_seq_len={self.max_seq_len} positions "
@@ -279,17 +405,25 @@ class StaticCache(Cache):
         self._length = stop
         return self.k_cache[..., :stop, :], self.v_cache[..., :stop, :]
 
-    def get_seq_length(self):
-        return self._length
+    def get_seq_length(self, layer_idx=0):
+        return self.layer(layer_idx).get_seq_length() if layer_idx else self._length
 
     def crop(self, length):
-        """Keep the first ``length`` positions; the rest are zeroed."""
+        """Keep the first ``length`` positions of every layer; those dropped, and only they, are zeroed."""
         length = check_crop(length, self._length)
-        self.k_cache[..., length:, :] = 0
-        self.v_cache[..., length:, :] = 0
+        for c in self._more:
+            c.crop(length)
+        self._restore((length, self._length - length))
+
+    def _snapshot(self, t_new):
+        return self._length, t_new
+
+    def _restore(self, state):
+        """Back to ``length``, the ``t_new`` positions after it zeroed (those a call may have written)."""
+        length, t_new = state
+        self.k_cache[..., length : length + t_new, :] = 0
+        self.v_cache[..., length : length + t_new, :] = 0
         self._length = length
 
-    @property
-    def nbytes(self):
-        """Bytes of the stored keys and values (int), not the capacity."""
+    def _nbytes(self):  # the positions held, not the capacity
         return (self.k_cache.nbytes + self.v_cache.nbytes) // max(self.max_seq_len, 1) * self._length

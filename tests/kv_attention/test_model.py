@@ -34,7 +34,8 @@ def tokens(shape, seed=1, config=CONFIG):
 
 
 def caches(kind, batch=2, config=CONFIG, layers=None, max_seq_len=32, window=None):
-    """One new cache of ``kind`` per layer, batch shape (B, H_kv)."""
+    """One new cache of ``kind`` for every layer, batch shape (B, H_kv); with ``layers``, a list of that many (the
+    earlier form, one cache per layer)."""
     shape, d = (batch, config.num_key_value_heads), config.head_dim
     make = {
         "dynamic": lambda: kv.DynamicCache(),
@@ -42,7 +43,7 @@ def caches(kind, batch=2, config=CONFIG, layers=None, max_seq_len=32, window=Non
         "window": lambda: kv.SlidingWindowCache(shape, window or max_seq_len, d, d),
         "quantized": lambda: kv.QuantizedCache(shape, d, d, nbits=4, group_size=2, residual_length=4),
     }[kind]
-    return [make() for _ in range(layers or config.num_hidden_layers)]
+    return make() if layers is None else [make() for _ in range(layers)]
 
 
 def paged_views(batch=2, config=CONFIG, num_blocks=64, block_size=4, **options):
@@ -120,7 +121,7 @@ def test_a_quantized_cache_decodes_over_its_own_dequantized_keys_and_values():
         got = kv.forward(CONFIG, W64, IDS[:, t : t + 1], cache=cache)[:, 0]
         expected = naive_llama_forward(CONFIG, W64, IDS[:, : t + 1], kv_hook=round_trip)[:, -1]
         np.testing.assert_allclose(got, expected, **TOL)
-    assert cache[0].num_quantized == 8  # 2·ceil((11 - 4) / 2): the test reached quantized keys
+    assert cache.num_quantized == 8 and len(cache.layers) == 2  # 2·ceil((11 - 4) / 2): the test reached quantized keys
 
 
 @pytest.mark.parametrize("kind", KINDS + ("quantized",))
@@ -256,10 +257,16 @@ def test_a_bad_config_field_is_named(field, value, error):
     assert kv.ModelConfig(**{**CONFIG.__dict__, "rms_norm_eps": 0, "rope_theta": np.float32(1e4)}).rms_norm_eps == 0
 
 
+def layers(cache):
+    """The caches of each layer: a list's, a Cache's layers, a paged view for every layer."""
+    if isinstance(cache, kv.PagedCacheView):
+        return [cache] * cache.cache.num_layers
+    return cache if isinstance(cache, list) else cache.layers + [None] * (CONFIG.num_hidden_layers - len(cache.layers))
+
+
 def lengths(cache):
-    """Each layer's length; a paged view's is every layer's."""
-    layers = [cache] * cache.cache.num_layers if isinstance(cache, kv.PagedCacheView) else cache
-    return [str(c.get_seq_length()) for c in layers]
+    """Each layer's length (0 for a layer not made yet); a paged view's is every layer's."""
+    return [str(0 if c is None else c.get_seq_length()) for c in layers(cache)]
 
 
 @pytest.mark.parametrize("ids, message", [
@@ -274,10 +281,10 @@ def test_token_ids_outside_the_vocabulary_are_refused(ids, message):
 
 def test_a_bad_cache_is_refused_and_nothing_is_written():
     ids = IDS[:, :3]
-    with pytest.raises(ValueError, match="cache must be a list of num_hidden_layers=2 caches"):
+    with pytest.raises(ValueError, match="or a list of num_hidden_layers=2 caches, got a list of 1"):
         kv.forward(CONFIG, W64, ids, cache=caches("dynamic", layers=1))
-    good, wrong_batch = caches("static"), caches("static", batch=3)
-    with pytest.raises(ValueError, match=r"cache\[1\] holds batch shape \(3, 2\)"):
+    good, wrong_batch = caches("static", layers=2), caches("static", batch=3, layers=2)
+    with pytest.raises(ValueError, match=r"cache layer 1 holds batch shape \(3, 2\)"):
         kv.forward(CONFIG, W64, ids, cache=[good[0], wrong_batch[1]])
     assert lengths(good) == ["0", "0"]  # layer 0's cache fitted but was not written
     short = caches("static", max_seq_len=5)
@@ -294,26 +301,29 @@ def test_a_bad_cache_is_refused_and_nothing_is_written():
 
 
 @pytest.mark.parametrize("make, error, message", [
-    (lambda: [kv.DynamicCache(np.float64), kv.DynamicCache(np.float32)], TypeError, r"cache\[1\] stores float32"),
+    (lambda: [kv.DynamicCache(np.float64), kv.DynamicCache(np.float32)], TypeError, r"cache layer 1 stores float32"),
     (lambda: [kv.StaticCache((2, 2), 8, 6, 6, np.float64), kv.StaticCache((2, 2), 8, 6, 6, np.float32)], TypeError,
-     r"cache\[1\] stores float32"),
+     r"cache layer 1 stores float32"),
     (lambda: [kv.StaticCache((2, 2), 8, 6, 6), kv.StaticCache((2, 2), 8, 6, 4)], ValueError,
-     r"cache\[1\] holds batch shape \(2, 2\), k, v widths \[6, 4\]; needed \(\(2, 2\), 6, 6\)"),
-    (lambda: [kv.DynamicCache()] * 2, ValueError, "each layer needs its own"),
-    (lambda: [kv.StaticCache((2, 2), 8, 6, 6)] * 2, ValueError, "each layer needs its own"),
+     r"cache layer 1 holds batch shape \(2, 2\), k, v widths \[6, 4\]; needed \(\(2, 2\), 6, 6\)"),
+    (lambda: kv.StaticCache((2, 2), 8, 6, 4), ValueError, r"cache layer 0 holds batch shape .* widths \[6, 4\]"),
+    (lambda: kv.StaticCache((2, 2), 8, 6, 6, np.float32), TypeError, r"cache layer 0 stores float32"),
+    (lambda: [kv.DynamicCache()] * 2, ValueError, "each layer needs a cache of its own"),
+    (lambda: [kv.StaticCache((2, 2), 8, 6, 6)] * 2, ValueError, "each layer needs a cache of its own"),
     (lambda: [paged_views(), paged_views()], TypeError, r"cache\[0\] must be a kv_attention.Cache.*one PagedCacheView"),
     (lambda: [None, None], TypeError, r"cache\[0\] must be a kv_attention.Cache"),
     (lambda: ["a", "b"], TypeError, r"cache\[0\] must be"),
     (lambda: [paged_views().cache, paged_views().cache], TypeError,
      r"cache\[0\] must be a kv_attention.Cache.*one PagedCacheView"),
     (lambda: [paged_views(config=kv.ModelConfig(**{**CONFIG.__dict__, "num_hidden_layers": 1}))], ValueError,
-     "cache must be a list of num_hidden_layers=2"),
+     "or a list of num_hidden_layers=2 caches, got a list of 1"),
+    (lambda: "abc", TypeError, "cache must be a kv_attention.Cache .* or a PagedCacheView, got 'abc'"),
 ])
 def test_every_layer_is_checked_before_any_is_written(make, error, message):
     cache = make()
     with pytest.raises(error, match=message):
         kv.forward(CONFIG, W64, IDS[:, :3], cache=cache)
-    for c in cache:
+    for c in cache if isinstance(cache, list) else [cache] if isinstance(cache, kv.Cache) else []:
         if isinstance(c, (kv.Cache, kv.PagedCacheView)):
             assert np.all(c.get_seq_length() == 0)
             assert isinstance(c, kv.PagedCacheView) or not np.any(c.k_cache)  # None, or a StaticCache's zeros
@@ -321,7 +331,7 @@ def test_every_layer_is_checked_before_any_is_written(make, error, message):
 
 def test_a_paged_cache_of_another_number_of_layers_is_refused():
     view = paged_views(config=kv.ModelConfig(**{**CONFIG.__dict__, "num_hidden_layers": 3}))
-    with pytest.raises(ValueError, match="num_hidden_layers=2 .* got PagedCacheView of 3 layers"):
+    with pytest.raises(ValueError, match="num_hidden_layers=2 .* got a PagedCacheView of 3 layers"):
         kv.forward(CONFIG, W64, IDS[:, :3], cache=view)
     assert view.get_seq_length().tolist() == [0, 0]
 
@@ -369,21 +379,20 @@ def test_generate_from_no_tokens_is_refused_even_where_the_cache_holds_some():
     assert kv.generate(CONFIG, W64, IDS[:, :0], 0, cache=cache).shape == (2, 0)  # no new token: nothing to refuse
 
 
-@pytest.mark.parametrize("kind", KINDS + ("quantized",))
+@pytest.mark.parametrize("kind", ["dynamic", "static", "window", "quantized"])
 def test_each_cache_kind_gives_the_layout_an_update_must_fit_and_checks_its_room(kind):
-    cache = make_cache(kind)
-    c = cache if kind == "paged" else cache[0]
+    c = make_cache(kind)
     fixed = ((2, CONFIG.num_key_value_heads), CONFIG.head_dim, CONFIG.head_dim, np.dtype(np.float64))
     assert c.layout == ((None,) * 4 if kind == "dynamic" else fixed)
     assert kv.DynamicCache(np.float32).layout == (None, None, None, np.dtype(np.float32))  # fixed before an update
-    kv.forward(CONFIG, W64, IDS[:, :3], cache=cache)
-    assert c.layout == fixed
-    room = {"static": 32 - 3, "paged": 32 * 4 - 3}.get(kind)  # max_seq_len=32; 2 sequences of 64 blocks of 4
+    kv.forward(CONFIG, W64, IDS[:, :3], cache=c)
+    assert c.layout == fixed and all(layer.layout == fixed for layer in c.layers) and len(c.layers) == 2
+    room = {"static": 32 - 3}.get(kind)  # max_seq_len=32
     c.check_room(10**6 if room is None else room)  # None: no max_seq_len
     if room is not None:
-        with pytest.raises(kv.StaticCacheFullError if kind == "static" else kv.OutOfBlocksError):
+        with pytest.raises(kv.StaticCacheFullError):
             c.check_room(room + 1)
-    assert np.all(c.get_seq_length() == 3)
+    assert np.all(c.get_seq_length() == 3) and c.get_seq_length(1) == 3
 
 
 def stored(cache):
@@ -394,7 +403,8 @@ def stored(cache):
             k, v, n = cache.cache.gather(cache.seq_ids, layer)
             out.append([n] + [np.concatenate([a[i, :m] for i, m in enumerate(n)]) for a in (k, v)])
         return out
-    return [[c.get_seq_length()] + [None if a is None else a.copy() for a in (c.k_cache, c.v_cache)] for c in cache]
+    return [[c.get_seq_length()] + [None if a is None else a.copy() for a in (c.k_cache, c.v_cache)]
+            for c in (cache if isinstance(cache, list) else cache.layers)]
 
 
 def nan_in_layer_1():
@@ -537,13 +547,13 @@ def test_a_generate_whose_third_step_raises_leaves_the_cache_as_before_the_call(
         cache = make_cache(kind)
         kv.forward(CONFIG, W64, IDS[:1, :3].repeat(2, axis=0), cache=cache)
         state = lambda: [[np.asarray(a).tolist() for a in layer] for layer in stored(cache)]  # noqa: E731
-    before, calls, real = state(), [], kv.model.forward
+    before, calls, real = state(), [], kv.model._forward
 
-    def third_fails(config, weights, ids, **options):
+    def third_fails(config, weights, ids, *args):
         calls.append(ids.shape)
-        return real(config, nan_in_layer_1() if len(calls) == 3 else weights, ids, **options)
+        return real(config, nan_in_layer_1() if len(calls) == 3 else weights, ids, *args)
 
-    monkeypatch.setattr(kv.model, "forward", third_fails)
+    monkeypatch.setattr(kv.model, "_forward", third_fails)
     ids = IDS[:1, 3:6] if "paged" in kind else IDS[:, 3:6]
     with pytest.raises(NonFiniteError):
         kv.generate(CONFIG, W64, ids, 4, cache=cache)
