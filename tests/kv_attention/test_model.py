@@ -683,3 +683,180 @@ def test_transformers_llama_gives_the_same_logits_and_tokens(monkeypatch):
     with_roundings = kv.forward(CONFIG, W64, IDS)
     print(f"with transformers' float32 roundings: {np.abs(with_roundings - hf_logits).max():.3g}")
     np.testing.assert_allclose(with_roundings, hf_logits, rtol=0, atol=1e-12)
+
+
+# Every call atomic: one snapshot/restore (kv_attention.cache.atomic) for every kind
+
+
+def full_state(cache):
+    """Everything a failed call must leave as it was: a paged pool's :func:`pool_state`; of a Cache, every attribute
+    of every layer (buffers bit for bit past the length too, a ring's order, quantized codes), and its layers."""
+    if isinstance(cache, kv.PagedCacheView):
+        return pool_state(cache.cache)
+
+    def plain(x):
+        if isinstance(x, np.ndarray):
+            return x.dtype.str, x.shape, x.tobytes()
+        return [plain(a) for a in x] if isinstance(x, (tuple, list)) else repr(x)
+
+    return [{name: plain(value) for name, value in vars(c).items() if name != "_more"} for c in cache.layers]
+
+
+ATOMIC_KINDS = ("dynamic", "static", "window", "quantized", "paged", "prefix-caching paged")
+
+
+def filled(kind, batch=2):
+    """A cache of ``kind`` holding IDS[:, :5] (a window of 4: its ring has wrapped; quantized: blocks quantized)."""
+    if "paged" in kind:
+        cache = paged_views(batch=batch, num_blocks=24, enable_prefix_caching="prefix" in kind)
+    else:
+        cache = caches(kind, batch=batch, window=4)
+    kv.forward(CONFIG, W64, IDS[:batch, :5], cache=cache)
+    return cache
+
+
+def failing(monkeypatch, where):
+    """Make the model raise where the name says; returns the weights to call with."""
+    if where == "a NaN weight in layer 0":
+        w = dict(W64)
+        w["model.layers.0.self_attn.v_proj.weight"] = np.full_like(w["model.layers.0.self_attn.v_proj.weight"], np.nan)
+        return w
+    if where == "a NaN weight in layer 1":
+        return nan_in_layer_1()
+    real_linear, real_norm = kv.model.linear, kv.model.rms_norm
+    if where == "MemoryError in the logits":
+        def linear(x, w):
+            if w.shape[0] == CONFIG.vocab_size:
+                raise MemoryError("Unable to allocate the logits")
+            return real_linear(x, w)
+        monkeypatch.setattr(kv.model, "linear", linear)
+    else:  # KeyboardInterrupt in the final norm, after every layer wrote
+        def rms_norm(x, weight, eps):
+            if weight is W64["model.norm.weight"]:
+                raise KeyboardInterrupt
+            return real_norm(x, weight, eps)
+        monkeypatch.setattr(kv.model, "rms_norm", rms_norm)
+    return W64
+
+
+FAILURES = ("a NaN weight in layer 0", "a NaN weight in layer 1", "MemoryError in the logits",
+            "KeyboardInterrupt in the final norm")
+ERRORS = {"a NaN weight in layer 0": NonFiniteError, "a NaN weight in layer 1": NonFiniteError,
+          "MemoryError in the logits": MemoryError, "KeyboardInterrupt in the final norm": KeyboardInterrupt}
+
+
+@pytest.mark.parametrize("where", FAILURES)
+@pytest.mark.parametrize("call", ["forward", "generate"])
+@pytest.mark.parametrize("kind", ATOMIC_KINDS)
+def test_a_call_that_fails_anywhere_leaves_every_kind_exactly_as_before_and_raises_its_own_error(
+        kind, call, where, monkeypatch):
+    cache = filled(kind)
+    before, w = full_state(cache), failing(monkeypatch, where)
+    with pytest.raises(ERRORS[where]) as raised:
+        if call == "forward":
+            kv.forward(CONFIG, w, IDS[:, 5:8], cache=cache)
+        else:
+            kv.generate(CONFIG, w, IDS[:, 5:8], 3, cache=cache)
+    assert raised.value.__context__ is None and raised.type is ERRORS[where]  # the original, no cleanup error
+    assert full_state(cache) == before
+    monkeypatch.undo()  # the continuation gives the logits of a run that never failed
+    expected = FULL[:, 5:8] if kind != "window" else naive_llama_forward(CONFIG, W64, IDS[:, :8], window=4)[:, 5:]
+    if kind != "quantized":
+        np.testing.assert_allclose(kv.forward(CONFIG, W64, IDS[:, 5:8], cache=cache), expected, **TOL)
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 5])
+@pytest.mark.parametrize("kind", ["dynamic", "static", "paged", "prefix-caching paged"])
+def test_a_prompt_lookup_interrupted_at_any_forward_takes_back_every_step_and_its_crops(kind, step, monkeypatch):
+    # The prompt repeats itself: drafts are made, some rejected and cropped off, before the interrupted forward.
+    prompt = np.tile(np.arange(1, 9), 3)[None, :-5]
+    cache = paged_views(batch=1, num_blocks=24, enable_prefix_caching="prefix" in kind) if "paged" in kind \
+        else caches(kind, batch=1)
+    kv.forward(CONFIG, W64, prompt[:, :4], cache=cache)
+    before, calls, real = full_state(cache), [], kv.model._forward
+
+    def interrupted(*args):
+        calls.append(args[2].shape[1])
+        if len(calls) == step:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(kv.model, "_forward", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        kv.prompt_lookup_generate(CONFIG, W64, prompt[:, 4:], 12, cache=cache, prompt_lookup_num_tokens=4)
+    assert full_state(cache) == before and len(calls) == step
+    monkeypatch.undo()
+    tokens, stats = kv.prompt_lookup_generate(CONFIG, W64, prompt[:, 4:], 12, cache=cache, prompt_lookup_num_tokens=4)
+    assert stats.num_draft_tokens > stats.num_accepted_tokens > 0  # the interrupted runs had crops to undo
+    np.testing.assert_array_equal(tokens[:, 4:], kv.generate(CONFIG, W64, prompt, 12)[:, 8:])
+
+
+def test_a_one_token_generate_through_a_prefix_caching_view_that_fails_after_the_layers_leaks_nothing(monkeypatch):
+    pool = paged_views(batch=1, num_blocks=6, enable_prefix_caching=True).cache
+    ids = IDS[:1, :8]  # two full blocks, cached only once the whole call succeeded
+    before = pool_state(pool)
+    failing(monkeypatch, "MemoryError in the logits")
+    with pytest.raises(MemoryError, match="Unable to allocate the logits") as raised:
+        kv.generate(CONFIG, W64, ids, 1, cache=kv.PagedCacheView(pool, [0], token_ids=ids))
+    assert raised.value.__context__ is None and pool_state(pool) == before and pool.num_free_blocks == 6
+    monkeypatch.undo()
+    out = kv.generate(CONFIG, W64, ids, 1, cache=kv.PagedCacheView(pool, [0], token_ids=ids))
+    np.testing.assert_array_equal(out, kv.generate(CONFIG, W64, ids, 1))
+    assert len(pool.find_cached_blocks(ids[0])) == 2
+
+
+@pytest.mark.parametrize("kind", ["static", "paged"])
+def test_a_call_past_the_room_is_refused_whole_and_leaves_the_cache_as_it_was(kind):
+    cache = paged_views(num_blocks=4, block_size=4) if kind == "paged" else caches("static", max_seq_len=9)
+    kv.forward(CONFIG, W64, IDS[:, :5], cache=cache)  # 5 of 8 slots (2 blocks of 4 a sequence), of 9
+    before = full_state(cache)
+    with pytest.raises(kv.OutOfBlocksError if kind == "paged" else kv.StaticCacheFullError):
+        kv.generate(CONFIG, W64, IDS[:, 5:7], 4, cache=cache)  # 5 more
+    assert full_state(cache) == before
+
+
+def test_no_call_writes_into_or_returns_a_callers_array_and_read_only_arrays_work():
+    prompt = np.tile(np.arange(1, 9), 3)[None, :-5]
+    prompt.flags.writeable = False
+    held, expected = prompt.copy(), kv.generate(CONFIG, W64, prompt.copy(), 6)
+    for kind in ("static", "paged"):
+        for k in (None, 3):
+            cache = paged_views(batch=1) if kind == "paged" else caches("static", batch=1)
+            out = kv.generate(CONFIG, W64, prompt, 6, cache=cache, prompt_lookup_num_tokens=k)
+            np.testing.assert_array_equal(out, expected)
+            assert not np.shares_memory(out, prompt)
+            out[:] = 0  # the caller's own array
+    for k in (None, 3):
+        out = kv.generate(CONFIG, W64, prompt, 0, cache=caches("dynamic", batch=1), prompt_lookup_num_tokens=k)
+        assert out.flags.writeable and not np.shares_memory(out, prompt)
+    pool = paged_views(batch=1, enable_prefix_caching=True).cache
+    logits = kv.forward(CONFIG, W64, prompt, cache=kv.PagedCacheView(pool, [0], token_ids=prompt))
+    np.testing.assert_allclose(logits, kv.forward(CONFIG, W64, held), **TOL)
+    np.testing.assert_array_equal(prompt, held)
+
+
+def test_kv_attention_has_no_import_circle():
+    import ast
+    import pathlib
+
+    package = pathlib.Path(kv.__file__).parent
+    imports = {}
+    for path in package.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        imports[path.stem] = {node.module.split(".")[0] for node in ast.walk(tree)
+                              if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module}
+    done, visiting = set(), []
+
+    def visit(module):
+        assert module not in visiting, f"import circle: {' -> '.join(visiting[visiting.index(module):] + [module])}"
+        if module in done or module not in imports:
+            return
+        visiting.append(module)
+        for imported in imports[module]:
+            visit(imported)
+        visiting.pop()
+        done.add(module)
+
+    for module in imports:
+        if module != "__init__":
+            visit(module)
