@@ -17,16 +17,8 @@ Storage in bfloat16 or float16 (``dtype=ml_dtypes.bfloat16`` or ``np.float16``),
 engines store K/V in the model's dtype: ``update`` takes float32 k, v and rounds them
 to the nearest stored value (ties to even, as ``astype``); it returns the stored
 2-byte arrays, and attention reads them upcast to float32, so the bytes a decode
-reads are the bytes stored and ``nbytes`` counts 2 per element. With unit roundoff
-u (2^-8 bfloat16, 2^-11 float16) a stored element is within u·|x| + η of x (η, half
-the smallest subnormal: 2^-25 float16, 2^-134 bfloat16), and output column d of one
-query's attention, o = Σ_i p_i v_i, is within
-
-    |Δo_d| <= u·max_i |v_id| + η + tanh(δ/2)·(max_i v_id - min_i v_id),
-    δ = max_i (u·Σ_d |q_d k_id| + η·‖q‖₁) / sqrt(D_k)
-
-of float32 storage's, in exact arithmetic (δ bounds each logit's change; the float32
-computation adds its own rounding). docs/mechanisms.md derives it;
+reads are the bytes stored and ``nbytes`` counts 2 per element. The bound of an output's change from float32
+storage, in unit roundoff u (2^-8 bfloat16, 2^-11 float16): docs/mechanisms.md derives it,
 tests/kv_attention/test_storage_dtype.py holds a seeded sweep to it.
 
 Errors: ``update`` raises TypeError for k, v that are not float32/float64 arrays of
@@ -65,7 +57,7 @@ class Cache(abc.ABC):
     A subclass implements :meth:`update`, :meth:`get_seq_length` and :meth:`crop` of one
     layer, and sets what differs from a cache of every position: ``k_cache``/``v_cache`` (a
     decode checks their leading axes, widths and dtype: :attr:`layout`), ``max_seq_len``
-    (None: unbounded; :meth:`check_room`), ``window``/``n_sink`` (a cache that keeps only a
+    (None: unbounded), ``window``/``n_sink`` (a cache that keeps only a
     window), :meth:`key_positions`, ``can_crop`` (False: a crop may refuse a length).
 
     *One object for every layer of a model*, as Hugging Face 5's ``Cache`` holds its
@@ -113,13 +105,6 @@ class Cache(abc.ABC):
         k, v = self.k_cache, self.v_cache
         return (None,) * 4 if k is None else (k.shape[:-2], k.shape[-1], v.shape[-1], k.dtype)
 
-    def check_room(self, t_new):
-        """Raise :class:`StaticCacheFullError` unless ``t_new`` more positions fit ``max_seq_len``."""
-        stored, room = self.get_seq_length(), self.max_seq_len
-        if room is not None and stored + t_new > room:
-            raise StaticCacheFullError(f"cache is too short: {stored} of max_seq_len={room} positions used, "
-                                       f"the call writes {t_new} more")
-
     # One object for every layer
 
     @property
@@ -147,7 +132,8 @@ class Cache(abc.ABC):
     def check_update(self, num_layers, batch_shape, k_dim, v_dim, dtype, t_new, input_ids=None):
         """Raise unless every layer of a model of ``num_layers`` takes ``t_new`` more positions of k, v
         ``[*batch_shape, t_new, k_dim | v_dim]`` computed in ``dtype``, the layers holding one length: a model's
-        call checks this before it writes anything (``input_ids``: for a cache that keys blocks by them)."""
+        call checks this before it writes anything (``input_ids``: for a cache that keys blocks by them);
+        :class:`StaticCacheFullError` past ``max_seq_len``."""
         layers = self.layers
         if len(layers) > num_layers:
             raise ValueError(f"cache holds {len(layers)} layers, more than num_hidden_layers={num_layers}")
@@ -161,7 +147,9 @@ class Cache(abc.ABC):
                                  f"{(batch_shape, k_dim, v_dim)}")
             if stored is not None and not np.can_cast(dtype, compute_dtype(stored), casting="safe"):
                 raise TypeError(f"cache layer {i} stores {stored}, which cannot hold the model's {dtype} keys and values")
-            c.check_room(t_new)
+            if c.max_seq_len is not None and c.get_seq_length() + t_new > c.max_seq_len:
+                raise StaticCacheFullError(f"cache is too short: {c.get_seq_length()} of max_seq_len={c.max_seq_len} "
+                                           f"positions used, the call writes {t_new} more")
 
     def attend(self, q, k, v, layer_idx=0):
         """Store ``k``, ``v`` ``[B, H_kv, T, D]`` in layer ``layer_idx`` and attend ``q [B, H, T, D]`` over its keys,

@@ -300,8 +300,8 @@ def prompt_lookup_generate(config, weights, input_ids, max_new_tokens, *, cache,
     (:mod:`~kv_attention.speculative`), and the call's :class:`~kv_attention.SpecDecodingStats`. ``cache``: any
     whose ``can_crop`` (DynamicCache, StaticCache, PagedCacheView); ValueError or TypeError naming the argument
     otherwise (a window cache that wrapped or a quantized block cannot take a draft back)."""
-    k = as_size("prompt_lookup_num_tokens", prompt_lookup_num_tokens, minimum=1)
-    return _generate(config, weights, input_ids, max_new_tokens, cache, convert_once, k, max_matching_ngram_size)
+    return _generate(config, weights, input_ids, max_new_tokens, cache, convert_once, prompt_lookup_num_tokens,
+                     max_matching_ngram_size)
 
 
 def _generate(config, weights, input_ids, max_new_tokens, cache, convert_once, k, n):

@@ -387,11 +387,11 @@ def test_each_cache_kind_gives_the_layout_an_update_must_fit_and_checks_its_room
     assert kv.DynamicCache(np.float32).layout == (None, None, None, np.dtype(np.float32))  # fixed before an update
     kv.forward(CONFIG, W64, IDS[:, :3], cache=c)
     assert c.layout == fixed and all(layer.layout == fixed for layer in c.layers) and len(c.layers) == 2
-    room = {"static": 32 - 3}.get(kind)  # max_seq_len=32
-    c.check_room(10**6 if room is None else room)  # None: no max_seq_len
-    if room is not None:
-        with pytest.raises(kv.StaticCacheFullError):
-            c.check_room(room + 1)
+    room = {"static": 32 - 3}.get(kind, 10**6)  # max_seq_len=32; no max_seq_len
+    c.check_update(2, *fixed[:3], np.float64, room)
+    if kind == "static":
+        with pytest.raises(kv.StaticCacheFullError, match="3 of max_seq_len=32 positions used, the call writes 30"):
+            c.check_update(2, *fixed[:3], np.float64, room + 1)
     assert np.all(c.get_seq_length() == 3) and c.get_seq_length(1) == 3
 
 
