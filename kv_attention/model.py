@@ -19,7 +19,7 @@ import weakref
 import numpy as np
 
 from ._validation import as_flag, as_integer_array, as_real, as_size
-from .cache import Cache, DynamicCache, atomic
+from .cache import DynamicCache, atomic
 from .speculative import SpecDecodingStats, prompt_lookup_candidates
 
 
@@ -182,7 +182,7 @@ def apply_rope(x, cos, sin):
 
 
 def attention(config, w, x, cos, sin, cache, layer_idx):
-    """Grouped-query self-attention of ``x [B, T, D_model]`` through layer ``layer_idx`` of ``cache``: ``[B, T, D_model]``."""
+    """Grouped-query self-attention of ``x [B, T, D_model]`` through layer ``layer_idx`` of ``cache``: the same shape."""
     B, T, _ = x.shape
     H, H_kv, D = config.num_attention_heads, config.num_key_value_heads, config.head_dim
     q = linear(x, w["self_attn.q_proj.weight"]).reshape(B, T, H, D).transpose(0, 2, 1, 3)  # [B, H, T, D]
@@ -216,26 +216,12 @@ def check_input_ids(config, input_ids):
 
 
 def check_cache(config, cache, ids, dtype, max_new_tokens=None):
-    """``cache`` as the one object of every layer, or raise unless it takes this call's k/v ``[B, H_kv, T, D]`` in
-    ``dtype`` in every layer (with ``max_new_tokens``, for a generate's prompt and every new token but the last), and
-    unless T = 0 where there is no last token to continue from, before anything is written. A list of one
-    :class:`~kv_attention.Cache` per layer (the earlier form) is taken once, here: its first holds the others as its
-    layers 1.. (:meth:`~kv_attention.Cache.layer`)."""
-    if isinstance(cache, (list, tuple)):
-        n, layers = config.num_hidden_layers, list(cache)
-        if len(layers) != n:
-            raise ValueError(f"cache must be one cache of every layer (e.g. DynamicCache()), or a list of "
-                             f"num_hidden_layers={n} caches, got a list of {len(layers)}")
-        for i, c in enumerate(layers):
-            if not isinstance(c, Cache):
-                raise TypeError(f"cache[{i}] must be a kv_attention.Cache, got {c!r:.100} (a paged pool: pass one "
-                                f"PagedCacheView(pool, seq_ids) as cache, serving every layer)")
-        if len({id(c) for c in layers}) < n or any(c._more for c in layers[1:]) or layers[0]._more not in ([], layers[1:]):
-            raise ValueError("cache: each layer needs a cache of its own, holding no other layer")
-        layers[0]._more, cache = layers[1:], layers[0]
-    elif cache is not None and not callable(getattr(cache, "attend", None)):
-        raise TypeError(f"cache must be a kv_attention.Cache (e.g. DynamicCache()) or a PagedCacheView, "
-                        f"got {cache!r:.100}")
+    """Raise unless ``cache`` is None or one object of every layer that takes this call's k/v ``[B, H_kv, T, D]`` in
+    ``dtype`` (with ``max_new_tokens``, for a generate's prompt and every new token but the last), and unless T = 0
+    where there is no last token to continue from, before anything is written."""
+    if cache is not None and not callable(getattr(cache, "attend", None)):
+        raise TypeError(f"cache must be one object of every layer, a kv_attention.Cache (e.g. DynamicCache(): a list "
+                        f"of one per layer is no longer taken) or a PagedCacheView, got {cache!r:.100}")
     (batch, t_new), d = ids.shape, config.head_dim
     if cache is not None:
         cache.check_update(config.num_hidden_layers, (batch, config.num_key_value_heads), d, d, dtype,

@@ -648,8 +648,8 @@ class PagedCacheView:
             raise ValueError(f"cache must serve num_hidden_layers={num_layers} layers, got a PagedCacheView of "
                              f"{pool.num_layers} layers")
         if self.token_ids is not None and (t_new > input_ids.shape[1] or not np.array_equal(self.token_ids, input_ids)):
-            raise ValueError(f"cache.token_ids must be input_ids, the tokens written (prefix caching keys blocks by them; "
-                             f"a generate of more than one token takes none), got {self.token_ids!r:.100}")
+            raise ValueError(f"cache.token_ids must be input_ids, the tokens written (prefix caching keys blocks by "
+                             f"them; a generate of more than one token takes none), got {self.token_ids!r:.100}")
         layout = ((len(self.seq_ids), pool.num_kv_heads), pool.k_cache.shape[-1], pool.v_cache.shape[-1])
         if layout != (batch_shape, k_dim, v_dim):
             raise ValueError(f"cache holds batch shape, k, v widths {layout}; needed {(batch_shape, k_dim, v_dim)}")
@@ -692,7 +692,7 @@ class PagedCacheView:
         (:meth:`PagedKVCache.crop`). Inside a call, to no fewer tokens than it began with: the pool is put back as at
         its snapshot and the tokens kept written again, O(the call's tokens), so that its restore stays exact."""
         n = len(self.seq_ids)
-        lengths = as_sizes_per_sequence("lengths", np.broadcast_to(lengths, (n,)) if np.ndim(lengths) == 0 else lengths, n)
+        lengths = as_sizes_per_sequence("lengths", np.broadcast_to(lengths, n) if np.ndim(lengths) == 0 else lengths, n)
         for length, held in zip(lengths, self.get_seq_length()):
             check_crop(length, held)
         if self._open is None:
@@ -701,7 +701,8 @@ class PagedCacheView:
             return
         pool, (start, t_new, checkpoint) = self.cache, self._open
         if (lengths < start).any():
-            raise ValueError(f"lengths must keep the {start.tolist()} tokens held before the call, got {lengths.tolist()}")
+            raise ValueError(f"lengths must keep the {start.tolist()} tokens held before the call, got "
+                             f"{lengths.tolist()}")
         kept = []  # per sequence and layer: k, v of its tokens since the call began
         for seq_id, a, b in zip(self.seq_ids, start.tolist(), lengths.tolist()):
             p, table = np.arange(a, b), np.array(pool.block_table(seq_id), dtype=np.int64)

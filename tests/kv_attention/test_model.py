@@ -33,9 +33,8 @@ def tokens(shape, seed=1, config=CONFIG):
     return np.random.default_rng(seed).integers(0, config.vocab_size, shape)
 
 
-def caches(kind, batch=2, config=CONFIG, layers=None, max_seq_len=32, window=None):
-    """One new cache of ``kind`` for every layer, batch shape (B, H_kv); with ``layers``, a list of that many (the
-    earlier form, one cache per layer)."""
+def caches(kind, batch=2, config=CONFIG, max_seq_len=32, window=None):
+    """One new cache of ``kind`` for every layer, batch shape (B, H_kv)."""
     shape, d = (batch, config.num_key_value_heads), config.head_dim
     make = {
         "dynamic": lambda: kv.DynamicCache(),
@@ -43,7 +42,7 @@ def caches(kind, batch=2, config=CONFIG, layers=None, max_seq_len=32, window=Non
         "window": lambda: kv.SlidingWindowCache(shape, window or max_seq_len, d, d),
         "quantized": lambda: kv.QuantizedCache(shape, d, d, nbits=4, group_size=2, residual_length=4),
     }[kind]
-    return make() if layers is None else [make() for _ in range(layers)]
+    return make()
 
 
 def paged_views(batch=2, config=CONFIG, num_blocks=64, block_size=4, **options):
@@ -258,10 +257,10 @@ def test_a_bad_config_field_is_named(field, value, error):
 
 
 def layers(cache):
-    """The caches of each layer: a list's, a Cache's layers, a paged view for every layer."""
+    """The caches of each layer (None: not made yet); a paged view for every layer."""
     if isinstance(cache, kv.PagedCacheView):
         return [cache] * cache.cache.num_layers
-    return cache if isinstance(cache, list) else cache.layers + [None] * (CONFIG.num_hidden_layers - len(cache.layers))
+    return cache.layers + [None] * (CONFIG.num_hidden_layers - len(cache.layers))
 
 
 def lengths(cache):
@@ -281,12 +280,13 @@ def test_token_ids_outside_the_vocabulary_are_refused(ids, message):
 
 def test_a_bad_cache_is_refused_and_nothing_is_written():
     ids = IDS[:, :3]
-    with pytest.raises(ValueError, match="or a list of num_hidden_layers=2 caches, got a list of 1"):
-        kv.forward(CONFIG, W64, ids, cache=caches("dynamic", layers=1))
-    good, wrong_batch = caches("static", layers=2), caches("static", batch=3, layers=2)
+    with pytest.raises(TypeError, match="a list of one per layer is no longer taken"):
+        kv.forward(CONFIG, W64, ids, cache=[kv.DynamicCache(), kv.DynamicCache()])
+    wrong_batch = caches("dynamic")
+    wrong_batch.update(np.zeros((3, 2, 0, 6)), np.zeros((3, 2, 0, 6)), 1)  # layer 1 fixed at B = 3
     with pytest.raises(ValueError, match=r"cache layer 1 holds batch shape \(3, 2\)"):
-        kv.forward(CONFIG, W64, ids, cache=[good[0], wrong_batch[1]])
-    assert lengths(good) == ["0", "0"]  # layer 0's cache fitted but was not written
+        kv.forward(CONFIG, W64, ids, cache=wrong_batch)
+    assert lengths(wrong_batch) == ["0", "0"]  # layer 0 fitted but was not written
     short = caches("static", max_seq_len=5)
     kv.forward(CONFIG, W64, ids, cache=short)
     with pytest.raises(kv.StaticCacheFullError, match=r"cache is too short: 3 of max_seq_len=5"):
@@ -300,33 +300,33 @@ def test_a_bad_cache_is_refused_and_nothing_is_written():
 
 
 
+def layer_1_of(cache, k, v):
+    """``cache`` whose layer 1 was written ``k``, ``v`` by hand (a user's update(k, v, 1)): it may not fit the rest."""
+    cache.update(k, v, 1)
+    return cache
+
+
 @pytest.mark.parametrize("make, error, message", [
-    (lambda: [kv.DynamicCache(np.float64), kv.DynamicCache(np.float32)], TypeError, r"cache layer 1 stores float32"),
-    (lambda: [kv.StaticCache((2, 2), 8, 6, 6, np.float64), kv.StaticCache((2, 2), 8, 6, 6, np.float32)], TypeError,
-     r"cache layer 1 stores float32"),
-    (lambda: [kv.StaticCache((2, 2), 8, 6, 6), kv.StaticCache((2, 2), 8, 6, 4)], ValueError,
+    (lambda: layer_1_of(kv.DynamicCache(), np.zeros((2, 2, 0, 6), np.float32), np.zeros((2, 2, 0, 6), np.float32)),
+     TypeError, r"cache layer 1 stores float32"),
+    (lambda: layer_1_of(kv.DynamicCache(), np.zeros((2, 2, 0, 6)), np.zeros((2, 2, 0, 4))), ValueError,
      r"cache layer 1 holds batch shape \(2, 2\), k, v widths \[6, 4\]; needed \(\(2, 2\), 6, 6\)"),
+    (lambda: layer_1_of(kv.StaticCache((2, 2), 8, 6, 6), np.zeros((2, 2, 1, 6)), np.zeros((2, 2, 1, 6))), ValueError,
+     r"the layers hold different lengths \['0', '1'\]"),
     (lambda: kv.StaticCache((2, 2), 8, 6, 4), ValueError, r"cache layer 0 holds batch shape .* widths \[6, 4\]"),
     (lambda: kv.StaticCache((2, 2), 8, 6, 6, np.float32), TypeError, r"cache layer 0 stores float32"),
-    (lambda: [kv.DynamicCache()] * 2, ValueError, "each layer needs a cache of its own"),
-    (lambda: [kv.StaticCache((2, 2), 8, 6, 6)] * 2, ValueError, "each layer needs a cache of its own"),
-    (lambda: [paged_views(), paged_views()], TypeError, r"cache\[0\] must be a kv_attention.Cache.*one PagedCacheView"),
-    (lambda: [None, None], TypeError, r"cache\[0\] must be a kv_attention.Cache"),
-    (lambda: ["a", "b"], TypeError, r"cache\[0\] must be"),
-    (lambda: [paged_views().cache, paged_views().cache], TypeError,
-     r"cache\[0\] must be a kv_attention.Cache.*one PagedCacheView"),
-    (lambda: [paged_views(config=kv.ModelConfig(**{**CONFIG.__dict__, "num_hidden_layers": 1}))], ValueError,
-     "or a list of num_hidden_layers=2 caches, got a list of 1"),
-    (lambda: "abc", TypeError, "cache must be a kv_attention.Cache .* or a PagedCacheView, got 'abc'"),
+    (lambda: (lambda c: c.layer(2) and c)(kv.DynamicCache()), ValueError,
+     "cache holds 3 layers, more than num_hidden_layers=2"),
+    (lambda: [kv.DynamicCache()] * 2, TypeError, "a list of one per layer is no longer taken"),
+    (lambda: paged_views().cache, TypeError, "cache must be one object of every layer.* or a PagedCacheView"),
+    (lambda: "abc", TypeError, "cache must be one object of every layer, .* got 'abc'"),
 ])
 def test_every_layer_is_checked_before_any_is_written(make, error, message):
     cache = make()
     with pytest.raises(error, match=message):
         kv.forward(CONFIG, W64, IDS[:, :3], cache=cache)
-    for c in cache if isinstance(cache, list) else [cache] if isinstance(cache, kv.Cache) else []:
-        if isinstance(c, (kv.Cache, kv.PagedCacheView)):
-            assert np.all(c.get_seq_length() == 0)
-            assert isinstance(c, kv.PagedCacheView) or not np.any(c.k_cache)  # None, or a StaticCache's zeros
+    for c in cache.layers if isinstance(cache, kv.Cache) else []:
+        assert c.get_seq_length() <= ("lengths" in message) and not np.any(c.k_cache)  # None, or a StaticCache's zeros
 
 
 def test_a_paged_cache_of_another_number_of_layers_is_refused():
@@ -404,7 +404,7 @@ def stored(cache):
             out.append([n] + [np.concatenate([a[i, :m] for i, m in enumerate(n)]) for a in (k, v)])
         return out
     return [[c.get_seq_length()] + [None if a is None else a.copy() for a in (c.k_cache, c.v_cache)]
-            for c in (cache if isinstance(cache, list) else cache.layers)]
+            for c in cache.layers]
 
 
 def nan_in_layer_1():

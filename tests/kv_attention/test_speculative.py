@@ -92,7 +92,6 @@ def test_max_new_tokens_is_exact_even_when_a_draft_could_run_past_it():
     (lambda: None, {}, ValueError, "needs a cache"),
     (lambda: caches("quantized", batch=1), {}, TypeError, r"crops a rejected draft back exactly .* got QuantizedCache"),
     (lambda: caches("window", batch=1, window=8), {}, TypeError, r"exactly .* got SlidingWindowCache"),
-    (lambda: caches("window", batch=1, layers=2), {}, TypeError, r"exactly .* got SlidingWindowCache"),
     (lambda: caches("dynamic", batch=1), {"prompt_lookup_num_tokens": 0}, ValueError, "prompt_lookup_num_tokens"),
     (lambda: caches("dynamic", batch=1), {"max_matching_ngram_size": 0}, ValueError, "max_matching_ngram_size"),
 ])
