@@ -60,15 +60,11 @@ class Cache(abc.ABC):
     (None: unbounded), ``window``/``n_sink`` (a cache that keeps only a
     window), :meth:`key_positions`, ``can_crop`` (False: a crop may refuse a length).
 
-    *One object for every layer of a model*, as Hugging Face 5's ``Cache`` holds its
-    ``layers``: the object is layer 0, and :meth:`layer` makes each later one the first time
-    it is asked for, as this one was made (HF's ``layer_class_to_replicate``), so
-    ``DynamicCache()`` or ``StaticCache((B, H_kv), max_seq_len, D, D)`` serves a whole model.
-    The model layer (:func:`~kv_attention.forward`, ``generate``, the command) reaches every
-    kind, :class:`~kv_attention.PagedCacheView` too, through this interface only:
-    :meth:`check_update` before a call writes, :meth:`attend` per layer,
-    ``get_seq_length()``, ``crop(length)``, ``nbytes``/``nbytes_reserved``, and
-    :func:`atomic`'s ``snapshot(t_new)``/``restore(snapshot)``/``commit()``.
+    *One object for every layer*, as Hugging Face 5's ``Cache`` holds its ``layers``: the object
+    is layer 0, and :meth:`layer` makes a later one when first asked, as this one was made (HF's
+    ``layer_class_to_replicate``). The model reaches every kind, :class:`~kv_attention.PagedCacheView`
+    too, through :meth:`check_update`, :meth:`attend`, ``get_seq_length``, ``crop``, ``nbytes``,
+    ``nbytes_reserved`` and :func:`atomic`'s ``snapshot``/``restore``/``commit`` only.
     """
 
     k_cache = v_cache = None
@@ -130,10 +126,8 @@ class Cache(abc.ABC):
         return sum(c.k_cache.nbytes + c.v_cache.nbytes for c in self.layers) if self.preallocated else None
 
     def check_update(self, num_layers, batch_shape, k_dim, v_dim, dtype, t_new, input_ids=None):
-        """Raise unless every layer of a model of ``num_layers`` takes ``t_new`` more positions of k, v
-        ``[*batch_shape, t_new, k_dim | v_dim]`` computed in ``dtype``, the layers holding one length: a model's
-        call checks this before it writes anything (``input_ids``: for a cache that keys blocks by them);
-        :class:`StaticCacheFullError` past ``max_seq_len``."""
+        """Raise, before a model's call writes, unless each of ``num_layers`` layers, all of one length, takes ``t_new``
+        more k, v ``[*batch_shape, t_new, k_dim | v_dim]`` in ``dtype`` (StaticCacheFullError past max_seq_len)."""
         layers = self.layers
         if len(layers) > num_layers:
             raise ValueError(f"cache holds {len(layers)} layers, more than num_hidden_layers={num_layers}")
@@ -152,10 +146,9 @@ class Cache(abc.ABC):
                                            f"positions used, the call writes {t_new} more")
 
     def attend(self, q, k, v, layer_idx=0):
-        """Store ``k``, ``v`` ``[B, H_kv, T, D]`` in layer ``layer_idx`` and attend ``q [B, H, T, D]`` over its keys,
-        causally (banded for a window cache): ``[B, H, T, D_v]`` in q's dtype. Query head h reads K/V head h // G
-        (G = H / H_kv); a group's G·T query rows are one matmul with its K/V head. The cache attends, as vLLM's
-        attention backends write K/V and attend in one call, so that a paged view answers the same call."""
+        """Store ``k``, ``v`` ``[B, H_kv, T, D]`` in layer ``layer_idx``; return the causal (a window's: banded)
+        attention of ``q [B, H, T, D]`` over its keys, ``[B, H, T, D_v]``: query head h reads K/V head h // G, a
+        group's G·T rows one matmul with it. The cache attends, as vLLM's attention backends, so a view can too."""
         c, (B, H, T, D), H_kv = self.layer(layer_idx), q.shape, k.shape[1]
         start, key_positions = c.get_seq_length(), c.key_positions(T)
         keys, values = c.update(k, v)  # [B, H_kv, S, D]: the keys this chunk may attend to
@@ -179,9 +172,7 @@ class Cache(abc.ABC):
     def commit(self):
         """The end of a call that succeeded (a paged view caches the blocks it filled)."""
 
-    def _snapshot(self, t_new):
-        """One layer's state for :meth:`_restore`: by default its length, cropped back to (exact for a cache that
-        never writes over what it holds)."""
+    def _snapshot(self, t_new):  # a layer's: its length, cropped back to (a cache that never writes over what it holds)
         return self.get_seq_length()
 
     def _restore(self, length):
@@ -191,11 +182,9 @@ class Cache(abc.ABC):
 
 @contextlib.contextmanager
 def atomic(cache, t_new):
-    """Run the body as one call on ``cache`` (None: nothing to undo), which writes up to ``t_new`` positions a layer:
-    if it raises, anything at all (a MemoryError, a KeyboardInterrupt), the cache is put back exactly as before
-    (``cache.restore(cache.snapshot(t_new))``) and the error goes on as it was; else ``cache.commit()``. The one
-    rollback of forward, generate and prompt lookup. A snapshot costs what the call may write (the positions, or
-    blocks, it touches), not the length held."""
+    """The body as one call writing up to ``t_new`` positions a layer of ``cache`` (None: nothing to undo): if it
+    raises anything (a MemoryError, a KeyboardInterrupt), ``cache.restore(cache.snapshot(t_new))`` and the error goes
+    on as it was; else ``cache.commit()``. The one rollback of forward, generate and prompt lookup."""
     snapshot = None if cache is None else cache.snapshot(t_new)
     try:
         yield

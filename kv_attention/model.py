@@ -1,14 +1,12 @@
 """A Llama decoder (Hugging Face's ``LlamaForCausalLM``) whose attention runs through the library's caches.
 
 ``forward(config, weights, input_ids [B, T], cache=...)`` gives logits ``[B, T, vocab_size]``; ``weights``
-are Hugging Face's state dict (``[out_features, in_features]``); ``cache`` is one object for every layer, of
-batch shape ``(B, num_key_value_heads)``: a :class:`~kv_attention.Cache` (``DynamicCache()``, ``StaticCache``,
-``SlidingWindowCache``, ``QuantizedCache``: HF 5's ``past_key_values``) or a paged view (one block table per
-sequence, as vLLM V1), continued by ``input_ids``, so prefill and decode are one call. Every call (forward,
-generate, prompt lookup) is atomic: if it raises, whatever the error and wherever (the logits too), the cache
-is exactly as before (:func:`~kv_attention.cache.atomic`) and the error is the original one. No call writes
-into, or keeps, a caller's array. What matches Hugging Face and gpt-fast, what differs, and the errors
-raised: docs/mechanisms.md#the-model.
+are Hugging Face's state dict (``[out_features, in_features]``); ``cache`` is one object of every layer, batch
+shape ``(B, num_key_value_heads)`` (a :class:`~kv_attention.Cache`, HF 5's ``past_key_values``, or a paged view),
+continued by ``input_ids``: prefill and decode are one call. Every call (forward, generate, prompt lookup) is
+atomic: whatever raises, wherever (the logits too), the cache is as before (:func:`~kv_attention.cache.atomic`)
+and the error the original. No call writes into, or keeps, a caller's array. What matches Hugging Face and
+gpt-fast, what differs, and the errors raised: docs/mechanisms.md#the-model.
 """
 
 import dataclasses
@@ -267,15 +265,11 @@ def _forward(config, weights, ids, cache, dtype, once):
 
 def generate(config, weights, input_ids, max_new_tokens, *, cache=None, convert_once=True,
              prompt_lookup_num_tokens=None, max_matching_ngram_size=None):
-    """Greedy decoding: ``input_ids [B, T]`` and ``max_new_tokens`` argmax tokens, each fed back; int64 ``[B, T + N]``
-    (a new array).
+    """Greedy decoding: ``input_ids [B, T]`` and ``max_new_tokens`` argmax tokens, each fed back; int64 ``[B, T + N]``.
 
-    With ``cache``, ``input_ids`` continue it: they are prefilled in one call, and each new token is one call;
-    without, each step recomputes the whole prefix. Every step's room is checked before the first writes, and a
-    call that raises leaves the cache as before it. With ``prompt_lookup_num_tokens=k`` (Hugging Face's name; B = 1
-    and a cache that crops back), drafts of up to k tokens copied from the context are verified in one call each
-    (:func:`prompt_lookup_generate`).
-    """
+    With ``cache``, ``input_ids`` continue it: prefilled in one call, then one call a token; without, each step
+    recomputes the prefix. Every step's room is checked before the first write. ``prompt_lookup_num_tokens=k``
+    (HF's name; B = 1, a cache that crops back): drafts of up to k tokens verified in one call each."""
     return _generate(config, weights, input_ids, max_new_tokens, cache, convert_once, prompt_lookup_num_tokens,
                      max_matching_ngram_size)[0]
 
@@ -291,8 +285,8 @@ def prompt_lookup_generate(config, weights, input_ids, max_new_tokens, *, cache,
 
 
 def _generate(config, weights, input_ids, max_new_tokens, cache, convert_once, k, n):
-    """Greedy tokens and stats: each forward feeds the last token and a draft (none without k), and keeps the draft's
-    longest prefix equal to the greedy tokens after it, then the model's own next token; the rest is cropped off."""
+    """Tokens and stats: each forward feeds the last token and a draft (none without k), keeps the draft's longest
+    prefix equal to the greedy tokens, then the model's next token; the rest is cropped off."""
     ids, dtype = check_input_ids(config, input_ids), check_weights(config, weights)
     max_new_tokens, once = as_size("max_new_tokens", max_new_tokens), as_flag("convert_once", convert_once)
     if k is not None:

@@ -607,16 +607,12 @@ def _gather(pool, tables, length):
 
 
 class PagedCacheView:
-    """A paged cache bound to the sequences of a batch: one object for every layer of a model, answering the model
-    through :class:`~kv_attention.Cache`'s interface (``check_update``, ``attend``, ``get_seq_length``, ``crop``,
-    ``snapshot``/``restore``/``commit``, ``nbytes``/``nbytes_reserved``).
-
-    ``cache``: a :class:`PagedKVCache` with ``num_kv_heads`` and one layer per model layer; ``seq_ids``: the N
-    sequences, row i of the batch is ``seq_ids[i]``; ``token_ids``: ``[N, T_new]`` for prefix caching. A call
-    reserves the blocks of every token it may write (:meth:`snapshot`: vLLM's ``allocate_slots``), layer 0's
-    :meth:`attend` takes the slots of the call's T_new tokens for every layer (one ``slot_mapping`` a step), each
-    layer writes its k/v ``[N, H_kv, T_new, D]`` there as the pool's ``[N, T_new, H_kv, D]`` and attends through the
-    same block tables, and :meth:`commit` caches the blocks filled once the whole call succeeded.
+    """A paged cache bound to the sequences of a batch: one object of every layer, answering the model through
+    :class:`~kv_attention.Cache`'s interface. ``cache``: a :class:`PagedKVCache` with ``num_kv_heads`` and one layer
+    per model layer; ``seq_ids``: row i of the batch is ``seq_ids[i]``; ``token_ids``: ``[N, T_new]`` for prefix
+    caching. A call reserves the blocks of every token it may write (:meth:`snapshot`: vLLM's ``allocate_slots``);
+    layer 0's :meth:`attend` takes the slots of its T_new tokens for every layer (one ``slot_mapping`` a step), each
+    layer writes its k/v there and attends through the same block tables; :meth:`commit` caches the blocks filled.
     """
 
     can_crop = True
@@ -704,14 +700,14 @@ class PagedCacheView:
             raise ValueError(f"lengths must keep the {start.tolist()} tokens held before the call, got "
                              f"{lengths.tolist()}")
         kept = []  # per sequence and layer: k, v of its tokens since the call began
-        for seq_id, a, b in zip(self.seq_ids, start.tolist(), lengths.tolist()):
-            p, table = np.arange(a, b), np.array(pool.block_table(seq_id), dtype=np.int64)
+        for seq_id, first, stop in zip(self.seq_ids, start.tolist(), lengths.tolist()):
+            p, table = np.arange(first, stop), np.array(pool.block_table(seq_id), dtype=np.int64)
             slots = table[p // pool.block_size] * pool.block_size + p % pool.block_size
-            kept.append([[a.reshape(-1, *a.shape[2:])[slots].astype(compute_dtype(a.dtype)) for a in kv]
+            kept.append([[x.reshape(-1, *x.shape[2:])[slots].astype(compute_dtype(x.dtype)) for x in kv]
                          for kv in zip(pool.k_caches, pool.v_caches)])
         pool.restore(checkpoint)
         self._open[2] = pool.checkpoint(self.seq_ids, t_new)
-        for seq_id, (a, b), layers in zip(self.seq_ids, zip(start.tolist(), lengths.tolist()), kept):
-            slot_mapping = pool.append_slots([seq_id], b - a)
+        for seq_id, n, layers in zip(self.seq_ids, (lengths - start).tolist(), kept):
+            slot_mapping = pool.append_slots([seq_id], n)
             for layer, (k, v) in enumerate(layers):
                 pool.write_slots(layer, slot_mapping, k[None], v[None])
