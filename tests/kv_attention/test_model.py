@@ -807,8 +807,9 @@ def test_a_one_token_generate_through_a_prefix_caching_view_that_fails_after_the
 
 @pytest.mark.parametrize("kind", ["static", "paged"])
 def test_a_call_past_the_room_is_refused_whole_and_leaves_the_cache_as_it_was(kind):
-    cache = paged_views(num_blocks=4, block_size=4) if kind == "paged" else caches("static", max_seq_len=9)
-    kv.forward(CONFIG, W64, IDS[:, :5], cache=cache)  # 5 of 8 slots (2 blocks of 4 a sequence), of 9
+    # paged: 2 blocks of 4 a sequence, 1 free: sequence 0's reservation takes it, then sequence 1's fails
+    cache = paged_views(num_blocks=5, block_size=4) if kind == "paged" else caches("static", max_seq_len=9)
+    kv.forward(CONFIG, W64, IDS[:, :5], cache=cache)  # 5 positions of each sequence
     before = full_state(cache)
     with pytest.raises(kv.OutOfBlocksError if kind == "paged" else kv.StaticCacheFullError):
         kv.generate(CONFIG, W64, IDS[:, 5:7], 4, cache=cache)  # 5 more
