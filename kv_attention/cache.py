@@ -4,14 +4,9 @@ A cache holds ``k_cache: [..., T, D_k]`` and ``v_cache: [..., T, D_v]``; the lea
 axes are free (``[]`` one sequence, ``[B]`` a batch, ``[B, H_kv]`` multi-head), and
 new positions are appended along axis -2. ``update(k, v)`` returns the keys and
 values to attend to. The interface is Hugging Face ``transformers``' ``cache_utils``
-(``Cache``, ``DynamicCache``, ``StaticCache``, ``update``, ``get_seq_length``, ``crop``).
-
-What differs from the static caches of Hugging Face and gpt-fast (``KVCache`` in
-gpt-fast's ``model.py``): both allocate ``[B, H, max_seq_len, D]`` once and write new
-positions in place, as :class:`StaticCache` does, but they return the whole buffer
-and mask the positions past the length, a fixed shape that a compiled graph needs.
-:class:`StaticCache` returns views ``[..., :T, :]`` instead, so a NumPy decode
-attends without a mask.
+(``Cache``, ``DynamicCache``, ``StaticCache``, ``update``, ``get_seq_length``, ``crop``);
+what differs: docs/mechanisms.md#the-model (a static cache returns views ``[..., :T, :]``,
+not HF's and gpt-fast's whole buffer under a mask, so a NumPy decode attends without one).
 
 Storage in bfloat16 or float16 (``dtype=ml_dtypes.bfloat16`` or ``np.float16``), as
 engines store K/V in the model's dtype: ``update`` takes float32 k, v and rounds them
@@ -196,13 +191,6 @@ def atomic(cache, t_new):
         cache.commit()
 
 
-def as_cache(cache):
-    """``cache`` itself; TypeError unless it is a :class:`Cache` instance."""
-    if not isinstance(cache, Cache):
-        raise TypeError(f"cache must be a kv_attention.Cache instance (e.g. DynamicCache()), got {cache!r:.100}")
-    return cache
-
-
 def as_batch_shape(batch_shape):
     """``batch_shape`` as a tuple of ints >= 0; TypeError unless it is a tuple or list."""
     if not isinstance(batch_shape, (tuple, list)):
@@ -253,7 +241,8 @@ def check_crop(length, stored):
 def check_cache_fits(cache, kv_shape, t_new, dtype, window=None, n_sink=0):
     """Raise unless a given cache fits: ``kv_shape = (k_shape, v_shape)`` without the T axis, ``dtype``,
     room for ``t_new`` more positions, and (a cache that keeps a window) the call's ``window`` and ``n_sink``."""
-    cache = as_cache(cache)
+    if not isinstance(cache, Cache):
+        raise TypeError(f"cache must be a kv_attention.Cache instance (e.g. DynamicCache()), got {cache!r:.100}")
     if cache.window is not None and (cache.window, cache.n_sink) != (window, n_sink):
         hint = "; full attention needs a cache of every position, e.g. StaticCache" if window is None else ""
         raise ValueError(f"cache keeps window={cache.window}, n_sink={cache.n_sink} but the call has "

@@ -695,19 +695,17 @@ class PagedCacheView:
             for seq_id, length in zip(self.seq_ids, lengths.tolist()):
                 self.cache.crop(seq_id, length)
             return
-        pool, (start, t_new, checkpoint) = self.cache, self._open
+        pool, (start, t_new, checkpoint), size = self.cache, self._open, self.cache.block_size
         if (lengths < start).any():
             raise ValueError(f"lengths must keep the {start.tolist()} tokens held before the call, got "
                              f"{lengths.tolist()}")
-        kept = []  # per sequence and layer: k, v of its tokens since the call began
-        for seq_id, first, stop in zip(self.seq_ids, start.tolist(), lengths.tolist()):
-            p, table = np.arange(first, stop), np.array(pool.block_table(seq_id), dtype=np.int64)
-            slots = table[p // pool.block_size] * pool.block_size + p % pool.block_size
-            kept.append([[x.reshape(-1, *x.shape[2:])[slots].astype(compute_dtype(x.dtype)) for x in kv]
-                         for kv in zip(pool.k_caches, pool.v_caches)])
+        slots = [np.array(pool.block_table(s), np.int64)[p // size] * size + p % size  # the tokens since the call
+                 for s, p in zip(self.seq_ids, map(np.arange, start, lengths))]
+        kept = [[[x.reshape(-1, *x.shape[2:])[i].astype(compute_dtype(x.dtype)) for x in kv]
+                 for kv in zip(pool.k_caches, pool.v_caches)] for i in slots]  # per sequence and layer: k, v
         pool.restore(checkpoint)
         self._open[2] = pool.checkpoint(self.seq_ids, t_new)
-        for seq_id, n, layers in zip(self.seq_ids, (lengths - start).tolist(), kept):
-            slot_mapping = pool.append_slots([seq_id], n)
+        for seq_id, i, layers in zip(self.seq_ids, slots, kept):
+            slot_mapping = pool.append_slots([seq_id], len(i))
             for layer, (k, v) in enumerate(layers):
                 pool.write_slots(layer, slot_mapping, k[None], v[None])

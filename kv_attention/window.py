@@ -142,8 +142,7 @@ class SlidingWindowCache(Cache):
                              f"{length - self.window + 1}, but the ring has overwritten every position before {self._first}; "
                              f"crop to a length in [{self._first + self.window - 1}, {self._length}] or in [0, {self.n_sink}]")
 
-    def _snapshot(self, t_new):
-        """The slots that ``t_new`` more positions write (at most n_sink + window), their contents, and the length."""
+    def _snapshot(self, t_new):  # the slots t_new more positions write (at most n_sink + window), as they are
         p = np.arange(self._length, self._length + min(t_new, self.n_sink + self.window))
         slots = np.where(p < self.n_sink, p, self.n_sink + (p - self.n_sink) % self.window)
         return self._length, self._first, slots, self.k_cache[..., slots, :], self.v_cache[..., slots, :]  # copies
