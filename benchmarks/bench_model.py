@@ -206,8 +206,7 @@ def weights_file(path):
 
 def check_answer(weights):
     """The commit's greedy answer to PROMPT, through a DynamicCache per layer, is ANSWER (AssertionError if not)."""
-    c = CONFIGS[MODEL]
-    caches = [library_function("DynamicCache")() for _ in range(c["num_hidden_layers"])]
+    caches = model_cache(library_function("DynamicCache"))
     out = library_function("generate")(model_config(), weights, np.array([PROMPT]), len(ANSWER), cache=caches)
     got = np.asarray(out)[0, len(PROMPT):].tolist()
     assert got == ANSWER, f"{MODEL}'s greedy answer to the France prompt is {got}, not transformers' {ANSWER}"
@@ -258,24 +257,35 @@ def static_cache(batch_shape, max_seq_len, head_dim, dtype):
         raise NotImplementedError(f"StaticCache stores no float16 at this commit ({error})") from None
 
 
+def model_cache(make, *args):
+    """``make(*args)``, a cache of the commit's that holds every layer (``Cache.layer``), or where it holds one
+    (before the model took one object), a list of one per layer."""
+    first, layers = make(*args), CONFIGS[MODEL]["num_hidden_layers"]
+    return first if hasattr(first, "layer") else [first] + [make(*args) for _ in range(layers - 1)]
+
+
+def model_layers(cache):
+    """Each layer's cache of :func:`model_cache`'s."""
+    return cache if isinstance(cache, list) else [cache.layer(i) for i in range(CONFIGS[MODEL]["num_hidden_layers"])]
+
+
 def filled_caches(kind, t_len, batch):
-    """One cache of ``kind`` per layer holding the drawn K and V of T positions of B sequences, and ``restore()``."""
+    """A cache of ``kind`` of every layer holding the drawn K and V of T positions of B sequences, and ``restore()``."""
     c = CONFIGS[MODEL]
-    caches = []
-    for k, v in cached_kv(t_len, kv_rows(t_len)):
-        if kind in STORAGE:
-            cache = static_cache((batch, c["num_key_value_heads"]), t_len + 1, c["head_dim"], STORAGE[kind])
-        else:
-            cache = library_function("DynamicCache")()
-        cache.update(k[:batch], v[:batch])
-        caches.append(cache)
     if kind in STORAGE:
-        return caches, lambda: [cache.crop(t_len) for cache in caches]
-    kept = [(cache.k_cache, cache.v_cache) for cache in caches]
+        caches = model_cache(static_cache, (batch, c["num_key_value_heads"]), t_len + 1, c["head_dim"], STORAGE[kind])
+    else:
+        caches = model_cache(library_function("DynamicCache"))
+    layers = model_layers(caches)
+    for layer, (k, v) in zip(layers, cached_kv(t_len, kv_rows(t_len))):
+        layer.update(k[:batch], v[:batch])
+    if kind in STORAGE:
+        return caches, lambda: [layer.crop(t_len) for layer in layers]
+    kept = [(layer.k_cache, layer.v_cache) for layer in layers]
 
     def restore():  # the arrays before the step: np.concatenate made new ones, the old stay as they were
-        for cache, (k, v) in zip(caches, kept):
-            cache.k_cache, cache.v_cache = k, v
+        for layer, (k, v) in zip(layers, kept):
+            layer.k_cache, layer.v_cache = k, v
 
     return caches, restore
 
@@ -346,7 +356,8 @@ def verified_step(kind, t_len, batch):
     def checked():
         out = step()
         assert out.dtype == np.float32, f"float32 weights gave {out.dtype} logits"
-        assert caches[0].get_seq_length() == t_len, f"the caches hold {caches[0].get_seq_length()}, not {t_len}"
+        held = model_layers(caches)[0].get_seq_length()
+        assert held == t_len, f"the caches hold {held}, not {t_len}"
         return out.astype(np.float64)
 
     # lru-cached: float64's once per T for every B; a float16 cache's for its own B only (all 8 rows at T = 4096: 6 s)

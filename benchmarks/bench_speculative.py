@@ -68,8 +68,8 @@ def model_inputs(prompt):
     c, static, ids = bench_model.CONFIGS[bench_model.MODEL], library_function("StaticCache"), prompt_ids(prompt)
 
     def caches():
-        return [static((1, c["num_key_value_heads"]), ids.shape[1] + NEW_TOKENS, c["head_dim"], c["head_dim"],
-                       dtype=np.float32) for _ in range(c["num_hidden_layers"])]
+        return bench_model.model_cache(static, (1, c["num_key_value_heads"]), ids.shape[1] + NEW_TOKENS, c["head_dim"],
+                                       c["head_dim"], np.float32)
 
     return bench_model.model_config(), bench_model.model_weights(), ids, caches
 

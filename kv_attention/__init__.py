@@ -29,13 +29,13 @@ from .decode import (batched_cached_attention, cached_attention, cached_attentio
                      sequential_cached_attention)
 from .gguf import load_gguf, smollm2_path
 from .heads import multi_head_attention, multi_head_decode
-from .model import ModelConfig, forward, generate, init_weights, load_weights
+from .model import ModelConfig, forward, generate, init_weights, load_weights, prompt_lookup_generate
 from .paged import OutOfBlocksError, PagedCacheView, PagedKVCache, paged_attention
 from .problem import Problem, make_problem
 from .quantized import QuantizedCache, attend_quantized
 from .ragged import RAGGED_STRATEGIES, RaggedDecodeStats, ragged_decode, ragged_decode_steps
 from .scheduler import Request, ServeResult, ServeStats, serve
-from .speculative import SpecDecodingStats, prompt_lookup_generate
+from .speculative import SpecDecodingStats
 from .split import attention_state, cascade_attention, merge_attention_states, split_kv_attention
 from .tokenizer import Tokenizer
 from .strategies import EXPERIMENTS, STRATEGIES, get_strategy

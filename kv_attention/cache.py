@@ -4,29 +4,16 @@ A cache holds ``k_cache: [..., T, D_k]`` and ``v_cache: [..., T, D_v]``; the lea
 axes are free (``[]`` one sequence, ``[B]`` a batch, ``[B, H_kv]`` multi-head), and
 new positions are appended along axis -2. ``update(k, v)`` returns the keys and
 values to attend to. The interface is Hugging Face ``transformers``' ``cache_utils``
-(``Cache``, ``DynamicCache``, ``StaticCache``, ``update``, ``get_seq_length``, ``crop``).
-
-What differs from the static caches of Hugging Face and gpt-fast (``KVCache`` in
-gpt-fast's ``model.py``): both allocate ``[B, H, max_seq_len, D]`` once and write new
-positions in place, as :class:`StaticCache` does, but they return the whole buffer
-and mask the positions past the length, a fixed shape that a compiled graph needs.
-:class:`StaticCache` returns views ``[..., :T, :]`` instead, so a NumPy decode
-attends without a mask.
+(``Cache``, ``DynamicCache``, ``StaticCache``, ``update``, ``get_seq_length``, ``crop``);
+what differs: docs/mechanisms.md#the-model (a static cache returns views ``[..., :T, :]``,
+not HF's and gpt-fast's whole buffer under a mask, so a NumPy decode attends without one).
 
 Storage in bfloat16 or float16 (``dtype=ml_dtypes.bfloat16`` or ``np.float16``), as
 engines store K/V in the model's dtype: ``update`` takes float32 k, v and rounds them
 to the nearest stored value (ties to even, as ``astype``); it returns the stored
 2-byte arrays, and attention reads them upcast to float32, so the bytes a decode
-reads are the bytes stored and ``nbytes`` counts 2 per element. With unit roundoff
-u (2^-8 bfloat16, 2^-11 float16) a stored element is within u·|x| + η of x (η, half
-the smallest subnormal: 2^-25 float16, 2^-134 bfloat16), and output column d of one
-query's attention, o = Σ_i p_i v_i, is within
-
-    |Δo_d| <= u·max_i |v_id| + η + tanh(δ/2)·(max_i v_id - min_i v_id),
-    δ = max_i (u·Σ_d |q_d k_id| + η·‖q‖₁) / sqrt(D_k)
-
-of float32 storage's, in exact arithmetic (δ bounds each logit's change; the float32
-computation adds its own rounding). docs/mechanisms.md derives it;
+reads are the bytes stored and ``nbytes`` counts 2 per element. The bound of an output's change from float32
+storage, in unit roundoff u (2^-8 bfloat16, 2^-11 float16): docs/mechanisms.md derives it,
 tests/kv_attention/test_storage_dtype.py holds a seeded sweep to it.
 
 Errors: ``update`` raises TypeError for k, v that are not float32/float64 arrays of
@@ -38,11 +25,13 @@ before anything is written, so a call that raises leaves the cache unchanged.
 """
 
 import abc
+import contextlib
 
 import numpy as np
 
 from ._validation import (SUPPORTED_DTYPES, as_array, as_float_dtype, as_size, as_stored, check_finite_array,
                           compute_dtype, is_storage_dtype)
+from .attention import attention_forward, band_mask
 
 
 class CacheFullError(Exception):
@@ -60,17 +49,30 @@ class StaticCacheFullError(CacheFullError, ValueError):
 class Cache(abc.ABC):
     """What a decode needs of a K/V cache, written down once, as transformers' ``cache_utils.Cache``.
 
-    A subclass implements :meth:`update`, :meth:`get_seq_length` and :meth:`crop`, and
-    sets what differs from a cache of every position: ``k_cache``/``v_cache`` (a decode
-    checks their leading axes, widths and dtype: :attr:`layout`), ``max_seq_len`` (None:
-    unbounded; :meth:`check_room`), ``window``/``n_sink`` (a cache that keeps only a
-    window), :meth:`key_positions`.
+    A subclass implements :meth:`update`, :meth:`get_seq_length` and :meth:`crop` of one
+    layer, and sets what differs from a cache of every position: ``k_cache``/``v_cache`` (a
+    decode checks their leading axes, widths and dtype: :attr:`layout`), ``max_seq_len``
+    (None: unbounded), ``window``/``n_sink`` (a cache that keeps only a
+    window), :meth:`key_positions`, ``can_crop`` (False: a crop may refuse a length).
+
+    *One object for every layer*, as Hugging Face 5's ``Cache`` holds its ``layers``: the object
+    is layer 0, and :meth:`layer` makes a later one when first asked, as this one was made (HF's
+    ``layer_class_to_replicate``). The model reaches every kind, :class:`~kv_attention.PagedCacheView`
+    too, through :meth:`check_update`, :meth:`attend`, ``get_seq_length``, ``crop``, ``nbytes``,
+    ``nbytes_reserved`` and :func:`atomic`'s ``snapshot``/``restore``/``commit`` only.
     """
 
     k_cache = v_cache = None
     max_seq_len = None
     window = None
     n_sink = 0
+    can_crop = True
+    preallocated = False  # buffers of max_seq_len (or the window) allocated up front: nbytes_reserved
+
+    def __new__(cls, *args, **kwargs):
+        self = super().__new__(cls)
+        self._made_with, self._more = (args, kwargs), []  # layers 1.. (made by layer())
+        return self
 
     @abc.abstractmethod
     def update(self, k, v):
@@ -94,19 +96,99 @@ class Cache(abc.ABC):
         k, v = self.k_cache, self.v_cache
         return (None,) * 4 if k is None else (k.shape[:-2], k.shape[-1], v.shape[-1], k.dtype)
 
-    def check_room(self, t_new):
-        """Raise :class:`StaticCacheFullError` unless ``t_new`` more positions fit ``max_seq_len``."""
-        stored, room = self.get_seq_length(), self.max_seq_len
-        if room is not None and stored + t_new > room:
-            raise StaticCacheFullError(f"cache is too short: {stored} of max_seq_len={room} positions used, "
-                                       f"the call writes {t_new} more")
+    # One object for every layer
+
+    @property
+    def layers(self):
+        """The layers made so far, this object first (list)."""
+        return [self, *self._more]
+
+    def layer(self, layer_idx):
+        """Layer ``layer_idx``'s cache: this object for 0; the others made, empty, the first time they are asked for."""
+        while len(self._more) < layer_idx:
+            args, kwargs = self._made_with
+            self._more.append(type(self)(*args, **kwargs))
+        return self._more[layer_idx - 1] if layer_idx else self
+
+    @property
+    def nbytes(self):
+        """Bytes of the keys and values every layer holds (int)."""
+        return sum(layer._nbytes() for layer in self.layers)
+
+    @property
+    def nbytes_reserved(self):
+        """Bytes of every layer's buffers allocated up front (int); None for a cache that grows."""
+        return sum(c.k_cache.nbytes + c.v_cache.nbytes for c in self.layers) if self.preallocated else None
+
+    def check_update(self, num_layers, batch_shape, k_dim, v_dim, dtype, t_new, input_ids=None):
+        """Raise, before a model's call writes, unless each of ``num_layers`` layers, all of one length, takes ``t_new``
+        more k, v ``[*batch_shape, t_new, k_dim | v_dim]`` in ``dtype`` (StaticCacheFullError past max_seq_len)."""
+        layers = self.layers
+        if len(layers) > num_layers:
+            raise ValueError(f"cache holds {len(layers)} layers, more than num_hidden_layers={num_layers}")
+        lengths = sorted({str(c.get_seq_length()) for c in layers})
+        if len(lengths) > 1:
+            raise ValueError(f"cache: the layers hold different lengths {lengths}")
+        for i, c in enumerate(layers):
+            shape, *widths, stored = c.layout
+            if shape is not None and (shape, *widths) != (batch_shape, k_dim, v_dim):
+                raise ValueError(f"cache layer {i} holds batch shape {shape}, k, v widths {widths}; needed "
+                                 f"{(batch_shape, k_dim, v_dim)}")
+            if stored is not None and not np.can_cast(dtype, compute_dtype(stored), casting="safe"):
+                raise TypeError(f"cache layer {i} stores {stored}, which cannot hold the model's {dtype} k and v")
+            if c.max_seq_len is not None and c.get_seq_length() + t_new > c.max_seq_len:
+                raise StaticCacheFullError(f"cache is too short: {c.get_seq_length()} of max_seq_len={c.max_seq_len} "
+                                           f"positions used, the call writes {t_new} more")
+
+    def attend(self, q, k, v, layer_idx=0):
+        """Store ``k``, ``v`` ``[B, H_kv, T, D]`` in layer ``layer_idx``; return the causal (a window's: banded)
+        attention of ``q [B, H, T, D]`` over its keys, ``[B, H, T, D_v]``: query head h reads K/V head h // G, a
+        group's G·T rows one matmul with it. The cache attends, as vLLM's attention backends, so a view can too."""
+        c, (B, H, T, D), H_kv = self.layer(layer_idx), q.shape, k.shape[1]
+        start, key_positions = c.get_seq_length(), c.key_positions(T)
+        keys, values = c.update(k, v)  # [B, H_kv, S, D]: the keys this chunk may attend to
+        allowed = band_mask(np.arange(start, start + T), key_positions, c.window, c.n_sink)  # [T, S]
+        mask = None if allowed.all() else np.tile(allowed, (H // H_kv, 1))  # [G·T, S]
+        out = attention_forward(q.reshape(B, H_kv, H // H_kv * T, D), keys.astype(q.dtype, copy=False),
+                                values.astype(q.dtype, copy=False), mask)  # [B, H_kv, G·T, D_v]
+        return out.reshape(B, H, T, values.shape[-1])
+
+    def snapshot(self, t_new):
+        """What a call writing up to ``t_new`` positions a layer may change, for :meth:`restore` (:func:`atomic`)."""
+        return len(self._more), [c._snapshot(t_new) for c in self.layers]
+
+    def restore(self, snapshot):
+        """Every layer as at ``snapshot``; the layers made since dropped."""
+        made, states = snapshot
+        del self._more[made:]
+        for c, state in zip(self.layers, states):
+            c._restore(state)
+
+    def commit(self):
+        """The end of a call that succeeded (a paged view caches the blocks it filled)."""
+
+    def _snapshot(self, t_new):  # a layer's: its length, cropped back to (a cache that never writes over what it holds)
+        return self.get_seq_length()
+
+    def _restore(self, length):
+        if self.get_seq_length() != length:
+            self.crop(length)
 
 
-def as_cache(cache):
-    """``cache`` itself; TypeError unless it is a :class:`Cache` instance."""
-    if not isinstance(cache, Cache):
-        raise TypeError(f"cache must be a kv_attention.Cache instance (e.g. DynamicCache()), got {cache!r:.100}")
-    return cache
+@contextlib.contextmanager
+def atomic(cache, t_new):
+    """The body as one call writing up to ``t_new`` positions a layer of ``cache`` (None: nothing to undo): if it
+    raises anything (a MemoryError, a KeyboardInterrupt), ``cache.restore(cache.snapshot(t_new))`` and the error goes
+    on as it was; else ``cache.commit()``. The one rollback of forward, generate and prompt lookup."""
+    snapshot = None if cache is None else cache.snapshot(t_new)
+    try:
+        yield
+    except BaseException:
+        if cache is not None:
+            cache.restore(snapshot)
+        raise
+    if cache is not None:
+        cache.commit()
 
 
 def as_batch_shape(batch_shape):
@@ -159,7 +241,8 @@ def check_crop(length, stored):
 def check_cache_fits(cache, kv_shape, t_new, dtype, window=None, n_sink=0):
     """Raise unless a given cache fits: ``kv_shape = (k_shape, v_shape)`` without the T axis, ``dtype``,
     room for ``t_new`` more positions, and (a cache that keeps a window) the call's ``window`` and ``n_sink``."""
-    cache = as_cache(cache)
+    if not isinstance(cache, Cache):
+        raise TypeError(f"cache must be a kv_attention.Cache instance (e.g. DynamicCache()), got {cache!r:.100}")
     if cache.window is not None and (cache.window, cache.n_sink) != (window, n_sink):
         hint = "; full attention needs a cache of every position, e.g. StaticCache" if window is None else ""
         raise ValueError(f"cache keeps window={cache.window}, n_sink={cache.n_sink} but the call has "
@@ -198,8 +281,11 @@ class DynamicCache(Cache):
         return (f"DynamicCache(k_cache={list(self.k_cache.shape)}, v_cache={list(self.v_cache.shape)}, "
                 f"dtype={self.k_cache.dtype}, seq_length={self.get_seq_length()})")
 
-    def update(self, k, v, *, check_finite=True):
-        """Append ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]``; return the cache's own arrays (do not write)."""
+    def update(self, k, v, layer_idx=0, *, check_finite=True):
+        """Append ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]`` to layer ``layer_idx``; return its own arrays
+        (do not write)."""
+        if layer_idx:
+            return self.layer(layer_idx).update(k, v, check_finite=check_finite)
         return self._append(*check_new_positions(k, v, self, check_finite, self._dtype))
 
     def _append(self, k, v):
@@ -216,21 +302,23 @@ class DynamicCache(Cache):
     def layout(self):
         return super().layout if self.k_cache is not None else (None, None, None, self._dtype)
 
-    def get_seq_length(self):
+    def get_seq_length(self, layer_idx=0):
+        if layer_idx:
+            return self.layer(layer_idx).get_seq_length()
         return 0 if self.k_cache is None else self.k_cache.shape[-2]
 
     def crop(self, length):
-        """Keep the first ``length`` positions; ``crop(0)`` empties the cache as new."""
+        """Keep the first ``length`` positions of every layer; ``crop(0)`` empties the cache as new."""
         length = check_crop(length, self.get_seq_length())
+        for c in self._more:
+            c.crop(length)
         if length == 0:
             self.k_cache = self.v_cache = None
         elif self.k_cache is not None:
             self.k_cache = self.k_cache[..., :length, :].copy()
             self.v_cache = self.v_cache[..., :length, :].copy()
 
-    @property
-    def nbytes(self):
-        """Bytes of the stored keys and values (int)."""
+    def _nbytes(self):
         return 0 if self.k_cache is None else self.k_cache.nbytes + self.v_cache.nbytes
 
 
@@ -241,6 +329,8 @@ class StaticCache(Cache):
     >= 1, every other size >= 0; ``dtype`` float32, float64 (default), or bfloat16/float16
     storage (see the module's docstring).
     """
+
+    preallocated = True
 
     def __init__(self, batch_shape, max_seq_len, k_dim, v_dim, dtype=np.float64):
         batch_shape = as_batch_shape(batch_shape)
@@ -259,12 +349,14 @@ class StaticCache(Cache):
     def max_seq_len(self):
         return self.k_cache.shape[-2]
 
-    def update(self, k, v, *, check_finite=True):
-        """Write ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]`` after the stored positions.
+    def update(self, k, v, layer_idx=0, *, check_finite=True):
+        """Write ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]`` after layer ``layer_idx``'s stored positions.
 
         Returns views ``[..., T, D]`` of the buffers (do not write to them);
         :class:`StaticCacheFullError` past ``max_seq_len``.
         """
+        if layer_idx:
+            return self.layer(layer_idx).update(k, v, check_finite=check_finite)
         k, v = check_new_positions(k, v, self, check_finite)
         if self._length + k.shape[-2] > self.max_seq_len:
             raise StaticCacheFullError(f"cache is full: {self._length} of max_seq_len={self.max_seq_len} positions "
@@ -279,17 +371,25 @@ class StaticCache(Cache):
         self._length = stop
         return self.k_cache[..., :stop, :], self.v_cache[..., :stop, :]
 
-    def get_seq_length(self):
-        return self._length
+    def get_seq_length(self, layer_idx=0):
+        return self.layer(layer_idx).get_seq_length() if layer_idx else self._length
 
     def crop(self, length):
-        """Keep the first ``length`` positions; the rest are zeroed."""
+        """Keep the first ``length`` positions of every layer; those dropped, and only they, are zeroed."""
         length = check_crop(length, self._length)
-        self.k_cache[..., length:, :] = 0
-        self.v_cache[..., length:, :] = 0
+        for c in self._more:
+            c.crop(length)
+        self._restore((length, self._length - length))
+
+    def _snapshot(self, t_new):
+        return self._length, t_new
+
+    def _restore(self, state):
+        """Back to ``length``, the ``t_new`` positions after it zeroed (those a call may have written)."""
+        length, t_new = state
+        self.k_cache[..., length : length + t_new, :] = 0
+        self.v_cache[..., length : length + t_new, :] = 0
         self._length = length
 
-    @property
-    def nbytes(self):
-        """Bytes of the stored keys and values (int), not the capacity."""
+    def _nbytes(self):  # the positions held, not the capacity
         return (self.k_cache.nbytes + self.v_cache.nbytes) // max(self.max_seq_len, 1) * self._length

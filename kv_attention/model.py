@@ -1,11 +1,12 @@
 """A Llama decoder (Hugging Face's ``LlamaForCausalLM``) whose attention runs through the library's caches.
 
 ``forward(config, weights, input_ids [B, T], cache=...)`` gives logits ``[B, T, vocab_size]``; ``weights``
-are Hugging Face's state dict (``[out_features, in_features]``); ``cache`` is one cache per layer of batch
-shape ``(B, num_key_value_heads)``, or one paged view for every layer (one block table per sequence, as vLLM
-V1), continued by ``input_ids``, so prefill and decode are one call. A call that raises leaves a paged cache
-as it was (:meth:`~kv_attention.PagedKVCache.restore`), a cache per layer cropped back to its length. What
-matches Hugging Face and gpt-fast, what differs, and the errors raised: docs/mechanisms.md#the-model.
+are Hugging Face's state dict (``[out_features, in_features]``); ``cache`` is one object of every layer, batch
+shape ``(B, num_key_value_heads)`` (a :class:`~kv_attention.Cache`, HF 5's ``past_key_values``, or a paged view),
+continued by ``input_ids``: prefill and decode are one call. Every call (forward, generate, prompt lookup) is
+atomic: whatever raises, wherever (the logits too), the cache is as before (:func:`~kv_attention.cache.atomic`)
+and the error the original. No call writes into, or keeps, a caller's array. What matches Hugging Face and
+gpt-fast, what differs, and the errors raised: docs/mechanisms.md#the-model.
 """
 
 import dataclasses
@@ -15,12 +16,10 @@ import weakref
 
 import numpy as np
 
-from ._validation import as_flag, as_integer_array, as_real, as_size, compute_dtype
-from .attention import attention_forward
-from .cache import Cache
-from .chunked import chunk_mask
-from .paged import PagedCacheView, PagedLayer
+from ._validation import as_flag, as_integer_array, as_real, as_size
+from .cache import DynamicCache, atomic
 from .products import blas_threads, linear  # planned on the machine
+from .speculative import SpecDecodingStats, prompt_lookup_candidates
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,30 +161,15 @@ def apply_rope(x, cos, sin):
     return x * cos + rotated * sin
 
 
-def attention(config, w, x, cos, sin, start, layer_cache, dtype):
-    """Grouped-query self-attention of ``x [B, T, D_model]`` through ``layer_cache``: ``[B, T, D_model]``."""
+def attention(config, w, x, cos, sin, cache, layer_idx):
+    """Grouped-query self-attention of ``x [B, T, D_model]`` through layer ``layer_idx`` of ``cache``: the same shape."""
     B, T, _ = x.shape
     H, H_kv, D = config.num_attention_heads, config.num_key_value_heads, config.head_dim
     q = linear(x, w["self_attn.q_proj.weight"]).reshape(B, T, H, D).transpose(0, 2, 1, 3)  # [B, H, T, D]
     k = linear(x, w["self_attn.k_proj.weight"]).reshape(B, T, H_kv, D).transpose(0, 2, 1, 3)  # [B, H_kv, T, D]
     v = linear(x, w["self_attn.v_proj.weight"]).reshape(B, T, H_kv, D).transpose(0, 2, 1, 3)  # [B, H_kv, T, D]
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    if isinstance(layer_cache, PagedLayer):
-        layer_cache.update(k, v)
-        out = layer_cache.attend(q)  # [B, H, T, D]
-    else:
-        window, n_sink = None, 0
-        if layer_cache is None:
-            key_positions = np.arange(T)
-        else:
-            key_positions, window, n_sink = layer_cache.key_positions(T), layer_cache.window, layer_cache.n_sink
-            k, v = layer_cache.update(k, v)  # [B, H_kv, S, D]: the keys this chunk may attend to
-        mask = chunk_mask(start, start + T, key_positions, window, n_sink)  # [T, S] or None
-        group = H // H_kv  # head h reads K/V head h // G; a group's G·T query rows are one matmul with its K/V head
-        mask = None if mask is None else np.tile(mask, (group, 1))  # [G·T, S]
-        out = attention_forward(q.reshape(B, H_kv, group * T, D), k.astype(dtype, copy=False),
-                                v.astype(dtype, copy=False), mask)  # [B, H_kv, G·T, D]
-    out = out.astype(dtype, copy=False).reshape(B, H, T, D).transpose(0, 2, 1, 3).reshape(B, T, H * D)
+    out = cache.attend(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, layer_idx)  # [B, H, T, D]
+    out = out.astype(x.dtype, copy=False).transpose(0, 2, 1, 3).reshape(B, T, H * D)
     return linear(out, w["self_attn.o_proj.weight"])  # [B, T, D_model]
 
 
@@ -212,41 +196,20 @@ def check_input_ids(config, input_ids):
 
 
 def check_cache(config, cache, ids, dtype, max_new_tokens=None):
-    """Raise unless ``cache`` is None, one paged view for every layer, or one cache of its own per layer, each with
-    the :attr:`~kv_attention.Cache.layout` of this call's k/v ``[B, H_kv, T, D]`` in ``dtype`` and room for T (with
-    ``max_new_tokens``, for a generate's prompt and every new token but the last), and unless T = 0 where there is
-    no last token to continue from. Every layer is checked here, so that no layer is written before a later one is
-    refused."""
-    paged = isinstance(cache, PagedCacheView)
-    layers = [cache] if paged else [] if cache is None else cache  # a paged view: one block table, every layer's
-    n = cache.cache.num_layers if paged else len(cache) if isinstance(cache, (list, tuple)) else "?"
-    if cache is not None and n != config.num_hidden_layers:
-        raise ValueError(f"cache must be a list of num_hidden_layers={config.num_hidden_layers} caches or a "
-                         f"PagedCacheView of as many layers, got {type(cache).__name__} of {n} layers")
+    """Raise unless ``cache`` is None or one object of every layer that takes this call's k/v ``[B, H_kv, T, D]`` in
+    ``dtype`` (with ``max_new_tokens``, for a generate's prompt and every new token but the last), and unless T = 0
+    where there is no last token to continue from, before anything is written."""
+    if cache is not None and not callable(getattr(cache, "attend", None)):
+        raise TypeError(f"cache must be one object of every layer, a kv_attention.Cache (e.g. DynamicCache(): a list "
+                        f"of one per layer is no longer taken) or a PagedCacheView, got {cache!r:.100}")
     (batch, t_new), d = ids.shape, config.head_dim
-    written = t_new if max_new_tokens is None else t_new + max_new_tokens - 1
-    if paged and cache.token_ids is not None and (written > t_new or not np.array_equal(cache.token_ids, ids)):
-        raise ValueError(f"cache.token_ids must be input_ids, the tokens written (prefix caching keys blocks by them; "
-                         f"a generate of more than one token takes none), got {cache.token_ids!r:.100}")
-    expected = ((batch, config.num_key_value_heads), d, d)
-    for i, c in enumerate(layers):
-        if not (paged or isinstance(c, Cache)):
-            raise TypeError(f"cache[{i}] must be a kv_attention.Cache, got {c!r:.100} (a paged pool: pass one "
-                            f"PagedCacheView(pool, seq_ids) as cache, serving every layer)")
-        batch_shape, *widths, stored = c.layout
-        if batch_shape is not None and (batch_shape, *widths) != expected:
-            raise ValueError(f"cache[{i}] holds batch shape {batch_shape}, k, v widths {widths}; needed {expected}")
-        if stored is not None and not np.can_cast(dtype, compute_dtype(stored), casting="safe"):
-            raise TypeError(f"cache[{i}] stores {stored}, which cannot hold the model's {dtype} keys and values")
-        c.check_room(written)
-    if len({id(c) for c in layers}) < len(layers):
-        raise ValueError("cache holds one cache for several layers: each layer needs its own")
-    lengths = [np.broadcast_to(c.get_seq_length(), (batch,)) for c in layers] or [0]  # [B] of a paged view
-    if any(not np.array_equal(n, lengths[0]) for n in lengths):
-        raise ValueError(f"cache: the layers hold different lengths {sorted({str(n.tolist())[:60] for n in lengths})}")
-    if t_new == 0 and (max_new_tokens or not np.all(lengths[0])):
+    if cache is not None:
+        cache.check_update(config.num_hidden_layers, (batch, config.num_key_value_heads), d, d, dtype,
+                           t_new if max_new_tokens is None else t_new + max_new_tokens - 1, ids)
+    if t_new == 0 and (max_new_tokens or cache is None or not np.all(cache.get_seq_length())):
         raise ValueError(f"input_ids must hold at least one token to generate from, or where the cache holds none, "
                          f"got shape {ids.shape}")
+    return cache
 
 
 # The model
@@ -254,38 +217,30 @@ def check_cache(config, cache, ids, dtype, max_new_tokens=None):
 
 @blas_threads
 def forward(config, weights, input_ids, *, cache=None, convert_once=True):
-    """Logits ``[B, T, vocab_size]`` of ``input_ids [B, T]``, continuing each layer's cache (the module's contract).
+    """Logits ``[B, T, vocab_size]`` of ``input_ids [B, T]``, continuing ``cache`` (the module's contract).
 
     ``convert_once``: a weight not in the compute dtype is converted the first time it is seen and kept
     (:func:`converted`); False holds only the 16-bit weights and converts each layer's on every call."""
     ids, dtype = check_input_ids(config, input_ids), check_weights(config, weights)
-    check_cache(config, cache, ids, dtype)
-    B, T = ids.shape
-    paged = isinstance(cache, PagedCacheView)
-    start = 0 if cache is None else (cache if paged else cache[0]).get_seq_length()  # an int, or [B] of a paged view
-    positions = np.add.outer(start, np.arange(T)) if np.ndim(start) else start + np.arange(T)  # [T] or [B, T]
+    cache, once = check_cache(config, cache, ids, dtype), as_flag("convert_once", convert_once)
+    with atomic(cache, ids.shape[1]):
+        return _forward(config, weights, ids, cache, dtype, once)
+
+
+def _forward(config, weights, ids, cache, dtype, once):
+    """:func:`forward` of checked arguments, inside a call's :func:`atomic` (None: a cache for this call only)."""
+    cache = DynamicCache() if cache is None else cache
+    start = cache.get_seq_length()  # an int, or [B] of a paged view
+    positions = np.add.outer(start, np.arange(ids.shape[1]))  # [T] or [B, T]
     cos, sin = rope_tables(positions, config.head_dim, config.rope_theta, dtype)  # [T, D] or [B, T, D]
     if cos.ndim == 3:
         cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, D]: one row of positions per sequence
-    eps, once = config.rms_norm_eps, as_flag("convert_once", convert_once)
+    eps = config.rms_norm_eps
     x = weights["model.embed_tokens.weight"][ids].astype(dtype)  # [B, T, D_model]
-    layers = cache.layers(T) if paged else cache  # paged: the slots of the T tokens, taken once for every layer
-    try:
-        for i in range(config.num_hidden_layers):
-            w = {name: converted(weights[f"model.layers.{i}.{name}"], dtype, once) for name in LAYER_WEIGHTS}
-            layer_cache = None if cache is None else layers[i]
-            x = x + attention(config, w, rms_norm(x, w["input_layernorm.weight"], eps), cos, sin, start, layer_cache,
-                              dtype)
-            x = x + mlp(w, rms_norm(x, w["post_attention_layernorm.weight"], eps))
-    except BaseException:  # e.g. NaN in a later layer's k, refused by its cache: every cache put back
-        if paged:
-            cache.restore()  # the slots taken given back: the pool as it was
-        for c in () if paged else cache or ():
-            if np.any(c.get_seq_length() != start):
-                c.crop(start)
-        raise
-    if paged:
-        cache.cache_full_blocks()
+    for i in range(config.num_hidden_layers):
+        w = {name: converted(weights[f"model.layers.{i}.{name}"], dtype, once) for name in LAYER_WEIGHTS}
+        x = x + attention(config, w, rms_norm(x, w["input_layernorm.weight"], eps), cos, sin, cache, i)
+        x = x + mlp(w, rms_norm(x, w["post_attention_layernorm.weight"], eps))
     x = rms_norm(x, converted(weights["model.norm.weight"], dtype, once), eps)
     head = weights["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"]
     return linear(x, converted(head, dtype, once))  # [B, T, vocab_size]
@@ -296,39 +251,58 @@ def generate(config, weights, input_ids, max_new_tokens, *, cache=None, convert_
              prompt_lookup_num_tokens=None, max_matching_ngram_size=None):
     """Greedy decoding: ``input_ids [B, T]`` and ``max_new_tokens`` argmax tokens, each fed back; int64 ``[B, T + N]``.
 
-    With ``cache``, ``input_ids`` continue it: they are prefilled in one call, and each new
-    token is one call; without, each step recomputes the whole prefix. Every step's room is
-    checked before the first writes, and a step that raises leaves the cache as before the
-    call. With ``prompt_lookup_num_tokens=k`` (Hugging Face's name; B = 1 and a cache that
-    crops back), drafts of up to k tokens copied from the context are verified in one call
-    each (``speculative``).
-    """
-    if prompt_lookup_num_tokens is not None:  # it makes the checks below, and its own
-        from .speculative import prompt_lookup_generate
+    With ``cache``, ``input_ids`` continue it: prefilled in one call, then one call a token; without, each step
+    recomputes the prefix. Every step's room is checked before the first write. ``prompt_lookup_num_tokens=k``
+    (HF's name; B = 1, a cache that crops back): drafts of up to k tokens verified in one call each."""
+    return _generate(config, weights, input_ids, max_new_tokens, cache, convert_once, prompt_lookup_num_tokens,
+                     max_matching_ngram_size)[0]
 
-        return prompt_lookup_generate(config, weights, input_ids, max_new_tokens, cache=cache,
-                                      convert_once=convert_once, prompt_lookup_num_tokens=prompt_lookup_num_tokens,
-                                      max_matching_ngram_size=max_matching_ngram_size)[0]
-    ids, max_new_tokens = check_input_ids(config, input_ids), as_size("max_new_tokens", max_new_tokens)
-    if max_new_tokens:
-        check_cache(config, cache, ids, check_weights(config, weights), max_new_tokens)
-    tokens, new, paged = ids, ids, isinstance(cache, PagedCacheView)
-    layer_caches = [] if paged or cache is None else cache
-    if paged and max_new_tokens:  # a step that raises takes back its own write, and this the steps before it
-        start = cache.cache.checkpoint(cache.seq_ids, ids.shape[1] + max_new_tokens - 1)
-    else:
-        start = [c.get_seq_length() for c in layer_caches]
-    try:
-        for _ in range(max_new_tokens):
-            logits = forward(config, weights, new if cache is not None else tokens, cache=cache,
-                             convert_once=convert_once)
-            new = logits[:, -1].argmax(axis=-1)[:, None]  # [B, 1]
-            tokens = np.concatenate([tokens, new], axis=1)  # [B, T + n]
-    except BaseException:
-        if paged:
-            cache.cache.restore(start)
-        for c, length in zip(layer_caches, start):
-            if c.get_seq_length() != length:
-                c.crop(length)
-        raise
-    return tokens
+
+@blas_threads
+def prompt_lookup_generate(config, weights, input_ids, max_new_tokens, *, cache, prompt_lookup_num_tokens=10,
+                           max_matching_ngram_size=None, convert_once=True):
+    """Greedy ``input_ids [1, T]`` and ``max_new_tokens`` tokens (int64 ``[1, T + N]``) with prompt-lookup drafts
+    (:mod:`~kv_attention.speculative`), and the call's :class:`~kv_attention.SpecDecodingStats`. ``cache``: any
+    whose ``can_crop`` (DynamicCache, StaticCache, PagedCacheView); ValueError or TypeError naming the argument
+    otherwise (a window cache that wrapped or a quantized block cannot take a draft back)."""
+    return _generate(config, weights, input_ids, max_new_tokens, cache, convert_once, prompt_lookup_num_tokens,
+                     max_matching_ngram_size)
+
+
+def _generate(config, weights, input_ids, max_new_tokens, cache, convert_once, k, n):
+    """Tokens and stats: each forward feeds the last token and a draft (none without k), keeps the draft's longest
+    prefix equal to the greedy tokens, then the model's next token; the rest is cropped off."""
+    ids, dtype = check_input_ids(config, input_ids), check_weights(config, weights)
+    max_new_tokens, once = as_size("max_new_tokens", max_new_tokens), as_flag("convert_once", convert_once)
+    if k is not None:
+        k = as_size("prompt_lookup_num_tokens", k, minimum=1)
+        n = 2 if n is None else as_size("max_matching_ngram_size", n, minimum=1)
+        if ids.shape[0] != 1 or cache is None:
+            raise ValueError(f"prompt lookup decodes one sequence, input_ids [1, T] (got shape {ids.shape}), and needs "
+                             f"a cache to crop a rejected draft back from (got {cache!r:.40})")
+    stats, tokens, end = SpecDecodingStats(), ids.copy(), ids.shape[1] + max_new_tokens
+    if not max_new_tokens:
+        return tokens, stats
+    cache = check_cache(config, cache, ids, dtype, max_new_tokens)
+    if k is not None and not cache.can_crop:
+        raise TypeError(f"prompt lookup needs a cache that crops a rejected draft back exactly (DynamicCache, "
+                        f"StaticCache, PagedCacheView), got {type(cache).__name__}")
+    held, feed, draft = 0 if cache is None else np.max(cache.get_seq_length()), ids, ids[:, :0]
+    with atomic(cache, end - 1):
+        while tokens.shape[1] < end:
+            logits = _forward(config, weights, tokens if cache is None else feed, cache, dtype, once)
+            greedy = logits[:, -1 - draft.shape[1] :].argmax(axis=-1)  # [B, 1 + d]: the greedy token after each
+            accepted = 0
+            while accepted < draft.shape[1] and (draft[:, accepted] == greedy[:, accepted]).all():
+                accepted += 1
+            stats.num_forwards += 1
+            stats.num_drafts += draft.shape[1] > 0
+            stats.num_draft_tokens += draft.shape[1]
+            stats.num_accepted_tokens += accepted
+            tokens = np.concatenate([tokens, draft[:, :accepted], greedy[:, accepted : accepted + 1]], axis=1)
+            if accepted < draft.shape[1]:  # the rejected draft tokens leave every layer
+                cache.crop(held + tokens.shape[1] - 1)
+            if k is not None:  # up to the room left: a verifying forward yields one token beyond its draft
+                draft = prompt_lookup_candidates(tokens[0], min(k, end - tokens.shape[1] - 1), n)[None]
+            feed = np.concatenate([tokens[:, -1:], draft], axis=1)
+    return tokens, stats

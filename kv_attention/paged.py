@@ -607,85 +607,105 @@ def _gather(pool, tables, length):
 
 
 class PagedCacheView:
-    """A paged cache bound to the sequences of a batch, for every layer: what :func:`~kv_attention.model.forward` takes.
-
-    ``cache``: a :class:`PagedKVCache` with ``num_kv_heads`` and one layer per model layer;
-    ``seq_ids``: the N sequences, row i of the batch is ``seq_ids[i]``; ``token_ids``:
-    ``[N, T_new]`` for prefix caching. A forward call takes the slots of its T_new tokens
-    once (:meth:`layers`), each layer writes its k/v ``[N, H_kv, T_new, D]`` there as the
-    pool's tokens ``[N, T_new, H_kv, D]`` and attends through the same block tables, and
-    :meth:`cache_full_blocks` caches the blocks filled once the last layer has written.
+    """A paged cache bound to the sequences of a batch: one object of every layer, answering the model through
+    :class:`~kv_attention.Cache`'s interface. ``cache``: a :class:`PagedKVCache` with ``num_kv_heads`` and one layer
+    per model layer; ``seq_ids``: row i of the batch is ``seq_ids[i]``; ``token_ids``: ``[N, T_new]`` for prefix
+    caching. A call reserves the blocks of every token it may write (:meth:`snapshot`: vLLM's ``allocate_slots``);
+    layer 0's :meth:`attend` takes the slots of its T_new tokens for every layer (one ``slot_mapping`` a step), each
+    layer writes its k/v there and attends through the same block tables; :meth:`commit` caches the blocks filled.
     """
+
+    can_crop = True
 
     def __init__(self, cache, seq_ids, token_ids=None):
         if not isinstance(cache, PagedKVCache) or cache.num_kv_heads is None:
             raise TypeError(f"cache must be a PagedKVCache with num_kv_heads, got {cache!r:.100}")
         self.cache, self.seq_ids, self.token_ids = cache, as_id_list(seq_ids), token_ids
-        self._checkpoint = None  # of the last layers(), for restore()
+        self._slot_mapping = self._open = None  # the call's slots; [lengths, t_new, checkpoint] of its snapshot
         cache.get_seq_lengths(self.seq_ids)  # checks every id
-
-    @property
-    def batch_shape(self):
-        return len(self.seq_ids), self.cache.num_kv_heads
-
-    @property
-    def k_dim(self):
-        return self.cache.k_cache.shape[-1]
-
-    @property
-    def layout(self):
-        """``(batch_shape, k_dim, v_dim, storage dtype)`` of the pool, as :attr:`~kv_attention.Cache.layout`."""
-        return self.batch_shape, self.k_dim, self.cache.v_cache.shape[-1], self.cache.k_cache.dtype
 
     def get_seq_length(self):
         """Tokens stored for each sequence: ``[N]`` int64."""
         return self.cache.get_seq_lengths(self.seq_ids)
 
-    def check_room(self, t_new):
-        """Raise :class:`OutOfBlocksError` unless ``t_new`` more tokens of each sequence fit the free blocks
-        (ValueError for a sequence freed since the view was made)."""
-        self.cache._check_known(self.seq_ids)
-        needed = self.cache._blocks_needed(self.seq_ids, t_new)
-        if needed > self.cache.num_free_blocks:
-            raise self.cache._out_of_blocks(len(self.seq_ids), needed)
+    @property
+    def nbytes(self):
+        return self.cache.nbytes
 
-    def crop(self, lengths):
-        """Keep the first ``lengths[i]`` tokens of each sequence (:meth:`PagedKVCache.crop`); all checked first."""
-        lengths = as_sizes_per_sequence("lengths", lengths, len(self.seq_ids)).tolist()
-        for seq_id, length in zip(self.seq_ids, lengths):
-            check_crop(length, self.cache.get_seq_length(seq_id))
-        for seq_id, length in zip(self.seq_ids, lengths):
-            self.cache.crop(seq_id, length)
+    @property
+    def nbytes_reserved(self):
+        return sum(a.nbytes for a in self.cache.k_caches + self.cache.v_caches)
 
-    def layers(self, t_new):
-        """Take the slots of ``t_new`` more tokens of each sequence (:meth:`PagedKVCache.append_slots`): a
-        :class:`PagedLayer` per layer of the pool, each writing its k/v at those slots and attending. Until the
-        next call, :meth:`restore` undoes it."""
-        self._checkpoint = self.cache.checkpoint(self.seq_ids, t_new)
-        slot_mapping = self.cache.append_slots(self.seq_ids, t_new, self.token_ids)
-        return [PagedLayer(self, layer, slot_mapping) for layer in range(self.cache.num_layers)]
+    def check_update(self, num_layers, batch_shape, k_dim, v_dim, dtype, t_new, input_ids=None):
+        """As :meth:`Cache.check_update`; the room of the pool is reserved by :meth:`snapshot`."""
+        pool = self.cache
+        self.get_seq_length()  # a sequence freed since the view was made: ValueError
+        if pool.num_layers != num_layers:
+            raise ValueError(f"cache must serve num_hidden_layers={num_layers} layers, got a PagedCacheView of "
+                             f"{pool.num_layers} layers")
+        if self.token_ids is not None and (t_new > input_ids.shape[1] or not np.array_equal(self.token_ids, input_ids)):
+            raise ValueError(f"cache.token_ids must be input_ids, the tokens written (prefix caching keys blocks by "
+                             f"them; a generate of more than one token takes none), got {self.token_ids!r:.100}")
+        layout = ((len(self.seq_ids), pool.num_kv_heads), pool.k_cache.shape[-1], pool.v_cache.shape[-1])
+        if layout != (batch_shape, k_dim, v_dim):
+            raise ValueError(f"cache holds batch shape, k, v widths {layout}; needed {(batch_shape, k_dim, v_dim)}")
+        if not np.can_cast(dtype, compute_dtype(pool.k_cache.dtype), casting="safe"):
+            raise TypeError(f"cache stores {pool.k_cache.dtype}, which cannot hold the model's {dtype} keys and values")
 
-    def restore(self):
-        """Put the pool back as it was before :meth:`layers` (:meth:`PagedKVCache.restore`): for a forward that
-        raised in a layer."""
-        self.cache.restore(self._checkpoint)
+    def attend(self, q, k, v, layer_idx=0):
+        """Write ``k``, ``v`` ``[N, H_kv, T, D]`` at layer ``layer_idx``'s slots and attend ``q [N, H, T, D]`` causally
+        over each sequence's tokens (:func:`paged_attention`): ``[N, H, T, D_v]``. Layer 0 takes the slots."""
+        if layer_idx == 0:
+            self._slot_mapping = self.cache.append_slots(self.seq_ids, k.shape[2], self.token_ids)
+        self.cache.write_slots(layer_idx, self._slot_mapping, k.swapaxes(1, 2), v.swapaxes(1, 2))
+        return paged_attention(q, self.cache, self.seq_ids, causal=True, check_finite=False, layer=layer_idx)
 
-    def cache_full_blocks(self):
-        """With prefix caching, cache the blocks the call's tokens filled, once every layer has written them."""
+    def snapshot(self, t_new):
+        """Reserve the blocks of ``t_new`` more tokens of each sequence (:class:`OutOfBlocksError`, nothing changed,
+        if they are not free) after :meth:`PagedKVCache.checkpoint`: the blocks the call may take, not the pool."""
+        checkpoint = self.cache.checkpoint(self.seq_ids, t_new)
+        try:
+            for seq_id in self.seq_ids:
+                self.cache.allocate_slots(seq_id, t_new)
+        except BaseException:
+            self.cache.restore(checkpoint)
+            raise
+        self._open = [self.get_seq_length(), t_new, checkpoint]
+        return self._open
+
+    def restore(self, snapshot):
+        """The pool as at :meth:`snapshot` (:meth:`PagedKVCache.restore`)."""
+        self._open = None
+        self.cache.restore(snapshot[2])
+
+    def commit(self):
+        """With prefix caching, cache the blocks the call filled (V1's ``cache_full_blocks``)."""
+        self._open = None
         self.cache.cache_full_blocks(self.seq_ids)
 
-
-class PagedLayer:
-    """Layer ``layer`` of a :class:`PagedCacheView` in one forward call, whose slots are ``slot_mapping [N, T_new]``."""
-
-    def __init__(self, view, layer, slot_mapping):
-        self.view, self.layer, self.slot_mapping = view, layer, slot_mapping
-
-    def update(self, k, v):
-        """Write ``k: [N, H_kv, T_new, D_k]``, ``v: [N, H_kv, T_new, D_v]`` at the call's slots."""
-        self.view.cache.write_slots(self.layer, self.slot_mapping, k.swapaxes(1, 2), v.swapaxes(1, 2))
-
-    def attend(self, q):
-        """Causal attention of the last T_q positions' ``q: [N, H_q, T_q, D_k]``: ``[N, H_q, T_q, D_v]``."""
-        return paged_attention(q, self.view.cache, self.view.seq_ids, causal=True, check_finite=False,
-                               layer=self.layer)
+    def crop(self, lengths):
+        """Keep the first ``lengths[i]`` tokens of each sequence (one int: of every one), all checked first
+        (:meth:`PagedKVCache.crop`). Inside a call, to no fewer tokens than it began with: the pool is put back as at
+        its snapshot and the tokens kept written again, O(the call's tokens), so that its restore stays exact."""
+        n = len(self.seq_ids)
+        lengths = as_sizes_per_sequence("lengths", np.broadcast_to(lengths, n) if np.ndim(lengths) == 0 else lengths, n)
+        for length, held in zip(lengths, self.get_seq_length()):
+            check_crop(length, held)
+        if self._open is None:
+            for seq_id, length in zip(self.seq_ids, lengths.tolist()):
+                self.cache.crop(seq_id, length)
+            return
+        pool, (start, t_new, checkpoint), size = self.cache, self._open, self.cache.block_size
+        if (lengths < start).any():
+            raise ValueError(f"lengths must keep the {start.tolist()} tokens held before the call, got "
+                             f"{lengths.tolist()}")
+        slots = [np.array(pool.block_table(s), np.int64)[p // size] * size + p % size  # the tokens since the call
+                 for s, p in zip(self.seq_ids, map(np.arange, start, lengths))]
+        kept = [[[x.reshape(-1, *x.shape[2:])[i].astype(compute_dtype(x.dtype)) for x in kv]
+                 for kv in zip(pool.k_caches, pool.v_caches)] for i in slots]  # per sequence and layer: k, v
+        pool.restore(checkpoint)
+        self._open[2] = pool.checkpoint(self.seq_ids, t_new)
+        for seq_id, i, layers in zip(self.seq_ids, slots, kept):
+            slot_mapping = pool.append_slots([seq_id], len(i))
+            for layer, (k, v) in enumerate(layers):
+                pool.write_slots(layer, slot_mapping, k[None], v[None])

@@ -161,7 +161,10 @@ class QuantizedCache(Cache):
     """``[*batch_shape, T, k_dim]`` keys and ``[*batch_shape, T, v_dim]`` values held quantized (the module's contract).
 
     ``nbits`` 2, 4 or 8; ``format`` None or a float8 format; ``dtype`` that of scales, zeros and the residual.
+    A crop inside a quantized block is refused (``can_crop`` False); a failed call is undone exactly.
     """
+
+    can_crop = False
 
     def __init__(self, batch_shape, k_dim, v_dim, *, nbits=4, group_size=32, residual_length=32,
                  key_axis="channel", value_axis="token", dtype=np.float64, format=None):
@@ -245,11 +248,14 @@ class QuantizedCache(Cache):
                                _concat(part.zero, zero), residual[..., n_new:, :].copy()))
         self._parts = tuple(parts)
 
-    def update(self, k, v, *, check_finite=True):
+    def update(self, k, v, layer_idx=0, *, check_finite=True):
         """Store ``k: [*batch_shape, T_new, k_dim]``, ``v: [..., v_dim]``; return ``(K̂, V̂)`` so far (new arrays).
 
-        ``check_finite=False`` skips the scan for NaN/inf and the range.
+        ``check_finite=False`` skips the scan for NaN/inf and the range; ``layer_idx``: as
+        :meth:`~kv_attention.Cache.layer`.
         """
+        if layer_idx:
+            return self.layer(layer_idx).update(k, v, check_finite=check_finite)
         self.store(k, v, check_finite=check_finite)
         return self.dequantize()
 
@@ -271,8 +277,10 @@ class QuantizedCache(Cache):
     def layout(self):
         return self.batch_shape, self.k_dim, self.v_dim, self.dtype  # not dequantized
 
-    def get_seq_length(self):
+    def get_seq_length(self, layer_idx=0):
         """Number of positions held, quantized and residual (int)."""
+        if layer_idx:
+            return self.layer(layer_idx).get_seq_length()
         part = self._parts[0]
         return part.codes.shape[-2] + part.residual.shape[-2]
 
@@ -289,6 +297,8 @@ class QuantizedCache(Cache):
             raise ValueError(f"crop length {length} cuts a quantized block of group_size={g}: positions 0..{held - 1} are "
                              f"quantized in blocks of {g}; crop to a length in [{held}, {self.get_seq_length()}] or to a "
                              f"multiple of {g}")
+        for c in self._more:
+            c.crop(length)
         parts = []
         for part, quantizer in zip(self._parts, self._quantizers):
             if length >= held:
@@ -300,9 +310,13 @@ class QuantizedCache(Cache):
                                part.residual[..., :0, :].copy()))
         self._parts = tuple(parts)
 
-    @property
-    def nbytes(self):
-        """Bytes held: codes, scales, zeros and the residual (the module's formula; int)."""
+    def _snapshot(self, t_new):
+        return self._parts  # arrays never written in place: an update or a crop makes new ones
+
+    def _restore(self, parts):
+        self._parts = parts
+
+    def _nbytes(self):  # codes, scales, zeros and the residual (the module's formula)
         return sum(a.nbytes for part in self._parts for a in part if a is not None)
 
 

@@ -23,8 +23,11 @@ from .cache import Cache, as_batch_shape, check_crop, check_new_positions
 class SlidingWindowCache(Cache):
     """``k_cache: [*batch_shape, n_sink + window, k_dim]``, ``v_cache`` likewise, in slot order, allocated once.
 
-    ``get_seq_length()`` counts every position seen, ``nbytes`` only those held.
+    ``get_seq_length()`` counts every position seen, ``nbytes`` only those held. A model's rejected draft cannot
+    always be cropped back once the ring wrapped (``can_crop`` False), though a failed call is undone exactly.
     """
+
+    preallocated, can_crop = True, False
 
     def __init__(self, batch_shape, window, k_dim, v_dim, n_sink=0, dtype=np.float64):
         batch_shape = as_batch_shape(batch_shape)
@@ -72,13 +75,16 @@ class SlidingWindowCache(Cache):
         newest_slot = self.n_sink + (newest - self.n_sink) % self.window
         return np.where(slots < self.n_sink, slots, newest - (newest_slot - slots) % self.window)
 
-    def update(self, k, v, *, check_finite=True):
+    def update(self, k, v, layer_idx=0, *, check_finite=True):
         """Add ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]``; return every key and value they may attend to.
 
         T_new != 1: new arrays, the positions held then all the new ones, written
         only after. T_new = 1: written first (over position p - W, which it never
-        attends to), then the buffers' filled slots as views (do not write to them).
+        attends to), then the buffers' filled slots as views (do not write to them). ``layer_idx``: as
+        :meth:`~kv_attention.Cache.layer`.
         """
+        if layer_idx:
+            return self.layer(layer_idx).update(k, v, check_finite=check_finite)
         k, v = check_new_positions(k, v, self, check_finite)
         start, stop = self._length, self._length + k.shape[-2]
         if stop - start == 1:
@@ -107,15 +113,17 @@ class SlidingWindowCache(Cache):
                 offset += n
         self._length, self._first = stop, max(self._first, stop - self.window)
 
-    def get_seq_length(self):
+    def get_seq_length(self, layer_idx=0):
         """Number of positions seen (int), held or not."""
-        return self._length
+        return self.layer(layer_idx).get_seq_length() if layer_idx else self._length
 
     def crop(self, length):
         """Keep the first ``length`` positions, if the ring still holds every key position ``length`` attends to
         (once wrapped, one position back: a rejected draft token); else ValueError."""
         length = check_crop(length, self._length)
         self._check_crop(length)
+        for c in self._more:
+            c.crop(length)
         first = max(length, self._first)  # the dropped window positions: first.._length-1
         for slots in self._ring(first, max(self._length - first, 0)):
             self.k_cache[..., slots, :] = 0
@@ -134,9 +142,15 @@ class SlidingWindowCache(Cache):
                              f"{length - self.window + 1}, but the ring has overwritten every position before {self._first}; "
                              f"crop to a length in [{self._first + self.window - 1}, {self._length}] or in [0, {self.n_sink}]")
 
-    @property
-    def nbytes(self):
-        """Bytes of the keys and values held (int)."""
+    def _snapshot(self, t_new):  # the slots t_new more positions write (at most n_sink + window), as they are
+        p = np.arange(self._length, self._length + min(t_new, self.n_sink + self.window))
+        slots = np.where(p < self.n_sink, p, self.n_sink + (p - self.n_sink) % self.window)
+        return self._length, self._first, slots, self.k_cache[..., slots, :], self.v_cache[..., slots, :]  # copies
+
+    def _restore(self, state):
+        self._length, self._first, slots, self.k_cache[..., slots, :], self.v_cache[..., slots, :] = state
+
+    def _nbytes(self):  # the positions held
         per_position = (self.k_cache.nbytes + self.v_cache.nbytes) // self.k_cache.shape[-2]
         held = min(self.n_sink, self._length) + max(self._length - self._first, 0)
         return per_position * held

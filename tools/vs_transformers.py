@@ -58,18 +58,16 @@ def main():
         kv_draw = [(rng.uniform(-1, 1, (batch, h_kv, t_len, d)).astype(np.float32),
                     rng.uniform(-1, 1, (batch, h_kv, t_len, d)).astype(np.float32)) for _ in range(layers)]
         ids = rng.integers(0, config.vocab_size, (batch, 1))
-        ours = [kv.DynamicCache() for _ in range(layers)]
-        for cache, (k, v) in zip(ours, kv_draw):
-            cache.update(k, v)
-        theirs = DynamicCache(config=model.config)
+        ours, theirs = kv.DynamicCache(), DynamicCache(config=model.config)  # one object of every layer, each
         for i, (k, v) in enumerate(kv_draw):
+            ours.update(k, v, i)
             theirs.update(torch.from_numpy(k), torch.from_numpy(v), i)
-        kept = [(c.k_cache, c.v_cache) for c in ours]
+        kept = [(c.k_cache, c.v_cache) for c in ours.layers]
         tids = torch.from_numpy(ids)
 
         def here():
             out = kv.forward(config, weights, ids, cache=ours)
-            for c, (k, v) in zip(ours, kept):
+            for c, (k, v) in zip(ours.layers, kept):
                 c.k_cache, c.v_cache = k, v
             return out
 

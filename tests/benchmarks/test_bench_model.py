@@ -57,10 +57,10 @@ def test_the_oracle_is_the_last_position_of_the_library_full_forward():
         weights = {k: rng.standard_normal(w.shape) / math.sqrt(w.shape[-1]) if w.ndim == 2 else 1 + 0.1 * rng.random(w.shape)
                    for k, w in kv.init_weights(config, dtype=np.float64).items()}
         ids = rng.integers(0, c["vocab_size"], (3, 9))
-        caches = [kv.DynamicCache() for _ in range(c["num_hidden_layers"])]
-        kv.forward(config, weights, ids[:, :8], cache=caches)  # the first 8 positions' rotated K and V
+        cache = kv.DynamicCache()
+        kv.forward(config, weights, ids[:, :8], cache=cache)  # the first 8 positions' rotated K and V, every layer
         expected = kv.forward(config, weights, ids)[:, 8:]  # [3, 1, vocab]
-        out = bench_model.step_oracle(c, weights, ids[:, 8:], [(k.k_cache, k.v_cache) for k in caches], 8)
+        out = bench_model.step_oracle(c, weights, ids[:, 8:], [(k.k_cache, k.v_cache) for k in cache.layers], 8)
         np.testing.assert_allclose(out, expected, rtol=1e-10, atol=1e-12)
 
 

@@ -288,3 +288,39 @@ def test_update_without_the_finite_scan_still_checks_types_and_shapes(make):
     assert cache.get_seq_length() == 1
 
 
+
+
+# --- one object for every layer (Hugging Face 5's Cache of layers) ------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [lambda: kv.DynamicCache(), lambda: kv.StaticCache((2,), 6, 3, 3),
+                                  lambda: kv.SlidingWindowCache((2,), 4, 3, 3, n_sink=1),
+                                  lambda: kv.QuantizedCache((2,), 3, 3, group_size=2, residual_length=2), MinimalCache])
+def test_update_of_a_layer_not_seen_makes_it_as_the_cache_was_made_and_crop_cuts_every_layer(make):
+    cache = make()
+    k0, k2 = positions(5, (2,)), positions(5, (2,), start=100.0)
+    cache.update(k0, k0)
+    if isinstance(cache, MinimalCache):
+        cache.layer(2).update(k2, k2)
+    else:
+        cache.update(k2, k2, 2)  # HF's update(key_states, value_states, layer_idx)
+    assert len(cache.layers) == 3 and type(cache.layer(1)) is type(cache) and cache.layer(0) is cache
+    assert [c.get_seq_length() for c in cache.layers] == [5, 0, 5]
+    if not isinstance(cache, MinimalCache):
+        assert cache.get_seq_length(2) == 5 and cache.get_seq_length() == 5  # layer_idx defaults to 0
+        np.testing.assert_allclose(cache.layer(2).update(k2[..., :0, :], k2[..., :0, :])[0][..., -1, :], k2[..., -1, :],
+                                   rtol=0, atol=0.1 * isinstance(cache, kv.QuantizedCache))
+        assert cache.nbytes == 2 * cache.layer(2).nbytes  # layer 1 holds nothing
+    if cache.can_crop and not isinstance(cache, MinimalCache):  # a subclass's own crop is of its own layer
+        cache.update(k0, k0, 1)
+        cache.crop(4)
+        assert [c.get_seq_length() for c in cache.layers] == [4, 4, 4]
+
+
+def test_static_crop_touches_only_the_positions_it_drops():
+    cache = kv.StaticCache((), 8, 3, 3)
+    cache.update(positions(6), positions(6))
+    cache.k_cache[7] = cache.v_cache[7] = -1.0  # past the length: a crop that zeroed to max_seq_len would clear it
+    cache.crop(4)
+    np.testing.assert_array_equal(cache.k_cache[:6], np.concatenate([positions(4), np.zeros((2, 3))]))
+    assert (cache.k_cache[7] == -1).all() and (cache.v_cache[7] == -1).all() and not cache.k_cache[6].any()

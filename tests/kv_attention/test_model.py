@@ -33,8 +33,8 @@ def tokens(shape, seed=1, config=CONFIG):
     return np.random.default_rng(seed).integers(0, config.vocab_size, shape)
 
 
-def caches(kind, batch=2, config=CONFIG, layers=None, max_seq_len=32, window=None):
-    """One new cache of ``kind`` per layer, batch shape (B, H_kv)."""
+def caches(kind, batch=2, config=CONFIG, max_seq_len=32, window=None):
+    """One new cache of ``kind`` for every layer, batch shape (B, H_kv)."""
     shape, d = (batch, config.num_key_value_heads), config.head_dim
     make = {
         "dynamic": lambda: kv.DynamicCache(),
@@ -42,7 +42,7 @@ def caches(kind, batch=2, config=CONFIG, layers=None, max_seq_len=32, window=Non
         "window": lambda: kv.SlidingWindowCache(shape, window or max_seq_len, d, d),
         "quantized": lambda: kv.QuantizedCache(shape, d, d, nbits=4, group_size=2, residual_length=4),
     }[kind]
-    return [make() for _ in range(layers or config.num_hidden_layers)]
+    return make()
 
 
 def paged_views(batch=2, config=CONFIG, num_blocks=64, block_size=4, **options):
@@ -120,7 +120,7 @@ def test_a_quantized_cache_decodes_over_its_own_dequantized_keys_and_values():
         got = kv.forward(CONFIG, W64, IDS[:, t : t + 1], cache=cache)[:, 0]
         expected = naive_llama_forward(CONFIG, W64, IDS[:, : t + 1], kv_hook=round_trip)[:, -1]
         np.testing.assert_allclose(got, expected, **TOL)
-    assert cache[0].num_quantized == 8  # 2·ceil((11 - 4) / 2): the test reached quantized keys
+    assert cache.num_quantized == 8 and len(cache.layers) == 2  # 2·ceil((11 - 4) / 2): the test reached quantized keys
 
 
 @pytest.mark.parametrize("kind", KINDS + ("quantized",))
@@ -247,10 +247,16 @@ def test_a_bad_config_field_is_named(field, value, error):
     assert kv.ModelConfig(**{**CONFIG.__dict__, "rms_norm_eps": 0, "rope_theta": np.float32(1e4)}).rms_norm_eps == 0
 
 
+def layers(cache):
+    """The caches of each layer (None: not made yet); a paged view for every layer."""
+    if isinstance(cache, kv.PagedCacheView):
+        return [cache] * cache.cache.num_layers
+    return cache.layers + [None] * (CONFIG.num_hidden_layers - len(cache.layers))
+
+
 def lengths(cache):
-    """Each layer's length; a paged view's is every layer's."""
-    layers = [cache] * cache.cache.num_layers if isinstance(cache, kv.PagedCacheView) else cache
-    return [str(c.get_seq_length()) for c in layers]
+    """Each layer's length (0 for a layer not made yet); a paged view's is every layer's."""
+    return [str(0 if c is None else c.get_seq_length()) for c in layers(cache)]
 
 
 @pytest.mark.parametrize("ids, message", [
@@ -265,12 +271,13 @@ def test_token_ids_outside_the_vocabulary_are_refused(ids, message):
 
 def test_a_bad_cache_is_refused_and_nothing_is_written():
     ids = IDS[:, :3]
-    with pytest.raises(ValueError, match="cache must be a list of num_hidden_layers=2 caches"):
-        kv.forward(CONFIG, W64, ids, cache=caches("dynamic", layers=1))
-    good, wrong_batch = caches("static"), caches("static", batch=3)
-    with pytest.raises(ValueError, match=r"cache\[1\] holds batch shape \(3, 2\)"):
-        kv.forward(CONFIG, W64, ids, cache=[good[0], wrong_batch[1]])
-    assert lengths(good) == ["0", "0"]  # layer 0's cache fitted but was not written
+    with pytest.raises(TypeError, match="a list of one per layer is no longer taken"):
+        kv.forward(CONFIG, W64, ids, cache=[kv.DynamicCache(), kv.DynamicCache()])
+    wrong_batch = caches("dynamic")
+    wrong_batch.update(np.zeros((3, 2, 0, 6)), np.zeros((3, 2, 0, 6)), 1)  # layer 1 fixed at B = 3
+    with pytest.raises(ValueError, match=r"cache layer 1 holds batch shape \(3, 2\)"):
+        kv.forward(CONFIG, W64, ids, cache=wrong_batch)
+    assert lengths(wrong_batch) == ["0", "0"]  # layer 0 fitted but was not written
     short = caches("static", max_seq_len=5)
     kv.forward(CONFIG, W64, ids, cache=short)
     with pytest.raises(kv.StaticCacheFullError, match=r"cache is too short: 3 of max_seq_len=5"):
@@ -284,35 +291,38 @@ def test_a_bad_cache_is_refused_and_nothing_is_written():
 
 
 
+def layer_1_of(cache, k, v):
+    """``cache`` whose layer 1 was written ``k``, ``v`` by hand (a user's update(k, v, 1)): it may not fit the rest."""
+    cache.update(k, v, 1)
+    return cache
+
+
 @pytest.mark.parametrize("make, error, message", [
-    (lambda: [kv.DynamicCache(np.float64), kv.DynamicCache(np.float32)], TypeError, r"cache\[1\] stores float32"),
-    (lambda: [kv.StaticCache((2, 2), 8, 6, 6, np.float64), kv.StaticCache((2, 2), 8, 6, 6, np.float32)], TypeError,
-     r"cache\[1\] stores float32"),
-    (lambda: [kv.StaticCache((2, 2), 8, 6, 6), kv.StaticCache((2, 2), 8, 6, 4)], ValueError,
-     r"cache\[1\] holds batch shape \(2, 2\), k, v widths \[6, 4\]; needed \(\(2, 2\), 6, 6\)"),
-    (lambda: [kv.DynamicCache()] * 2, ValueError, "each layer needs its own"),
-    (lambda: [kv.StaticCache((2, 2), 8, 6, 6)] * 2, ValueError, "each layer needs its own"),
-    (lambda: [paged_views(), paged_views()], TypeError, r"cache\[0\] must be a kv_attention.Cache.*one PagedCacheView"),
-    (lambda: [None, None], TypeError, r"cache\[0\] must be a kv_attention.Cache"),
-    (lambda: ["a", "b"], TypeError, r"cache\[0\] must be"),
-    (lambda: [paged_views().cache, paged_views().cache], TypeError,
-     r"cache\[0\] must be a kv_attention.Cache.*one PagedCacheView"),
-    (lambda: [paged_views(config=kv.ModelConfig(**{**CONFIG.__dict__, "num_hidden_layers": 1}))], ValueError,
-     "cache must be a list of num_hidden_layers=2"),
+    (lambda: layer_1_of(kv.DynamicCache(), np.zeros((2, 2, 0, 6), np.float32), np.zeros((2, 2, 0, 6), np.float32)),
+     TypeError, r"cache layer 1 stores float32"),
+    (lambda: layer_1_of(kv.DynamicCache(), np.zeros((2, 2, 0, 6)), np.zeros((2, 2, 0, 4))), ValueError,
+     r"cache layer 1 holds batch shape \(2, 2\), k, v widths \[6, 4\]; needed \(\(2, 2\), 6, 6\)"),
+    (lambda: layer_1_of(kv.StaticCache((2, 2), 8, 6, 6), np.zeros((2, 2, 1, 6)), np.zeros((2, 2, 1, 6))), ValueError,
+     r"the layers hold different lengths \['0', '1'\]"),
+    (lambda: kv.StaticCache((2, 2), 8, 6, 4), ValueError, r"cache layer 0 holds batch shape .* widths \[6, 4\]"),
+    (lambda: kv.StaticCache((2, 2), 8, 6, 6, np.float32), TypeError, r"cache layer 0 stores float32"),
+    (lambda: (lambda c: c.layer(2) and c)(kv.DynamicCache()), ValueError,
+     "cache holds 3 layers, more than num_hidden_layers=2"),
+    (lambda: [kv.DynamicCache()] * 2, TypeError, "a list of one per layer is no longer taken"),
+    (lambda: paged_views().cache, TypeError, "cache must be one object of every layer.* or a PagedCacheView"),
+    (lambda: "abc", TypeError, "cache must be one object of every layer, .* got 'abc'"),
 ])
 def test_every_layer_is_checked_before_any_is_written(make, error, message):
     cache = make()
     with pytest.raises(error, match=message):
         kv.forward(CONFIG, W64, IDS[:, :3], cache=cache)
-    for c in cache:
-        if isinstance(c, (kv.Cache, kv.PagedCacheView)):
-            assert np.all(c.get_seq_length() == 0)
-            assert isinstance(c, kv.PagedCacheView) or not np.any(c.k_cache)  # None, or a StaticCache's zeros
+    for c in cache.layers if isinstance(cache, kv.Cache) else []:
+        assert c.get_seq_length() <= ("lengths" in message) and not np.any(c.k_cache)  # None, or a StaticCache's zeros
 
 
 def test_a_paged_cache_of_another_number_of_layers_is_refused():
     view = paged_views(config=kv.ModelConfig(**{**CONFIG.__dict__, "num_hidden_layers": 3}))
-    with pytest.raises(ValueError, match="num_hidden_layers=2 .* got PagedCacheView of 3 layers"):
+    with pytest.raises(ValueError, match="num_hidden_layers=2 .* got a PagedCacheView of 3 layers"):
         kv.forward(CONFIG, W64, IDS[:, :3], cache=view)
     assert view.get_seq_length().tolist() == [0, 0]
 
@@ -360,21 +370,20 @@ def test_generate_from_no_tokens_is_refused_even_where_the_cache_holds_some():
     assert kv.generate(CONFIG, W64, IDS[:, :0], 0, cache=cache).shape == (2, 0)  # no new token: nothing to refuse
 
 
-@pytest.mark.parametrize("kind", KINDS + ("quantized",))
+@pytest.mark.parametrize("kind", ["dynamic", "static", "window", "quantized"])
 def test_each_cache_kind_gives_the_layout_an_update_must_fit_and_checks_its_room(kind):
-    cache = make_cache(kind)
-    c = cache if kind == "paged" else cache[0]
+    c = make_cache(kind)
     fixed = ((2, CONFIG.num_key_value_heads), CONFIG.head_dim, CONFIG.head_dim, np.dtype(np.float64))
     assert c.layout == ((None,) * 4 if kind == "dynamic" else fixed)
     assert kv.DynamicCache(np.float32).layout == (None, None, None, np.dtype(np.float32))  # fixed before an update
-    kv.forward(CONFIG, W64, IDS[:, :3], cache=cache)
-    assert c.layout == fixed
-    room = {"static": 32 - 3, "paged": 32 * 4 - 3}.get(kind)  # max_seq_len=32; 2 sequences of 64 blocks of 4
-    c.check_room(10**6 if room is None else room)  # None: no max_seq_len
-    if room is not None:
-        with pytest.raises(kv.StaticCacheFullError if kind == "static" else kv.OutOfBlocksError):
-            c.check_room(room + 1)
-    assert np.all(c.get_seq_length() == 3)
+    kv.forward(CONFIG, W64, IDS[:, :3], cache=c)
+    assert c.layout == fixed and all(layer.layout == fixed for layer in c.layers) and len(c.layers) == 2
+    room = {"static": 32 - 3}.get(kind, 10**6)  # max_seq_len=32; no max_seq_len
+    c.check_update(2, *fixed[:3], np.float64, room)
+    if kind == "static":
+        with pytest.raises(kv.StaticCacheFullError, match="3 of max_seq_len=32 positions used, the call writes 30"):
+            c.check_update(2, *fixed[:3], np.float64, room + 1)
+    assert np.all(c.get_seq_length() == 3) and c.get_seq_length(1) == 3
 
 
 def stored(cache):
@@ -385,7 +394,8 @@ def stored(cache):
             k, v, n = cache.cache.gather(cache.seq_ids, layer)
             out.append([n] + [np.concatenate([a[i, :m] for i, m in enumerate(n)]) for a in (k, v)])
         return out
-    return [[c.get_seq_length()] + [None if a is None else a.copy() for a in (c.k_cache, c.v_cache)] for c in cache]
+    return [[c.get_seq_length()] + [None if a is None else a.copy() for a in (c.k_cache, c.v_cache)]
+            for c in cache.layers]
 
 
 def nan_in_layer_1():
@@ -528,13 +538,13 @@ def test_a_generate_whose_third_step_raises_leaves_the_cache_as_before_the_call(
         cache = make_cache(kind)
         kv.forward(CONFIG, W64, IDS[:1, :3].repeat(2, axis=0), cache=cache)
         state = lambda: [[np.asarray(a).tolist() for a in layer] for layer in stored(cache)]  # noqa: E731
-    before, calls, real = state(), [], kv.model.forward
+    before, calls, real = state(), [], kv.model._forward
 
-    def third_fails(config, weights, ids, **options):
+    def third_fails(config, weights, ids, *args):
         calls.append(ids.shape)
-        return real(config, nan_in_layer_1() if len(calls) == 3 else weights, ids, **options)
+        return real(config, nan_in_layer_1() if len(calls) == 3 else weights, ids, *args)
 
-    monkeypatch.setattr(kv.model, "forward", third_fails)
+    monkeypatch.setattr(kv.model, "_forward", third_fails)
     ids = IDS[:1, 3:6] if "paged" in kind else IDS[:, 3:6]
     with pytest.raises(NonFiniteError):
         kv.generate(CONFIG, W64, ids, 4, cache=cache)
@@ -664,3 +674,181 @@ def test_transformers_llama_gives_the_same_logits_and_tokens(monkeypatch):
     with_roundings = kv.forward(CONFIG, W64, IDS)
     print(f"with transformers' float32 roundings: {np.abs(with_roundings - hf_logits).max():.3g}")
     np.testing.assert_allclose(with_roundings, hf_logits, rtol=0, atol=1e-12)
+
+
+# Every call atomic: one snapshot/restore (kv_attention.cache.atomic) for every kind
+
+
+def full_state(cache):
+    """Everything a failed call must leave as it was: a paged pool's :func:`pool_state`; of a Cache, every attribute
+    of every layer (buffers bit for bit past the length too, a ring's order, quantized codes), and its layers."""
+    if isinstance(cache, kv.PagedCacheView):
+        return pool_state(cache.cache)
+
+    def plain(x):
+        if isinstance(x, np.ndarray):
+            return x.dtype.str, x.shape, x.tobytes()
+        return [plain(a) for a in x] if isinstance(x, (tuple, list)) else repr(x)
+
+    return [{name: plain(value) for name, value in vars(c).items() if name != "_more"} for c in cache.layers]
+
+
+ATOMIC_KINDS = ("dynamic", "static", "window", "quantized", "paged", "prefix-caching paged")
+
+
+def filled(kind, batch=2):
+    """A cache of ``kind`` holding IDS[:, :5] (a window of 4: its ring has wrapped; quantized: blocks quantized)."""
+    if "paged" in kind:
+        cache = paged_views(batch=batch, num_blocks=24, enable_prefix_caching="prefix" in kind)
+    else:
+        cache = caches(kind, batch=batch, window=4)
+    kv.forward(CONFIG, W64, IDS[:batch, :5], cache=cache)
+    return cache
+
+
+def failing(monkeypatch, where):
+    """Make the model raise where the name says; returns the weights to call with."""
+    if where == "a NaN weight in layer 0":
+        w = dict(W64)
+        w["model.layers.0.self_attn.v_proj.weight"] = np.full_like(w["model.layers.0.self_attn.v_proj.weight"], np.nan)
+        return w
+    if where == "a NaN weight in layer 1":
+        return nan_in_layer_1()
+    real_linear, real_norm = kv.model.linear, kv.model.rms_norm
+    if where == "MemoryError in the logits":
+        def linear(x, w):
+            if w.shape[0] == CONFIG.vocab_size:
+                raise MemoryError("Unable to allocate the logits")
+            return real_linear(x, w)
+        monkeypatch.setattr(kv.model, "linear", linear)
+    else:  # KeyboardInterrupt in the final norm, after every layer wrote
+        def rms_norm(x, weight, eps):
+            if weight is W64["model.norm.weight"]:
+                raise KeyboardInterrupt
+            return real_norm(x, weight, eps)
+        monkeypatch.setattr(kv.model, "rms_norm", rms_norm)
+    return W64
+
+
+FAILURES = ("a NaN weight in layer 0", "a NaN weight in layer 1", "MemoryError in the logits",
+            "KeyboardInterrupt in the final norm")
+ERRORS = {"a NaN weight in layer 0": NonFiniteError, "a NaN weight in layer 1": NonFiniteError,
+          "MemoryError in the logits": MemoryError, "KeyboardInterrupt in the final norm": KeyboardInterrupt}
+
+
+@pytest.mark.parametrize("where", FAILURES)
+@pytest.mark.parametrize("call", ["forward", "generate"])
+@pytest.mark.parametrize("kind", ATOMIC_KINDS)
+def test_a_call_that_fails_anywhere_leaves_every_kind_exactly_as_before_and_raises_its_own_error(
+        kind, call, where, monkeypatch):
+    cache = filled(kind)
+    before, w = full_state(cache), failing(monkeypatch, where)
+    with pytest.raises(ERRORS[where]) as raised:
+        if call == "forward":
+            kv.forward(CONFIG, w, IDS[:, 5:8], cache=cache)
+        else:
+            kv.generate(CONFIG, w, IDS[:, 5:8], 3, cache=cache)
+    assert raised.value.__context__ is None and raised.type is ERRORS[where]  # the original, no cleanup error
+    assert full_state(cache) == before
+    monkeypatch.undo()  # the continuation gives the logits of a run that never failed
+    expected = FULL[:, 5:8] if kind != "window" else naive_llama_forward(CONFIG, W64, IDS[:, :8], window=4)[:, 5:]
+    if kind != "quantized":
+        np.testing.assert_allclose(kv.forward(CONFIG, W64, IDS[:, 5:8], cache=cache), expected, **TOL)
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 5])
+@pytest.mark.parametrize("kind", ["dynamic", "static", "paged", "prefix-caching paged"])
+def test_a_prompt_lookup_interrupted_at_any_forward_takes_back_every_step_and_its_crops(kind, step, monkeypatch):
+    # The prompt repeats itself: drafts are made, some rejected and cropped off, before the interrupted forward.
+    prompt = np.tile(np.arange(1, 9), 3)[None, :-5]
+    cache = paged_views(batch=1, num_blocks=24, enable_prefix_caching="prefix" in kind) if "paged" in kind \
+        else caches(kind, batch=1)
+    kv.forward(CONFIG, W64, prompt[:, :4], cache=cache)
+    before, calls, real = full_state(cache), [], kv.model._forward
+
+    def interrupted(*args):
+        calls.append(args[2].shape[1])
+        if len(calls) == step:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(kv.model, "_forward", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        kv.prompt_lookup_generate(CONFIG, W64, prompt[:, 4:], 12, cache=cache, prompt_lookup_num_tokens=4)
+    assert full_state(cache) == before and len(calls) == step
+    monkeypatch.undo()
+    tokens, stats = kv.prompt_lookup_generate(CONFIG, W64, prompt[:, 4:], 12, cache=cache, prompt_lookup_num_tokens=4)
+    assert stats.num_draft_tokens > stats.num_accepted_tokens > 0  # the interrupted runs had crops to undo
+    np.testing.assert_array_equal(tokens[:, 4:], kv.generate(CONFIG, W64, prompt, 12)[:, 8:])
+
+
+def test_a_one_token_generate_through_a_prefix_caching_view_that_fails_after_the_layers_leaks_nothing(monkeypatch):
+    pool = paged_views(batch=1, num_blocks=6, enable_prefix_caching=True).cache
+    ids = IDS[:1, :8]  # two full blocks, cached only once the whole call succeeded
+    before = pool_state(pool)
+    failing(monkeypatch, "MemoryError in the logits")
+    with pytest.raises(MemoryError, match="Unable to allocate the logits") as raised:
+        kv.generate(CONFIG, W64, ids, 1, cache=kv.PagedCacheView(pool, [0], token_ids=ids))
+    assert raised.value.__context__ is None and pool_state(pool) == before and pool.num_free_blocks == 6
+    monkeypatch.undo()
+    out = kv.generate(CONFIG, W64, ids, 1, cache=kv.PagedCacheView(pool, [0], token_ids=ids))
+    np.testing.assert_array_equal(out, kv.generate(CONFIG, W64, ids, 1))
+    assert len(pool.find_cached_blocks(ids[0])) == 2
+
+
+@pytest.mark.parametrize("kind", ["static", "paged"])
+def test_a_call_past_the_room_is_refused_whole_and_leaves_the_cache_as_it_was(kind):
+    # paged: 2 blocks of 4 a sequence, 1 free: sequence 0's reservation takes it, then sequence 1's fails
+    cache = paged_views(num_blocks=5, block_size=4) if kind == "paged" else caches("static", max_seq_len=9)
+    kv.forward(CONFIG, W64, IDS[:, :5], cache=cache)  # 5 positions of each sequence
+    before = full_state(cache)
+    with pytest.raises(kv.OutOfBlocksError if kind == "paged" else kv.StaticCacheFullError):
+        kv.generate(CONFIG, W64, IDS[:, 5:7], 4, cache=cache)  # 5 more
+    assert full_state(cache) == before
+
+
+def test_no_call_writes_into_or_returns_a_callers_array_and_read_only_arrays_work():
+    prompt = np.tile(np.arange(1, 9), 3)[None, :-5]
+    prompt.flags.writeable = False
+    held, expected = prompt.copy(), kv.generate(CONFIG, W64, prompt.copy(), 6)
+    for kind in ("static", "paged"):
+        for k in (None, 3):
+            cache = paged_views(batch=1) if kind == "paged" else caches("static", batch=1)
+            out = kv.generate(CONFIG, W64, prompt, 6, cache=cache, prompt_lookup_num_tokens=k)
+            np.testing.assert_array_equal(out, expected)
+            assert not np.shares_memory(out, prompt)
+            out[:] = 0  # the caller's own array
+    for k in (None, 3):
+        out = kv.generate(CONFIG, W64, prompt, 0, cache=caches("dynamic", batch=1), prompt_lookup_num_tokens=k)
+        assert out.flags.writeable and not np.shares_memory(out, prompt)
+    pool = paged_views(batch=1, enable_prefix_caching=True).cache
+    logits = kv.forward(CONFIG, W64, prompt, cache=kv.PagedCacheView(pool, [0], token_ids=prompt))
+    np.testing.assert_allclose(logits, kv.forward(CONFIG, W64, held), **TOL)
+    np.testing.assert_array_equal(prompt, held)
+
+
+def test_kv_attention_has_no_import_circle():
+    import ast
+    import pathlib
+
+    package = pathlib.Path(kv.__file__).parent
+    imports = {}
+    for path in package.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        imports[path.stem] = {node.module.split(".")[0] for node in ast.walk(tree)
+                              if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module}
+    done, visiting = set(), []
+
+    def visit(module):
+        assert module not in visiting, f"import circle: {' -> '.join(visiting[visiting.index(module):] + [module])}"
+        if module in done or module not in imports:
+            return
+        visiting.append(module)
+        for imported in imports[module]:
+            visit(imported)
+        visiting.pop()
+        done.add(module)
+
+    for module in imports:
+        if module != "__init__":
+            visit(module)

@@ -59,7 +59,7 @@ def test_the_tokenizer_gives_transformers_ids(smollm2):
 
 
 def caches(kind, config, max_len):
-    return cli.make_caches(kind, config, max_len)
+    return cli.CACHES[kind](config, max_len)
 
 
 @pytest.mark.parametrize("kind", ["dynamic", "static", "paged"])

@@ -236,8 +236,7 @@ MODEL = kv.ModelConfig(vocab_size=256, hidden_size=64, intermediate_size=128, nu
 def decoded_logits(weights, ids, dtype, prefill=8):
     """Logits ``[B, T, V]`` of ``ids`` prefilled then decoded token by token through StaticCaches of ``dtype``."""
     batch, t_len = ids.shape
-    cache = [kv.StaticCache((batch, MODEL.num_key_value_heads), t_len, MODEL.head_dim, MODEL.head_dim, dtype=dtype)
-             for _ in range(MODEL.num_hidden_layers)]
+    cache = kv.StaticCache((batch, MODEL.num_key_value_heads), t_len, MODEL.head_dim, MODEL.head_dim, dtype=dtype)
     logits = [kv.forward(MODEL, weights, ids[:, :prefill], cache=cache)]
     logits += [kv.forward(MODEL, weights, ids[:, t : t + 1], cache=cache) for t in range(prefill, t_len)]
     return np.concatenate(logits, axis=1)
@@ -273,8 +272,7 @@ def test_every_cache_kind_stores_the_same_bfloat16_values_in_the_model():
     layers, shape, d = range(MODEL.num_hidden_layers), (2, MODEL.num_key_value_heads), MODEL.head_dim
     pool = kv.PagedKVCache(8, 4, d, d, dtype=BF16, num_kv_heads=MODEL.num_key_value_heads, num_layers=len(layers))
     pool.add_sequence("a"), pool.add_sequence("b")
-    kinds = {"dynamic": [kv.DynamicCache(dtype=BF16) for _ in layers],
-             "window": [kv.SlidingWindowCache(shape, 16, d, d, dtype=BF16) for _ in layers],
+    kinds = {"dynamic": kv.DynamicCache(dtype=BF16), "window": kv.SlidingWindowCache(shape, 16, d, d, dtype=BF16),
              "paged": kv.paged.PagedCacheView(pool, ["a", "b"])}
     expected = decoded_logits(weights, ids, BF16, prefill=4)  # StaticCache
     # The paged path sums in another order, and a float32 difference can move a stored value by one bfloat16

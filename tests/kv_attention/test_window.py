@@ -271,3 +271,18 @@ def test_update_refuses_nan_and_changes_nothing():
     np.testing.assert_array_equal(cache.k_cache, before[0])
     np.testing.assert_array_equal(cache.v_cache, before[1])
     np.testing.assert_array_equal(cache.held_positions(), before[2])
+
+
+@pytest.mark.parametrize("held, t_new", [(3, 2), (9, 1), (9, 4), (9, 20)])
+def test_a_snapshot_keeps_only_the_slots_a_call_writes_and_restores_a_wrapped_ring_bit_for_bit(held, t_new):
+    cache = kv.SlidingWindowCache((2,), 4, 3, 3, n_sink=1)  # 5 slots
+    cache.update(positions(0, held, (2,)), positions(0, held, (2,)))
+    before = [cache.k_cache.copy(), cache.v_cache.copy(), cache.get_seq_length(), list(cache.held_positions())]
+    snapshot = cache.snapshot(t_new)
+    assert len(snapshot[1][0][2]) == min(t_new, 5)  # the slots kept: those t_new positions write, at most all 5
+    for p in range(held, held + t_new):  # a call writing one position at a time, wrapping the ring
+        cache.update(positions(p, p + 1, (2,)) + 100, positions(p, p + 1, (2,)) + 100)
+    cache.restore(snapshot)
+    np.testing.assert_array_equal(cache.k_cache, before[0])
+    np.testing.assert_array_equal(cache.v_cache, before[1])
+    assert [cache.get_seq_length(), list(cache.held_positions())] == before[2:]
