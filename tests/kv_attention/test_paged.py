@@ -141,11 +141,10 @@ def test_reported_figures():
     cache.update([0, 1, 2], *random_kv(rng, 3, 5))  # 5 tokens each: 2 blocks each, 3 slots empty each
     cache.update([0], *random_kv(rng, 1, 4))  # sequence 0: 9 tokens in 3 blocks
     assert cache.blocks_in_use == 3 + 2 + 2 and cache.num_free_blocks == 3
-    assert cache.slots_allocated == 7 * 4 and cache.slots_used == 9 + 5 + 5
-    assert cache.internal_fragmentation == 28 - 19
+    assert cache.slots_used == 9 + 5 + 5  # of 7 * 4 slots allocated
     assert cache.nbytes == 19 * (D_K + D_V) * 8
     cache.free(0)
-    assert cache.blocks_in_use == 4 and cache.peak_blocks == 7 and cache.internal_fragmentation == 2 * 3
+    assert cache.blocks_in_use == 4 and cache.peak_blocks == 7 and cache.slots_used == 4 * 4 - 2 * 3
 
 
 def test_freed_blocks_return_to_the_free_list_and_are_reused():
@@ -388,7 +387,7 @@ def test_a_fork_at_a_block_boundary_shares_every_block_and_copies_none():
     fork_record(record, "p", "c")
     shared = cache.block_table("p")
     assert cache.block_table("c") == shared and [cache.ref_count(b) for b in shared] == [2, 2]
-    assert cache.blocks_in_use == 2 and cache.slots_used == 8 and cache.internal_fragmentation == 0
+    assert cache.blocks_in_use == 2 and cache.slots_used == 8
     written(rng, cache, record, ["c"], 1)  # a new block for the child; nothing to copy
     written(rng, cache, record, ["p"], 1)
     assert cache.block_table("c")[:2] == cache.block_table("p")[:2] == shared
@@ -465,7 +464,7 @@ def test_a_fork_shares_written_blocks_only_not_blocks_reserved_ahead():
     cache, record = kv.PagedKVCache(8, 2, D_K, D_V), Contiguous()
     cache.add_sequence("p")
     assert cache.allocate_slots("p", 5) == 3  # 3 blocks reserved for 5 tokens
-    assert len(cache.block_table("p")) == 3 and cache.internal_fragmentation == 6
+    assert len(cache.block_table("p")) == 3 and cache.slots_used == 0  # reserved, none written
     written(rng, cache, record, ["p"], 3)  # writes into the reserved blocks, taking none
     assert cache.blocks_in_use == 3
     cache.fork("p", "c")
