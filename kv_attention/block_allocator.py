@@ -68,8 +68,8 @@ class Journal:
     """How to undo each change made since the oldest :class:`Checkpoint` still alive (an undo log).
 
     A change records its inverse only while some checkpoint is alive, so a checkpoint costs what
-    the changes after it touch (a few ints a block, a block's K/V where an evicted cached block
-    may be written over), not the size of the pool; the entries older than every live checkpoint
+    the changes after it touch (a few ints a block, and the K/V of each block taken, which is
+    about to be written over), not the size of the pool or of a sequence; the entries older than every live checkpoint
     are dropped at the next :meth:`checkpoint`.
     """
 
@@ -167,11 +167,12 @@ class FreeKVCacheBlockQueue:
 
 class BlockPool:
     """Blocks ``0 .. num_blocks - 1``: V1's free queue, a refcount each (``int32``), and with ``enable_caching`` the
-    hashes of the cached blocks. ``on_evict(block)``, if given, runs before a cached block is taken (and written over)."""
+    hashes of the cached blocks. ``on_take(block)``, if given, runs for each block taken while the journal records:
+    before it is written over, for a restore to give back what it held (a cached prefix, or tokens freed since)."""
 
-    def __init__(self, num_blocks, enable_caching=False, journal=None, on_evict=None):
+    def __init__(self, num_blocks, enable_caching=False, journal=None, on_take=None):
         num_blocks = as_size("num_blocks", num_blocks)
-        self.enable_caching, self.on_evict = enable_caching, on_evict
+        self.enable_caching, self.on_take = enable_caching, on_take
         self.journal = Journal() if journal is None else journal
         self._free = FreeKVCacheBlockQueue(num_blocks, self.journal)
         self._ref_counts = np.zeros(num_blocks, dtype=np.int32)
@@ -217,6 +218,8 @@ class BlockPool:
         blocks = self._free.popleft_n(n)
         assert not self._ref_counts[blocks].any(), f"a block taken from the free list is held: {blocks}"
         for block in blocks:
+            if self.on_take is not None and self.journal.recording:
+                self.on_take(block)
             self._evict(block)
         self._set_ref_counts(blocks, 1)
         return blocks
@@ -263,8 +266,6 @@ class BlockPool:
         block_hash = self._hash_of_block.get(block)
         if block_hash is None:
             return
-        if self.on_evict is not None:
-            self.on_evict(block)
         cached = self._blocks_of_hash[block_hash]
         self.journal.record(self._recache, block_hash, list(cached))
         self._uncache(block)

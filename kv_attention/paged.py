@@ -169,13 +169,14 @@ class KVCacheManager(BlockTables):
 
     The scheduler's side of a paged cache (vLLM V1's ``KVCacheManager``): it decides which
     blocks and slots each token takes, and never touches K/V. ``copy_block(src, dst)`` is
-    called for each copy-on-write, before ``src`` may be taken by another. Every change is
+    called for each copy-on-write, before ``src`` may be taken by another, and ``on_take(block)``
+    for each block taken while a checkpoint lives (:class:`BlockPool`). Every change is
     recorded in :attr:`journal` while a checkpoint lives, to be undone.
     """
 
-    def __init__(self, num_blocks, block_size, enable_prefix_caching=False, copy_block=None, on_evict=None):
+    def __init__(self, num_blocks, block_size, enable_prefix_caching=False, copy_block=None, on_take=None):
         enable_prefix_caching = as_flag("enable_prefix_caching", enable_prefix_caching)
-        self.block_pool = BlockPool(num_blocks, enable_prefix_caching, on_evict=on_evict)
+        self.block_pool = BlockPool(num_blocks, enable_prefix_caching, on_take=on_take)
         super().__init__(block_size, self.block_pool.journal)
         self.copy_block, self._peak_blocks = copy_block, 0
 
@@ -473,13 +474,13 @@ class PagedKVCache:
         """A point to :meth:`restore` the cache to (the arguments, once seq_ids and num_new_tokens, are ignored).
 
         While it lives, each change records its undo (:class:`~kv_attention.block_allocator.Journal`):
-        a checkpoint costs what the calls after it touch (their blocks, and the K/V of each cached
-        block they take), not the pool's or the sequences' size.
+        a checkpoint costs what the calls after it touch (a few ints a block, and a copy of each block
+        they take, before it is written), not the pool's or the sequences' size.
         """
         return self.journal.checkpoint()
 
     def restore(self, checkpoint):
-        """Undo every change since ``checkpoint``: lengths, block tables, K/V of the cached blocks taken, the free
+        """Undo every change since ``checkpoint``: lengths, block tables, the K/V of the blocks taken, the free
         queue's order, refcounts, prefix-cache hashes and the peak, exactly as they were."""
         self.journal.restore(checkpoint)
 
@@ -509,9 +510,8 @@ class PagedKVCache:
             pool[dst] = pool[src]
 
     def _save_block(self, block):
-        """Before a cached block is taken and written over: record its K/V, to be put back by a restore."""
-        if self.journal.recording:
-            self.journal.record(self._put_block, block, [pool[block].copy() for pool in self.k_caches + self.v_caches])
+        """Before a block is taken and written over: record its K/V, to be put back by a restore."""
+        self.journal.record(self._put_block, block, [pool[block].copy() for pool in self.k_caches + self.v_caches])
 
     def _put_block(self, block, saved):
         for pool, contents in zip(self.k_caches + self.v_caches, saved):
