@@ -1,30 +1,26 @@
 """The physical blocks of a paged pool: vLLM V1's ``BlockPool``, its free block queue, refcounts and prefix-cache hashes.
 
-A block's refcount is the number of block tables holding it: ``allocate`` takes
-blocks from the head of the free queue at refcount 1, ``share`` adds a holder (a
-fork, or a prefix-cache hit, which takes a free cached block out of the queue),
-``free`` removes one, and a block goes back on the queue when its last holder
-lets go. With ``enable_caching``, a full block is cached under :func:`hash_block_tokens`
-of its parent's hash and its tokens, and stays findable on the free queue until taken
-from its head (evicted): two sequences share a cached block only when every token before
-it is the same too.
+A block's refcount is the number of block tables holding it: ``allocate`` takes blocks from the
+head of the free queue at refcount 1, ``share`` adds a holder (a fork, or a prefix-cache hit,
+which takes a free cached block out of the queue), ``free`` removes one, and a block with none
+goes back on the queue. With ``enable_caching`` a full block is cached under
+:func:`hash_block_tokens` of its parent's hash and its tokens (so two sequences share it only
+when every token before it is the same too), and stays findable on the queue until taken.
 
-What matches vLLM V1 (``vllm/v1/core/block_pool.py``: ``BlockPool.get_new_blocks``,
-``touch``, ``free_blocks``, ``cache_full_blocks``, ``get_cached_block``,
-``_maybe_evict_cached_block``; ``vllm/v1/core/kv_cache_utils.py``: ``FreeKVCacheBlockQueue``,
-``hash_block_tokens``): a doubly linked queue with a fake head and tail, in block id order
-when the pool is new; ``free`` takes blocks in eviction order (a table tail first, as
-``single_type_kv_cache_manager.py``'s ``free``), puts those with no hash at the head
-(``prepend_n``: taken next) and cached ones at the tail (``append_n``: evicted last); the
-chained sha256 hash (``--prefix-caching-hash-algo sha256``), full blocks only, and no
-de-duplication: a lookup gives the first block cached under a hash. What differs: the
-queue's links are two integer arrays, not Python objects; no ``null_block``; no hash of
-extra keys (LoRA, multimodal, cache salt) and no KV cache groups; a double free is a
-ValueError; and every change is undone by a :class:`Journal` (V1 never rolls back).
+What matches vLLM V1 (``vllm/v1/core/block_pool.py``: ``get_new_blocks``, ``touch``,
+``free_blocks``, ``cache_full_blocks``, ``get_cached_block``, ``_maybe_evict_cached_block``;
+``vllm/v1/core/kv_cache_utils.py``: ``FreeKVCacheBlockQueue``, ``hash_block_tokens``): a doubly
+linked queue with a fake head and tail, in block id order when new; ``free`` takes blocks in
+eviction order (a table's tail first, as ``single_type_kv_cache_manager.py``'s ``free``), puts
+those with no hash at the head (taken next) and cached ones at the tail (evicted last); sha256
+chained hashes of full blocks, not de-duplicated (a lookup gives the first cached). What
+differs: the queue's links are two integer arrays; no ``null_block``, extra hash keys (LoRA,
+multimodal, salt) or KV cache groups; a double free is a ValueError; and a :class:`Journal`
+undoes every change (V1 never rolls back).
 
-Errors: TypeError for a block id that is not an integer; ValueError for one out of
-range, repeated in one call, or not held; :class:`OutOfBlocksError` for more blocks
-than are free. A call that raises changes nothing.
+Errors: TypeError for a block id that is not an integer; ValueError for one out of range,
+repeated in one call, or not held; :class:`OutOfBlocksError` for more blocks than are free.
+A call that raises changes nothing.
 """
 
 import hashlib
@@ -45,11 +41,6 @@ def hash_block_tokens(parent_hash, block_token_ids):
     """The hash of a full block: sha256 of its parent's hash (None for the first block) and its token ids (bytes)."""
     tokens = np.ascontiguousarray(block_token_ids, dtype="<i8")
     return hashlib.sha256((parent_hash or b"") + tokens.tobytes()).digest()
-
-
-def index_dtype(num_blocks):
-    """The smallest of int32 and int64 that numbers ``num_blocks`` blocks."""
-    return np.dtype(np.int32 if num_blocks <= np.iinfo(np.int32).max else np.int64)
 
 
 class Checkpoint:
@@ -114,7 +105,7 @@ class FreeKVCacheBlockQueue:
     """
 
     def __init__(self, num_blocks, journal):
-        n, dtype = num_blocks, index_dtype(num_blocks + 2)
+        n, dtype = num_blocks, np.int32 if num_blocks + 2 <= np.iinfo(np.int32).max else np.int64
         self._head, self._tail, self.num_free_blocks, self.journal = n, n + 1, n, journal
         self._next = np.arange(1, n + 3, dtype=dtype)  # block i -> i + 1: id order
         self._prev = np.arange(-1, n + 1, dtype=dtype)  # block i <- i - 1

@@ -1,36 +1,30 @@
 """A paged K/V cache: fixed-size blocks from a shared pool, one block table per sequence, and paged attention.
 
-PagedAttention (Kwon et al. 2023, the vLLM paper), in vLLM's terms: ``block_size``
-tokens per block, ``num_blocks`` in the pool, a ``block_table`` per sequence
-(logical block j -> physical block), a ``slot_mapping`` per new token
-(``physical_block * block_size + offset``), a refcount per block. Three parts, as vLLM V1
-splits them: :class:`KVCacheManager` keeps each sequence's block table, length and
-prefix-cache hashes and computes the slot_mapping (``vllm/v1/core/kv_cache_manager.py``,
-``single_type_kv_cache_manager.py``, and the worker's ``vllm/v1/worker/block_table.py``);
-its :class:`~kv_attention.block_allocator.BlockPool` the blocks, free queue, refcounts
-and cached hashes (``vllm/v1/core/block_pool.py``); and :class:`PagedKVCache` the per-layer
-K/V tensors, written at a slot_mapping (``reshape_and_cache``) and read through the block
-tables, as ``vllm/v1/worker/gpu_model_runner.py``'s ``kv_caches``. :meth:`KVCacheManager.fork`
-shares the parent's blocks, and the first write into a shared last block copies it
-(copy-on-write, vLLM V0's ``blocks_to_copy``: V1 has no fork); with ``enable_prefix_caching``
-full blocks are cached under a chained hash.
+PagedAttention (Kwon et al. 2023, the vLLM paper), in vLLM's terms: ``block_size`` tokens per
+block, ``num_blocks`` in the pool, a ``block_table`` per sequence (logical block j -> physical
+block), a ``slot_mapping`` per new token (``physical_block * block_size + offset``), a refcount
+per block. Three parts, as vLLM V1 splits them: :class:`KVCacheManager` keeps the block tables,
+lengths and prefix-cache hashes and gives the slot_mapping (``vllm/v1/core/kv_cache_manager.py``,
+``single_type_kv_cache_manager.py``; ``vllm/v1/worker/block_table.py``'s
+``compute_slot_mapping``); its :class:`~kv_attention.block_allocator.BlockPool` the blocks, free
+queue and refcounts (``vllm/v1/core/block_pool.py``); :class:`PagedKVCache` the per-layer K/V,
+written at a slot_mapping (``reshape_and_cache``) as ``vllm/v1/worker/gpu_model_runner.py``'s
+``kv_caches``. A fork shares the parent's blocks, and the first write into a shared last block
+copies it (copy-on-write, vLLM V0's ``blocks_to_copy``: V1 has no fork).
 
-:func:`paged_attention` reads each stored token's k and v once per step, through its
-sequence's block table: in NumPy, reading through a block table copies (``k_cache[table]``),
-as a GPU kernel loads a block into shared memory before attending to it, so a step copies
-each sequence's blocks once (no table padded to the longest; of a last block, its empty
-slots too). Sequences of one length are gathered together and attended in one call, one
-softmax over a sequence's keys. What matches vLLM's v1 kernel
-(``csrc/attention/attention_kernels.cuh``): the keys of a sequence are read through its
-block table and take one softmax. What differs: a CUDA thread block per sequence and head
-reads each block from HBM into shared memory and never writes a gathered copy back; here
-the copy is an array, and a group of sequences one NumPy call.
+:func:`paged_attention` reads each stored token's k and v once per step, through its sequence's
+block table: in NumPy reading through a block table copies (``k_cache[table]``), as a GPU kernel
+loads a block into shared memory, so a step copies each sequence's blocks once (no table padded
+to the longest; of a last block, its empty slots too), and sequences of one length are attended
+in one call. What matches vLLM's v1 kernel (``csrc/attention/attention_kernels.cuh``): a
+sequence's keys are read through its block table and take one softmax. What differs: a CUDA
+thread block per sequence and head never writes a gathered copy; here the copy is an array.
 
-Errors: TypeError or ValueError naming the argument (ids, shapes, dtypes, token ids,
-sizes, NaN/inf), :class:`OutOfBlocksError` when an update needs more blocks than are
-free. Every check, the count of free blocks included, runs before anything is
-written, so a call that raises changes nothing; :meth:`PagedKVCache.checkpoint` and
-:meth:`~PagedKVCache.restore` undo the calls that succeeded since (a model's forward).
+Errors: TypeError or ValueError naming the argument (ids, shapes, dtypes, token ids, sizes,
+NaN/inf), :class:`OutOfBlocksError` when an update needs more blocks than are free. Every check,
+the count of free blocks included, runs before anything is written, so a call that raises
+changes nothing; :meth:`PagedKVCache.checkpoint` and :meth:`~PagedKVCache.restore` undo the
+calls that succeeded since (a model's forward, a serve).
 """
 
 import math
@@ -541,6 +535,22 @@ class PagedKVCache:
             raise TypeError(f"k and v must both be float32 or both float64 and fit the pool's {self.k_cache.dtype}: "
                             f"got {k.dtype} and {v.dtype}")
         return as_stored("k", k, self.k_cache.dtype), as_stored("v", v, self.v_cache.dtype)  # bfloat16/float16: rounded
+
+
+def check_cache_fits(cache, k_dim, v_dim, dtype, num_kv_heads=None, num_layers=1, **options):
+    """Raise unless ``cache`` is a :class:`PagedKVCache` for k/v of these widths, heads, layers and ``dtype``, and no
+    option of a new pool (``block_size=``, ``num_blocks=``...) is given beside it: a caller's cache brings its own."""
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
+    given = [f"{name}={value!r}" for name, value in options.items() if value is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} was given with a cache, whose pool has its own")
+    held = (cache.k_cache.shape[-1], cache.v_cache.shape[-1], cache.num_kv_heads, cache.num_layers)
+    if held != (k_dim, v_dim, num_kv_heads, num_layers):
+        raise ValueError(f"cache does not fit: it holds (D_k, D_v, num_kv_heads, num_layers) {held}, the computation "
+                         f"needs {(k_dim, v_dim, num_kv_heads, num_layers)}")
+    if cache.k_cache.dtype != dtype:
+        raise TypeError(f"cache holds {cache.k_cache.dtype} but the computation is {dtype}")
 
 
 def paged_attention(q, cache, seq_ids, *, causal=False, check_finite=True, layer=0):

@@ -1,53 +1,49 @@
 """Serving requests: continuous batching over a paged KV cache, with chunked prefill, preemption and prefix caching.
 
-A :class:`Request` carries token ids: its first ``prompt_len`` are the prompt. With the
-single head (``embedding [V, D_model]``, ``w_q, w_k: [D_model, D_k]``, ``w_v: [D_model, D_v]``,
-a token's input ``x = embedding[token_id]``) the rest are teacher-forced, and its outputs are
-the attention outputs at its last prompt position and at every position after,
-``[len(token_ids) - prompt_len + 1, D_v]``: they equal ``causal_attention(embedding[token_ids],
-w_q, w_k, w_v)[prompt_len - 1:]`` however the request was chunked, batched, preempted or
-served from the cache. With ``model=(config, weights)`` (:mod:`~kv_attention.model`) a Llama
-decoder runs over one paged cache for every layer, and a request is its prompt and
-``max_tokens``, the tokens to generate (vLLM's ``SamplingParams.max_tokens``; or, as before,
-placeholder tokens past ``prompt_len`` saying how many); each output is the argmax of the logits
-at the last known token, fed back as the next: a request's outputs equal its own ``generate()``.
+A :class:`Request` carries token ids, its first ``prompt_len`` the prompt. With the single head
+(``embedding [V, D_model]``, ``w_q, w_k: [D_model, D_k]``, ``w_v: [D_model, D_v]``, a token's
+input ``embedding[token_id]``) the rest are teacher-forced, and the outputs are the attention
+outputs from the last prompt position on, ``[len(token_ids) - prompt_len + 1, D_v]``, equal to
+``causal_attention(embedding[token_ids], w_q, w_k, w_v)[prompt_len - 1:]`` however the request
+was chunked, batched, preempted or served from the cache. With ``model=(config, weights)`` a
+Llama decoder (:mod:`~kv_attention.model`) runs over one paged cache for every layer; a request
+is its prompt and ``max_tokens`` (vLLM's ``SamplingParams.max_tokens``; or, as before,
+placeholder tokens past ``prompt_len``), and each output is the argmax of the logits at the
+last known token, fed back: a request's outputs equal its own ``generate()``.
 
-The scheduler decides and a runner executes, as in vLLM V1 (``vllm/v1/engine/core.py``'s
-``step``: ``Scheduler.schedule``, ``GPUModelRunner.execute_model``,
+The scheduler decides and a runner executes, as vLLM V1's engine step
+(``vllm/v1/engine/core.py``: ``Scheduler.schedule``, then ``GPUModelRunner.execute_model``, then
 ``Scheduler.update_from_output``). :meth:`Scheduler.schedule` is V1's
 (``vllm/v1/core/sched/scheduler.py``), with no decode or prefill phase: each request has
-``num_computed`` tokens in the cache and ``num_tokens`` known, and each step spends a budget of
+``num_computed`` tokens in the cache and ``num_tokens`` known, and a step spends a budget of
 ``max_num_batched_tokens`` bringing the first up to the second:
 
 1. Running requests, in order of admission: each gets ``min(num_tokens - num_computed, budget)``
-   tokens (chunked prefill; a decode is 1 token), once the KV cache manager has slots for
-   them (``allocate_slots``). When it has not, the last running request is preempted
-   (``self.running.pop()``: its blocks freed, ``num_computed = 0``, back at the head of the
-   waiting queue, to be recomputed) until the slots fit or the request itself was preempted.
-2. Waiting requests, first come first served, only in a step that preempted none (V1's
-   ``if not preempted_reqs``) and while fewer than ``max_num_seqs`` run: a request starts
-   from its prefix-cache hit, capped at ``num_tokens - 1`` tokens (``get_computed_blocks``),
-   and gets ``min(num_tokens - num_computed, budget)`` tokens if their slots fit; the first
-   that does not fit stops admission.
+   tokens (chunked prefill; a decode is 1) once the KV cache manager has slots for them
+   (``allocate_slots``); else the last running request is preempted (``self.running.pop()``:
+   blocks freed, ``num_computed = 0``, to the head of the waiting queue, to be recomputed)
+   until they fit or the request itself was preempted.
+2. Waiting requests, first come first served, only in a step that preempted none and while
+   fewer than ``max_num_seqs`` run: a request starts from its prefix-cache hit, capped at
+   ``num_tokens - 1`` tokens (``get_computed_blocks``), and is admitted if its chunk's slots
+   fit; the first that does not stops admission.
 
-Its :class:`SchedulerOutput` names each request's ``num_scheduled_tokens``; the runner computes
-their k and v into the blocks taken, and an output for each request whose known tokens are now
-all in the cache (the model's runner: the one-token chunks as one batch, each longer chunk
-alone). What differs from V1: no sampling (teacher-forced tokens, or the model's argmax), FCFS
-only, no ``long_prefill_token_threshold``, speculative decoding, encoder inputs or KV
-connectors; the blocks a waiting request needs are counted before it takes its cached prefix,
-so a refused admission leaves the prefix cache's LRU order as it was; and the runner shares the
-scheduler's request objects instead of a copy of their state. Continuous batching: Orca (Yu et al. 2022).
+Its :class:`SchedulerOutput` gives each request's ``num_scheduled_tokens``; the runner writes
+their k and v into the blocks taken and computes an output for each request now up to date
+(the model: the one-token chunks as one batch, each longer chunk alone). What differs from V1:
+no sampling, FCFS only, no ``long_prefill_token_threshold``, speculative decoding, encoder
+inputs or KV connectors; a waiting request's blocks are counted before it takes its cached
+prefix (a refused admission leaves the LRU order as it was); the runner shares the scheduler's
+request objects. Continuous batching: Orca (Yu et al. 2022).
 
 Errors, all before anything runs: TypeError for ``requests`` that are not a list or tuple of
-:class:`Request`, a request id that is not hashable, token ids that are not integers, a size
-that is not an integer, a flag that is not a bool, or an embedding or weight that is not a
-float32/float64 array. ValueError naming the request for a repeated request id, ``prompt_len``
-outside [1, len(token_ids)], token ids outside [0, V), or a request whose full length needs
-more blocks than ``num_blocks`` (it could never fit the pool). ValueError also for a budget or
-``max_num_seqs`` below 1, ``block_size`` below 1, shapes that do not fit (named), NaN/inf, and
-with ``model``, weights that do not fit its config (named). A serve that fails later (a NaN
-in a layer, a caller's ``cache`` too full, Ctrl-C) leaves that cache as it was and raises its error.
+:class:`Request`, an id that is not hashable, token ids that are not integers, a size that is
+not an integer, a flag that is not a bool, an embedding or weight that is not a float array;
+ValueError naming the request for a repeated id, ``prompt_len`` outside [1, len(token_ids)],
+token ids outside [0, V), or a request that could never fit the pool; ValueError for a budget,
+``max_num_seqs`` or ``block_size`` below 1, shapes that do not fit, NaN/inf, or weights that do
+not fit the config. A serve that fails later (a NaN in a layer, a caller's ``cache`` too full,
+Ctrl-C) leaves that cache as it was and raises its own error.
 """
 
 import math
@@ -60,7 +56,7 @@ import numpy as np
 from ._validation import _MAX_STEP, as_array, as_flag, as_float_array, as_size
 from .attention import check_projection_inputs
 from .model import ModelConfig, check_weights, forward
-from .paged import OutOfBlocksError, PagedCacheView, PagedKVCache, as_token_ids, paged_attention
+from .paged import OutOfBlocksError, PagedCacheView, PagedKVCache, as_token_ids, check_cache_fits, paged_attention
 
 
 @dataclass(frozen=True)
@@ -330,7 +326,8 @@ def check_serve_inputs(requests, embedding, weights, model, cache, block_size, n
         cache = PagedKVCache(as_size("num_blocks", num_blocks), 16 if block_size is None else block_size, d_k, d_v,
                              dtype, enable_prefix_caching=enable_prefix_caching, num_kv_heads=heads, num_layers=layers)
     else:
-        _check_cache(cache, (d_k, d_v, heads, layers, dtype), block_size, num_blocks, enable_prefix_caching)
+        check_cache_fits(cache, d_k, d_v, dtype, heads, layers, block_size=block_size, num_blocks=num_blocks,
+                         enable_prefix_caching=enable_prefix_caching or None)
     specs = _check_requests(requests, vocab_size, cache, model is not None)
     seqs = [_Sequence(*spec, *output) for spec in specs]
     runner = _HeadRunner(cache, embedding, weights) if model is None else _ModelRunner(cache, model)
@@ -349,19 +346,6 @@ def _check_single_head(embedding, w_q, w_k, w_v):
     # x = embedding[token_ids]: the bound on |q|·|k| over every embedding row covers every token.
     embedding, w_q, w_k, w_v, dtype = check_projection_inputs(embedding, w_q, w_k, w_v, x_ndims=(2,))
     return embedding.astype(dtype, copy=False), (w_q, w_k, w_v), dtype
-
-
-def _check_cache(cache, layout, block_size, num_blocks, enable_prefix_caching):
-    """Raise unless a caller's ``cache`` holds the model's K/V, and no pool option was given beside it."""
-    if not isinstance(cache, PagedKVCache):
-        raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
-    given = {"block_size": block_size, "num_blocks": num_blocks, "enable_prefix_caching": enable_prefix_caching or None}
-    if any(v is not None for v in given.values()):
-        raise ValueError(f"{[k for k, v in given.items() if v is not None]} were given with a cache, which has its own")
-    held = (cache.k_cache.shape[-1], cache.v_cache.shape[-1], cache.num_kv_heads, cache.num_layers, cache.k_cache.dtype)
-    if held != layout:
-        raise ValueError(f"cache does not fit the model: it holds (D_k, D_v, num_kv_heads, num_layers, dtype) {held}, "
-                         f"the model needs {layout}")
 
 
 def _check_requests(requests, vocab_size, cache, generates):
