@@ -125,7 +125,8 @@ class FreeKVCacheBlockQueue:
 
     def remove(self, block):
         """Unlink ``block`` from wherever it is in the queue (a prefix-cache hit, V1's ``touch``)."""
-        self.journal.record(self._insert, block, int(self._prev[block]), int(self._next[block]))
+        if self.journal.recording:
+            self.journal.record(self._insert, block, int(self._prev[block]), int(self._next[block]))
         self._unlink(block)
 
     def append_n(self, blocks):
@@ -243,7 +244,8 @@ class BlockPool:
         self._hash_of_block[block] = block_hash
 
     def _set_ref_counts(self, blocks, counts):
-        self.journal.record(self._ref_counts.__setitem__, blocks, self._ref_counts[blocks])
+        if self.journal.recording:
+            self.journal.record(self._ref_counts.__setitem__, blocks, self._ref_counts[blocks])
         self._ref_counts[blocks] = counts
 
     def _release(self, blocks):

@@ -408,9 +408,13 @@ class PagedKVCache:
         self.v_caches = [np.zeros((*shape, v_dim), dtype) for _ in range(num_layers)]
 
     def __getattr__(self, name):
+        """The manager's member ``name``; a method or a fixed size is kept on the cache, found directly next time."""
         if name == "manager":  # not set yet (unpickling, a failed __init__)
             raise AttributeError(name)
-        return getattr(self.manager, name)
+        value = getattr(self.manager, name)
+        if callable(value) or name in ("block_size", "num_blocks", "enable_prefix_caching"):
+            self.__dict__[name] = value
+        return value
 
     def __repr__(self):
         return (f"PagedKVCache(num_blocks={self.num_blocks}, block_size={self.block_size}, "
