@@ -226,7 +226,8 @@ class KVCacheManager(BlockTables):
         self._check_known([seq_id])
         self.block_pool.free(self._block_tables[seq_id][::-1])  # tail first, as V1's free
         index = list(self._block_tables).index(seq_id) if self.journal.recording else None
-        self.journal.record(self._unforget, seq_id, index, self._forget(seq_id))
+        state = self._forget(seq_id)
+        self.journal.record(self._unforget, seq_id, index, state)
 
     def ref_count(self, block):
         """Block tables holding physical block ``block`` (int; 0 for a free or only cached block)."""
