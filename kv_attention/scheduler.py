@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from ._validation import _MAX_STEP, as_array, as_flag, as_float_array, as_size
+from ._validation import _MAX_STEP, as_array, as_float_array, as_size
 from .attention import check_projection_inputs
 from .model import ModelConfig, check_weights, forward
 from .paged import OutOfBlocksError, PagedCacheView, PagedKVCache, as_token_ids, check_cache_fits, paged_attention
