@@ -24,7 +24,6 @@ A call that raises changes nothing.
 """
 
 import hashlib
-import itertools
 import weakref
 
 import numpy as np
@@ -190,9 +189,9 @@ class BlockPool:
         """Block tables holding ``block`` (int); 0 for a free block."""
         return int(self._ref_counts[self._check_block_id(block)])
 
-    def free_blocks(self, n=None):
-        """The free blocks, the next one taken first: all, or the first ``n`` (tuple of ints)."""
-        return tuple(itertools.islice(self._free, n))
+    def free_blocks(self):
+        """The free blocks, the next one taken first (tuple of ints)."""
+        return tuple(self._free)
 
     def is_cached(self, block):
         """Whether ``block`` is cached under a hash (bool)."""

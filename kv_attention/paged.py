@@ -234,10 +234,8 @@ class KVCacheManager(BlockTables):
         return self.block_pool.ref_count(block)
 
     def allocate_slots(self, seq_id, num_tokens):
-        """Reserve blocks for ``num_tokens`` more tokens of ``seq_id`` (V1's ``allocate_slots``); returns how many.
-
-        All or nothing: :class:`OutOfBlocksError` if fewer are free.
-        """
+        """Reserve blocks for ``num_tokens`` more tokens of ``seq_id`` (V1's ``allocate_slots``), all or nothing
+        (:class:`OutOfBlocksError`); returns how many."""
         self._check_known([seq_id])
         needed = self._take_blocks([seq_id], as_size("num_tokens", num_tokens))
         self._note_peak()
@@ -439,11 +437,9 @@ class PagedKVCache:
     def update(self, seq_ids, k, v, token_ids=None):
         """Append ``k: [N, T_new, D_k]``, ``v: [N, T_new, D_v]``, row i to sequence ``seq_ids[i]``; return slot_mapping.
 
-        With ``num_kv_heads``, ``k: [N, T_new, H_kv, D_k]`` and ``v: [N, T_new, H_kv, D_v]``.
-        ``token_ids: [N, T_new]`` name the new tokens (:meth:`KVCacheManager.append_slots`).
-        slot_mapping ``[N, T_new]`` int64 is the slot each new position was written to.
-        A pool of one layer only: :meth:`append_slots`, :meth:`write_slots` and
-        ``cache_full_blocks`` are its three steps, for a pool of several layers.
+        With ``num_kv_heads``, ``k: [N, T_new, H_kv, D_k]``, ``v: [N, T_new, H_kv, D_v]``; ``token_ids: [N, T_new]``
+        name the new tokens (:meth:`KVCacheManager.append_slots`). A pool of one layer only: ``append_slots``,
+        :meth:`write_slots` and ``cache_full_blocks`` are its steps, for a pool of several layers.
         """
         if self.num_layers != 1:
             raise ValueError(f"update writes a pool of one layer, this one has num_layers={self.num_layers}: "
