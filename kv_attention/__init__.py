@@ -8,7 +8,7 @@ build on the same caches (one sequence's subclass the :class:`Cache` base class)
 prefill onto a cache, sliding windows and attention sinks (``chunked``,
 ``window``) are exact against the banded :func:`causal_attention`. Serving
 (``scheduler``) batches requests of token ids continuously over the paged cache,
-with forks, prefix caching and preemption (``block_allocator``, ``prefix_caching``).
+with forks, prefix caching and preemption (``block_allocator``).
 Split-KV (flash-decoding) and cascade attention (``split``) merge partial attention
 states exactly by log-sum-exp. A Llama-architecture model (``model``) decodes token by
 token through one of these caches per layer and loads Hugging Face checkpoints as they are,

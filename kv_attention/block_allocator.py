@@ -1,27 +1,30 @@
-"""The physical blocks of a paged pool: vLLM V1's free block queue and a refcount per block.
+"""The physical blocks of a paged pool: vLLM V1's ``BlockPool``, its free block queue, refcounts and prefix-cache hashes.
 
-A block's refcount is the number of block tables holding it: ``allocate`` takes
-blocks from the head of the free queue at refcount 1, ``share`` adds a holder (a
-fork, or a prefix-cache hit, which takes a free cached block out of the queue),
-``free`` removes one, and a block goes back on the queue when its last holder
-lets go. What matches vLLM V1 (``vllm/v1/core/kv_cache_utils.py``:
-``FreeKVCacheBlockQueue``; ``vllm/v1/core/block_pool.py``: ``get_new_blocks``,
-``touch``, ``free_blocks``): a doubly linked queue with a fake head and tail, in
-block id order when the pool is new; ``free`` takes blocks in eviction order (the
-cache frees a sequence's table tail first, as ``single_type_kv_cache_manager.py``'s
-``free`` does), puts those with no hash at the head (``prepend_n``: taken next) and
-cached ones at the tail (``append_n``: evicted last); invariants are ``assert``s.
-What differs: the queue's links are two integer arrays, not Python objects; no
-block 0 is set aside as V1's ``null_block`` (no sliding window here needs one);
-a double free is a ValueError, not a silently negative refcount.
+A block's refcount is the number of block tables holding it: ``allocate`` takes blocks from the
+head of the free queue at refcount 1, ``share`` adds a holder (a fork, or a prefix-cache hit,
+which takes a free cached block out of the queue), ``free`` removes one, and a block with none
+goes back on the queue. With ``enable_caching`` a full block is cached under
+:func:`hash_block_tokens` of its parent's hash and its tokens (so two sequences share it only
+when every token before it is the same too), and stays findable on the queue until taken.
 
-Errors: TypeError for a block id that is not an integer; ValueError for one out of
-range, repeated in one call, or not held; :class:`OutOfBlocksError` for more blocks
-than are free. A call that raises changes nothing; :meth:`~BlockAllocator.checkpoint` and
-:meth:`~BlockAllocator.restore` undo an allocation whose caller failed later.
+What matches vLLM V1 (``vllm/v1/core/block_pool.py``: ``get_new_blocks``, ``touch``,
+``free_blocks``, ``cache_full_blocks``, ``get_cached_block``, ``_maybe_evict_cached_block``;
+``vllm/v1/core/kv_cache_utils.py``: ``FreeKVCacheBlockQueue``, ``hash_block_tokens``): a doubly
+linked queue with a fake head and tail, in block id order when new; ``free`` takes blocks in
+eviction order (a table's tail first, as ``single_type_kv_cache_manager.py``'s ``free``), puts
+those with no hash at the head (taken next) and cached ones at the tail (evicted last); sha256
+chained hashes of full blocks, not de-duplicated (a lookup gives the first cached). What
+differs: the queue's links are two integer arrays; no ``null_block``, extra hash keys (LoRA,
+multimodal, salt) or KV cache groups; a double free is a ValueError; and a :class:`Journal`
+undoes every change (V1 never rolls back).
+
+Errors: TypeError for a block id that is not an integer; ValueError for one out of range,
+repeated in one call, or not held; :class:`OutOfBlocksError` for more blocks than are free.
+A call that raises changes nothing.
 """
 
-import itertools
+import hashlib
+import weakref
 
 import numpy as np
 
@@ -33,9 +36,64 @@ class OutOfBlocksError(CacheFullError, RuntimeError):
     """The pool has fewer free blocks than an update needs; the cache was left unchanged."""
 
 
-def index_dtype(num_blocks):
-    """The smallest of int32 and int64 that numbers ``num_blocks`` blocks."""
-    return np.dtype(np.int32 if num_blocks <= np.iinfo(np.int32).max else np.int64)
+def hash_block_tokens(parent_hash, block_token_ids):
+    """The hash of a full block: sha256 of its parent's hash (None for the first block) and its token ids (bytes)."""
+    tokens = np.ascontiguousarray(block_token_ids, dtype="<i8")
+    return hashlib.sha256((parent_hash or b"") + tokens.tobytes()).digest()
+
+
+class Checkpoint:
+    """A point of a :class:`Journal` to go back to; the journal records while one is alive."""
+
+    __slots__ = ("journal", "mark", "__weakref__")
+
+    def __init__(self, journal, mark):
+        self.journal, self.mark = journal, mark
+
+    def __iter__(self):  # nothing: model.generate zips a paged cache's checkpoint with its per-layer lengths (none)
+        return iter(())
+
+
+class Journal:
+    """How to undo each change made since the oldest :class:`Checkpoint` still alive (an undo log).
+
+    A change records its inverse only while some checkpoint is alive, so a checkpoint costs what
+    the changes after it touch (a few ints a block, and the K/V of each block taken, which is
+    about to be written over), not the size of the pool or of a sequence; the entries older than every live checkpoint
+    are dropped at the next :meth:`checkpoint`.
+    """
+
+    def __init__(self):
+        self._undo, self._start, self._live = [], 0, weakref.WeakSet()
+
+    @property
+    def recording(self):
+        return bool(self._live)
+
+    def record(self, undo, *args):
+        """Note that ``undo(*args)`` takes back the change about to be made."""
+        if self._live:
+            self._undo.append((undo, args))
+
+    def checkpoint(self):
+        oldest = min((c.mark for c in self._live), default=self._start + len(self._undo))
+        del self._undo[: oldest - self._start]
+        self._start = oldest
+        checkpoint = Checkpoint(self, self._start + len(self._undo))
+        self._live.add(checkpoint)
+        return checkpoint
+
+    def restore(self, checkpoint):
+        """Undo every change made since ``checkpoint``, the last first; the undoing records nothing."""
+        if not isinstance(checkpoint, Checkpoint) or checkpoint.journal is not self:
+            raise TypeError(f"checkpoint must be a checkpoint of this pool, got {checkpoint!r:.100}")
+        live, self._live = self._live, weakref.WeakSet()
+        try:
+            while self._start + len(self._undo) > checkpoint.mark:
+                undo, args = self._undo.pop()
+                undo(*args)
+        finally:
+            self._live = live
 
 
 class FreeKVCacheBlockQueue:
@@ -45,9 +103,9 @@ class FreeKVCacheBlockQueue:
     ``n + 1`` the fake tail, so that no operation branches on an empty queue.
     """
 
-    def __init__(self, num_blocks):
-        n, dtype = num_blocks, index_dtype(num_blocks + 2)
-        self._head, self._tail, self.num_free_blocks = n, n + 1, n
+    def __init__(self, num_blocks, journal):
+        n, dtype = num_blocks, np.int32 if num_blocks + 2 <= np.iinfo(np.int32).max else np.int64
+        self._head, self._tail, self.num_free_blocks, self.journal = n, n + 1, n, journal
         self._next = np.arange(1, n + 3, dtype=dtype)  # block i -> i + 1: id order
         self._prev = np.arange(-1, n + 1, dtype=dtype)  # block i <- i - 1
         self._next[self._head] = 0 if n else self._tail
@@ -66,25 +124,29 @@ class FreeKVCacheBlockQueue:
 
     def remove(self, block):
         """Unlink ``block`` from wherever it is in the queue (a prefix-cache hit, V1's ``touch``)."""
-        before, after = self._prev[block], self._next[block]
-        self._next[before], self._prev[after] = after, before
-        self.num_free_blocks -= 1
+        if self.journal.recording:
+            self.journal.record(self._insert, block, int(self._prev[block]), int(self._next[block]))
+        self._unlink(block)
 
     def append_n(self, blocks):
         """Put ``blocks`` at the tail, in order (the last evicted last)."""
         for block in blocks:
-            last = self._prev[self._tail]
-            self._next[last], self._prev[block] = block, last
-            self._next[block], self._prev[self._tail] = self._tail, block
-        self.num_free_blocks += len(blocks)
+            self._insert(block, int(self._prev[self._tail]), self._tail)
 
     def prepend_n(self, blocks):
         """Put ``blocks`` at the head, in order (``blocks[0]`` taken first)."""
         for block in reversed(blocks):
-            first = self._next[self._head]
-            self._next[self._head], self._prev[block] = block, self._head
-            self._next[block], self._prev[first] = first, block
-        self.num_free_blocks += len(blocks)
+            self._insert(block, self._head, int(self._next[self._head]))
+
+    def _insert(self, block, before, after):
+        self.journal.record(self._unlink, block)
+        self._next[before], self._prev[block], self._next[block], self._prev[after] = block, before, after, block
+        self.num_free_blocks += 1
+
+    def _unlink(self, block):
+        before, after = self._prev[block], self._next[block]
+        self._next[before], self._prev[after] = after, before
+        self.num_free_blocks -= 1
 
     def __iter__(self):
         """The free blocks, head first (V1's ``get_all_free_blocks``)."""
@@ -94,13 +156,19 @@ class FreeKVCacheBlockQueue:
             block = int(self._next[block])
 
 
-class BlockAllocator:
-    """Blocks ``0 .. num_blocks - 1``: V1's free queue and a refcount each (``int32``)."""
+class BlockPool:
+    """Blocks ``0 .. num_blocks - 1``: V1's free queue, a refcount each (``int32``), and with ``enable_caching`` the
+    hashes of the cached blocks. ``on_take(block)``, if given, runs for each block taken while the journal records:
+    before it is written over, for a restore to give back what it held (a cached prefix, or tokens freed since)."""
 
-    def __init__(self, num_blocks):
+    def __init__(self, num_blocks, enable_caching=False, journal=None, on_take=None):
         num_blocks = as_size("num_blocks", num_blocks)
-        self._free = FreeKVCacheBlockQueue(num_blocks)
+        self.enable_caching, self.on_take = enable_caching, on_take
+        self.journal = Journal() if journal is None else journal
+        self._free = FreeKVCacheBlockQueue(num_blocks, self.journal)
         self._ref_counts = np.zeros(num_blocks, dtype=np.int32)
+        self._blocks_of_hash = {}  # block hash -> {block: None}, the first cached first
+        self._hash_of_block = {}  # cached block -> its hash
 
     @property
     def num_blocks(self):
@@ -109,20 +177,29 @@ class BlockAllocator:
 
     @property
     def num_free_blocks(self):
-        """Blocks that :meth:`allocate` can take (int)."""
+        """Blocks that :meth:`allocate` can take (int), cached ones that nobody holds included."""
         return self._free.num_free_blocks
+
+    @property
+    def num_cached_blocks(self):
+        """Blocks cached under a hash, held or free (int)."""
+        return len(self._hash_of_block)
 
     def ref_count(self, block):
         """Block tables holding ``block`` (int); 0 for a free block."""
         return int(self._ref_counts[self._check_block_id(block)])
 
-    def free_blocks(self, n=None):
-        """The free blocks, the next one taken first: all, or the first ``n`` (tuple of ints)."""
-        return tuple(itertools.islice(self._free, n))
+    def free_blocks(self):
+        """The free blocks, the next one taken first (tuple of ints)."""
+        return tuple(self._free)
 
     def is_cached(self, block):
-        """Whether ``block`` is cached under a hash (bool; never, without prefix caching)."""
-        return False
+        """Whether ``block`` is cached under a hash (bool)."""
+        return block in self._hash_of_block
+
+    def lookup(self, block_hash):
+        """The first block cached under ``block_hash``, or None (V1's ``get_cached_block``)."""
+        return next(iter(self._blocks_of_hash.get(block_hash, ())), None)
 
     def allocate(self, n):
         """Take ``n`` blocks off the head of the free queue, each with refcount 1: a list, in the order taken."""
@@ -131,40 +208,44 @@ class BlockAllocator:
             raise OutOfBlocksError(f"out of blocks: {n} needed, {self.num_free_blocks} of {self.num_blocks} free")
         blocks = self._free.popleft_n(n)
         assert not self._ref_counts[blocks].any(), f"a block taken from the free list is held: {blocks}"
-        self._evict(blocks)
-        self._ref_counts[blocks] = 1
+        for block in blocks:
+            if self.on_take is not None and self.journal.recording:
+                self.on_take(block)
+            self._evict(block)
+        self._set_ref_counts(blocks, 1)
         return blocks
 
     def share(self, blocks):
-        """Add one holder to each of ``blocks`` (distinct, each held; with prefix caching, or free and cached)."""
+        """Add one holder to each of ``blocks`` (distinct, each held; or free and cached: a hit, V1's ``touch``)."""
         blocks = self._check_held(blocks, "share")
         for block in blocks:
             if self._ref_counts[block] == 0:  # a free cached block: a hit takes it out of the queue
                 self._free.remove(block)
-        self._ref_counts[blocks] += 1
+        self._set_ref_counts(blocks, self._ref_counts[blocks] + 1)
 
     def free(self, blocks):
         """Remove one holder from each of ``blocks``, given in eviction order (the first evicted first); return
         those left with none: the uncached ones go to the head of the free queue, the cached ones to its tail."""
         blocks = self._check_held(blocks, "free")
-        self._ref_counts[blocks] -= 1
+        self._set_ref_counts(blocks, self._ref_counts[blocks] - 1)
         assert (self._ref_counts[blocks] >= 0).all(), f"a refcount went below 0: {blocks}"
         released = [b for b in blocks if self._ref_counts[b] == 0]
         self._release(released)
         return released
 
-    def checkpoint(self, n):
-        """What taking up to the next ``n`` blocks changes, for :meth:`restore`: those blocks (a tuple)."""
-        return self.free_blocks(n)
+    def cache(self, block, block_hash):
+        """Cache held, full, uncached ``block`` under ``block_hash``, beside any block cached under it already."""
+        (block,) = self._check_held([block], "cache")
+        if not self.enable_caching or block in self._hash_of_block:
+            raise ValueError(f"cannot cache block {block}: {'it is cached already' if self.enable_caching else 'no caching'}")
+        self.journal.record(self._uncache, block)
+        self._blocks_of_hash.setdefault(block_hash, {})[block] = None
+        self._hash_of_block[block] = block_hash
 
-    def restore(self, taken):
-        """Put the blocks of ``taken`` (a :meth:`checkpoint`) allocated since, its first ones, each held once, back
-        at the head of the free queue as they were: the undo of a call that failed after it allocated (its caller
-        undoes any share or free)."""
-        held = [b for b in taken if self._ref_counts[b]]
-        assert held == list(taken[: len(held)]) and (self._ref_counts[held] == 1).all(), f"not as taken: {taken}"
-        self._ref_counts[held] = 0
-        self._free.prepend_n(held)
+    def _set_ref_counts(self, blocks, counts):
+        if self.journal.recording:
+            self.journal.record(self._ref_counts.__setitem__, blocks, self._ref_counts[blocks])
+        self._ref_counts[blocks] = counts
 
     def _release(self, blocks):
         assert not self._ref_counts[blocks].any(), f"a block put back on the free list is held: {blocks}"
@@ -172,8 +253,24 @@ class BlockAllocator:
         self._free.prepend_n([b for b in blocks if not self.is_cached(b)])
         self._free.append_n([b for b in blocks if self.is_cached(b)])
 
-    def _evict(self, blocks):
-        """Drop the hashes of ``blocks``, just taken off the queue (prefix caching)."""
+    def _evict(self, block):
+        """Drop the hash of ``block``, just taken off the queue (V1's ``_maybe_evict_cached_block``)."""
+        block_hash = self._hash_of_block.get(block)
+        if block_hash is None:
+            return
+        cached = self._blocks_of_hash[block_hash]
+        self.journal.record(self._recache, block_hash, list(cached))
+        self._uncache(block)
+
+    def _uncache(self, block):
+        block_hash = self._hash_of_block.pop(block)
+        del self._blocks_of_hash[block_hash][block]
+        if not self._blocks_of_hash[block_hash]:
+            del self._blocks_of_hash[block_hash]
+
+    def _recache(self, block_hash, blocks):
+        self._blocks_of_hash[block_hash] = dict.fromkeys(blocks)  # in their order: a lookup gives the same first
+        self._hash_of_block.update(dict.fromkeys(blocks, block_hash))
 
     def _check_block_id(self, block):
         """``block`` as an int in [0, num_blocks); TypeError unless an integer, ValueError out of range."""

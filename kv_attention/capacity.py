@@ -49,15 +49,6 @@ def as_itemsize(dtype, named):
     return dtype.itemsize
 
 
-def check_model_shape(n_layers, n_heads, n_kv_heads, head_dim):
-    """Raise unless every count is an integer >= 1 and n_kv_heads divides n_heads."""
-    counts = {"n_layers": n_layers, "n_heads": n_heads, "n_kv_heads": n_kv_heads, "head_dim": head_dim}
-    for name, n in counts.items():
-        as_size(name, n, minimum=1)
-    if n_heads % n_kv_heads:
-        raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}")
-
-
 def kv_cache_bytes(*, batch, seq_len, n_layers, n_kv_heads, head_dim, dtype):
     """Logical size of a K/V cache in bytes, as an exact Python int.
 
@@ -83,7 +74,11 @@ class ModelShape:
     head_dim: int
 
     def __post_init__(self):
-        check_model_shape(self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim)
+        """Raise unless every count is an integer >= 1 and n_kv_heads divides n_heads."""
+        for name in ("n_layers", "n_heads", "n_kv_heads", "head_dim"):
+            as_size(name, getattr(self, name), minimum=1)
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} is not divisible by n_kv_heads={self.n_kv_heads}")
 
     def kv_cache_bytes(self, *, batch=1, seq_len=1, dtype=np.float16):
         """:func:`kv_cache_bytes` for this model; by default the bytes per token at fp16."""

@@ -1,30 +1,30 @@
 """A paged K/V cache: fixed-size blocks from a shared pool, one block table per sequence, and paged attention.
 
-PagedAttention (Kwon et al. 2023, the vLLM paper), in vLLM's terms: ``block_size``
-tokens per block, ``num_blocks`` in the pool, a ``block_table`` per sequence
-(logical block j -> physical block), a ``slot_mapping`` per new token
-(``physical_block * block_size + offset``), a refcount per block. The allocator
-(:mod:`~kv_attention.block_allocator`) keeps V1's free block queue and the refcounts; this
-class the map of sequence -> block table. :meth:`PagedKVCache.fork` shares the
-parent's blocks, and the first write into a shared last block copies it
-(copy-on-write); with ``enable_prefix_caching`` full blocks are cached under a
-chained hash (:mod:`~kv_attention.prefix_caching`).
+PagedAttention (Kwon et al. 2023, the vLLM paper), in vLLM's terms: ``block_size`` tokens per
+block, ``num_blocks`` in the pool, a ``block_table`` per sequence (logical block j -> physical
+block), a ``slot_mapping`` per new token (``physical_block * block_size + offset``), a refcount
+per block. Three parts, as vLLM V1 splits them: :class:`KVCacheManager` keeps the block tables,
+lengths and prefix-cache hashes and gives the slot_mapping (``vllm/v1/core/kv_cache_manager.py``,
+``single_type_kv_cache_manager.py``; ``vllm/v1/worker/block_table.py``'s
+``compute_slot_mapping``); its :class:`~kv_attention.block_allocator.BlockPool` the blocks, free
+queue and refcounts (``vllm/v1/core/block_pool.py``); :class:`PagedKVCache` the per-layer K/V,
+written at a slot_mapping (``reshape_and_cache``) as ``vllm/v1/worker/gpu_model_runner.py``'s
+``kv_caches``. A fork shares the parent's blocks, and the first write into a shared last block
+copies it (copy-on-write, vLLM V0's ``blocks_to_copy``: V1 has no fork).
 
-:func:`paged_attention` reads each stored token's k and v once per step, through its
-sequence's block table: in NumPy, reading through a block table copies (``k_cache[table]``),
-as a GPU kernel loads a block into shared memory before attending to it, so a step copies
-each sequence's blocks once (no table padded to the longest; of a last block, its empty
-slots too). Sequences of one length are gathered together and attended in one call, one
-softmax over a sequence's keys. What matches vLLM's v1 kernel
-(``csrc/attention/attention_kernels.cuh``): the keys of a sequence are read through its
-block table and take one softmax. What differs: a CUDA thread block per sequence and head
-reads each block from HBM into shared memory and never writes a gathered copy back; here
-the copy is an array, and a group of sequences one NumPy call.
+:func:`paged_attention` reads each stored token's k and v once per step, through its sequence's
+block table: in NumPy reading through a block table copies (``k_cache[table]``), as a GPU kernel
+loads a block into shared memory, so a step copies each sequence's blocks once (no table padded
+to the longest; of a last block, its empty slots too), and sequences of one length are attended
+in one call. What matches vLLM's v1 kernel (``csrc/attention/attention_kernels.cuh``): a
+sequence's keys are read through its block table and take one softmax. What differs: a CUDA
+thread block per sequence and head never writes a gathered copy; here the copy is an array.
 
-Errors: TypeError or ValueError naming the argument (ids, shapes, dtypes, token ids,
-sizes, NaN/inf), :class:`OutOfBlocksError` when an update needs more blocks than are
-free. Every check, the count of free blocks included, runs before anything is
-written, so a call that raises changes nothing.
+Errors: TypeError or ValueError naming the argument (ids, shapes, dtypes, token ids, sizes,
+NaN/inf), :class:`OutOfBlocksError` when an update needs more blocks than are free. Every check,
+the count of free blocks included, runs before anything is written, so a call that raises
+changes nothing; :meth:`PagedKVCache.checkpoint` and :meth:`~PagedKVCache.restore` undo the
+calls that succeeded since (a model's forward, a serve).
 """
 
 import math
@@ -34,9 +34,8 @@ import numpy as np
 from ._validation import (as_array, as_flag, as_float_array, as_float_dtype, as_integer_array, as_size,
                           as_sizes_per_sequence, as_stored, compute_dtype)
 from .attention import attention_forward
-from .block_allocator import BlockAllocator, OutOfBlocksError
+from .block_allocator import BlockPool, OutOfBlocksError, hash_block_tokens
 from .cache import check_crop
-from .prefix_caching import PrefixCachingAllocator, hash_block_tokens
 
 
 def as_id_list(seq_ids):
@@ -47,13 +46,6 @@ def as_id_list(seq_ids):
     return list(seq_ids)
 
 
-def _check_hashable(seq_id):
-    try:
-        hash(seq_id)
-    except TypeError:
-        raise TypeError(f"a sequence id must be hashable, got {seq_id!r}") from None
-
-
 def as_token_ids(name, token_ids):
     """``token_ids`` as a 1-D int64 array; TypeError unless integers, ValueError unless 1-D."""
     array = as_integer_array(name, token_ids)
@@ -62,141 +54,22 @@ def as_token_ids(name, token_ids):
     return array
 
 
-def _as_update_token_ids(token_ids, n_seqs, t_new):
-    """The token ids of an update's new positions as ``[N, T_new]`` int64 (None stays None)."""
-    if token_ids is None:
-        return None
-    array = as_integer_array("token_ids", token_ids)
-    if array.shape != (n_seqs, t_new):
-        raise ValueError(f"token_ids must be [N, T_new] = [{n_seqs}, {t_new}], one per new position, got shape {array.shape}")
-    return array
+class BlockTables:
+    """Each sequence's block table, length, and with prefix caching its token ids and block hashes.
 
-
-class PagedKVCache:
-    """K/V of many sequences in pools ``k_cache: [num_blocks, block_size, D_k]``, ``v_cache: [..., D_v]``.
-
-    A sequence holds ``ceil(length / block_size)`` blocks, plus any reserved by
-    :meth:`allocate_slots`; tokens never move once written. With ``num_layers``, one
-    block table per sequence, one allocator and its prefix-cache hashes serve every
-    layer, and each layer has its own pools ``k_caches[layer]``, ``v_caches[layer]``
-    (``k_cache`` is layer 0's), as vLLM V1's ``KVCacheManager`` serves the per-layer
-    ``kv_caches`` of a model. With ``num_kv_heads``
-    the pools are ``[num_blocks, block_size, num_kv_heads, D]`` and a token's k/v
-    ``[num_kv_heads, D]``: vLLM's layer pool (``FlashAttentionBackend.get_kv_cache_shape``
-    in ``vllm/v1/attention/backends/flash_attn.py``: ``(2, num_blocks, block_size,
-    num_kv_heads, head_size)``, K and V stacked, its "NHD" layout).
+    vLLM V1 keeps these in ``SingleTypeKVCacheManager`` (``req_to_blocks``, ``num_cached_block``) under its
+    ``KVCacheManager``; here also each change's undo, for :attr:`journal` (each costs what the change touched).
     """
 
-    def __init__(self, num_blocks, block_size, k_dim, v_dim, dtype=np.float64, *, enable_prefix_caching=False,
-                 num_kv_heads=None, num_layers=1):
-        num_blocks = as_size("num_blocks", num_blocks)
-        k_dim, v_dim = as_size("k_dim", k_dim, minimum=1), as_size("v_dim", v_dim)  # the library's rule for widths
-        block_size = as_size("block_size", block_size, minimum=1)
-        dtype = as_float_dtype(dtype, storage=True)  # bfloat16/float16 as cache.py's caches
-        enable_prefix_caching = as_flag("enable_prefix_caching", enable_prefix_caching)
-        heads = () if num_kv_heads is None else (as_size("num_kv_heads", num_kv_heads, minimum=1),)
-        num_layers = as_size("num_layers", num_layers, minimum=1)
-        self.k_caches = [np.zeros((num_blocks, block_size, *heads, k_dim), dtype) for _ in range(num_layers)]
-        self.v_caches = [np.zeros((num_blocks, block_size, *heads, v_dim), dtype) for _ in range(num_layers)]
-        self.allocator = (PrefixCachingAllocator if enable_prefix_caching else BlockAllocator)(num_blocks)
+    def __init__(self, block_size, journal):
+        self.block_size, self.journal = as_size("block_size", block_size, minimum=1), journal
         self._block_tables = {}  # seq_id -> [physical block, ...]
         self._lengths = {}  # seq_id -> tokens stored
         self._token_ids = {}  # prefix caching: seq_id -> its token ids, or None once a write had none
         self._block_hashes = {}  # prefix caching: seq_id -> hashes of its full blocks
         self._num_cached = {}  # prefix caching: seq_id -> its first blocks that are cached (V1's num_cached_block)
-        self._peak_blocks = 0
 
-    def __repr__(self):
-        return (f"PagedKVCache(num_blocks={self.num_blocks}, block_size={self.block_size}, "
-                f"k_dim={self.k_cache.shape[-1]}, v_dim={self.v_cache.shape[-1]}, dtype={self.k_cache.dtype}, "
-                f"{'' if self.num_kv_heads is None else f'num_kv_heads={self.num_kv_heads}, '}"
-                f"{'' if self.num_layers == 1 else f'num_layers={self.num_layers}, '}"
-                f"blocks_in_use={self.blocks_in_use}, sequences={len(self._block_tables)})")
-
-    @property
-    def k_cache(self):
-        """Layer 0's key pool ``[num_blocks, block_size, (H_kv,) D_k]``."""
-        return self.k_caches[0]
-
-    @property
-    def v_cache(self):
-        """Layer 0's value pool ``[num_blocks, block_size, (H_kv,) D_v]``."""
-        return self.v_caches[0]
-
-    @property
-    def num_layers(self):
-        """Layers whose K/V the pool holds, all through the same block tables (int)."""
-        return len(self.k_caches)
-
-    @property
-    def num_blocks(self):
-        """Physical blocks in the pool (int)."""
-        return self.k_cache.shape[0]
-
-    @property
-    def block_size(self):
-        """Token slots per block (int)."""
-        return self.k_cache.shape[1]
-
-    @property
-    def num_kv_heads(self):
-        """K/V heads of each token (int), or None for a pool of one head without the axis."""
-        return self.k_cache.shape[2] if self.k_cache.ndim == 4 else None
-
-    @property
-    def enable_prefix_caching(self):
-        """Whether full blocks are cached by the hash of their tokens (bool)."""
-        return isinstance(self.allocator, PrefixCachingAllocator)
-
-    @property
-    def seq_ids(self):
-        """The sequences held, in the order they were added (tuple)."""
-        return tuple(self._block_tables)
-
-    def add_sequence(self, seq_id, token_ids=None):
-        """Start sequence ``seq_id`` (any hashable); returns the tokens it starts with.
-
-        With prefix caching and ``token_ids``, it holds the longest run of cached full
-        blocks of ``token_ids`` (a hit) and returns their tokens; else 0.
-        """
-        self._check_new(seq_id)
-        token_ids = None if token_ids is None else as_token_ids("token_ids", token_ids)
-        blocks, hashes = self._cached_prefix(token_ids)
-        self.allocator.share(blocks)
-        self._block_tables[seq_id] = blocks
-        self._lengths[seq_id] = len(blocks) * self.block_size
-        if self.enable_prefix_caching:
-            self._token_ids[seq_id] = [] if token_ids is None else token_ids[: self._lengths[seq_id]].tolist()
-            self._block_hashes[seq_id], self._num_cached[seq_id] = hashes, len(hashes)
-        self._note_peak()
-        return self._lengths[seq_id]
-
-    def find_cached_blocks(self, token_ids):
-        """The cached blocks :meth:`add_sequence` would start from with ``token_ids`` (tuple; changes nothing)."""
-        return tuple(self._cached_prefix(as_token_ids("token_ids", token_ids))[0])
-
-    def fork(self, parent_id, child_id):
-        """Start ``child_id`` sharing ``parent_id``'s written blocks (each refcount + 1); copy-on-write after."""
-        self._check_known([parent_id])
-        self._check_new(child_id)
-        blocks = self._block_tables[parent_id][: self._blocks_for(self._lengths[parent_id])]
-        self.allocator.share(blocks)
-        self._block_tables[child_id] = list(blocks)
-        self._lengths[child_id] = self._lengths[parent_id]
-        if self.enable_prefix_caching:
-            tokens = self._token_ids[parent_id]
-            self._token_ids[child_id] = None if tokens is None else list(tokens)
-            self._block_hashes[child_id] = list(self._block_hashes[parent_id])
-            self._num_cached[child_id] = self._num_cached[parent_id]
-
-    def free(self, seq_id):
-        """Remove ``seq_id``; the blocks no sequence holds go back on the free queue, its last block first (a cached
-        one stays findable until taken)."""
-        self._check_known([seq_id])
-        self.allocator.free(self._block_tables.pop(seq_id)[::-1])  # tail first, as V1's free
-        del self._lengths[seq_id]
-        for state in (self._token_ids, self._block_hashes, self._num_cached):
-            state.pop(seq_id, None)
+    seq_ids = property(lambda self: tuple(self._block_tables), doc="The sequences held, in the order added (tuple).")
 
     def get_seq_length(self, seq_id):
         """Tokens stored for ``seq_id`` (int)."""
@@ -214,23 +87,188 @@ class PagedKVCache:
         self._check_known([seq_id])
         return tuple(self._block_tables[seq_id])
 
+    @property
+    def slots_used(self):
+        """Token slots holding a token, a shared block's once: the sum of the lengths without sharing (int)."""
+        filled = {}  # block -> tokens in it; sharers of a block agree, since a write into a shared block copies it
+        for seq_id, table in self._block_tables.items():
+            length = self._lengths[seq_id]
+            for j in range(self._blocks_for(length)):
+                filled[table[j]] = min(self.block_size, length - j * self.block_size)
+        return sum(filled.values())
+
+    def _check_known(self, seq_ids, known=True):
+        """Raise unless every one of ``seq_ids`` is hashable and in the cache (``known``), or not in it."""
+        for seq_id in seq_ids:
+            try:
+                held = seq_id in self._block_tables
+            except TypeError:
+                raise TypeError(f"a sequence id must be hashable, got {seq_id!r}") from None
+            if held != known:
+                raise ValueError(f"sequence {seq_id!r} is not in the cache; known: {list(self._block_tables)}" if known
+                                 else f"sequence {seq_id!r} is already in the cache")
+
+    def _blocks_for(self, length):
+        return math.ceil(length / self.block_size)
+
+
+    def _remember(self, seq_id):
+        """Record how to take back what appending to ``seq_id`` changes: its table, token ids and hashes only grow,
+        and a copy-on-write replaces its last block."""
+        if self.journal.recording:
+            table, length, tokens = self._block_tables[seq_id], self._lengths[seq_id], self._token_ids.get(seq_id)
+            last = length // self.block_size if length % self.block_size else None
+            self.journal.record(self._truncate, seq_id, len(table), last, None if last is None else table[last], length,
+                                None if tokens is None else len(tokens), len(self._block_hashes.get(seq_id, ())),
+                                self._num_cached.get(seq_id))
+
+    def _truncate(self, seq_id, n_blocks, last, last_block, length, n_tokens, n_hashes, num_cached):
+        table = self._block_tables[seq_id]
+        del table[n_blocks:]
+        if last is not None:
+            table[last] = last_block
+        self._lengths[seq_id] = length
+        if seq_id in self._block_hashes:  # prefix caching
+            if n_tokens is not None:
+                del self._token_ids[seq_id][n_tokens:]
+            del self._block_hashes[seq_id][n_hashes:]
+            self._num_cached[seq_id] = num_cached
+
+    def _uncrop(self, seq_id, length, num_cached, blocks, tokens, hashes):
+        self._block_tables[seq_id].extend(blocks)
+        self._lengths[seq_id] = length
+        if seq_id in self._block_hashes:  # prefix caching
+            if tokens is not None:
+                self._token_ids[seq_id].extend(tokens)
+            self._block_hashes[seq_id].extend(hashes)
+            self._num_cached[seq_id] = num_cached
+
+    def _forget(self, seq_id):
+        """Drop ``seq_id``'s state (its blocks already given back): the state, for :meth:`_unforget`."""
+        states = (self._block_tables, self._lengths, self._token_ids, self._block_hashes, self._num_cached)
+        return [state.pop(seq_id) for state in states if seq_id in state]
+
+    def _unforget(self, seq_id, index, values):
+        """Put ``seq_id``'s state back at ``index`` of each dict, so that :attr:`seq_ids` keeps its order."""
+        for state, value in zip((self._block_tables, self._lengths, self._token_ids, self._block_hashes,
+                                 self._num_cached), values):
+            items = list(state.items())
+            items.insert(index, (seq_id, value))
+            state.clear()
+            state.update(items)
+
+
+class KVCacheManager(BlockTables):
+    """Each sequence's block table, length and prefix-cache hashes over a :class:`BlockPool` of ``num_blocks``.
+
+    The scheduler's side of a paged cache (vLLM V1's ``KVCacheManager``): it decides which
+    blocks and slots each token takes, and never touches K/V. ``copy_block(src, dst)`` is
+    called for each copy-on-write, before ``src`` may be taken by another, and ``on_take(block)``
+    for each block taken while a checkpoint lives (:class:`BlockPool`). Every change is
+    recorded in :attr:`journal` while a checkpoint lives, to be undone.
+    """
+
+    def __init__(self, num_blocks, block_size, enable_prefix_caching=False, copy_block=None, on_take=None):
+        enable_prefix_caching = as_flag("enable_prefix_caching", enable_prefix_caching)
+        self.block_pool = BlockPool(num_blocks, enable_prefix_caching, on_take=on_take)
+        super().__init__(block_size, self.block_pool.journal)
+        self.copy_block, self._peak_blocks = copy_block, 0
+
+    allocator = property(lambda self: self.block_pool, doc="The :class:`BlockPool` (its former name).")
+    num_blocks = property(lambda self: self.block_pool.num_blocks, doc="Physical blocks in the pool (int).")
+    num_free_blocks = property(lambda self: self.block_pool.num_free_blocks,
+                               doc="Blocks that can be taken (int): cached ones that no sequence holds included.")
+    blocks_in_use = property(lambda self: self.num_blocks - self.num_free_blocks,
+                             doc="Blocks held by some sequence, a shared block once (int).")
+    peak_blocks = property(lambda self: self._peak_blocks, doc="The most blocks in use at once (int).")
+    enable_prefix_caching = property(lambda self: self.block_pool.enable_caching,
+                                     doc="Whether full blocks are cached by the hash of their tokens (bool).")
+
+    def add_sequence(self, seq_id, token_ids=None):
+        """Start sequence ``seq_id`` (any hashable); returns the tokens it starts with.
+
+        With prefix caching and ``token_ids``, it holds the longest run of cached full
+        blocks of ``token_ids`` (a hit, V1's ``get_computed_blocks``) and returns their tokens; else 0.
+        """
+        self._check_known([seq_id], known=False)
+        token_ids = None if token_ids is None else as_token_ids("token_ids", token_ids)
+        blocks, hashes = self._cached_prefix(token_ids)
+        self.block_pool.share(blocks)
+        self.journal.record(self._forget, seq_id)
+        self._block_tables[seq_id], self._lengths[seq_id] = blocks, len(blocks) * self.block_size
+        if self.enable_prefix_caching:
+            self._token_ids[seq_id] = [] if token_ids is None else token_ids[: self._lengths[seq_id]].tolist()
+            self._block_hashes[seq_id], self._num_cached[seq_id] = hashes, len(hashes)
+        self._note_peak()
+        return self._lengths[seq_id]
+
+    def find_cached_blocks(self, token_ids):
+        """The cached blocks :meth:`add_sequence` would start from with ``token_ids`` (tuple; changes nothing)."""
+        return tuple(self._cached_prefix(as_token_ids("token_ids", token_ids))[0])
+
+    def fork(self, parent_id, child_id):
+        """Start ``child_id`` sharing ``parent_id``'s written blocks (each refcount + 1); copy-on-write after."""
+        self._check_known([parent_id])
+        self._check_known([child_id], known=False)
+        blocks = self._block_tables[parent_id][: self._blocks_for(self._lengths[parent_id])]
+        self.block_pool.share(blocks)
+        self.journal.record(self._forget, child_id)
+        self._block_tables[child_id], self._lengths[child_id] = list(blocks), self._lengths[parent_id]
+        if self.enable_prefix_caching:
+            tokens = self._token_ids[parent_id]
+            self._token_ids[child_id] = None if tokens is None else list(tokens)
+            self._block_hashes[child_id] = list(self._block_hashes[parent_id])
+            self._num_cached[child_id] = self._num_cached[parent_id]
+
+    def free(self, seq_id):
+        """Remove ``seq_id``; the blocks no sequence holds go back on the free queue, its last block first (a cached
+        one stays findable until taken)."""
+        self._check_known([seq_id])
+        self.block_pool.free(self._block_tables[seq_id][::-1])  # tail first, as V1's free
+        index = list(self._block_tables).index(seq_id) if self.journal.recording else None
+        state = self._forget(seq_id)
+        self.journal.record(self._unforget, seq_id, index, state)
+
     def ref_count(self, block):
         """Block tables holding physical block ``block`` (int; 0 for a free or only cached block)."""
-        return self.allocator.ref_count(block)
+        return self.block_pool.ref_count(block)
 
     def allocate_slots(self, seq_id, num_tokens):
-        """Reserve blocks for ``num_tokens`` more tokens of ``seq_id`` (vLLM's ``allocate_slots``); returns how many.
-
-        All or nothing: :class:`OutOfBlocksError` if fewer are free.
-        """
+        """Reserve blocks for ``num_tokens`` more tokens of ``seq_id`` (V1's ``allocate_slots``), all or nothing
+        (:class:`OutOfBlocksError`); returns how many."""
         self._check_known([seq_id])
-        num_tokens = as_size("num_tokens", num_tokens)
-        needed = self._blocks_needed([seq_id], num_tokens)
-        if needed > self.allocator.num_free_blocks:
-            raise self._out_of_blocks(1, needed)
-        self._make_room(seq_id, num_tokens)
+        needed = self._take_blocks([seq_id], as_size("num_tokens", num_tokens))
         self._note_peak()
         return needed
+
+    def append_slots(self, seq_ids, num_new_tokens, token_ids=None):
+        """Give each of ``seq_ids`` ``num_new_tokens`` more tokens: ``slot_mapping [N, T_new]`` int64, their slots.
+
+        The tokens count as stored at once, in every layer (V1's ``allocate_slots``, and the
+        worker's ``BlockTable.compute_slot_mapping``); ``token_ids: [N, T_new]`` name them:
+        with prefix caching each block they fill is hashed, to be cached by
+        :meth:`cache_full_blocks` (a write without them ends caching for those sequences).
+        """
+        seq_ids = as_id_list(seq_ids)
+        self._check_known(seq_ids)
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"seq_ids repeats a sequence: {seq_ids}")
+        t_new = as_size("num_new_tokens", num_new_tokens)
+        if token_ids is not None:
+            token_ids = as_integer_array("token_ids", token_ids)
+            if token_ids.shape != (len(seq_ids), t_new):
+                raise ValueError(f"token_ids must be [N, T_new] = [{len(seq_ids)}, {t_new}], one per new position, "
+                                 f"got shape {token_ids.shape}")
+        self._take_blocks(seq_ids, t_new)
+        size, slots = self.block_size, []
+        for i, seq_id in enumerate(seq_ids):
+            table, start = self._block_tables[seq_id], self._lengths[seq_id]
+            slots.append([table[p // size] * size + p % size for p in range(start, start + t_new)])
+            self._lengths[seq_id] += t_new
+            if self.enable_prefix_caching and t_new:  # an empty write changes nothing, caching included
+                self._record_tokens(seq_id, None if token_ids is None else token_ids[i])
+        self._note_peak()
+        return np.array(slots, dtype=np.int64).reshape(len(seq_ids), t_new)
 
     def crop(self, seq_id, length):
         """Keep the first ``length`` tokens of ``seq_id`` (a write taken back); its blocks past them are freed, tail
@@ -238,26 +276,170 @@ class PagedKVCache:
         inside it, copies it first."""
         self._check_known([seq_id])
         length = check_crop(length, self._lengths[seq_id])
-        table, full = self._block_tables[seq_id], length // self.block_size
-        self.allocator.free(table[self._blocks_for(length) :][::-1])
-        del table[self._blocks_for(length) :]
+        table, full, kept = self._block_tables[seq_id], length // self.block_size, self._blocks_for(length)
+        self.block_pool.free(table[kept:][::-1])
+        tokens, hashes = self._token_ids.get(seq_id), self._block_hashes.get(seq_id, [])
+        self.journal.record(self._uncrop, seq_id, self._lengths[seq_id], self._num_cached.get(seq_id), table[kept:],
+                            None if tokens is None else tokens[length:], hashes[full:])
+        del table[kept:]
         self._lengths[seq_id] = length
         if self.enable_prefix_caching:
-            del self._block_hashes[seq_id][full:]
+            del hashes[full:]
             self._num_cached[seq_id] = min(self._num_cached[seq_id], full)
-            if self._token_ids[seq_id] is not None:
-                del self._token_ids[seq_id][length:]
+            if tokens is not None:
+                del tokens[length:]
+
+    def cache_full_blocks(self, seq_ids):
+        """With prefix caching, cache the full blocks of ``seq_ids`` not cached yet (V1's ``cache_full_blocks``)."""
+        seq_ids = as_id_list(seq_ids)
+        self._check_known(seq_ids)
+        for seq_id in seq_ids if self.enable_prefix_caching else ():
+            table, hashes = self._block_tables[seq_id], self._block_hashes[seq_id]
+            self._remember(seq_id)
+            for j in range(self._num_cached[seq_id], len(hashes)):
+                if not self.block_pool.is_cached(table[j]):  # a sharer cached it already (a fork)
+                    self.block_pool.cache(table[j], hashes[j])
+            self._num_cached[seq_id] = len(hashes)
+
+    def _blocks_needed(self, seq_ids, t_new):
+        """Blocks that writing ``t_new`` more positions of each of ``seq_ids`` takes: new ones, and
+        copies of a shared last block (for each writer but the last, when all its holders write)."""
+        if t_new == 0:
+            return 0
+        size, new, writers = self.block_size, 0, {}
+        for seq_id in seq_ids:
+            table, length = self._block_tables[seq_id], self._lengths[seq_id]
+            new += max(0, self._blocks_for(length + t_new) - len(table))
+            if length % size:
+                writers[table[length // size]] = writers.get(table[length // size], 0) + 1
+        holders = {block: self.block_pool.ref_count(block) for block in writers}
+        return new + sum(m if self.block_pool.is_cached(b) else m - (m == holders[b]) for b, m in writers.items()
+                         if holders[b] > 1 or self.block_pool.is_cached(b))
+
+    def _out_of_blocks(self, n_seqs, needed):
+        return OutOfBlocksError(f"out of blocks: {n_seqs} sequence(s) need {needed} new block(s) of "
+                                f"block_size={self.block_size}, {self.num_free_blocks} of num_blocks={self.num_blocks} free")
+
+    def _take_blocks(self, seq_ids, t_new):
+        """Take the blocks of :meth:`_blocks_needed`, all or none: copy each shared or cached last block that a write
+        goes into (a cached block is immutable: another sequence may find it), then extend each table."""
+        needed = self._blocks_needed(seq_ids, t_new)
+        if needed > self.num_free_blocks:
+            raise self._out_of_blocks(len(seq_ids), needed)
+        for seq_id in seq_ids:
+            self._remember(seq_id)
+            table, length = self._block_tables[seq_id], self._lengths[seq_id]
+            last = table[length // self.block_size] if length % self.block_size else None
+            if t_new and last is not None and (self.ref_count(last) > 1 or self.block_pool.is_cached(last)):
+                (fresh,) = self.block_pool.allocate(1)
+                self.copy_block(last, fresh)
+                self.block_pool.free([last])  # the other holders keep it (a cached one stays findable)
+                table[length // self.block_size] = fresh
+            new = self._blocks_for(length + t_new) - len(table)
+            if new > 0:
+                table.extend(self.block_pool.allocate(new))
+                assert all(self.ref_count(b) == 1 for b in table[-new:]), "a new block table entry is not held"
+        return needed
+
+    def _note_peak(self):
+        if self.blocks_in_use > self._peak_blocks:
+            self.journal.record(setattr, self, "_peak_blocks", self._peak_blocks)
+            self._peak_blocks = self.blocks_in_use
+
+    def _cached_prefix(self, token_ids):
+        """The longest run of cached full blocks that starts ``token_ids``: ``(blocks, their hashes)``."""
+        blocks, hashes = [], []
+        if token_ids is None or not self.enable_prefix_caching:
+            return blocks, hashes
+        size = self.block_size
+        for j in range(len(token_ids) // size):
+            block_hash = hash_block_tokens(hashes[-1] if hashes else None, token_ids[j * size : (j + 1) * size])
+            block = self.block_pool.lookup(block_hash)
+            if block is None:
+                break
+            blocks.append(block)
+            hashes.append(block_hash)
+        return blocks, hashes
+
+    def _record_tokens(self, seq_id, token_ids):
+        """Record ``seq_id``'s new token ids and hash each block they complete (cached by :meth:`cache_full_blocks`)."""
+        tokens, hashes, size = self._token_ids[seq_id], self._block_hashes[seq_id], self.block_size
+        if tokens is None or token_ids is None:  # a write without ids ends the sequence's caching
+            self.journal.record(self._token_ids.__setitem__, seq_id, tokens)
+            self._token_ids[seq_id] = None
+            return
+        tokens.extend(token_ids.tolist())
+        while len(tokens) >= (len(hashes) + 1) * size:
+            j = len(hashes)
+            hashes.append(hash_block_tokens(hashes[-1] if hashes else None, tokens[j * size : (j + 1) * size]))
+
+
+class PagedKVCache:
+    """K/V of many sequences in pools ``k_cache: [num_blocks, block_size, D_k]``, ``v_cache: [..., D_v]``.
+
+    A sequence holds ``ceil(length / block_size)`` blocks, plus any reserved by
+    ``allocate_slots``; tokens never move once written. With ``num_layers``, one block
+    table per sequence (:attr:`manager`, a :class:`KVCacheManager`) serves every layer, and
+    each layer has its own pools ``k_caches[layer]``, ``v_caches[layer]`` (``k_cache`` is
+    layer 0's), as vLLM V1's ``KVCacheManager`` serves a model runner's per-layer
+    ``kv_caches``. With ``num_kv_heads`` the pools are ``[num_blocks, block_size,
+    num_kv_heads, D]`` and a token's k/v ``[num_kv_heads, D]``: vLLM's layer pool
+    (``FlashAttentionBackend.get_kv_cache_shape`` in ``vllm/v1/attention/backends/flash_attn.py``:
+    ``(2, num_blocks, block_size, num_kv_heads, head_size)``, its "NHD" layout).
+
+    The manager's members are the cache's too: ``add_sequence``, ``fork``, ``free``, ``crop``,
+    ``allocate_slots``, ``cache_full_blocks``, ``get_seq_length(s)``, ``block_table``,
+    ``ref_count``, ``find_cached_blocks``, ``seq_ids``, ``num_blocks``, ``block_size``,
+    ``num_free_blocks``, ``blocks_in_use``, ``peak_blocks``, ``slots_used``, ``allocator``...
+    """
+
+    def __init__(self, num_blocks, block_size, k_dim, v_dim, dtype=np.float64, *, enable_prefix_caching=False,
+                 num_kv_heads=None, num_layers=1):
+        num_blocks = as_size("num_blocks", num_blocks)
+        k_dim, v_dim = as_size("k_dim", k_dim, minimum=1), as_size("v_dim", v_dim)  # the library's rule for widths
+        self.manager = KVCacheManager(num_blocks, block_size, enable_prefix_caching, self._copy_block,
+                                      self._save_block)
+        dtype = as_float_dtype(dtype, storage=True)  # bfloat16/float16 as cache.py's caches
+        heads = () if num_kv_heads is None else (as_size("num_kv_heads", num_kv_heads, minimum=1),)
+        num_layers = as_size("num_layers", num_layers, minimum=1)
+        shape = (num_blocks, self.manager.block_size, *heads)
+        self.k_caches = [np.zeros((*shape, k_dim), dtype) for _ in range(num_layers)]
+        self.v_caches = [np.zeros((*shape, v_dim), dtype) for _ in range(num_layers)]
+
+    def __getattr__(self, name):
+        """The manager's member ``name``; a method or a fixed size is kept on the cache, found directly next time."""
+        if name == "manager":  # not set yet (unpickling, a failed __init__)
+            raise AttributeError(name)
+        value = getattr(self.manager, name)
+        if callable(value) or name in ("block_size", "num_blocks", "enable_prefix_caching"):
+            self.__dict__[name] = value
+        return value
+
+    def __repr__(self):
+        return (f"PagedKVCache(num_blocks={self.num_blocks}, block_size={self.block_size}, "
+                f"k_dim={self.k_cache.shape[-1]}, v_dim={self.v_cache.shape[-1]}, dtype={self.k_cache.dtype}, "
+                f"{'' if self.num_kv_heads is None else f'num_kv_heads={self.num_kv_heads}, '}"
+                f"{'' if self.num_layers == 1 else f'num_layers={self.num_layers}, '}"
+                f"blocks_in_use={self.blocks_in_use}, sequences={len(self.seq_ids)})")
+
+    k_cache = property(lambda self: self.k_caches[0], doc="Layer 0's key pool ``[num_blocks, block_size, (H_kv,) D_k]``.")
+    v_cache = property(lambda self: self.v_caches[0], doc="Layer 0's value pool ``[num_blocks, block_size, (H_kv,) D_v]``.")
+    num_layers = property(lambda self: len(self.k_caches), doc="Layers whose K/V the pool holds (int).")
+    num_kv_heads = property(lambda self: self.k_cache.shape[2] if self.k_cache.ndim == 4 else None,
+                            doc="K/V heads of each token (int), or None for a pool of one head without the axis.")
+
+    @property
+    def nbytes(self):
+        """Logical size of the stored keys and values, in bytes (int); not the pool's size."""
+        layer_bytes = self.k_cache.nbytes + self.v_cache.nbytes
+        return self.num_layers * layer_bytes // max(self.num_blocks * self.block_size, 1) * self.slots_used
 
     def update(self, seq_ids, k, v, token_ids=None):
         """Append ``k: [N, T_new, D_k]``, ``v: [N, T_new, D_v]``, row i to sequence ``seq_ids[i]``; return slot_mapping.
 
-        With ``num_kv_heads``, ``k: [N, T_new, H_kv, D_k]`` and ``v: [N, T_new, H_kv, D_v]``.
-
-        ``token_ids: [N, T_new]`` name the new tokens; with prefix caching each block they
-        fill is cached (a write without them ends caching for those sequences).
-        slot_mapping ``[N, T_new]`` int64 is the slot each new position was written to.
-        A pool of one layer only: :meth:`append_slots`, :meth:`write_slots` and
-        :meth:`cache_full_blocks` are its three steps, for a pool of several layers.
+        With ``num_kv_heads``, ``k: [N, T_new, H_kv, D_k]``, ``v: [N, T_new, H_kv, D_v]``; ``token_ids: [N, T_new]``
+        name the new tokens (:meth:`KVCacheManager.append_slots`). A pool of one layer only: ``append_slots``,
+        :meth:`write_slots` and ``cache_full_blocks`` are its steps, for a pool of several layers.
         """
         if self.num_layers != 1:
             raise ValueError(f"update writes a pool of one layer, this one has num_layers={self.num_layers}: "
@@ -269,36 +451,9 @@ class PagedKVCache:
         self.cache_full_blocks(seq_ids)
         return slot_mapping
 
-    def append_slots(self, seq_ids, num_new_tokens, token_ids=None):
-        """Give each of ``seq_ids`` ``num_new_tokens`` more tokens: ``slot_mapping [N, T_new]`` int64, their slots.
-
-        The tokens count as stored at once, in every layer: each layer's k/v go to those
-        slots by :meth:`write_slots` before it attends, and :meth:`cache_full_blocks`
-        then caches the blocks they filled (vLLM V1's ``allocate_slots``, one
-        slot_mapping for every layer). ``token_ids: [N, T_new]`` as :meth:`update`'s.
-        """
-        seq_ids = as_id_list(seq_ids)
-        self._check_known(seq_ids)
-        if len(set(seq_ids)) != len(seq_ids):
-            raise ValueError(f"seq_ids repeats a sequence: {seq_ids}")
-        t_new = as_size("num_new_tokens", num_new_tokens)
-        token_ids = _as_update_token_ids(token_ids, len(seq_ids), t_new)
-        needed = self._blocks_needed(seq_ids, t_new)
-        if needed > self.allocator.num_free_blocks:
-            raise self._out_of_blocks(len(seq_ids), needed)
-        for seq_id in seq_ids:
-            self._make_room(seq_id, t_new)
-        slot_mapping = self._slot_mapping(seq_ids, t_new)  # [N, T_new]
-        for i, seq_id in enumerate(seq_ids):
-            self._lengths[seq_id] += t_new
-            if self.enable_prefix_caching and t_new:  # an empty write changes nothing, caching included
-                self._record_tokens(seq_id, None if token_ids is None else token_ids[i])
-        self._note_peak()
-        return slot_mapping
-
     def write_slots(self, layer, slot_mapping, k, v):
         """Write layer ``layer``'s ``k: [N, T_new, (H_kv,) D_k]``, ``v: [N, T_new, (H_kv,) D_v]`` at the
-        ``slot_mapping [N, T_new]`` that :meth:`append_slots` gave (vLLM's ``reshape_and_cache``)."""
+        ``slot_mapping [N, T_new]`` that ``append_slots`` gave (vLLM's ``reshape_and_cache``)."""
         layer = self._check_layer(layer)
         slot_mapping = np.asarray(slot_mapping)
         if slot_mapping.dtype.kind not in "iu" or slot_mapping.ndim != 2:
@@ -310,50 +465,52 @@ class PagedKVCache:
             raise ValueError(f"k and v hold T_new={k.shape[1]} positions, slot_mapping {slot_mapping.shape[1]}")
         self._write(layer, slot_mapping, k, v)
 
-    def cache_full_blocks(self, seq_ids):
-        """With prefix caching, cache the full blocks of ``seq_ids`` not cached yet (V1's ``cache_full_blocks``)."""
-        seq_ids = as_id_list(seq_ids)
-        self._check_known(seq_ids)
-        for seq_id in seq_ids if self.enable_prefix_caching else ():
-            table, hashes = self._block_tables[seq_id], self._block_hashes[seq_id]
-            for j in range(self._num_cached[seq_id], len(hashes)):
-                if not self.allocator.is_cached(table[j]):  # a sharer cached it already (a fork)
-                    self.allocator.cache(table[j], hashes[j])
-            self._num_cached[seq_id] = len(hashes)
+    def checkpoint(self, *_):
+        """A point to :meth:`restore` the cache to (the arguments, once seq_ids and num_new_tokens, are ignored).
 
-    def checkpoint(self, seq_ids, num_new_tokens):
-        """The state that :meth:`append_slots` of ``num_new_tokens`` tokens of ``seq_ids`` changes, for :meth:`restore`.
-
-        A model's call takes its slots once, then writes and attends layer by layer; when a later layer fails,
-        :meth:`restore` puts the pool back as it was (for a generate, ``num_new_tokens`` counts every step's, run
-        or not). The checkpoint holds the blocks the call may take, the contents of the cached ones among them
-        (the layers write over them), each sequence's table, length, token ids and block hashes, and the peak:
-        O(blocks taken + the sequences' blocks and tokens), not O(num_blocks).
+        While it lives, each change records its undo (:class:`~kv_attention.block_allocator.Journal`):
+        a checkpoint costs what the calls after it touch (a few ints a block, and a copy of each block
+        they take, before it is written), not the pool's or the sequences' size.
         """
-        seq_ids = as_id_list(seq_ids)
-        self._check_known(seq_ids)
-        needed = self._blocks_needed(seq_ids, as_size("num_new_tokens", num_new_tokens))
-        evicted = [b for b in self.allocator.free_blocks(needed) if self._cached(b)]
-        tokens = {s: self._token_ids.get(s) for s in seq_ids}  # None: caching ended (or no prefix caching)
-        seqs = {s: (list(self._block_tables[s]), self._lengths[s], None if tokens[s] is None else list(tokens[s]),
-                    list(self._block_hashes.get(s, ()))) for s in seq_ids}
-        contents = [pool[evicted] for pool in self.k_caches + self.v_caches] if evicted else []  # [n, size, (H,) D]
-        return self.allocator.checkpoint(needed), evicted, contents, seqs, self._peak_blocks
+        return self.journal.checkpoint()
 
     def restore(self, checkpoint):
-        """Undo the :meth:`append_slots` and :meth:`write_slots` made since ``checkpoint`` (:meth:`checkpoint`; nothing
-        else may have changed the pool since): each copied shared last block held again, the blocks taken back on the
-        free queue in their places, the cached ones cached again with their contents."""
-        allocator, evicted, contents, seqs, self._peak_blocks = checkpoint
-        for seq_id, (table, length, tokens, hashes) in seqs.items():
-            now = self._block_tables[seq_id]
-            self.allocator.share([b for b, b_now in zip(table, now) if b != b_now])  # copy-on-write: the original
-            self._block_tables[seq_id], self._lengths[seq_id] = table, length
-            if self.enable_prefix_caching:
-                self._token_ids[seq_id], self._block_hashes[seq_id] = tokens, hashes
-        self.allocator.restore(allocator)
-        for pool, saved in zip(self.k_caches + self.v_caches, contents):
-            pool[evicted] = saved
+        """Undo every change since ``checkpoint``: lengths, block tables, the K/V of the blocks taken, the free
+        queue's order, refcounts, prefix-cache hashes and the peak, exactly as they were."""
+        self.journal.restore(checkpoint)
+
+    def gather(self, seq_ids, layer=0):
+        """Layer ``layer``'s copies ``(k [N, S, (H_kv,) D_k], v [N, S, (H_kv,) D_v], lengths [N])`` of ``seq_ids``.
+
+        Row i holds ``seq_ids[i]``'s tokens at positions ``< lengths[i]``; past that, slots of
+        its own last block (mask them).
+        """
+        seq_ids = as_id_list(seq_ids)
+        lengths = self.get_seq_lengths(seq_ids)  # checks every id
+        layer = self._check_layer(layer)
+        tables = [self.manager._block_tables[s][: -(-n // self.block_size)] for s, n in zip(seq_ids, lengths.tolist())]
+        width = max((len(t) for t in tables), default=0)
+        # Pad each table with its own last block, so that no row reads another sequence's block.
+        held = [t + t[-1:] * (width - len(t)) for t in tables if t]
+        index = np.array(held, dtype=np.int64).reshape(len(held), width)  # [N_held, blocks]
+        out = []
+        for pool in (self.k_caches[layer], self.v_caches[layer]):
+            gathered = pool[index].reshape(len(index), width * self.block_size, *pool.shape[2:])  # [N_held, S, D]
+            out.append(np.zeros((len(seq_ids),) + gathered.shape[1:], dtype=pool.dtype))  # zero rows: no block held
+            out[-1][[bool(t) for t in tables]] = gathered
+        return out[0], out[1], lengths
+
+    def _copy_block(self, src, dst):
+        for pool in self.k_caches + self.v_caches:  # every layer's
+            pool[dst] = pool[src]
+
+    def _save_block(self, block):
+        """Before a block is taken and written over: record its K/V, to be put back by a restore."""
+        self.journal.record(self._put_block, block, [pool[block].copy() for pool in self.k_caches + self.v_caches])
+
+    def _put_block(self, block, saved):
+        for pool, contents in zip(self.k_caches + self.v_caches, saved):
+            pool[block] = contents
 
     def _write(self, layer, slot_mapping, k, v):
         slots, new = self.num_blocks * self.block_size, slot_mapping.size  # explicit: reshape(-1, 0) is ambiguous
@@ -365,88 +522,6 @@ class PagedKVCache:
         if layer >= self.num_layers:
             raise ValueError(f"layer={layer} is not a layer of the pool: num_layers={self.num_layers}")
         return layer
-
-    def gather(self, seq_ids, layer=0):
-        """Layer ``layer``'s copies ``(k [N, S, (H_kv,) D_k], v [N, S, (H_kv,) D_v], lengths [N])`` of ``seq_ids``.
-
-        Row i holds ``seq_ids[i]``'s tokens at positions ``< lengths[i]``; past that, slots of
-        its own last block (mask them).
-        """
-        seq_ids = as_id_list(seq_ids)
-        lengths = self.get_seq_lengths(seq_ids)  # checks every id
-        tables = [self._block_tables[s][: self._blocks_for(n)] for s, n in zip(seq_ids, lengths.tolist())]
-        n, width = len(seq_ids), max((len(t) for t in tables), default=0)
-        # Pad each table with its own last block, so that no row reads another sequence's block.
-        held = [t + t[-1:] * (width - len(t)) for t in tables if t]
-        index = np.array(held, dtype=np.int64).reshape(len(held), width)  # [N_held, blocks]
-        layer = self._check_layer(layer)
-        k = self._gather_pool(self.k_caches[layer], index, tables, n)  # [N, S, D_k]
-        v = self._gather_pool(self.v_caches[layer], index, tables, n)  # [N, S, D_v]
-        return k, v, lengths
-
-    def _gather_pool(self, pool, index, tables, n):
-        """``pool[index]`` as ``[N, S, D]``; zero rows for the sequences that hold no block."""
-        gathered = pool[index].reshape(len(index), index.shape[1] * self.block_size, *pool.shape[2:])  # [N_held, S, D]
-        if len(index) == n:
-            return gathered
-        out = np.zeros((n,) + gathered.shape[1:], dtype=pool.dtype)  # [N, S, D]
-        out[[bool(t) for t in tables]] = gathered
-        return out
-
-    @property
-    def blocks_in_use(self):
-        """Blocks held by some sequence, a shared block once (int)."""
-        return self.num_blocks - self.allocator.num_free_blocks
-
-    @property
-    def num_free_blocks(self):
-        """Blocks that can be taken (int): those on the free queue, cached ones that no sequence holds included."""
-        return self.allocator.num_free_blocks
-
-    @property
-    def peak_blocks(self):
-        """The most blocks in use at once since the cache was made (int)."""
-        return self._peak_blocks
-
-    @property
-    def slots_allocated(self):
-        """Token slots in the blocks in use: blocks_in_use × block_size (int)."""
-        return self.blocks_in_use * self.block_size
-
-    @property
-    def slots_used(self):
-        """Token slots holding a token, a shared block's once: the sum of the lengths without sharing (int)."""
-        filled = {}  # block -> tokens in it; sharers of a block agree, since a write into a shared block copies it
-        for seq_id, table in self._block_tables.items():
-            length = self._lengths[seq_id]
-            for j in range(self._blocks_for(length)):
-                filled[table[j]] = min(self.block_size, length - j * self.block_size)
-        return sum(filled.values())
-
-    @property
-    def internal_fragmentation(self):
-        """Allocated token slots that hold no token, slots_allocated - slots_used (int)."""
-        return self.slots_allocated - self.slots_used
-
-    @property
-    def nbytes(self):
-        """Logical size of the stored keys and values, in bytes (int); not the pool's size."""
-        layer_bytes = self.k_cache.nbytes + self.v_cache.nbytes
-        per_slot = self.num_layers * layer_bytes // max(self.num_blocks * self.block_size, 1)
-        return per_slot * self.slots_used
-
-    def _check_new(self, seq_id):
-        """Raise unless ``seq_id`` is hashable and not in the cache."""
-        _check_hashable(seq_id)
-        if seq_id in self._block_tables:
-            raise ValueError(f"sequence {seq_id!r} is already in the cache")
-
-    def _check_known(self, seq_ids):
-        """Raise unless every one of ``seq_ids`` is in the cache."""
-        for seq_id in seq_ids:
-            _check_hashable(seq_id)
-            if seq_id not in self._block_tables:
-                raise ValueError(f"sequence {seq_id!r} is not in the cache; known: {list(self._block_tables)}")
 
     def _check_positions(self, k, v, n_seqs):
         """Return k, v as arrays, or raise unless they are ``[N, T_new, D_k]``/``[N, T_new, D_v]`` for the pool."""
@@ -462,84 +537,21 @@ class PagedKVCache:
                             f"got {k.dtype} and {v.dtype}")
         return as_stored("k", k, self.k_cache.dtype), as_stored("v", v, self.v_cache.dtype)  # bfloat16/float16: rounded
 
-    def _blocks_for(self, length):
-        return math.ceil(length / self.block_size)
 
-    def _blocks_needed(self, seq_ids, t_new):
-        """Blocks that writing ``t_new`` more positions of each of ``seq_ids`` takes: new ones, and
-        copies of a shared last block (for each writer but the last, when all its holders write)."""
-        if t_new == 0:
-            return 0
-        size, new, writers = self.block_size, 0, {}
-        for seq_id in seq_ids:
-            table, length = self._block_tables[seq_id], self._lengths[seq_id]
-            new += max(0, self._blocks_for(length + t_new) - len(table))
-            if length % size:
-                writers[table[length // size]] = writers.get(table[length // size], 0) + 1
-        holders = {block: self.allocator.ref_count(block) for block in writers}
-        return new + sum(m if self._cached(b) else m - (m == holders[b]) for b, m in writers.items()
-                         if holders[b] > 1 or self._cached(b))
-
-    def _cached(self, block):
-        """A cached block is immutable (another sequence may find it): a write into it, after a crop, copies it."""
-        return self.enable_prefix_caching and self.allocator.is_cached(block)
-
-    def _make_room(self, seq_id, t_new):
-        """Take the blocks of :meth:`_blocks_needed` (counted free): copy a shared or cached last block, then extend
-        the table."""
-        table, length = self._block_tables[seq_id], self._lengths[seq_id]
-        last = table[length // self.block_size] if length % self.block_size else None
-        if t_new and last is not None and (self.allocator.ref_count(last) > 1 or self._cached(last)):
-            (fresh,) = self.allocator.allocate(1)
-            for pool in self.k_caches + self.v_caches:  # every layer's
-                pool[fresh] = pool[last]
-            self.allocator.free([last])  # the other holders keep it (a cached one stays findable)
-            table[length // self.block_size] = fresh
-        new = self._blocks_for(length + t_new) - len(table)
-        if new > 0:
-            table.extend(self.allocator.allocate(new))
-            assert all(self.allocator.ref_count(b) == 1 for b in table[-new:]), "a new block table entry is not held"
-
-    def _out_of_blocks(self, n_seqs, needed):
-        return OutOfBlocksError(f"out of blocks: {n_seqs} sequence(s) need {needed} new block(s) of "
-                                f"block_size={self.block_size}, {self.num_free_blocks} of num_blocks={self.num_blocks} free")
-
-    def _note_peak(self):
-        self._peak_blocks = max(self._peak_blocks, self.blocks_in_use)
-
-    def _cached_prefix(self, token_ids):
-        """The longest run of cached full blocks that starts ``token_ids``: ``(blocks, their hashes)``."""
-        blocks, hashes = [], []
-        if token_ids is None or not self.enable_prefix_caching:
-            return blocks, hashes
-        size = self.block_size
-        for j in range(len(token_ids) // size):
-            block_hash = hash_block_tokens(hashes[-1] if hashes else None, token_ids[j * size : (j + 1) * size])
-            block = self.allocator.lookup(block_hash)
-            if block is None:
-                break
-            blocks.append(block)
-            hashes.append(block_hash)
-        return blocks, hashes
-
-    def _record_tokens(self, seq_id, token_ids):
-        """Record ``seq_id``'s new token ids and hash each block they complete (cached by :meth:`cache_full_blocks`)."""
-        tokens, hashes, size = self._token_ids[seq_id], self._block_hashes[seq_id], self.block_size
-        if tokens is None or token_ids is None:  # a write without ids ends the sequence's caching
-            self._token_ids[seq_id] = None
-            return
-        tokens.extend(token_ids.tolist())
-        while len(tokens) >= (len(hashes) + 1) * size:
-            j = len(hashes)
-            hashes.append(hash_block_tokens(hashes[-1] if hashes else None, tokens[j * size : (j + 1) * size]))
-
-    def _slot_mapping(self, seq_ids, t_new):
-        """Slots ``[N, T_new]`` of the next ``t_new`` positions of each sequence (blocks already taken)."""
-        size, slots = self.block_size, []
-        for seq_id in seq_ids:
-            table, start = self._block_tables[seq_id], self._lengths[seq_id]
-            slots.append([table[p // size] * size + p % size for p in range(start, start + t_new)])
-        return np.array(slots, dtype=np.int64).reshape(len(seq_ids), t_new)
+def check_cache_fits(cache, k_dim, v_dim, dtype, num_kv_heads=None, num_layers=1, **options):
+    """Raise unless ``cache`` is a :class:`PagedKVCache` for k/v of these widths, heads, layers and ``dtype``, and no
+    option of a new pool (``block_size=``, ``num_blocks=``...) is given beside it: a caller's cache brings its own."""
+    if not isinstance(cache, PagedKVCache):
+        raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
+    given = [f"{name}={value!r}" for name, value in options.items() if value is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} was given with a cache, whose pool has its own")
+    held = (cache.k_cache.shape[-1], cache.v_cache.shape[-1], cache.num_kv_heads, cache.num_layers)
+    if held != (k_dim, v_dim, num_kv_heads, num_layers):
+        raise ValueError(f"cache does not fit: it holds (D_k, D_v, num_kv_heads, num_layers) {held}, the computation "
+                         f"needs {(k_dim, v_dim, num_kv_heads, num_layers)}")
+    if cache.k_cache.dtype != dtype:
+        raise TypeError(f"cache holds {cache.k_cache.dtype} but the computation is {dtype}")
 
 
 def paged_attention(q, cache, seq_ids, *, causal=False, check_finite=True, layer=0):
@@ -579,12 +591,12 @@ def paged_attention(q, cache, seq_ids, *, causal=False, check_finite=True, layer
         q_rows = q.reshape(n, h_kv, q.shape[1] // h_kv, *q.shape[2:]).swapaxes(2, 3)  # [N, H_kv, T_q, G, D_k]
     t_q, size = q_rows.shape[2], cache.block_size
     out = np.zeros(q_rows.shape[:-1] + cache.v_cache.shape[-1:], np.result_type(q, cache.v_cache))  # [..., G, D_v]
-    groups = {}  # length -> the rows of the sequences holding that many tokens
+    block_tables, groups = cache.manager._block_tables, {}  # length -> the rows of the sequences holding that many tokens
     for i, length in enumerate(lengths.tolist()):
         if length:
             groups.setdefault(length, []).append(i)
     for length, rows in groups.items():
-        tables = np.array([cache._block_tables[seq_ids[i]][: -(-length // size)] for i in rows])  # [n_g, blocks]
+        tables = np.array([block_tables[seq_ids[i]][: -(-length // size)] for i in rows])  # [n_g, blocks]
         k, v = (_gather(pool, tables, length).astype(out.dtype, copy=False)
                 for pool in (cache.k_caches[layer], cache.v_caches[layer]))  # [n_g, H_kv, 1, S, D]
         mask = None  # a decode, or a chunk of T_q: query i sees the keys before length - T_q + i + 1

@@ -27,7 +27,7 @@ import numpy as np
 
 from ._validation import as_flag, as_float_array, as_size, as_sizes_per_sequence, check_choice
 from .attention import attention_forward, check_projection_inputs
-from .paged import OutOfBlocksError, PagedKVCache, paged_attention
+from .paged import OutOfBlocksError, PagedKVCache, check_cache_fits, paged_attention
 
 RAGGED_STRATEGIES = ("padded", "compacted", "paged")
 
@@ -201,28 +201,6 @@ _BATCHES = {"padded": _PaddedBatch, "compacted": _CompactedBatch, "paged": _Page
 # Input checks, all before the first step
 
 
-def check_paged_cache_fits(cache, strategy, n_seqs, d_k, d_v, dtype, block_size, num_blocks):
-    """Raise unless a caller's ``cache`` fits a paged decode of ``n_seqs`` sequences (ids 0..n_seqs-1 free)."""
-    if not isinstance(cache, PagedKVCache):
-        raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
-    if strategy != "paged":
-        raise ValueError(f"cache= is for strategy='paged', got strategy={strategy!r}")
-    if num_blocks is not None:
-        raise ValueError(f"num_blocks={num_blocks} was given with a cache, whose pool has {cache.num_blocks} blocks")
-    if block_size is not None and block_size != cache.block_size:
-        raise ValueError(f"block_size={block_size} does not fit the cache's block_size={cache.block_size}")
-    widths = (cache.k_cache.shape[-1], cache.v_cache.shape[-1])
-    if widths != (d_k, d_v):
-        raise ValueError(f"cache does not fit the weights: k_cache {cache.k_cache.shape} and v_cache {cache.v_cache.shape} "
-                         f"need D_k={d_k}, D_v={d_v}")
-    if cache.k_cache.dtype != dtype:
-        raise TypeError(f"cache holds {cache.k_cache.dtype} but the computation is {dtype}")
-    held = set(cache.seq_ids)
-    taken = [s for s in range(n_seqs) if s in held]
-    if taken:
-        raise ValueError(f"cache already holds sequence(s) {taken}; the decode's sequences are 0..{n_seqs - 1}")
-
-
 def _as_sequences(x, lengths):
     """The sequences of ``x``: a list of ``[T_i, D_model]`` arrays and whether x came padded."""
     if isinstance(x, (list, tuple)):
@@ -316,9 +294,14 @@ def _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blo
             raise ValueError(f"{name}={value} is for strategy='paged', got strategy={strategy!r}")
     problem, out_len = _make_problem(x, w_q, w_k, w_v, lengths, start_steps)
     if cache is not None:
+        if strategy != "paged":
+            raise ValueError(f"cache= is for strategy='paged', got strategy={strategy!r}")
         w_k, w_v = problem.weights[1:]
-        check_paged_cache_fits(cache, strategy, len(problem.lengths), w_k.shape[1], w_v.shape[1], problem.dtype,
-                               block_size, num_blocks)
+        check_cache_fits(cache, w_k.shape[1], w_v.shape[1], problem.dtype, block_size=block_size, num_blocks=num_blocks)
+        taken = sorted(set(range(len(problem.lengths))) & set(cache.seq_ids))
+        if taken:
+            raise ValueError(f"cache already holds sequence(s) {taken}; the decode's sequences are "
+                             f"0..{len(problem.lengths) - 1}")
         block_size = cache.block_size
     block_size = 16 if block_size is None else block_size
     return _BATCHES[strategy](problem, block_size, num_blocks, cache), problem, out_len

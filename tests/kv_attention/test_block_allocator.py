@@ -1,4 +1,4 @@
-"""The block allocators: vLLM V1's free queue, refcounts, double frees, and the prefix cache's hashes and eviction.
+"""The block pool: vLLM V1's free queue, refcounts, double frees, and the prefix cache's hashes and eviction.
 
 Expectations are written out here: the free queue's order by hand (as V1's
 ``block_pool.py`` and ``FreeKVCacheBlockQueue`` order it), the block hash by hashlib
@@ -11,11 +11,14 @@ import numpy as np
 import pytest
 
 import kv_attention as kv
-from kv_attention.block_allocator import BlockAllocator
-from kv_attention.prefix_caching import PrefixCachingAllocator, hash_block_tokens
+from kv_attention.block_allocator import BlockPool, hash_block_tokens
 
 
-@pytest.fixture(params=[BlockAllocator, PrefixCachingAllocator])
+def caching_pool(num_blocks):
+    return BlockPool(num_blocks, enable_caching=True)
+
+
+@pytest.fixture(params=[BlockPool, caching_pool], ids=["no caching", "caching"])
 def allocator_class(request):
     return request.param
 
@@ -71,7 +74,7 @@ def test_allocating_more_than_is_free_raises_out_of_blocks_and_takes_none(alloca
 
 
 def test_the_free_queue_is_integer_arrays_not_python_objects():
-    allocator = BlockAllocator(1000)
+    allocator = BlockPool(1000)
     queue = allocator._free
     assert queue._next.dtype == queue._prev.dtype == np.int32 and queue._next.shape == (1002,)
 
@@ -85,7 +88,7 @@ def test_hash_block_tokens_is_sha256_of_the_parent_hash_and_the_tokens():
 
 
 def test_cached_blocks_stay_findable_at_refcount_zero_and_a_hit_takes_one_out_of_the_queue():
-    allocator = PrefixCachingAllocator(4)
+    allocator = caching_pool(4)
     a, b = allocator.allocate(2)  # 0, 1
     allocator.cache(a, b"h-a")
     allocator.cache(b, b"h-b")
@@ -98,7 +101,7 @@ def test_cached_blocks_stay_findable_at_refcount_zero_and_a_hit_takes_one_out_of
 
 def test_freed_blocks_without_hash_go_to_the_head_and_cached_ones_to_the_tail():
     # V1's free_blocks: prepend_n of the blocks with no hash, append_n of the cached ones.
-    allocator = PrefixCachingAllocator(6)
+    allocator = caching_pool(6)
     table = allocator.allocate(4)  # 0, 1, 2, 3
     allocator.cache(0, b"h0")
     allocator.cache(1, b"h1")
@@ -110,7 +113,7 @@ def test_freed_blocks_without_hash_go_to_the_head_and_cached_ones_to_the_tail():
 
 
 def test_eviction_is_least_recently_freed_first_and_the_tail_of_a_sequence_first():
-    allocator = PrefixCachingAllocator(4)
+    allocator = caching_pool(4)
     first = allocator.allocate(2)  # one sequence's blocks 0, 1
     second = allocator.allocate(2)  # another's: 2, 3
     for block in first + second:
@@ -122,7 +125,7 @@ def test_eviction_is_least_recently_freed_first_and_the_tail_of_a_sequence_first
 
 
 def test_a_stale_hash_never_survives_the_reuse_of_its_block():
-    allocator = PrefixCachingAllocator(1)
+    allocator = caching_pool(1)
     (a,) = allocator.allocate(1)
     allocator.cache(a, b"old prefix")
     allocator.free([a])
@@ -134,7 +137,7 @@ def test_a_stale_hash_never_survives_the_reuse_of_its_block():
 
 def test_a_block_whose_hash_is_cached_is_cached_as_well_and_a_lookup_gives_the_first():
     # V1 does not de-duplicate ("block tables are append-only"): both blocks are cached under h.
-    allocator = PrefixCachingAllocator(3)
+    allocator = caching_pool(3)
     a, b = allocator.allocate(2)
     allocator.cache(a, b"h")
     allocator.cache(b, b"h")
@@ -168,7 +171,7 @@ def test_putting_a_held_block_on_the_free_list_trips_the_release_assert(allocato
 
 
 def test_a_free_list_of_more_than_num_blocks_trips_the_duplicate_assert():
-    allocator = BlockAllocator(2)
+    allocator = BlockPool(2)
     allocator._ref_counts[:] = 0  # every block free, and already on the free list
     with pytest.raises(AssertionError, match="the free list would hold a block twice"):
         allocator._release([0])

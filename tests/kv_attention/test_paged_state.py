@@ -1,4 +1,5 @@
-"""PagedKVCache under random sequences of add / update / fork / free / allocate_slots (hypothesis stateful testing).
+"""PagedKVCache under random sequences of add / update / fork / free / crop / allocate_slots / checkpoint and restore
+(hypothesis stateful testing).
 
 Some of them are refused (too many positions, a bad shape): the cache must be exactly as before.
 
@@ -55,6 +56,7 @@ class PagedCacheMachine(RuleBasedStateMachine):
         self.tokens = {}  # seq_id -> token ids written
         self.history = [[]]  # every sequence's token ids when last written: prefixes to hit the cache with
         self.next_id = 0
+        self.saved = None  # (checkpoint, the pool's state, the tokens) of the last checkpoint taken
 
     def new_id(self):
         self.next_id += 1
@@ -112,14 +114,16 @@ class PagedCacheMachine(RuleBasedStateMachine):
             self.history.append(self.tokens[seq_id])
 
     def blocks_needed(self, ids, t_new):
-        """Bounds on the blocks an update takes: new blocks, plus at most one copy per sequence."""
+        """Bounds on the blocks an update takes: new blocks, plus at most one copy per sequence (of a shared last
+        block, or of a cached one, which a crop left partly written)."""
         if t_new == 0:
             return 0, 0
         size, lower, shared = self.cache.block_size, 0, 0
         for seq_id in ids:
             table, length = self.cache.block_table(seq_id), len(self.tokens[seq_id])
             lower += max(0, math.ceil((length + t_new) / size) - len(table))
-            shared += length % size != 0 and self.cache.ref_count(table[length // size]) > 1
+            last = table[length // size] if length % size else None
+            shared += last is not None and (self.cache.ref_count(last) > 1 or self.cache.allocator.is_cached(last))
         return lower, lower + shared
 
     @precondition(lambda self: self.tokens)
@@ -156,6 +160,37 @@ class PagedCacheMachine(RuleBasedStateMachine):
         size = self.cache.block_size
         assert len(self.cache.block_table(seq_id)) >= math.ceil((len(self.tokens[seq_id]) + n) / size)
 
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def crop(self, data):
+        seq_id = data.draw(st.sampled_from(sorted(self.tokens)))
+        length = data.draw(st.integers(0, len(self.tokens[seq_id])))
+        self.cache.crop(seq_id, length)
+        self.tokens[seq_id] = self.tokens[seq_id][:length]
+        assert self.cache.get_seq_length(seq_id) == length
+
+    @rule()
+    def take_a_checkpoint(self):
+        self.saved = self.cache.checkpoint(), self.state(), dict(self.tokens), list(self.history)
+
+    @precondition(lambda self: self.saved)
+    @rule()
+    def restore_the_checkpoint(self):
+        """Whatever ran since the checkpoint (adds, updates, forks, frees, crops, evictions), a restore puts back
+        every table, length, refcount, the free queue's order, the cached hashes and the peak; the cached blocks
+        written over hold their K/V again (``every_sequence_gathers_its_own_tokens`` checks them after a hit)."""
+        checkpoint, state, self.tokens, self.history = self.saved
+        self.cache.restore(checkpoint)
+        assert self.state() == state
+        self.saved = None
+
+    def state(self):
+        """:meth:`observed` without the pools, with each sequence's recorded token ids and hashes, and the cached
+        blocks."""
+        cache = self.cache
+        return (self.observed()[2:], repr(cache._token_ids), repr(cache._block_hashes), repr(cache._num_cached),
+                [cache.allocator.is_cached(b) for b in range(cache.num_blocks)])
+
     @rule(data=st.data())
     def a_refused_update_changes_nothing(self, data):
         """An update of more positions than the pool holds, or of k of the wrong width: refused, nothing changed."""
@@ -182,13 +217,13 @@ class PagedCacheMachine(RuleBasedStateMachine):
         ids = data.draw(st.lists(st.sampled_from(sorted(self.tokens)), min_size=1, max_size=3, unique=True))
         if self.cache._blocks_needed(ids, t_new) > self.cache.num_free_blocks:
             return
-        before = self.observed()[2:], repr(self.cache._token_ids), repr(self.cache._block_hashes)
-        checkpoint = self.cache.checkpoint(ids, t_new)
+        before = self.state()
+        checkpoint = self.cache.checkpoint()
         token_ids = np.zeros((len(ids), t_new), np.int64) if with_token_ids else None
         slot_mapping = self.cache.append_slots(ids, t_new, token_ids)
         self.cache.write_slots(0, slot_mapping, np.zeros((len(ids), t_new, D_K)), np.zeros((len(ids), t_new, D_V)))
         self.cache.restore(checkpoint)
-        assert (self.observed()[2:], repr(self.cache._token_ids), repr(self.cache._block_hashes)) == before
+        assert self.state() == before
 
     def observed(self):
         """The pool, every table and length, the free list in order, the refcounts, the peak and the cached prefixes."""
@@ -230,7 +265,7 @@ class PagedCacheMachine(RuleBasedStateMachine):
             length = len(self.tokens[seq_id])
             for j, block in enumerate(self.cache.block_table(seq_id)[: math.ceil(length / self.cache.block_size)]):
                 fill[block] = min(self.cache.block_size, length - j * self.cache.block_size)
-        assert self.cache.slots_used == sum(fill.values()) <= self.cache.slots_allocated
+        assert self.cache.slots_used == sum(fill.values()) <= self.cache.blocks_in_use * self.cache.block_size
 
 
 PagedCacheMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=50, deadline=None)

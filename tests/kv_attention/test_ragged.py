@@ -444,10 +444,11 @@ def test_a_callers_cache_too_small_is_refused_before_the_first_step():
 @pytest.mark.parametrize(
     "make, options, error, message",
     [
-        (lambda: kv.PagedKVCache(8, 2, 4, 5), {}, ValueError, r"need D_k=3, D_v=5"),
-        (lambda: kv.PagedKVCache(8, 2, 3, 6), {}, ValueError, r"v_cache \(8, 2, 6\) need D_k=3, D_v=5"),
+        (lambda: kv.PagedKVCache(8, 2, 4, 5), {}, ValueError, r"holds .* \(4, 5, None, 1\), the computation needs "
+                                                              r"\(3, 5, None, 1\)"),
+        (lambda: kv.PagedKVCache(8, 2, 3, 6), {}, ValueError, r"holds .* \(3, 6, None, 1\)"),
         (lambda: kv.PagedKVCache(8, 2, 3, 5, dtype=np.float32), {}, TypeError, "cache holds float32 but the computation"),
-        (lambda: kv.PagedKVCache(8, 2, 3, 5), {"block_size": 4}, ValueError, "block_size=4 does not fit the cache's block_size=2"),
+        (lambda: kv.PagedKVCache(8, 2, 3, 5), {"block_size": 4}, ValueError, "block_size=4 was given with a cache"),
         (lambda: kv.PagedKVCache(8, 2, 3, 5), {"num_blocks": 8}, ValueError, "num_blocks=8 was given with a cache"),
         (lambda: kv.PagedKVCache(8, 2, 3, 5), {"strategy": "compacted"}, ValueError, "cache= is for strategy='paged'"),
         (lambda: kv.StaticCache((), 4, 3, 5), {}, TypeError, "cache must be a PagedKVCache, got StaticCache"),

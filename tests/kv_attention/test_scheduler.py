@@ -6,6 +6,7 @@ hand in the comments, from the rules of the scheduler's module docstring.
 """
 
 import math
+import weakref
 
 import numpy as np
 import pytest
@@ -264,7 +265,7 @@ def bad_requests():
 
 @pytest.mark.parametrize("requests, error, message", bad_requests())
 def test_bad_requests_are_refused_before_anything_runs(requests, error, message, monkeypatch):
-    monkeypatch.setattr("kv_attention.scheduler._Scheduler", None)  # nothing may run
+    monkeypatch.setattr("kv_attention.scheduler.Scheduler", None)  # nothing may run
     with pytest.raises(error, match=message):
         kv.serve(requests, *model(), num_blocks=2, max_num_batched_tokens=8)
 
@@ -383,3 +384,126 @@ def test_the_token_past_the_prompt_in_a_recomputing_chunk_counts_as_decode():
     # 2 prompt tokens and the recomputed ones are prefill; each request's one token past its prompt is decode
     assert result.stats.decode_tokens == 2
     assert result.stats.prefill_tokens == 2 + result.stats.recomputed_tokens
+
+
+# --- the model: a request as a prompt and max_tokens, the caller's arrays only read, a caller's cache ------------
+
+LLAMA = kv.ModelConfig(vocab_size=61, hidden_size=24, intermediate_size=40, num_hidden_layers=2,
+                       num_attention_heads=6, num_key_value_heads=2)
+LLAMA_W = kv.init_weights(LLAMA, seed=3, dtype=np.float64)
+
+
+def generated(prompt, n):
+    """The model's own ``generate`` of ``n`` tokens after ``prompt``: the reference of a served request."""
+    return kv.generate(LLAMA, LLAMA_W, [list(prompt)], n)[0, len(prompt):]
+
+
+def llama_pool(num_blocks=16, caching=True):
+    return kv.PagedKVCache(num_blocks, 4, LLAMA.head_dim, LLAMA.head_dim, np.float64, enable_prefix_caching=caching,
+                           num_kv_heads=LLAMA.num_key_value_heads, num_layers=LLAMA.num_hidden_layers)
+
+
+def pool_state(pool):
+    """Everything a failed serve must leave as it was: tables, lengths, every layer's stored K/V, refcounts, cached
+    blocks, the free queue in order, the peak, and each sequence's recorded token ids and hashes."""
+    ids = pool.seq_ids
+    stored = [[a[i, : n].tolist() for i, n in enumerate(lengths) for a in (k, v)]
+              for k, v, lengths in (pool.gather(ids, layer) for layer in range(pool.num_layers))] if ids else []
+    cached = [b for b in range(pool.num_blocks) if pool.allocator.is_cached(b)]
+    return dict(tables=[pool.block_table(s) for s in ids], lengths=[pool.get_seq_length(s) for s in ids],
+                stored=stored, cached=cached, cached_kv=[[p[b].tolist() for b in cached] for p in pool.k_caches],
+                ref_counts=[pool.ref_count(b) for b in range(pool.num_blocks)], free=pool.allocator.free_blocks(),
+                peak=pool.peak_blocks, private=repr((pool._token_ids, pool._block_hashes, pool._num_cached)))
+
+
+def test_a_request_is_a_prompt_and_max_tokens_and_equals_its_own_generate():
+    rng = np.random.default_rng(5)
+    system = rng.integers(0, 61, 8).tolist()
+    prompts = [system + rng.integers(0, 61, int(rng.integers(1, 6))).tolist() for _ in range(4)]
+    requests = [kv.Request(i, p, max_tokens=3 + i, arrival_step=i // 2) for i, p in enumerate(prompts)]
+    result = kv.serve(requests, model=(LLAMA, LLAMA_W), block_size=4, num_blocks=12, max_num_batched_tokens=9,
+                      enable_prefix_caching=True)
+    for i, prompt in enumerate(prompts):
+        np.testing.assert_array_equal(result.outputs[i], generated(prompt, 3 + i))
+    placeholders = [kv.Request(i, p + [0] * (2 + i), len(p)) for i, p in enumerate(prompts)]  # today's form
+    again = kv.serve(placeholders, model=(LLAMA, LLAMA_W), num_blocks=12, max_num_batched_tokens=9)
+    assert all(np.array_equal(again.outputs[i], result.outputs[i]) for i in range(4))
+    with pytest.raises(ValueError, match=r"request 0 \(requests\[0\]\): max_tokens is for the model"):
+        kv.serve([kv.Request(0, [1, 2, 3], 2, max_tokens=2)], model=(LLAMA, LLAMA_W), num_blocks=4,
+                 max_num_batched_tokens=4)
+    with pytest.raises(ValueError, match="max_tokens is for the model.* and the single head"):
+        kv.serve([kv.Request(0, [1, 2, 3], max_tokens=2)], *model(), num_blocks=4, max_num_batched_tokens=4)
+
+
+def test_serve_never_writes_into_the_callers_arrays_nor_keeps_them():
+    ids = np.array([1, 2, 3, 4, 0, 0, 0, 0], np.int64)
+    expected = generated([1, 2, 3, 4], 5)
+    shared = kv.serve([kv.Request("a", ids, 4), kv.Request("b", ids, 4)], model=(LLAMA, LLAMA_W), num_blocks=8,
+                      max_num_batched_tokens=5)
+    assert ids.tolist() == [1, 2, 3, 4, 0, 0, 0, 0]  # it came back [1, 2, 3, 4, 48, 30, 14, 20]
+    np.testing.assert_array_equal(shared.outputs["a"], expected)  # two requests of one array: each its own
+    np.testing.assert_array_equal(shared.outputs["b"], expected)
+    read_only = ids.copy()
+    read_only.flags.writeable = False  # it failed half-way: "assignment destination is read-only"
+    result = kv.serve([kv.Request("a", read_only, 4)], model=(LLAMA, LLAMA_W), num_blocks=8, max_num_batched_tokens=5)
+    np.testing.assert_array_equal(result.outputs["a"], expected)
+    gone = weakref.ref(read_only)
+    del read_only
+    assert gone() is None  # nothing of the serve holds it
+
+
+@pytest.mark.parametrize("failure", ["a NaN weight", "an exhausted pool", "Ctrl-C at forward 1", "Ctrl-C at forward 4"])
+def test_a_serve_that_fails_leaves_the_callers_cache_as_it_was_and_raises_its_error(failure, monkeypatch):
+    pool, rng = llama_pool(num_blocks=12), np.random.default_rng(8)
+    system = rng.integers(0, 61, 8).tolist()
+    kv.serve([kv.Request("warm", system + [5], max_tokens=4)], model=(LLAMA, LLAMA_W), cache=pool,
+             max_num_batched_tokens=16)  # leaves two cached blocks of the system prompt, free
+    pool.add_sequence("other", system + [7, 7, 7])  # holds those two, and takes a third
+    kv.forward(LLAMA, LLAMA_W, [[7, 7, 7]], cache=kv.PagedCacheView(pool, ["other"], [[7, 7, 7]]))
+    requests = [kv.Request(i, system + rng.integers(0, 61, 3).tolist(), max_tokens=6, arrival_step=i) for i in range(3)]
+    w, error = LLAMA_W, KeyboardInterrupt
+    if failure == "a NaN weight":
+        name = "model.layers.0.mlp.up_proj.weight"  # layer 1's k is NaN: its cache refuses it, in the first forward
+        w = {**LLAMA_W, name: LLAMA_W[name].copy()}
+        w[name][0, 0] = np.nan
+        error = ValueError
+    elif failure == "an exhausted pool":
+        pool.add_sequence("hog")
+        pool.allocate_slots("hog", 4 * pool.num_free_blocks - 4)  # one block left: a prompt of 11 needs 3 (2 hit)
+        error = kv.OutOfBlocksError
+    else:
+        calls, real = [0], kv.scheduler.forward
+
+        def interrupted(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] == int(failure[-1]):
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(kv.scheduler, "forward", interrupted)
+    before = pool_state(pool)
+    with pytest.raises(error):
+        kv.serve(requests, model=(LLAMA, w), cache=pool, max_num_batched_tokens=7)
+    assert pool_state(pool) == before
+    monkeypatch.undo()
+    if failure != "an exhausted pool":  # the pool serves them afterwards as if nothing had happened
+        result = kv.serve(requests, model=(LLAMA, LLAMA_W), cache=pool, max_num_batched_tokens=7)
+        for r in requests:
+            np.testing.assert_array_equal(result.outputs[r.request_id], generated(r.token_ids, 6))
+        assert result.stats.prefix_hit_tokens == 3 * 8 and pool.seq_ids == ("other",)
+
+
+def test_a_callers_cache_must_fit_and_stands_for_the_pool_options():
+    pool = llama_pool()
+    for options, message in (({"num_blocks": 4}, r"num_blocks=4 was given with a cache"),
+                             ({"enable_prefix_caching": True}, r"enable_prefix_caching=True was given")):
+        with pytest.raises(ValueError, match=message):
+            kv.serve([], model=(LLAMA, LLAMA_W), cache=pool, max_num_batched_tokens=4, **options)
+    with pytest.raises(TypeError, match=r"cache holds float64 but the computation is float32"):
+        kv.serve([], model=(LLAMA, {k: w.astype(np.float32) for k, w in LLAMA_W.items()}), cache=pool,
+                 max_num_batched_tokens=4)
+    pool.add_sequence("a")
+    with pytest.raises(ValueError, match=r"request 'a' \(requests\[0\]\) repeats the request_id of a sequence in"):
+        kv.serve([kv.Request("a", [1, 2], max_tokens=1)], model=(LLAMA, LLAMA_W), cache=pool, max_num_batched_tokens=4)
+    with pytest.raises(TypeError, match="cache must be a PagedKVCache, got list"):
+        kv.serve([], model=(LLAMA, LLAMA_W), cache=[], max_num_batched_tokens=4)
