@@ -15,10 +15,6 @@ _LARGEST = {"bfloat16": 3.3895313892515355e38, "float16": 65504.0}  # (2 - 2^-7)
 _MAX_STEP = 2**62  # a ragged decode's start_steps[i] + lengths[i] must stay within int64
 
 
-class NonFiniteError(ValueError):
-    """NaN or inf in an input that ``check_finite=True`` scanned: a plain ValueError, kept importable."""
-
-
 def is_storage_dtype(dtype):
     """Whether ``dtype`` (a np.dtype) is bfloat16 or float16, a storage dtype computed in float32."""
     return dtype.name in STORAGE_NAMES and dtype.itemsize == 2
@@ -63,9 +59,9 @@ def as_array(name, value, storage=False):
 
 
 def check_finite_array(name, array):
-    """Raise NonFiniteError (a ValueError) naming ``name`` if ``array`` holds NaN or inf."""
+    """Raise ValueError naming ``name`` if ``array`` holds NaN or inf."""
     if not np.isfinite(array).all():
-        raise NonFiniteError(f"{name} contains NaN or inf")
+        raise ValueError(f"{name} contains NaN or inf")
 
 
 def as_float_array(name, value, storage=False):

@@ -59,8 +59,7 @@ class SlidingWindowCache(Cache):
         """The positions of the keys :meth:`update` returns for ``t_new`` new positions, in its order (int64 ``[S]``)."""
         t_new = as_size("t_new", t_new)
         if t_new != 1:  # the held positions, ascending, then the new ones
-            sinks = np.arange(min(self.n_sink, self._length))
-            return np.concatenate([sinks, np.arange(min(self._first, self._length), self._length + t_new)])
+            return np.concatenate([self.held_positions(), np.arange(self._length, self._length + t_new)])
         newest = self._length  # a decode step: the buffers' filled slots, in slot order
         slots = np.arange(min(newest + 1, self.n_sink + self.window))
         newest_slot = self.n_sink + (newest - self.n_sink) % self.window
