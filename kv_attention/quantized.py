@@ -1,29 +1,25 @@
 """A quantized K/V cache: integer groups of 2, 4 or 8 bits or float8, an exact residual, and attention from the codes.
 
-Keys and values ``[*batch_shape, T, D]`` are held as Hugging Face's ``QuantizedCache``
-and KIVI (Liu et al. 2024) hold them, to a contract a test can hold each position to:
+Keys and values ``[*batch_shape, T, D]`` are held as HF's ``QuantizedCache`` and KIVI (Liu et al. 2024) hold them,
+to a contract a test can hold each position to:
 
-*Groups*: ``"channel"`` (KIVI's keys): each channel of each block of ``group_size`` (G)
-    positions; ``"token"`` (KIVI's values): each position's channels in runs of G.
-*Rounding* (integer codes, asymmetric min-max per group): ``scale = (max - min) / (2**nbits - 1)``,
-    ``zero = min``, ``code = clip(round((x - min) / scale))``, ``x̂ = code · scale + zero``, so
-    ``|x̂ - x| <= scale / 2`` up to a few ULPs; ``|x| <= max / 4`` of the dtype, so no step
-    overflows (``update`` refuses more, as it refuses NaN/inf).
-*Float8* (``nbits=8``, ``format="float8_e4m3fn"`` or ``"float8_e5m2"``): ``scale = max|x| / F``
-    (F: 448, 57344), ``x̂ = fp8(x / scale) · scale``, round to nearest even.
-*Residual*: positions enter an exact residual; whenever it holds more than
-    ``residual_length`` (R >= G), its oldest G are quantized, once, from their exact
-    values. What differs from Hugging Face's cache: it re-quantizes dequantized values
-    whenever its residual fills; here the state after T positions is the same however
-    they arrived, with ``num_quantized = G · ceil(max(0, T - R) / G)``.
-*Codes packed* along each position's channels (8 bits one per byte, 4 bits two, 2 bits four);
-    ``nbytes`` counts codes, scales, zeros (integer codes only) and the residual.
+*Groups*: ``"channel"`` (KIVI's keys): each channel of each block of ``group_size`` (G) positions; ``"token"``
+    (KIVI's values): each position's channels in runs of G.
+*Rounding* (integer codes, asymmetric min-max per group): ``scale = (max - min) / (2**nbits - 1)``, ``zero = min``,
+    ``code = clip(round((x - min) / scale))``, ``x̂ = code · scale + zero``, so ``|x̂ - x| <= scale / 2`` up to a few
+    ULPs. *Range*: ``|x| <= max / 4`` of the dtype, so no step overflows (``update`` refuses more, and NaN/inf).
+*Float8* (``nbits=8``, ``format="float8_e4m3fn"`` or ``"float8_e5m2"``): ``scale = max|x| / F`` (F: 448, 57344),
+    ``x̂ = fp8(x / scale) · scale``, round to nearest even.
+*Residual*: positions enter an exact residual; whenever it holds more than ``residual_length`` (R >= G), its oldest
+    G are quantized, once, from their exact values (HF's re-quantizes dequantized values whenever it fills), so the
+    state after T positions is the same however they arrived: ``num_quantized = G · ceil(max(0, T - R) / G)``.
+*Codes packed* along each position's channels (8 bits one per byte, 4 bits two, 2 bits four); ``nbytes`` counts
+    codes, scales, zeros (integer codes only) and the residual.
 *Crop* keeps positions as held: to a length in ``[num_quantized, T]``, or a multiple of G below.
 
-``update(k, v)`` returns the dequantized ``K̂``, ``V̂`` (new arrays), so every decode that
-takes a cache attends over them; :func:`attend_quantized` reads the scores from the codes
-instead, without forming K̂ or V̂. Bad input raises TypeError or ValueError naming it, and
-leaves the cache unchanged.
+``update(k, v)`` returns the dequantized ``K̂``, ``V̂`` (new arrays), which every decode taking a cache attends over;
+:func:`attend_quantized` reads the scores from the codes instead. Bad input raises TypeError or ValueError naming
+it, and leaves the cache unchanged.
 """
 
 import math
