@@ -1,24 +1,11 @@
 """kv_attention: exact NumPy reference implementations of causal-attention decode.
 
-Single head, softmax(q kᵀ / sqrt(D_k) + causal mask) v: five decode strategies,
-each equal to :func:`causal_attention` position by position. Multi-head,
-grouped-query and multi-query decode (``heads``), the KV cache capacity formula
-(``capacity``), and ragged batches with a paged KV cache (``ragged``, ``paged``)
-build on the same caches (one sequence's subclass the :class:`Cache` base class). Chunked
-prefill onto a cache, sliding windows and attention sinks (``chunked``,
-``window``) are exact against the banded :func:`causal_attention`. Serving
-(``scheduler``) batches requests of token ids continuously over the paged cache,
-with forks, prefix caching and preemption (``block_allocator``).
-Split-KV (flash-decoding) and cascade attention (``split``) merge partial attention
-states exactly by log-sum-exp. A Llama-architecture model (``model``) decodes token by
-token through one of these caches per layer and loads Hugging Face checkpoints as they are,
-or a GGUF file (``gguf``, ``tokenizer``: SmolLM2-135M-Instruct, ``python -m kv_attention``).
-
-Inputs are float32 or float64 arrays, and a computation runs in their
-``np.result_type``. Bad input raises TypeError or ValueError naming the argument
-and the shapes, before anything is written, so it changes nothing. The attention
-functions take ``check_finite=True``, as ``scipy.linalg`` does: the inputs are
-scanned for NaN/inf. A full cache raises :class:`CacheFullError`.
+Five single-head decode strategies, each equal to :func:`causal_attention` position by position; multi-head, GQA
+and MQA (``heads``); ragged batches over a paged cache (``ragged``, ``paged``); chunked prefill, sliding windows and
+sinks (``chunked``, ``window``); serving with prefix caching and preemption (``scheduler``); split-KV and cascade
+attention merged by log-sum-exp (``split``); and a Llama model over one cache object (``model``, ``gguf``,
+``tokenizer``: SmolLM2-135M-Instruct, ``python -m kv_attention``). Inputs are float32 or float64; bad input raises
+TypeError or ValueError naming the argument before anything is written; a full cache raises CacheFullError.
 """
 
 from .attention import attend, causal_attention, masked_attend

@@ -1,15 +1,8 @@
-"""Argument checks the modules share: float arrays, sizes, dtypes, flags and names.
+"""Argument checks the modules share, run before anything is mutated: TypeError for a type or dtype, ValueError
+for a value or a shape, the argument named. ``check_finite=True`` scans for NaN/inf, as ``scipy.linalg``.
 
-Each public function calls these where it uses an argument, before it mutates
-anything: TypeError for a type or dtype, ValueError for a value or a shape, the
-argument named. ``check_finite=True`` means what it means in ``scipy.linalg``: the
-inputs are scanned for NaN/inf. A result that overflows is not looked for.
-
-Dtypes: what is computed or passed in as activations (x, q, weights, the k and v a
-cache's ``update`` takes) is float32 or float64. Storage may also be bfloat16
-(``ml_dtypes.bfloat16``) or float16: a cache's buffers, and the k, v that attention
-reads from them, which it upcasts to float32 (as engines' kernels do in registers).
-The library needs no ml_dtypes: a bfloat16 array is known by its dtype's name.
+Activations (x, q, weights, the k, v an ``update`` takes) are float32 or float64; storage (a cache's buffers, the
+k, v attention reads) may also be bfloat16 or float16, computed in float32, known by its dtype's name (no ml_dtypes).
 """
 
 import numpy as np
@@ -20,10 +13,6 @@ STORAGE_NAMES = ("bfloat16", "float16")  # 2-byte storage; computed in float32
 _KINDS = {False: "float32 or float64", True: "float32, float64, bfloat16 or float16"}  # by storage=
 _LARGEST = {"bfloat16": 3.3895313892515355e38, "float16": 65504.0}  # (2 - 2^-7)·2^127, (2 - 2^-10)·2^15
 _MAX_STEP = 2**62  # a ragged decode's start_steps[i] + lengths[i] must stay within int64
-
-
-class NonFiniteError(ValueError):
-    """NaN or inf in an input that ``check_finite=True`` scanned: a plain ValueError, kept importable."""
 
 
 def is_storage_dtype(dtype):
@@ -70,9 +59,9 @@ def as_array(name, value, storage=False):
 
 
 def check_finite_array(name, array):
-    """Raise NonFiniteError (a ValueError) naming ``name`` if ``array`` holds NaN or inf."""
+    """Raise ValueError naming ``name`` if ``array`` holds NaN or inf."""
     if not np.isfinite(array).all():
-        raise NonFiniteError(f"{name} contains NaN or inf")
+        raise ValueError(f"{name} contains NaN or inf")
 
 
 def as_float_array(name, value, storage=False):

@@ -1,30 +1,14 @@
 """Single-head scaled dot-product attention: the causal reference, its banded mask and one step, masked or not.
 
-Axis letters used in names and shape comments:
-    B  batch (independent sequences)     T  sequence length (positions)
-    S  key positions attended to         D  feature width (D_model, D_k, D_v)
-Leading ``...`` axes are batch-like and never mixed.
+softmax(q kᵀ / sqrt(D_k) + mask) v (Vaswani et al. 2017, 3.2.1). Axes: B batch, T positions, S keys attended to,
+D widths (D_model, D_k, D_v); leading ``...`` axes are batch-like. Inputs are float32 or float64, computed in their
+``np.result_type``; k and v may be bfloat16/float16 storage, read upcast. TypeError for a non-float array,
+ValueError for shapes that do not fit; ``check_finite`` (default True) scans for NaN/inf as ``scipy.linalg`` does.
+:func:`attention_forward` is the one composition every module calls (HF's ``eager_attention_forward``).
 
-softmax(q kᵀ / sqrt(D_k) + mask) v (Vaswani et al. 2017, section 3.2.1). Inputs
-are float32 or float64 arrays, and a computation runs in their ``np.result_type``;
-k and v may also be bfloat16 or float16 (a cache's storage), read upcast to it.
-Bad input raises TypeError (not a float32/float64 array) or ValueError (shapes that
-do not fit, named in the message). ``check_finite`` (keyword, default True) scans
-the inputs for NaN/inf, as ``scipy.linalg`` does; with False a NaN/inf input gives
-NaN/inf out. An overflow of the scores is not looked for.
-
-:func:`attention_forward` is the one composition of scores, mask, softmax, weighted
-sum of v and log-sum-exp: every module's attention calls it on checked inputs
-(Hugging Face's ``eager_attention_forward``); ``attend`` and ``masked_attend`` are it
-behind the checks.
-
-The banded mask (:func:`band_mask`): position t attends to position s when s <= t
-and either t - s < window or s < n_sink. ``window`` counts the keys a query attends
-to including its own. It matches FlashAttention's ``window_size=(W - 1, 0)`` and
-Hugging Face's ``sliding_window=W`` (``masking_utils.sliding_window_overlay``:
-``kv_idx > q_idx - sliding_window``); the first ``n_sink`` positions are the
-attention sinks of StreamingLLM (Xiao et al. 2023), which neither of those masks has.
-``window=None`` is full causal attention.
+:func:`band_mask`: t attends to s when s <= t and either t - s < window or s < n_sink (``window`` counts the query's
+own key): FlashAttention's ``window_size=(W - 1, 0)``, HF's ``sliding_window=W``, and StreamingLLM's sinks
+(Xiao et al. 2023), which neither has. ``window=None`` is full causal attention.
 """
 
 import math
@@ -37,10 +21,7 @@ _X_LAYOUTS = {2: "[T, D_model]", 3: "[B, T, D_model]"}
 
 
 def check_projection_inputs(x, w_q, w_k, w_v, x_ndims, check_finite=True):
-    """Validate ``x`` (``x_ndims`` axes) and the weights ``[D_model, D_k]``, ``[D_model, D_k]``, ``[D_model, D_v]``.
-
-    Returns ``(x, w_q, w_k, w_v, dtype)``, the weights in ``dtype = np.result_type`` of all four. D_k >= 1.
-    """
+    """``(x, w_q, w_k, w_v, dtype)``, weights ``[D_model, D_k | D_k | D_v]`` in ``dtype``, the four's result_type."""
     x, w_q, w_k, w_v = (as_array(n, a) for n, a in (("x", x), ("w_q", w_q), ("w_k", w_k), ("w_v", w_v)))
     if x.ndim not in x_ndims:
         raise ValueError(f"x must be {' or '.join(_X_LAYOUTS[n] for n in x_ndims)}, got shape {x.shape}")
@@ -71,10 +52,8 @@ def check_window(window, n_sink):
 
 
 def check_attention_inputs(q, k, v, check_finite=True):
-    """Validate ``q: [..., T_q, D_k]``, ``k: [..., S, D_k]``, ``v: [..., S, D_v]`` (the same leading axes).
-
-    Returns ``(q, k, v, dtype)``, each in ``dtype = np.result_type(q, k, v)``: bfloat16/float16 k, v upcast.
-    """
+    """``(q [..., T_q, D_k], k [..., S, D_k], v [..., S, D_v], dtype)``, each in their result_type (2-byte k, v
+    upcast)."""
     q, k, v = as_array("q", q), as_array("k", k, storage=True), as_array("v", v, storage=True)
     if not (q.ndim >= 2 and k.ndim == v.ndim == q.ndim and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
             and k.shape[-1] == q.shape[-1] > 0 and v.shape[-2] == k.shape[-2]):
@@ -137,14 +116,10 @@ def attention_weights(scores, mask=None, return_lse=True):
 
 
 def attention_forward(q, k, v, mask=None, *, return_lse=False):
-    """softmax(q kᵀ / sqrt(D_k) over the keys ``mask`` allows) v: the one attention every module calls.
-
-    ``q: [..., T_q, D_k]``, ``k: [..., S, D_k]``, ``v: [..., S, D_v]`` of one float dtype, checked by the
-    caller (leading axes broadcast as ``np.matmul``'s); ``mask`` as :func:`attention_weights` takes it.
-    Returns ``out [..., T_q, D_v]``, and with ``return_lse`` also ``(out, lse [..., T_q])``. A masked key's
-    value gets weight exactly 0 even when it holds NaN or inf; a row with no key gets zeros (and lse -inf).
-    Hugging Face's ``eager_attention_forward`` (``modeling_llama.py``) without dropout, a bool mask where HF
-    adds a float one, and the lse that a split-KV or paged merge needs (FlashAttention's ``softmax_lse``).
+    """``out [..., T_q, D_v]`` (with ``return_lse``, ``(out, lse [..., T_q])``) of checked ``q [..., T_q, D_k]``,
+    ``k [..., S, D_k]``, ``v [..., S, D_v]`` of one dtype and ``mask`` as :func:`attention_weights` takes it. A masked
+    key's value gets weight exactly 0 even if NaN or inf. HF's ``eager_attention_forward`` without dropout, a bool
+    mask, and the lse a split-KV merge needs (FlashAttention's ``softmax_lse``).
     """
     if mask is None:
         weights, lse = attention_weights(scaled_scores(q, k), None, return_lse)  # [..., T_q, S]
@@ -158,22 +133,15 @@ def attention_forward(q, k, v, mask=None, *, return_lse=False):
 
 
 def attend(q, k, v, *, check_finite=True):
-    """One attention step with no mask: softmax(q kᵀ / sqrt(D_k)) v, ``[..., T_q, D_v]``.
-
-    ``q: [..., T_q, D_k]`` attends to every key of ``k: [..., S, D_k]``, ``v: [..., S, D_v]``
-    (a decode step passes the keys so far, which need no causal mask). S = 0 gives zeros.
-    """
+    """softmax(q kᵀ / sqrt(D_k)) v, ``[..., T_q, D_v]``: ``q [..., T_q, D_k]`` over every key of ``k [..., S, D_k]``,
+    ``v [..., S, D_v]`` (a decode step's keys need no causal mask). S = 0 gives zeros."""
     q, k, v, _ = check_attention_inputs(q, k, v, as_flag("check_finite", check_finite))
     return attention_forward(q, k, v)  # [..., T_q, D_v]
 
 
 def masked_attend(q, k, v, valid, *, check_finite=True):
-    """:func:`attend` over the keys that ``valid: [..., S]`` (bool, a key-padding mask) marks True.
-
-    The mask selects before the softmax, so a masked key gets weight exactly 0
-    whatever it holds (a masked value holding NaN/inf is taken as 0), and a row with
-    no valid key gives zeros. ``check_finite`` scans q and the valid keys and values.
-    """
+    """:func:`attend` over the keys ``valid [..., S]`` (bool) marks True: a masked key gets weight exactly 0 whatever
+    it holds; a row with no valid key gives zeros. ``check_finite`` scans q and the valid keys and values."""
     check_finite = as_flag("check_finite", check_finite)
     q, k, v, _ = check_attention_inputs(q, k, v, check_finite=False)
     valid = as_key_mask(valid, k)
@@ -194,11 +162,8 @@ def band_mask(q_positions, k_positions, window=None, n_sink=0):
 
 
 def causal_attention(x, w_q, w_k, w_v, *, window=None, n_sink=0, check_finite=True):
-    """Causal self-attention over the whole sequence at once: the reference every decode must reproduce.
-
-    ``x: [T, D_model]`` or ``[B, T, D_model]``, ``w_q, w_k: [D_model, D_k]``, ``w_v: [D_model, D_v]``
-    -> ``[..., T, D_v]``. Position t attends to 0..t, or with ``window``/``n_sink`` to the band.
-    """
+    """The reference every decode reproduces: ``x [T, D_model]`` or ``[B, T, D_model]``, ``w_q, w_k [D_model, D_k]``,
+    ``w_v [D_model, D_v]`` -> ``[..., T, D_v]``; t attends to 0..t, or with ``window``/``n_sink`` to the band."""
     window, n_sink = check_window(window, n_sink)
     x, w_q, w_k, w_v, dtype = check_projection_inputs(x, w_q, w_k, w_v, (2, 3), as_flag("check_finite", check_finite))
     t_len = x.shape[-2]

@@ -1,27 +1,17 @@
 """K/V caches: the :class:`Cache` base class, grown by concatenation (dynamic) or preallocated (static).
 
-A cache holds ``k_cache: [..., T, D_k]`` and ``v_cache: [..., T, D_v]``; the leading
-axes are free (``[]`` one sequence, ``[B]`` a batch, ``[B, H_kv]`` multi-head), and
-new positions are appended along axis -2. ``update(k, v)`` returns the keys and
-values to attend to. The interface is Hugging Face ``transformers``' ``cache_utils``
-(``Cache``, ``DynamicCache``, ``StaticCache``, ``update``, ``get_seq_length``, ``crop``);
-what differs: docs/mechanisms.md#the-model (a static cache returns views ``[..., :T, :]``,
-not HF's and gpt-fast's whole buffer under a mask, so a NumPy decode attends without one).
+A cache holds ``k_cache: [..., T, D_k]`` and ``v_cache: [..., T, D_v]``; the leading axes are free (``[]``,
+``[B]``, ``[B, H_kv]``), new positions are appended along axis -2, and ``update(k, v)`` returns the keys and values
+to attend to. The interface is transformers' ``cache_utils`` (``update``, ``get_seq_length``, ``crop``); what
+differs (a static cache returns views ``[..., :T, :]``, no mask): docs/mechanisms.md#the-model.
 
-Storage in bfloat16 or float16 (``dtype=ml_dtypes.bfloat16`` or ``np.float16``), as
-engines store K/V in the model's dtype: ``update`` takes float32 k, v and rounds them
-to the nearest stored value (ties to even, as ``astype``); it returns the stored
-2-byte arrays, and attention reads them upcast to float32, so the bytes a decode
-reads are the bytes stored and ``nbytes`` counts 2 per element. The bound of an output's change from float32
-storage, in unit roundoff u (2^-8 bfloat16, 2^-11 float16): docs/mechanisms.md derives it,
-tests/kv_attention/test_storage_dtype.py holds a seeded sweep to it.
+Storage in bfloat16 or float16 (``dtype=ml_dtypes.bfloat16`` or ``np.float16``): ``update`` rounds float32 k, v
+to it (as ``astype``) and returns the stored 2-byte arrays, read upcast to float32; the bound this puts on an
+output: docs/mechanisms.md#bfloat16-and-float16-storage.
 
-Errors: ``update`` raises TypeError for k, v that are not float32/float64 arrays of
-one dtype (or float64 into a float32, bfloat16 or float16 cache), ValueError for
-NaN/inf (unless ``check_finite=False``), for values beyond a float16/bfloat16
-cache's largest finite value (which would be stored as inf), or shapes that do not
-fit; a full static cache raises :class:`StaticCacheFullError`. Every check runs
-before anything is written, so a call that raises leaves the cache unchanged.
+Errors: ``update`` raises TypeError for k, v not float32/float64 of one dtype (or float64 into a float32 or 2-byte
+cache), ValueError for NaN/inf (unless ``check_finite=False``), values a 2-byte cache would store as inf, or shapes
+that do not fit, StaticCacheFullError past ``max_seq_len``; all before anything is written.
 """
 
 import abc
@@ -35,11 +25,7 @@ from .attention import attention_forward, band_mask
 
 
 class CacheFullError(Exception):
-    """A cache has no room for the positions a call brings; the cache was left unchanged.
-
-    The base of :class:`StaticCacheFullError` (a ValueError) and
-    :class:`~kv_attention.paged.OutOfBlocksError` (a RuntimeError).
-    """
+    """A cache has no room for a call's positions (left unchanged): base of StaticCacheFullError, OutOfBlocksError."""
 
 
 class StaticCacheFullError(CacheFullError, ValueError):
@@ -47,19 +33,13 @@ class StaticCacheFullError(CacheFullError, ValueError):
 
 
 class Cache(abc.ABC):
-    """What a decode needs of a K/V cache, written down once, as transformers' ``cache_utils.Cache``.
+    """What a decode needs of a K/V cache, as transformers' ``cache_utils.Cache``: a subclass implements
+    :meth:`update`, :meth:`get_seq_length` and :meth:`crop` of one layer and sets what differs (``max_seq_len``
+    None: unbounded; ``window``/``n_sink``; ``can_crop`` False: a crop may refuse a length).
 
-    A subclass implements :meth:`update`, :meth:`get_seq_length` and :meth:`crop` of one
-    layer, and sets what differs from a cache of every position: ``k_cache``/``v_cache`` (a
-    decode checks their leading axes, widths and dtype: :attr:`layout`), ``max_seq_len``
-    (None: unbounded), ``window``/``n_sink`` (a cache that keeps only a
-    window), :meth:`key_positions`, ``can_crop`` (False: a crop may refuse a length).
-
-    *One object for every layer*, as Hugging Face 5's ``Cache`` holds its ``layers``: the object
-    is layer 0, and :meth:`layer` makes a later one when first asked, as this one was made (HF's
-    ``layer_class_to_replicate``). The model reaches every kind, :class:`~kv_attention.PagedCacheView`
-    too, through :meth:`check_update`, :meth:`attend`, ``get_seq_length``, ``crop``, ``nbytes``,
-    ``nbytes_reserved`` and :func:`atomic`'s ``snapshot``/``restore``/``commit`` only.
+    One object for every layer, as HF 5's ``Cache.layers``: this object is layer 0, :meth:`layer` makes the others
+    as this one was made (HF's ``layer_class_to_replicate``). The model reaches every kind (a PagedCacheView too)
+    through :meth:`check_update`, :meth:`attend`, ``get_seq_length``, ``crop``, ``nbytes*`` and :func:`atomic`.
     """
 
     k_cache = v_cache = None
@@ -199,11 +179,8 @@ def as_batch_shape(batch_shape):
 
 
 def check_new_positions(k, v, cache, check_finite=True, dtype=None):
-    """``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]`` as float arrays, or raise unless they fit ``cache``.
-
-    Into bfloat16/float16 storage (the cache's, or ``dtype`` while it has no buffers)
-    they are returned rounded to it, and refused if that overflows.
-    """
+    """``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]`` checked to fit ``cache`` (or ``dtype`` while it has no
+    buffers), rounded to its bfloat16/float16 storage."""
     if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
         raise TypeError(f"k and v must be numpy arrays, got {type(k).__name__}, {type(v).__name__}")
     k_dtype, v_dtype = k.dtype.newbyteorder("="), v.dtype.newbyteorder("=")  # '>f8' counts as float64
@@ -263,13 +240,8 @@ def check_cache_fits(cache, kv_shape, t_new, dtype, window=None, n_sink=0):
 
 
 class DynamicCache(Cache):
-    """A K/V cache that grows by ``np.concatenate``: each update copies every position so far, O(T²) for T steps.
-
-    The leading axes are fixed by the first update; ``k_cache``/``v_cache`` are None before it.
-    ``dtype``: None (default) stores k, v as given (Hugging Face's cache, in the model's
-    dtype), fixed by the first update; bfloat16 or float16 stores float32 k, v rounded;
-    float32 or float64 stores that dtype.
-    """
+    """A K/V cache grown by ``np.concatenate`` (each update copies every position: O(T²) for T steps); its leading
+    axes and, with ``dtype`` None (HF's: the model's), its dtype are fixed by the first update (None before it)."""
 
     def __init__(self, dtype=None):
         self.k_cache = self.v_cache = None
@@ -323,12 +295,8 @@ class DynamicCache(Cache):
 
 
 class StaticCache(Cache):
-    """A K/V cache allocated once, ``[*batch_shape, max_seq_len, D]``, written in place; zero past the length.
-
-    ``batch_shape``: the leading axes, e.g. ``()``, ``(B,)`` or ``(B, H_kv)``; ``k_dim`` (D_k)
-    >= 1, every other size >= 0; ``dtype`` float32, float64 (default), or bfloat16/float16
-    storage (see the module's docstring).
-    """
+    """A K/V cache ``[*batch_shape, max_seq_len, k_dim | v_dim]`` allocated once (zero past the length), written in
+    place. ``batch_shape`` e.g. ``()``, ``(B,)`` or ``(B, H_kv)``; ``k_dim`` >= 1."""
 
     preallocated = True
 
@@ -350,11 +318,8 @@ class StaticCache(Cache):
         return self.k_cache.shape[-2]
 
     def update(self, k, v, layer_idx=0, *, check_finite=True):
-        """Write ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]`` after layer ``layer_idx``'s stored positions.
-
-        Returns views ``[..., T, D]`` of the buffers (do not write to them);
-        :class:`StaticCacheFullError` past ``max_seq_len``.
-        """
+        """Write ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]`` after layer ``layer_idx``'s positions; return views
+        ``[..., T, D]`` of the buffers (do not write); StaticCacheFullError past ``max_seq_len``."""
         if layer_idx:
             return self.layer(layer_idx).update(k, v, check_finite=check_finite)
         k, v = check_new_positions(k, v, self, check_finite)

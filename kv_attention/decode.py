@@ -1,20 +1,11 @@
 """Token-by-token decode strategies for one head, each exact against :func:`causal_attention`.
 
-At step t no strategy reads ``x[..., t+1:, :]``; the cached ones read only
-``x[..., t, :]`` and their cache. Inputs: ``x: [T, D_model]`` or ``[B, T, D_model]``
-(the two batch strategies take ``[B, T, D_model]`` only), ``w_q, w_k: [D_model, D_k]``,
-``w_v: [D_model, D_v]``, float32 or float64; the output ``[..., T, D_v]``. At step t:
-    x_t      [..., 1, D_model]      q_t      [..., 1, D_k]
-    k_cache  [..., t+1, D_k]        scores   [..., 1, t+1]
-    v_cache  [..., t+1, D_v]        out_t    [..., 1, D_v]
-An optional ``cache`` (a :class:`~kv_attention.cache.Cache`) must fit x's leading axes,
-D_k, D_v and dtype and have room for T more positions; positions already in it are
-attended to (a prefill). It is checked before the first write, so a refused call
-leaves it unchanged. ``check_finite`` (default True) scans x and the weights for
-NaN/inf; a given cache's ``update`` checks what it is given. So finite inputs whose
-projections overflow (or pass a QuantizedCache's range) are refused by that ``update``
-partway, after earlier positions were stored: overflow is not looked for in advance,
-as in scipy, and ``cache.crop(length)`` undoes the partial write.
+At step t no strategy reads ``x[..., t+1:, :]``; the cached ones read only ``x[..., t, :]`` and their cache.
+``x: [T, D_model]`` or ``[B, T, D_model]`` (the batch strategies: the latter only), ``w_q, w_k: [D_model, D_k]``,
+``w_v: [D_model, D_v]``, float32 or float64 -> ``[..., T, D_v]``. A given ``cache`` must fit x's leading axes,
+D_k, D_v and dtype with room for T more (its positions are attended to), checked before the first write. Finite
+inputs whose projections overflow (or pass a QuantizedCache's range) are refused by its ``update`` partway, as
+scipy does not look for overflow; ``cache.crop(length)`` undoes the partial write.
 """
 
 import numpy as np
@@ -25,10 +16,7 @@ from .cache import DynamicCache, StaticCache, check_cache_fits
 
 
 def check_decode_inputs(x, w_q, w_k, w_v, x_ndims, cache, check_finite, window=None, n_sink=0):
-    """Validate a decode's ``x``, weights and given ``cache`` (None: the decode makes its own).
-
-    Returns ``(x, w_q, w_k, w_v, dtype, cache)``.
-    """
+    """``(x, w_q, w_k, w_v, dtype, cache)`` checked (``cache`` None: the decode makes its own)."""
     x, w_q, w_k, w_v, dtype = check_projection_inputs(x, w_q, w_k, w_v, x_ndims, as_flag("check_finite", check_finite))
     if cache is not None:
         lead = x.shape[:-2]
@@ -55,10 +43,7 @@ def _decode_preallocated(x, w_q, w_k, w_v, dtype, cache=None):
 
 
 def decode_without_cache(x, w_q, w_k, w_v, *, check_finite=True):
-    """Decode with no cache: step t recomputes causal attention over ``x[..., :t+1, :]``, O(T³) in all.
-
-    What a model without a KV cache does: it re-runs its whole context for every new token.
-    """
+    """Decode with no cache, as a model without one: step t recomputes ``x[..., :t+1, :]``, O(T³) in all."""
     x, w_q, w_k, w_v, dtype = check_projection_inputs(x, w_q, w_k, w_v, (2, 3), as_flag("check_finite", check_finite))
     out = np.empty(x.shape[:-1] + (w_v.shape[1],), dtype=dtype)  # [..., T, D_v]
     causal = np.tril(np.ones((x.shape[-2],) * 2, bool))  # [T, T]
@@ -84,11 +69,7 @@ def cached_attention_preallocated(x, w_q, w_k, w_v, cache=None, *, check_finite=
 
 
 def sequential_cached_attention(x, w_q, w_k, w_v, *, check_finite=True):
-    """Decode B sequences one after another in a Python loop: the batch baseline.
-
-    Each takes the path of :func:`cached_attention_preallocated`, so it differs from
-    :func:`batched_cached_attention` only in how many NumPy calls are made.
-    """
+    """The batch baseline: B sequences one after another, each :func:`cached_attention_preallocated`'s path."""
     x, w_q, w_k, w_v, dtype = check_projection_inputs(x, w_q, w_k, w_v, (3,), as_flag("check_finite", check_finite))
     out = np.empty(x.shape[:-1] + (w_v.shape[1],), dtype=dtype)  # [B, T, D_v]
     for b in range(x.shape[0]):

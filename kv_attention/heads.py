@@ -1,28 +1,12 @@
 """Multi-head, grouped-query and multi-query causal attention: the reference and the decode.
 
-Axis letters used in names and shape comments:
-    B     batch (independent sequences)      T      sequence length (positions)
-    S     key positions attended to          H_q    query heads (``n_heads``)
-    H_kv  K/V heads (``n_kv_heads``)         G      group size, ``n_heads // n_kv_heads``
-    D_model  model width                     D_head per-head width (``head_dim``)
-    D_out    output width of ``w_o`` (D_model in a transformer layer)
-Leading ``...`` axes are batch-like and never mixed.
+Axes: B batch, T positions, S keys attended to, H_q query heads (``n_heads``), H_kv K/V heads (``n_kv_heads``),
+G = H_q // H_kv, D_head; ``x: [T, D_model]`` or ``[B, T, D_model]``, ``w_q: [D_model, H_q·D_head]``,
+``w_k, w_v: [D_model, H_kv·D_head]``, ``w_o: [H_q·D_head, D_out]`` -> ``[..., T, D_out]`` in the inputs'
+result_type, scale 1/sqrt(D_head). Errors as attention.py's, raised before anything is written.
 
-Inputs: ``x: [T, D_model]`` or ``[B, T, D_model]``, ``w_q: [D_model, H_q·D_head]``,
-``w_k, w_v: [D_model, H_kv·D_head]``, ``w_o: [H_q·D_head, D_out]``, float32 or
-float64, and integer counts H_q, H_kv >= 1 with H_kv dividing H_q. The output
-``[..., T, D_out]`` is in ``np.result_type`` of the inputs; scale 1/sqrt(D_head).
-Bad input raises TypeError or ValueError naming the argument and the shapes before
-anything is computed or written; ``check_finite`` (default True) scans x and the
-weights for NaN/inf.
-
-MHA (H_kv = H_q) is Vaswani et al. 2017, section 3.2.2; MQA (H_kv = 1) is Shazeer
-2019, "Fast Transformer Decoding: One Write-Head is All You Need"; GQA (1 < H_kv
-< H_q) is Ainslie et al. 2023, "GQA: Training Generalized Multi-Query Transformer
-Models". Query head h reads K/V head ``h // G``, so consecutive query heads share
-a K/V head: the order of the Llama reference code's ``repeat_kv`` (``expand`` then
-``reshape``, i.e. repeat-interleave) and of FlashAttention's GQA; ``h % H_kv``
-would be a different, wrong model.
+MHA (H_kv = H_q): Vaswani et al. 2017; MQA (H_kv = 1): Shazeer 2019; GQA: Ainslie et al. 2023. Query head h
+reads K/V head ``h // G``, the order of Llama's ``repeat_kv`` (repeat-interleave) and FlashAttention's GQA.
 """
 
 import functools
@@ -68,10 +52,7 @@ def _head_dim(w_q, w_k, w_v, w_o, n_heads, n_kv_heads):
 
 
 def check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads, check_finite=True):
-    """Validate ``x`` and the four weights (counts already checked).
-
-    Returns ``(x, w_q, w_k, w_v, w_o, head_dim, dtype)``, the weights in ``dtype = np.result_type`` of all five.
-    """
+    """``(x, w_q, w_k, w_v, w_o, head_dim, dtype)``, the weights in ``dtype``, the five's result_type."""
     arrays = {name: as_array(name, a) for name, a in zip(("x", "w_q", "w_k", "w_v", "w_o"), (x, w_q, w_k, w_v, w_o))}
     x = arrays["x"]
     if x.ndim not in (2, 3):
@@ -90,12 +71,8 @@ def check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads, check_finite=T
 
 
 def multi_head_attention(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, check_finite=True):
-    """Causal multi-head attention over the whole sequence at once: the reference.
-
-    Query head h is :func:`causal_attention` with its columns of ``w_q`` and K/V
-    head ``h // G``'s of ``w_k`` and ``w_v``; the heads are concatenated in order and
-    projected by ``w_o``. One head and ``w_o`` the identity give :func:`causal_attention`.
-    """
+    """The reference: query head h is :func:`causal_attention` with its columns of ``w_q`` and K/V head
+    ``h // G``'s of ``w_k``, ``w_v``; the heads concatenated in order and projected by ``w_o``."""
     n_heads, n_kv_heads = check_head_counts(n_heads, n_kv_heads)
     x, w_q, w_k, w_v, w_o, head_dim, dtype = check_head_inputs(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads,
                                                                as_flag("check_finite", check_finite))
@@ -109,13 +86,8 @@ def multi_head_attention(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, check_fi
 
 
 def _attend_repeat_kv(q, k, v, attention=None):
-    """One decode step by repeating each K/V head G times, as Llama's ``repeat_kv`` does.
-
-    ``q: [..., H_kv, G, D_head]`` is the new position's queries by group, ``k, v:
-    [..., H_kv, S, D_head]`` the cache's views. For G > 1 each step materialises
-    ``[..., H_q, S, D_head]`` copies of K and V; for G = 1 (MHA) it uses the views,
-    as ``repeat_kv`` does for ``n_rep == 1``.
-    """
+    """One step of ``q [..., H_kv, G, D_head]`` over ``k, v [..., H_kv, S, D_head]``, each K/V head repeated G times
+    (``[..., H_q, S, D_head]`` copies; none for G = 1), as Llama's ``repeat_kv``."""
     *lead, n_kv_heads, group, head_dim = q.shape
     if group > 1:
         k = np.repeat(k, group, axis=-3)  # [..., H_q, S, D_head], K/V head j -> query heads jG..jG+G-1
@@ -125,12 +97,8 @@ def _attend_repeat_kv(q, k, v, attention=None):
 
 
 def _attend_grouped(q, k, v, attention=None):
-    """One decode step on the cache's own views: the G query heads of a group are G query rows.
-
-    One ``[G, D_head] x [D_head, S]`` product per K/V head instead of G against G copies: the
-    layout FlashAttention-2 uses for one query position (``seqlenq_ngroups_swapped`` in
-    ``flash_api.cpp``), there inside one fused kernel, here one batched matmul.
-    """
+    """One step on the cache's views, a group's G query heads as G rows: one ``[G, D_head] x [D_head, S]`` product a
+    K/V head, FlashAttention-2's layout for one query position (``seqlenq_ngroups_swapped``, ``flash_api.cpp``)."""
     return (attention or attention_forward)(q, k, v)  # scores [..., H_kv, G, S] -> [..., H_kv, G, D_head]
 
 
@@ -155,22 +123,13 @@ def _decode_heads(x, w_q, w_k, w_v, w_o, n_kv_heads, head_dim, step, update):
 
 def multi_head_decode(x, w_q, w_k, w_v, w_o, *, n_heads, n_kv_heads, path="grouped", cache=None, num_splits=None,
                       check_finite=True):
-    """Decode token by token through a ``[B, H_kv, T_max, D_head]`` K/V cache.
+    """Decode token by token, equal to :func:`multi_head_attention` position by position: step t projects
+    ``x[..., t, :]``, stores its H_kv keys and values, and its H_q queries attend over positions 0..t.
 
-    At step t only ``x[..., t, :]`` is projected: its H_kv keys and values go into
-    the cache and its H_q queries attend over the first t+1 positions. Equals
-    :func:`multi_head_attention` position by position. Two paths, the same result
-    up to rounding:
-        ``"repeat_kv"``: repeat each K/V head G times per step (Llama's ``repeat_kv``,
-        gpt-fast), one query row per head.
-        ``"grouped"`` (default): a group's G query heads as G query rows against
-        their K/V head's cache view; K/V are never copied.
-
-    ``cache``: a Cache of ``[*x.shape[:-2], H_kv, T_max, D_head]`` with room for T more
-    positions, e.g. ``StaticCache((B, n_kv_heads), T_max, head_dim, head_dim)``; positions
-    in it are attended to. Default: a new StaticCache of T positions. ``num_splits``
-    (default None): each head attends in ``num_splits`` contiguous parts of the cache
-    merged by log-sum-exp, as flash-decoding does (:func:`~kv_attention.split.split_kv_attention`).
+    ``path``: ``"repeat_kv"`` (each K/V head repeated G times a step, Llama's, gpt-fast's) or ``"grouped"``
+    (default: a group's G query heads as G rows over their K/V head's view, no copy). ``cache``: a Cache of
+    ``[*x.shape[:-2], H_kv, T_max, D_head]`` with room for T more (its positions attended to; default a new
+    StaticCache). ``num_splits``: each head attends in that many parts merged by log-sum-exp (flash-decoding).
     """
     check_choice("path", path, PATHS)
     step = _STEPS[path]

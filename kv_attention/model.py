@@ -1,12 +1,11 @@
 """A Llama decoder (Hugging Face's ``LlamaForCausalLM``) whose attention runs through the library's caches.
 
-``forward(config, weights, input_ids [B, T], cache=...)`` gives logits ``[B, T, vocab_size]``; ``weights``
-are Hugging Face's state dict (``[out_features, in_features]``); ``cache`` is one object of every layer, batch
-shape ``(B, num_key_value_heads)`` (a :class:`~kv_attention.Cache`, HF 5's ``past_key_values``, or a paged view),
-continued by ``input_ids``: prefill and decode are one call. Every call (forward, generate, prompt lookup) is
-atomic: whatever raises, wherever (the logits too), the cache is as before (:func:`~kv_attention.cache.atomic`)
-and the error the original. No call writes into, or keeps, a caller's array. What matches Hugging Face and
-gpt-fast, what differs, and the errors raised: docs/mechanisms.md#the-model.
+``forward(config, weights, input_ids [B, T], cache=...)`` gives logits ``[B, T, vocab_size]``; ``weights`` are HF's
+state dict (``[out_features, in_features]``); ``cache``, one object of every layer of batch shape ``(B,
+num_key_value_heads)`` (HF 5's ``past_key_values``, or a paged view), is continued by ``input_ids``. Every call is
+atomic (:func:`~kv_attention.cache.atomic`): whatever raises, the cache is as before and the error the original.
+No call writes into, or keeps, a caller's array. What matches HF and gpt-fast, what differs, the errors:
+docs/mechanisms.md#the-model.
 """
 
 import dataclasses
@@ -196,9 +195,8 @@ def check_input_ids(config, input_ids):
 
 
 def check_cache(config, cache, ids, dtype, max_new_tokens=None):
-    """Raise unless ``cache`` is None or one object of every layer that takes this call's k/v ``[B, H_kv, T, D]`` in
-    ``dtype`` (with ``max_new_tokens``, for a generate's prompt and every new token but the last), and unless T = 0
-    where there is no last token to continue from, before anything is written."""
+    """Raise unless ``cache`` is None or takes this call's k, v ``[B, H_kv, T, D]`` in ``dtype`` (with
+    ``max_new_tokens``: a generate's every token but the last), and unless T = 0 where there is no token to continue."""
     if cache is not None and not callable(getattr(cache, "attend", None)):
         raise TypeError(f"cache must be one object of every layer, a kv_attention.Cache (e.g. DynamicCache(): a list "
                         f"of one per layer is no longer taken) or a PagedCacheView, got {cache!r:.100}")
@@ -217,10 +215,8 @@ def check_cache(config, cache, ids, dtype, max_new_tokens=None):
 
 @blas_threads
 def forward(config, weights, input_ids, *, cache=None, convert_once=True):
-    """Logits ``[B, T, vocab_size]`` of ``input_ids [B, T]``, continuing ``cache`` (the module's contract).
-
-    ``convert_once``: a weight not in the compute dtype is converted the first time it is seen and kept
-    (:func:`converted`); False holds only the 16-bit weights and converts each layer's on every call."""
+    """Logits ``[B, T, vocab_size]`` of ``input_ids [B, T]``, continuing ``cache``. ``convert_once``: a weight not in
+    the compute dtype is converted once and kept (:func:`converted`); False converts each layer's on every call."""
     ids, dtype = check_input_ids(config, input_ids), check_weights(config, weights)
     cache, once = check_cache(config, cache, ids, dtype), as_flag("convert_once", convert_once)
     with atomic(cache, ids.shape[1]):
@@ -249,11 +245,9 @@ def _forward(config, weights, ids, cache, dtype, once):
 @blas_threads
 def generate(config, weights, input_ids, max_new_tokens, *, cache=None, convert_once=True,
              prompt_lookup_num_tokens=None, max_matching_ngram_size=None):
-    """Greedy decoding: ``input_ids [B, T]`` and ``max_new_tokens`` argmax tokens, each fed back; int64 ``[B, T + N]``.
-
-    With ``cache``, ``input_ids`` continue it: prefilled in one call, then one call a token; without, each step
-    recomputes the prefix. Every step's room is checked before the first write. ``prompt_lookup_num_tokens=k``
-    (HF's name; B = 1, a cache that crops back): drafts of up to k tokens verified in one call each."""
+    """Greedy: ``input_ids [B, T]`` and ``max_new_tokens`` argmax tokens, int64 ``[B, T + N]``; with ``cache``, one
+    prefill then one call a token (room checked first), without, each step recomputes the prefix.
+    ``prompt_lookup_num_tokens=k`` (B = 1, a cache that crops): drafts of up to k tokens verified a call each."""
     return _generate(config, weights, input_ids, max_new_tokens, cache, convert_once, prompt_lookup_num_tokens,
                      max_matching_ngram_size)[0]
 
@@ -261,10 +255,8 @@ def generate(config, weights, input_ids, max_new_tokens, *, cache=None, convert_
 @blas_threads
 def prompt_lookup_generate(config, weights, input_ids, max_new_tokens, *, cache, prompt_lookup_num_tokens=10,
                            max_matching_ngram_size=None, convert_once=True):
-    """Greedy ``input_ids [1, T]`` and ``max_new_tokens`` tokens (int64 ``[1, T + N]``) with prompt-lookup drafts
-    (:mod:`~kv_attention.speculative`), and the call's :class:`~kv_attention.SpecDecodingStats`. ``cache``: any
-    whose ``can_crop`` (DynamicCache, StaticCache, PagedCacheView); ValueError or TypeError naming the argument
-    otherwise (a window cache that wrapped or a quantized block cannot take a draft back)."""
+    """:func:`generate` of ``input_ids [1, T]`` with prompt-lookup drafts, and its :class:`SpecDecodingStats`.
+    ``cache``: one whose ``can_crop`` (DynamicCache, StaticCache, PagedCacheView), else TypeError; B > 1: ValueError."""
     return _generate(config, weights, input_ids, max_new_tokens, cache, convert_once, prompt_lookup_num_tokens,
                      max_matching_ngram_size)
 

@@ -13,14 +13,9 @@ from ._validation import as_float_dtype, as_size
 
 @dataclass(frozen=True)
 class Problem:
-    """Inputs of one decode run.
-
-    Attributes:
-        x: ``[T, D_model]`` or ``[B, T, D_model]``.
-        w_q: ``[D_model, D_k]``. w_k: ``[D_model, D_k]``. w_v: ``[D_model, D_v]``.
-        embedding: ``[V, D_model]``, the token embedding table of ``vocab_size=V``
-            (None unless asked for): a request's model input is ``embedding[token_ids]``.
-    """
+    """Inputs of one decode run: ``x [T, D_model]`` or ``[B, T, D_model]``, ``w_q, w_k [D_model, D_k]``, ``w_v
+    [D_model, D_v]``, and ``embedding [V, D_model]`` (None unless asked for): a request's input is
+    ``embedding[token_ids]``."""
 
     x: np.ndarray
     w_q: np.ndarray
@@ -46,21 +41,11 @@ class Problem:
 
 def make_problem(seq_len, batch_size=None, *, d_model=64, d_k=64, d_v=64, seed=42, dtype=np.float64,
                  vocab_size=None):
-    """Draw a reproducible problem from ``np.random.default_rng(seed)``.
+    """A reproducible problem of ``np.random.default_rng(seed)`` (an integer >= 0: None would draw another each call).
 
-    ``x`` is standard normal; each weight is normal with variance 1 / D_model,
-    so q·k / sqrt(D_k) stays of order 1 at any width. Draw order: x, w_q, w_k, w_v,
-    then the embedding (standard normal, like x), so x and the weights do not
-    depend on ``vocab_size``.
-
-    Args:
-        seq_len: T >= 0.
-        batch_size: None for ``x: [T, D_model]``, else B >= 0 for ``[B, T, D_model]``.
-        d_model, d_k, d_v: widths (defaults 64, as in the lab); d_k >= 1.
-        seed: the generator's seed, an integer >= 0 (default 42); None, a bool or a
-            float is a TypeError (None would draw a different problem each call).
-        dtype: float32 or float64 (default float64).
-        vocab_size: None (default, no embedding) or V >= 1 for ``embedding: [V, D_model]``.
+    ``x`` (``[seq_len, d_model]``, or ``[batch_size, seq_len, d_model]``) and the embedding (``vocab_size`` rows)
+    are standard normal, each weight normal of variance 1 / D_model, so q·k / sqrt(D_k) stays of order 1; drawn in
+    the order x, w_q, w_k, w_v, embedding, so that ``vocab_size`` changes nothing else. ``d_k`` >= 1.
     """
     seed = as_size("seed", seed)  # None would draw a problem no one can draw again
     seq_len, d_model, d_v = (as_size(n, v) for n, v in (("seq_len", seq_len), ("d_model", d_model), ("d_v", d_v)))
@@ -71,10 +56,7 @@ def make_problem(seq_len, batch_size=None, *, d_model=64, d_k=64, d_v=64, seed=4
     if vocab_size is not None:
         vocab_size = as_size("vocab_size", vocab_size, minimum=1)
     x_shape = (seq_len, d_model) if batch_size is None else (batch_size, seq_len, d_model)
-    return _draw(np.random.default_rng(seed), x_shape, d_model, d_k, d_v, vocab_size, dtype)
-
-
-def _draw(rng, x_shape, d_model, d_k, d_v, vocab_size, dtype):
+    rng = np.random.default_rng(seed)
     x = rng.standard_normal(x_shape)
     scale = 1.0 / np.sqrt(max(d_model, 1))
     w_q, w_k, w_v = (rng.standard_normal((d_model, d)) * scale for d in (d_k, d_k, d_v))

@@ -1,16 +1,13 @@
 """The model's weight products ``x @ w.T`` and its BLAS thread count, each planned on the machine, as FFTW's wisdom.
 
-Contract: :func:`linear` of ``x [..., in]`` and ``w [out, in]`` gives ``[..., out]`` in ``result_type(x, w)``, equal
-to ``x @ w.T`` within a float rounding (tests/kv_attention/test_products.py). Its N rows, 1 to ``MAX_PLANNED``, take
-the formulation measured fastest for that shape, dtype, N and thread count: one product, ``w`` ``BLOCK_ROWS`` rows
-a product, or one matrix-vector product per row (which wins differs by BLAS kernel: docs/results.md#model). More
-rows take one product. :func:`blas_threads` runs a call at the thread count measured fastest for a one-row step,
-unless the user chose: :func:`set_threads` (the command's ``--threads``), OPENBLAS/OMP/MKL_NUM_THREADS, or their
-own threadpoolctl limit. Each choice is measured once, on first use (a few interleaved repeats, the median), and
-kept as FFTW keeps wisdom (fftw.org/doc/Words-of-Wisdom_002dSaving-Plans.html): in the process, and in
-``$XDG_CACHE_HOME/kv_attention/plans.json`` (default ~/.cache) under a key naming the CPU model, the BLAS
-(threadpoolctl's internal_api, version, architecture) and NumPy's version, since a plan holds on that machine
-only. A file that cannot be read or written is ignored: the plans are then measured again in each process.
+:func:`linear` of ``x [..., in]`` and ``w [out, in]`` gives ``[..., out]`` in ``result_type(x, w)``, equal to
+``x @ w.T`` within a float rounding. Its N rows, 1 to ``MAX_PLANNED``, take the formulation measured fastest for that
+shape, dtype, N and thread count (which wins differs by BLAS kernel: docs/results.md#model); more rows, one product.
+:func:`blas_threads` runs a call at the thread count measured fastest for a one-row step, unless the user chose
+(:func:`set_threads`, OPENBLAS/OMP/MKL_NUM_THREADS, their own threadpoolctl limit). Each choice is measured once (a
+few interleaved repeats, the median) and kept as FFTW keeps wisdom: in the process, and in
+``$XDG_CACHE_HOME/kv_attention/plans.json`` (default ~/.cache) under a key naming the CPU model, the BLAS and NumPy's
+version, since a plan holds on that machine only. A file that cannot be read or written is ignored.
 """
 
 import contextlib

@@ -1,29 +1,25 @@
 """A quantized K/V cache: integer groups of 2, 4 or 8 bits or float8, an exact residual, and attention from the codes.
 
-Keys and values ``[*batch_shape, T, D]`` are held as Hugging Face's ``QuantizedCache``
-and KIVI (Liu et al. 2024) hold them, to a contract a test can hold each position to:
+Keys and values ``[*batch_shape, T, D]`` are held as HF's ``QuantizedCache`` and KIVI (Liu et al. 2024) hold them,
+to a contract a test can hold each position to:
 
-*Groups*: ``"channel"`` (KIVI's keys): each channel of each block of ``group_size`` (G)
-    positions; ``"token"`` (KIVI's values): each position's channels in runs of G.
-*Rounding* (integer codes, asymmetric min-max per group): ``scale = (max - min) / (2**nbits - 1)``,
-    ``zero = min``, ``code = clip(round((x - min) / scale))``, ``x̂ = code · scale + zero``, so
-    ``|x̂ - x| <= scale / 2`` up to a few ULPs; ``|x| <= max / 4`` of the dtype, so no step
-    overflows (``update`` refuses more, as it refuses NaN/inf).
-*Float8* (``nbits=8``, ``format="float8_e4m3fn"`` or ``"float8_e5m2"``): ``scale = max|x| / F``
-    (F: 448, 57344), ``x̂ = fp8(x / scale) · scale``, round to nearest even.
-*Residual*: positions enter an exact residual; whenever it holds more than
-    ``residual_length`` (R >= G), its oldest G are quantized, once, from their exact
-    values. What differs from Hugging Face's cache: it re-quantizes dequantized values
-    whenever its residual fills; here the state after T positions is the same however
-    they arrived, with ``num_quantized = G · ceil(max(0, T - R) / G)``.
-*Codes packed* along each position's channels (8 bits one per byte, 4 bits two, 2 bits four);
-    ``nbytes`` counts codes, scales, zeros (integer codes only) and the residual.
+*Groups*: ``"channel"`` (KIVI's keys): each channel of each block of ``group_size`` (G) positions; ``"token"``
+    (KIVI's values): each position's channels in runs of G.
+*Rounding* (integer codes, asymmetric min-max per group): ``scale = (max - min) / (2**nbits - 1)``, ``zero = min``,
+    ``code = clip(round((x - min) / scale))``, ``x̂ = code · scale + zero``, so ``|x̂ - x| <= scale / 2`` up to a few
+    ULPs. *Range*: ``|x| <= max / 4`` of the dtype, so no step overflows (``update`` refuses more, and NaN/inf).
+*Float8* (``nbits=8``, ``format="float8_e4m3fn"`` or ``"float8_e5m2"``): ``scale = max|x| / F`` (F: 448, 57344),
+    ``x̂ = fp8(x / scale) · scale``, round to nearest even.
+*Residual*: positions enter an exact residual; whenever it holds more than ``residual_length`` (R >= G), its oldest
+    G are quantized, once, from their exact values (HF's re-quantizes dequantized values whenever it fills), so the
+    state after T positions is the same however they arrived: ``num_quantized = G · ceil(max(0, T - R) / G)``.
+*Codes packed* along each position's channels (8 bits one per byte, 4 bits two, 2 bits four); ``nbytes`` counts
+    codes, scales, zeros (integer codes only) and the residual.
 *Crop* keeps positions as held: to a length in ``[num_quantized, T]``, or a multiple of G below.
 
-``update(k, v)`` returns the dequantized ``K̂``, ``V̂`` (new arrays), so every decode that
-takes a cache attends over them; :func:`attend_quantized` reads the scores from the codes
-instead, without forming K̂ or V̂. Bad input raises TypeError or ValueError naming it, and
-leaves the cache unchanged.
+``update(k, v)`` returns the dequantized ``K̂``, ``V̂`` (new arrays), which every decode taking a cache attends over;
+:func:`attend_quantized` reads the scores from the codes instead. Bad input raises TypeError or ValueError naming
+it, and leaves the cache unchanged.
 """
 
 import math
@@ -42,10 +38,8 @@ FORMATS = {"float8_e4m3fn": (4, 3, 127), "float8_e5m2": (5, 2, 124)}
 
 
 def float8_values(name):
-    """The finite values >= 0 of float8 format ``name``, ``[n]`` float64: code i (bits 0..6) is value i.
-
-    From the OCP format itself (the library needs no ml_dtypes; the tests compare with it).
-    """
+    """The finite values >= 0 of float8 format ``name``, ``[n]`` float64, code i value i: from the OCP format (no
+    ml_dtypes; the tests compare with it)."""
     exponent_bits, mantissa_bits, finite = FORMATS[name]
     bias = 2 ** (exponent_bits - 1) - 1
     codes = np.arange(128)
@@ -153,10 +147,6 @@ class _Quantizer:
         return np.concatenate([held, part.residual], axis=-2)
 
 
-def _concat(old, new):
-    return None if old is None else np.concatenate([old, new], axis=-2)
-
-
 class QuantizedCache(Cache):
     """``[*batch_shape, T, k_dim]`` keys and ``[*batch_shape, T, v_dim]`` values held quantized (the module's contract).
 
@@ -245,15 +235,13 @@ class QuantizedCache(Cache):
                 continue
             codes, scale, zero = quantizer.quantize(residual[..., :n_new, :])  # may raise: nothing assigned yet
             parts.append(_Part(np.concatenate([part.codes, codes], axis=-2), np.concatenate([part.scale, scale], axis=-2),
-                               _concat(part.zero, zero), residual[..., n_new:, :].copy()))
+                               None if zero is None else np.concatenate([part.zero, zero], axis=-2),
+                               residual[..., n_new:, :].copy()))
         self._parts = tuple(parts)
 
     def update(self, k, v, layer_idx=0, *, check_finite=True):
         """Store ``k: [*batch_shape, T_new, k_dim]``, ``v: [..., v_dim]``; return ``(K̂, V̂)`` so far (new arrays).
-
-        ``check_finite=False`` skips the scan for NaN/inf and the range; ``layer_idx``: as
-        :meth:`~kv_attention.Cache.layer`.
-        """
+        ``check_finite=False`` skips the scan for NaN/inf and the range."""
         if layer_idx:
             return self.layer(layer_idx).update(k, v, check_finite=check_finite)
         self.store(k, v, check_finite=check_finite)
@@ -321,12 +309,10 @@ class QuantizedCache(Cache):
 
 
 def attend_quantized(q, cache, *, check_finite=True):
-    """``softmax(q K̂ᵀ / sqrt(D_k)) V̂`` over every position of ``cache``, read from its codes.
-
-    ``q: [*batch_shape, C, k_dim]`` in the cache's dtype -> ``[*batch_shape, C, v_dim]``. Keys per
-    channel: block j's scores are ``(q · scale_j) @ codes_jᵀ + q @ zero_jᵀ``; values per token:
-    group g's output is ``(p · scale_g) @ codes_g + p @ zero_g``. Equal to ``attend(q,
-    *cache.dequantize())`` up to rounding. Needs KIVI's layout and >= 1 position (ValueError).
+    """``softmax(q K̂ᵀ / sqrt(D_k)) V̂`` of ``q: [*batch_shape, C, k_dim]`` in the cache's dtype over every position of
+    ``cache``, read from its codes: ``[*batch_shape, C, v_dim]``. Block j's scores are ``(q · scale_j) @ codes_jᵀ +
+    q @ zero_jᵀ``, group g's output ``(p · scale_g) @ codes_g + p @ zero_g``: ``attend(q, *cache.dequantize())`` up
+    to rounding. Needs KIVI's layout and >= 1 position (ValueError).
     """
     if not isinstance(cache, QuantizedCache):
         raise TypeError(f"cache must be a QuantizedCache, got {type(cache).__name__}")

@@ -1,17 +1,12 @@
 """Prompt-lookup speculative decoding: drafts copied from the context, verified in one forward, the cache cropped back.
 
-A draft is the up to ``prompt_lookup_num_tokens`` tokens that followed the first earlier occurrence of the
-context's (``input_ids`` and the tokens generated) last n-gram (n from ``max_matching_ngram_size`` down to 1):
-Hugging Face's ``PromptLookupCandidateGenerator`` (``generation/candidate_generator.py``), the names and
-defaults of ``generate(prompt_lookup_num_tokens=k)``; vLLM's n-gram proposer does the same with
-``prompt_lookup_min/max``. One forward of the last token and the draft gives the greedy token after
-each prefix; the longest prefix of the draft equal to them is accepted, with the model's own next
-token after it, and every layer's cache is cropped back to the tokens accepted (the loop is
-:func:`~kv_attention.model.prompt_lookup_generate`, one with plain greedy's, which imports this module:
-no import back). The output is the
-greedy one: each token is the argmax of the logits after its prefix, up to the rounding of a forward
-of several tokens against one (a near tie may break the other way). What differs from Hugging Face:
-no stop token, and batches of one sequence only (as its assisted decoding); ``serve`` does not speculate.
+A draft is the up to ``prompt_lookup_num_tokens`` tokens after the first earlier occurrence of the context's last
+n-gram (n from ``max_matching_ngram_size`` down to 1): HF's ``PromptLookupCandidateGenerator``
+(``generation/candidate_generator.py``), its names and defaults; vLLM's n-gram proposer likewise. One forward of
+the last token and the draft gives the greedy token after each prefix; the draft's longest prefix equal to them is
+kept, then the model's next token, and the cache cropped back (the loop: model.py). The output is greedy's, up to
+the rounding of a forward of several tokens (a near tie may break the other way). What differs from HF: no stop
+token; one sequence only.
 """
 
 import dataclasses

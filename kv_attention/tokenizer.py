@@ -1,15 +1,11 @@
 """The tokenizer a GGUF file describes: byte-level BPE (``tokenizer.ggml.model = gpt2``) and its chat template.
 
-Built as transformers builds it from the same file (``integrations/gguf/gguf_tokenizer_mapping.py``:
-``byte_level_tokenizer``, ``add_gguf_special_tokens``), with the ``tokenizers`` package: a BPE over the file's
-``tokenizer.ggml.tokens`` and ``merges``, GPT-2's ByteLevel pre-tokenizer (its regex, no prefix space) and decoder,
-the tokens of type 3 (control, e.g. ``<|im_start|>``) added as special tokens and those of type 4 (user-defined) as
-added tokens, so that both are matched whole. The chat template is the file's own ``tokenizer.chat_template``,
-rendered by jinja2 as transformers renders it (``chat_template_utils.py``: a sandbox with ``trim_blocks`` and
-``lstrip_blocks``, the ``raise_exception`` global and a ``tojson`` filter that escapes no HTML). What differs: a
-pre-tokenizer other than GPT-2's (``tokenizer.ggml.pre`` of Llama 3, Qwen2...) gets a ValueError, not its regex.
-llama.cpp splits digits one by one for ``smollm`` and ``starcoder``, as SmolLM2's own ``tokenizer.json`` does;
-transformers and this module do not, and agree with them where the vocabulary holds single digits only (SmolLM2's).
+Built as transformers builds it from the same file (``integrations/gguf/gguf_tokenizer_mapping.py``), with the
+``tokenizers`` package: a BPE over the file's tokens and merges, GPT-2's ByteLevel pre-tokenizer (no prefix space)
+and decoder, control tokens (type 3) added as special and user-defined ones (type 4) as added tokens, matched
+whole. The chat template is rendered by jinja2 as transformers renders it (``chat_template_utils.py``). What
+differs: a pre-tokenizer other than GPT-2's gets a ValueError; digits are not split one by one (llama.cpp's
+``smollm``), which agrees where the vocabulary holds single digits only (SmolLM2's).
 """
 
 import json

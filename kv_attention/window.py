@@ -1,17 +1,11 @@
 """The sliding-window K/V cache: ``n_sink`` fixed slots beside a ring buffer of ``window`` slots.
 
-A model that attends with a window of W (:func:`~kv_attention.attention.band_mask`)
-never reads a key more than W - 1 positions back, apart from its ``n_sink``
-attention sinks (StreamingLLM, Xiao et al. 2023), so its cache needs ``n_sink + W``
-slots: position p >= n_sink lives in ring slot ``n_sink + (p - n_sink) % W``. What
-matches Hugging Face's sliding-window layers (``cache_utils``:
-``DynamicSlidingWindowLayer`` keeps W - 1 positions, ``StaticSlidingWindowLayer``
-W slots) and Mistral's rotating buffer: a chunk is attended to before it overwrites
-the ring, as HF's layer returns ``cat(kept, new)``. What differs: the sinks, which
-neither keeps, and one new position is written first and attended on the buffers'
-own views, in slot order (attention does not depend on the order of the keys).
-Dtypes (bfloat16/float16 storage too) and errors as ``cache.py``'s caches; ``crop`` also refuses
-what the ring no longer holds.
+A model attending with a window of W (:func:`~kv_attention.attention.band_mask`) never reads a key more than W - 1
+back, apart from its ``n_sink`` sinks (StreamingLLM), so position p >= n_sink lives in ring slot
+``n_sink + (p - n_sink) % W``. As HF's sliding-window layers (``cache_utils``) and Mistral's rotating buffer, a chunk
+is attended to before it overwrites the ring; what differs: the sinks, and one new position is written first and
+attended on the buffers' views in slot order. Dtypes and errors as cache.py's; ``crop`` also refuses what the ring
+no longer holds.
 """
 
 import numpy as np
@@ -22,10 +16,7 @@ from .cache import Cache, as_batch_shape, check_crop, check_new_positions
 
 class SlidingWindowCache(Cache):
     """``k_cache: [*batch_shape, n_sink + window, k_dim]``, ``v_cache`` likewise, in slot order, allocated once.
-
-    ``get_seq_length()`` counts every position seen, ``nbytes`` only those held. A model's rejected draft cannot
-    always be cropped back once the ring wrapped (``can_crop`` False), though a failed call is undone exactly.
-    """
+    ``get_seq_length()`` counts every position seen, ``nbytes`` those held; ``can_crop`` False (a wrapped ring)."""
 
     preallocated, can_crop = True, False
 
@@ -68,21 +59,16 @@ class SlidingWindowCache(Cache):
         """The positions of the keys :meth:`update` returns for ``t_new`` new positions, in its order (int64 ``[S]``)."""
         t_new = as_size("t_new", t_new)
         if t_new != 1:  # the held positions, ascending, then the new ones
-            sinks = np.arange(min(self.n_sink, self._length))
-            return np.concatenate([sinks, np.arange(min(self._first, self._length), self._length + t_new)])
+            return np.concatenate([self.held_positions(), np.arange(self._length, self._length + t_new)])
         newest = self._length  # a decode step: the buffers' filled slots, in slot order
         slots = np.arange(min(newest + 1, self.n_sink + self.window))
         newest_slot = self.n_sink + (newest - self.n_sink) % self.window
         return np.where(slots < self.n_sink, slots, newest - (newest_slot - slots) % self.window)
 
     def update(self, k, v, layer_idx=0, *, check_finite=True):
-        """Add ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]``; return every key and value they may attend to.
-
-        T_new != 1: new arrays, the positions held then all the new ones, written
-        only after. T_new = 1: written first (over position p - W, which it never
-        attends to), then the buffers' filled slots as views (do not write to them). ``layer_idx``: as
-        :meth:`~kv_attention.Cache.layer`.
-        """
+        """Add ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]``; return every key and value they may attend to:
+        T_new != 1, new arrays of the positions held then the new ones (written after); T_new = 1, written first
+        (over position p - W, never attended to), the buffers' filled slots as views (do not write)."""
         if layer_idx:
             return self.layer(layer_idx).update(k, v, check_finite=check_finite)
         k, v = check_new_positions(k, v, self, check_finite)

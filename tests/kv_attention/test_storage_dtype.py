@@ -1,6 +1,6 @@
 """K/V stored in bfloat16 or float16: rounding on write, exact nbytes, refusals, and the error bound.
 
-The bound (cache.py's docstring, docs/mechanisms.md): for one query q and stored
+The bound (docs/mechanisms.md): for one query q and stored
 k̃ = k + e, ṽ = v + f, with |e| <= u·|k| + η elementwise (round to nearest),
     |Δo_d| <= u·max_i |v_id| + η + tanh(δ/2)·(max_i v_id - min_i v_id),
     δ = max_i (u·Σ_d |q_d k_id| + η·‖q‖₁) / sqrt(D_k).
