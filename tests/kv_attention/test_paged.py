@@ -775,6 +775,22 @@ def test_a_generate_through_a_prefix_caching_view_that_fails_after_the_layers_le
                                   kv.generate(config, weights, ids, 1))
 
 
+def test_a_restore_gives_back_the_tokens_a_crop_inside_a_block_let_a_write_go_over():
+    """Hypothesis found it: crop to 1 of a block of 2, write 1 token there, restore: the cropped token is back."""
+    cache = kv.PagedKVCache(1, 2, D_K, D_V)
+    cache.add_sequence("a")
+    k, v = np.arange(2.0 * D_K).reshape(1, 2, D_K), np.arange(2.0 * D_V).reshape(1, 2, D_V)
+    cache.update(["a"], k, v)
+    checkpoint = cache.checkpoint()
+    cache.crop("a", 1)
+    cache.update(["a"], np.full((1, 1, D_K), -1.0), np.full((1, 1, D_V), -1.0))
+    cache.restore(checkpoint)
+    k_seq, v_seq, lengths = cache.gather(["a"])
+    assert lengths.tolist() == [2]
+    np.testing.assert_array_equal(k_seq, k)
+    np.testing.assert_array_equal(v_seq, v)
+
+
 @pytest.mark.parametrize("caching", [False, True])
 def test_a_checkpoint_costs_what_the_calls_after_it_touch_not_the_sequences_length(caching):
     """The undo recorded for one more token, counted: the same at 16 and at 4,096 tokens held; a block taken
