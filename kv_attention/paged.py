@@ -432,8 +432,8 @@ class PagedKVCache:
         return self.journal.checkpoint()
 
     def restore(self, checkpoint):
-        """Undo every change since ``checkpoint``: lengths, block tables, the K/V of the blocks taken, the free
-        queue's order, refcounts, prefix-cache hashes and the peak, exactly as they were."""
+        """Undo every change since ``checkpoint``: lengths, block tables, the K/V of the blocks taken or cropped into,
+        the free queue's order, refcounts, prefix-cache hashes and the peak, exactly as they were."""
         self.journal.restore(checkpoint)
 
     def gather(self, seq_ids, layer=0):
@@ -582,13 +582,8 @@ class PagedCacheView:
         """Tokens stored for each sequence: ``[N]`` int64."""
         return self.cache.get_seq_lengths(self.seq_ids)
 
-    @property
-    def nbytes(self):
-        return self.cache.nbytes
-
-    @property
-    def nbytes_reserved(self):
-        return sum(a.nbytes for a in self.cache.k_caches + self.cache.v_caches)
+    nbytes = property(lambda self: self.cache.nbytes)
+    nbytes_reserved = property(lambda self: sum(a.nbytes for a in self.cache.k_caches + self.cache.v_caches))
 
     def check_update(self, num_layers, batch_shape, k_dim, v_dim, dtype, t_new, input_ids=None):
         """As :meth:`Cache.check_update`; :meth:`snapshot` reserves the blocks."""

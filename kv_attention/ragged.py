@@ -169,13 +169,8 @@ class _PagedBatch:
         out = paged_attention(q, self.cache, self.seqs, check_finite=False)  # [N, 1, D_v]
         return seqs, positions, out[:, 0], len(seqs)
 
-    @property
-    def peak_blocks(self):
-        return self.cache.peak_blocks
-
-    @property
-    def reserved_slots(self):
-        return self.cache.peak_blocks * self.cache.block_size
+    peak_blocks = property(lambda self: self.cache.peak_blocks)
+    reserved_slots = property(lambda self: self.cache.peak_blocks * self.cache.block_size)
 
 
 def _peak_blocks(problem, block_size):
