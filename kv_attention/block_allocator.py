@@ -1,26 +1,16 @@
 """The physical blocks of a paged pool: vLLM V1's ``BlockPool``, its free block queue, refcounts and prefix-cache hashes.
 
-A block's refcount is the number of block tables holding it: ``allocate`` takes blocks from the
-head of the free queue at refcount 1, ``share`` adds a holder (a fork, or a prefix-cache hit,
-which takes a free cached block out of the queue), ``free`` removes one, and a block with none
-goes back on the queue. With ``enable_caching`` a full block is cached under
-:func:`hash_block_tokens` of its parent's hash and its tokens (so two sequences share it only
-when every token before it is the same too), and stays findable on the queue until taken.
+A block's refcount is the number of block tables holding it; one with none is on the free queue. With
+``enable_caching`` a full block is cached under :func:`hash_block_tokens` of its parent's hash and its tokens, and
+stays findable on the queue until taken. As vLLM V1 (``vllm/v1/core/block_pool.py``, ``kv_cache_utils.py``'s
+``FreeKVCacheBlockQueue`` and ``hash_block_tokens``): a doubly linked queue with a fake head and tail, in block id
+order when new; ``free`` takes blocks in eviction order and puts uncached ones at the head (taken next), cached ones
+at the tail (evicted last); chained sha256 hashes, a lookup giving the first cached. What differs: the links are two
+integer arrays; no ``null_block``, extra hash keys or KV cache groups; a double free is a ValueError; and a
+:class:`Journal` undoes every change (V1 never rolls back).
 
-What matches vLLM V1 (``vllm/v1/core/block_pool.py``: ``get_new_blocks``, ``touch``,
-``free_blocks``, ``cache_full_blocks``, ``get_cached_block``, ``_maybe_evict_cached_block``;
-``vllm/v1/core/kv_cache_utils.py``: ``FreeKVCacheBlockQueue``, ``hash_block_tokens``): a doubly
-linked queue with a fake head and tail, in block id order when new; ``free`` takes blocks in
-eviction order (a table's tail first, as ``single_type_kv_cache_manager.py``'s ``free``), puts
-those with no hash at the head (taken next) and cached ones at the tail (evicted last); sha256
-chained hashes of full blocks, not de-duplicated (a lookup gives the first cached). What
-differs: the queue's links are two integer arrays; no ``null_block``, extra hash keys (LoRA,
-multimodal, salt) or KV cache groups; a double free is a ValueError; and a :class:`Journal`
-undoes every change (V1 never rolls back).
-
-Errors: TypeError for a block id that is not an integer; ValueError for one out of range,
-repeated in one call, or not held; :class:`OutOfBlocksError` for more blocks than are free.
-A call that raises changes nothing.
+Errors: TypeError for a block id that is not an integer; ValueError for one out of range, repeated in one call, or
+not held; :class:`OutOfBlocksError` for more blocks than are free. A call that raises changes nothing.
 """
 
 import hashlib
@@ -50,25 +40,16 @@ class Checkpoint:
     def __init__(self, journal, mark):
         self.journal, self.mark = journal, mark
 
-    def __iter__(self):  # nothing: model.generate zips a paged cache's checkpoint with its per-layer lengths (none)
-        return iter(())
-
 
 class Journal:
-    """How to undo each change made since the oldest :class:`Checkpoint` still alive (an undo log).
-
-    A change records its inverse only while some checkpoint is alive, so a checkpoint costs what
-    the changes after it touch (a few ints a block, and the K/V of each block taken, which is
-    about to be written over), not the size of the pool or of a sequence; the entries older than every live checkpoint
-    are dropped at the next :meth:`checkpoint`.
-    """
+    """An undo log of the changes since the oldest live :class:`Checkpoint`: a change records its inverse only while
+    one lives, so a checkpoint costs what the changes after it touch (a few ints a block, the K/V of each block
+    taken), not the pool's size."""
 
     def __init__(self):
         self._undo, self._start, self._live = [], 0, weakref.WeakSet()
 
-    @property
-    def recording(self):
-        return bool(self._live)
+    recording = property(lambda self: bool(self._live))
 
     def record(self, undo, *args):
         """Note that ``undo(*args)`` takes back the change about to be made."""
@@ -97,11 +78,8 @@ class Journal:
 
 
 class FreeKVCacheBlockQueue:
-    """Free blocks in eviction order, the head taken first: V1's doubly linked list of the same name.
-
-    Blocks ``0 .. n - 1`` link through ``_next``/``_prev``; ``n`` is the fake head and
-    ``n + 1`` the fake tail, so that no operation branches on an empty queue.
-    """
+    """Free blocks in eviction order, the head taken first (V1's doubly linked list): blocks ``0 .. n - 1`` link
+    through ``_next``/``_prev``, ``n`` the fake head and ``n + 1`` the fake tail, so no operation branches on empty."""
 
     def __init__(self, num_blocks, journal):
         n, dtype = num_blocks, np.int32 if num_blocks + 2 <= np.iinfo(np.int32).max else np.int64
@@ -161,29 +139,18 @@ class BlockPool:
     hashes of the cached blocks. ``on_take(block)``, if given, runs for each block taken while the journal records:
     before it is written over, for a restore to give back what it held (a cached prefix, or tokens freed since)."""
 
-    def __init__(self, num_blocks, enable_caching=False, journal=None, on_take=None):
+    def __init__(self, num_blocks, enable_caching=False, on_take=None):
         num_blocks = as_size("num_blocks", num_blocks)
-        self.enable_caching, self.on_take = enable_caching, on_take
-        self.journal = Journal() if journal is None else journal
+        self.enable_caching, self.on_take, self.journal = enable_caching, on_take, Journal()
         self._free = FreeKVCacheBlockQueue(num_blocks, self.journal)
         self._ref_counts = np.zeros(num_blocks, dtype=np.int32)
         self._blocks_of_hash = {}  # block hash -> {block: None}, the first cached first
         self._hash_of_block = {}  # cached block -> its hash
 
-    @property
-    def num_blocks(self):
-        """Blocks in the pool (int)."""
-        return len(self._ref_counts)
-
-    @property
-    def num_free_blocks(self):
-        """Blocks that :meth:`allocate` can take (int), cached ones that nobody holds included."""
-        return self._free.num_free_blocks
-
-    @property
-    def num_cached_blocks(self):
-        """Blocks cached under a hash, held or free (int)."""
-        return len(self._hash_of_block)
+    num_blocks = property(lambda self: len(self._ref_counts), doc="Blocks in the pool (int).")
+    num_free_blocks = property(lambda self: self._free.num_free_blocks,
+                               doc="Blocks that :meth:`allocate` can take (int), cached ones nobody holds included.")
+    num_cached_blocks = property(lambda self: len(self._hash_of_block), doc="Blocks cached, held or free (int).")
 
     def ref_count(self, block):
         """Block tables holding ``block`` (int); 0 for a free block."""

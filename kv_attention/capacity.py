@@ -26,10 +26,8 @@ NAMED_ITEMSIZES = MappingProxyType({
 
 
 def as_itemsize(dtype, named):
-    """Bytes per element of ``dtype``: a float or integer numpy dtype, or a name in ``named`` (name -> bytes).
-
-    An ml_dtypes dtype counts by its name, or its family's (``float8_e5m3fnu``); None is a TypeError.
-    """
+    """Bytes per element of a float or integer numpy ``dtype`` or of a name in ``named`` (an ml_dtypes dtype: by its
+    name or its family's, ``float8_e5m3fnu``)."""
     if isinstance(dtype, str) and dtype in named:
         return named[dtype]
     names = f"a name in NAMED_ITEMSIZES ({', '.join(map(repr, list(named)[:3]))}, ...)"
@@ -50,13 +48,10 @@ def as_itemsize(dtype, named):
 
 
 def kv_cache_bytes(*, batch, seq_len, n_layers, n_kv_heads, head_dim, dtype):
-    """Logical size of a K/V cache in bytes, as an exact Python int.
-
-    ``batch``, ``seq_len`` >= 0; ``n_layers``, ``n_kv_heads``, ``head_dim`` >= 1; ``dtype`` a float or
-    integer numpy dtype or a name of :data:`NAMED_ITEMSIZES` (``"bfloat16"``, ``"float8_e4m3fn"``).
-    """
-    counts = {"batch": (batch, 0), "seq_len": (seq_len, 0), "n_layers": (n_layers, 1)}
-    counts.update(n_kv_heads=(n_kv_heads, 1), head_dim=(head_dim, 1))
+    """Logical size of a K/V cache in bytes, an exact int. ``batch``, ``seq_len`` >= 0; ``n_layers``, ``n_kv_heads``,
+    ``head_dim`` >= 1; ``dtype`` a float or integer numpy dtype or a name of :data:`NAMED_ITEMSIZES`."""
+    counts = dict(batch=(batch, 0), seq_len=(seq_len, 0), n_layers=(n_layers, 1), n_kv_heads=(n_kv_heads, 1),
+                  head_dim=(head_dim, 1))
     sizes = [as_size(name, value, minimum) for name, (value, minimum) in counts.items()]
     total = 2 * as_itemsize(dtype, NAMED_ITEMSIZES)
     for size in sizes:
@@ -74,7 +69,6 @@ class ModelShape:
     head_dim: int
 
     def __post_init__(self):
-        """Raise unless every count is an integer >= 1 and n_kv_heads divides n_heads."""
         for name in ("n_layers", "n_heads", "n_kv_heads", "head_dim"):
             as_size(name, getattr(self, name), minimum=1)
         if self.n_heads % self.n_kv_heads:
@@ -82,8 +76,8 @@ class ModelShape:
 
     def kv_cache_bytes(self, *, batch=1, seq_len=1, dtype=np.float16):
         """:func:`kv_cache_bytes` for this model; by default the bytes per token at fp16."""
-        return kv_cache_bytes(batch=batch, seq_len=seq_len, n_layers=self.n_layers,
-                              n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, dtype=dtype,)
+        return kv_cache_bytes(batch=batch, seq_len=seq_len, n_layers=self.n_layers, n_kv_heads=self.n_kv_heads,
+                              head_dim=self.head_dim, dtype=dtype)
 
 
 # From each model's published config.json (num_hidden_layers, num_attention_heads, num_key_value_heads,

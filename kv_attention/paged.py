@@ -1,30 +1,20 @@
 """A paged K/V cache: fixed-size blocks from a shared pool, one block table per sequence, and paged attention.
 
-PagedAttention (Kwon et al. 2023, the vLLM paper), in vLLM's terms: ``block_size`` tokens per
-block, ``num_blocks`` in the pool, a ``block_table`` per sequence (logical block j -> physical
-block), a ``slot_mapping`` per new token (``physical_block * block_size + offset``), a refcount
-per block. Three parts, as vLLM V1 splits them: :class:`KVCacheManager` keeps the block tables,
-lengths and prefix-cache hashes and gives the slot_mapping (``vllm/v1/core/kv_cache_manager.py``,
-``single_type_kv_cache_manager.py``; ``vllm/v1/worker/block_table.py``'s
-``compute_slot_mapping``); its :class:`~kv_attention.block_allocator.BlockPool` the blocks, free
-queue and refcounts (``vllm/v1/core/block_pool.py``); :class:`PagedKVCache` the per-layer K/V,
-written at a slot_mapping (``reshape_and_cache``) as ``vllm/v1/worker/gpu_model_runner.py``'s
-``kv_caches``. A fork shares the parent's blocks, and the first write into a shared last block
-copies it (copy-on-write, vLLM V0's ``blocks_to_copy``: V1 has no fork).
+PagedAttention (Kwon et al. 2023, vLLM), in vLLM's terms (``block_size``, ``num_blocks``, ``block_table``,
+``slot_mapping = physical_block * block_size + offset``, refcounts), split as vLLM V1 splits it:
+:class:`KVCacheManager` keeps the block tables, lengths and prefix-cache hashes and gives the slot_mapping
+(``vllm/v1/core/kv_cache_manager.py``, ``single_type_kv_cache_manager.py``, ``vllm/v1/worker/block_table.py``); its
+:class:`~kv_attention.block_allocator.BlockPool` the blocks, free queue and refcounts; :class:`PagedKVCache` the
+per-layer K/V (the runner's ``kv_caches``, written by ``reshape_and_cache``). A fork shares the parent's blocks and the
+first write into a shared last block copies it (V0's ``blocks_to_copy``: V1 has no fork).
 
-:func:`paged_attention` reads each stored token's k and v once per step, through its sequence's
-block table: in NumPy reading through a block table copies (``k_cache[table]``), as a GPU kernel
-loads a block into shared memory, so a step copies each sequence's blocks once (no table padded
-to the longest; of a last block, its empty slots too), and sequences of one length are attended
-in one call. What matches vLLM's v1 kernel (``csrc/attention/attention_kernels.cuh``): a
-sequence's keys are read through its block table and take one softmax. What differs: a CUDA
-thread block per sequence and head never writes a gathered copy; here the copy is an array.
+:func:`paged_attention` reads each sequence's blocks once a step through its block table (``k_cache[table]`` copies
+them, as vLLM's kernel, ``csrc/attention/attention_kernels.cuh``, loads a block into shared memory; no table is padded
+to the longest), one softmax per sequence, sequences of one length in one call.
 
-Errors: TypeError or ValueError naming the argument (ids, shapes, dtypes, token ids, sizes,
-NaN/inf), :class:`OutOfBlocksError` when an update needs more blocks than are free. Every check,
-the count of free blocks included, runs before anything is written, so a call that raises
-changes nothing; :meth:`PagedKVCache.checkpoint` and :meth:`~PagedKVCache.restore` undo the
-calls that succeeded since (a model's forward, a serve).
+Errors: TypeError or ValueError naming the argument, :class:`OutOfBlocksError` when an update needs more blocks than
+are free; every check runs before anything is written, so a call that raises changes nothing.
+:meth:`PagedKVCache.checkpoint`/:meth:`~PagedKVCache.restore` undo the calls that succeeded since.
 """
 
 import math
@@ -55,11 +45,8 @@ def as_token_ids(name, token_ids):
 
 
 class BlockTables:
-    """Each sequence's block table, length, and with prefix caching its token ids and block hashes.
-
-    vLLM V1 keeps these in ``SingleTypeKVCacheManager`` (``req_to_blocks``, ``num_cached_block``) under its
-    ``KVCacheManager``; here also each change's undo, for :attr:`journal` (each costs what the change touched).
-    """
+    """Each sequence's block table, length, and with prefix caching its token ids and block hashes (V1's
+    ``SingleTypeKVCacheManager``: ``req_to_blocks``, ``num_cached_block``), and each change's undo (:attr:`journal`)."""
 
     def __init__(self, block_size, journal):
         self.block_size, self.journal = as_size("block_size", block_size, minimum=1), journal
@@ -111,7 +98,6 @@ class BlockTables:
     def _blocks_for(self, length):
         return math.ceil(length / self.block_size)
 
-
     def _remember(self, seq_id):
         """Record how to take back what appending to ``seq_id`` changes: its table, token ids and hashes only grow,
         and a copy-on-write replaces its last block."""
@@ -143,15 +129,16 @@ class BlockTables:
             self._block_hashes[seq_id].extend(hashes)
             self._num_cached[seq_id] = num_cached
 
+    _states = property(lambda self: (self._block_tables, self._lengths, self._token_ids, self._block_hashes,
+                                     self._num_cached))
+
     def _forget(self, seq_id):
         """Drop ``seq_id``'s state (its blocks already given back): the state, for :meth:`_unforget`."""
-        states = (self._block_tables, self._lengths, self._token_ids, self._block_hashes, self._num_cached)
-        return [state.pop(seq_id) for state in states if seq_id in state]
+        return [state.pop(seq_id) for state in self._states if seq_id in state]
 
     def _unforget(self, seq_id, index, values):
         """Put ``seq_id``'s state back at ``index`` of each dict, so that :attr:`seq_ids` keeps its order."""
-        for state, value in zip((self._block_tables, self._lengths, self._token_ids, self._block_hashes,
-                                 self._num_cached), values):
+        for state, value in zip(self._states, values):
             items = list(state.items())
             items.insert(index, (seq_id, value))
             state.clear()
@@ -159,14 +146,9 @@ class BlockTables:
 
 
 class KVCacheManager(BlockTables):
-    """Each sequence's block table, length and prefix-cache hashes over a :class:`BlockPool` of ``num_blocks``.
-
-    The scheduler's side of a paged cache (vLLM V1's ``KVCacheManager``): it decides which
-    blocks and slots each token takes, and never touches K/V. ``copy_block(src, dst)`` is
-    called for each copy-on-write, before ``src`` may be taken by another, and ``on_take(block)``
-    for each block taken while a checkpoint lives (:class:`BlockPool`). Every change is
-    recorded in :attr:`journal` while a checkpoint lives, to be undone.
-    """
+    """The scheduler's side of a paged cache (V1's ``KVCacheManager``) over a :class:`BlockPool`: which blocks and
+    slots each token takes, never K/V. ``copy_block(src, dst)`` runs for each copy-on-write, ``on_take(block)`` for
+    each block taken while a checkpoint lives."""
 
     def __init__(self, num_blocks, block_size, enable_prefix_caching=False, copy_block=None, on_take=None):
         enable_prefix_caching = as_flag("enable_prefix_caching", enable_prefix_caching)
@@ -174,7 +156,6 @@ class KVCacheManager(BlockTables):
         super().__init__(block_size, self.block_pool.journal)
         self.copy_block, self._peak_blocks = copy_block, 0
 
-    allocator = property(lambda self: self.block_pool, doc="The :class:`BlockPool` (its former name).")
     num_blocks = property(lambda self: self.block_pool.num_blocks, doc="Physical blocks in the pool (int).")
     num_free_blocks = property(lambda self: self.block_pool.num_free_blocks,
                                doc="Blocks that can be taken (int): cached ones that no sequence holds included.")
@@ -242,13 +223,9 @@ class KVCacheManager(BlockTables):
         return needed
 
     def append_slots(self, seq_ids, num_new_tokens, token_ids=None):
-        """Give each of ``seq_ids`` ``num_new_tokens`` more tokens: ``slot_mapping [N, T_new]`` int64, their slots.
-
-        The tokens count as stored at once, in every layer (V1's ``allocate_slots``, and the
-        worker's ``BlockTable.compute_slot_mapping``); ``token_ids: [N, T_new]`` name them:
-        with prefix caching each block they fill is hashed, to be cached by
-        :meth:`cache_full_blocks` (a write without them ends caching for those sequences).
-        """
+        """Give each of ``seq_ids`` ``num_new_tokens`` more tokens, stored at once in every layer: their
+        ``slot_mapping [N, T_new]`` int64 (V1's ``allocate_slots`` and ``compute_slot_mapping``). With prefix caching,
+        ``token_ids [N, T_new]`` hash each block they fill (none: caching ends for those sequences)."""
         seq_ids = as_id_list(seq_ids)
         self._check_known(seq_ids)
         if len(set(seq_ids)) != len(seq_ids):
@@ -271,12 +248,13 @@ class KVCacheManager(BlockTables):
         return np.array(slots, dtype=np.int64).reshape(len(seq_ids), t_new)
 
     def crop(self, seq_id, length):
-        """Keep the first ``length`` tokens of ``seq_id`` (a write taken back); its blocks past them are freed, tail
-        first (a cached one stays findable). A cached block is never written again: a write into one, after a crop
-        inside it, copies it first."""
+        """Keep the first ``length`` tokens of ``seq_id``; its blocks past them are freed, tail first. A cached block
+        is never written again: a write after a crop inside it copies it first."""
         self._check_known([seq_id])
         length = check_crop(length, self._lengths[seq_id])
         table, full, kept = self._block_tables[seq_id], length // self.block_size, self._blocks_for(length)
+        if kept > full and self.journal.recording and self.block_pool.on_take is not None:
+            self.block_pool.on_take(table[full])  # its slots past length may be written over, as a taken block's
         self.block_pool.free(table[kept:][::-1])
         tokens, hashes = self._token_ids.get(seq_id), self._block_hashes.get(seq_id, [])
         self.journal.record(self._uncrop, seq_id, self._lengths[seq_id], self._num_cached.get(seq_id), table[kept:],
@@ -316,16 +294,14 @@ class KVCacheManager(BlockTables):
         return new + sum(m if self.block_pool.is_cached(b) else m - (m == holders[b]) for b, m in writers.items()
                          if holders[b] > 1 or self.block_pool.is_cached(b))
 
-    def _out_of_blocks(self, n_seqs, needed):
-        return OutOfBlocksError(f"out of blocks: {n_seqs} sequence(s) need {needed} new block(s) of "
-                                f"block_size={self.block_size}, {self.num_free_blocks} of num_blocks={self.num_blocks} free")
-
     def _take_blocks(self, seq_ids, t_new):
         """Take the blocks of :meth:`_blocks_needed`, all or none: copy each shared or cached last block that a write
         goes into (a cached block is immutable: another sequence may find it), then extend each table."""
         needed = self._blocks_needed(seq_ids, t_new)
         if needed > self.num_free_blocks:
-            raise self._out_of_blocks(len(seq_ids), needed)
+            raise OutOfBlocksError(f"out of blocks: {len(seq_ids)} sequence(s) need {needed} new block(s) of "
+                                   f"block_size={self.block_size}, {self.num_free_blocks} of "
+                                   f"num_blocks={self.num_blocks} free")
         for seq_id in seq_ids:
             self._remember(seq_id)
             table, length = self._block_tables[seq_id], self._lengths[seq_id]
@@ -375,22 +351,10 @@ class KVCacheManager(BlockTables):
 
 
 class PagedKVCache:
-    """K/V of many sequences in pools ``k_cache: [num_blocks, block_size, D_k]``, ``v_cache: [..., D_v]``.
-
-    A sequence holds ``ceil(length / block_size)`` blocks, plus any reserved by
-    ``allocate_slots``; tokens never move once written. With ``num_layers``, one block
-    table per sequence (:attr:`manager`, a :class:`KVCacheManager`) serves every layer, and
-    each layer has its own pools ``k_caches[layer]``, ``v_caches[layer]`` (``k_cache`` is
-    layer 0's), as vLLM V1's ``KVCacheManager`` serves a model runner's per-layer
-    ``kv_caches``. With ``num_kv_heads`` the pools are ``[num_blocks, block_size,
-    num_kv_heads, D]`` and a token's k/v ``[num_kv_heads, D]``: vLLM's layer pool
-    (``FlashAttentionBackend.get_kv_cache_shape`` in ``vllm/v1/attention/backends/flash_attn.py``:
-    ``(2, num_blocks, block_size, num_kv_heads, head_size)``, its "NHD" layout).
-
-    The manager's members are the cache's too: ``add_sequence``, ``fork``, ``free``, ``crop``,
-    ``allocate_slots``, ``cache_full_blocks``, ``get_seq_length(s)``, ``block_table``,
-    ``ref_count``, ``find_cached_blocks``, ``seq_ids``, ``num_blocks``, ``block_size``,
-    ``num_free_blocks``, ``blocks_in_use``, ``peak_blocks``, ``slots_used``, ``allocator``...
+    """K/V of many sequences: per layer, pools ``k_caches[layer]: [num_blocks, block_size, (H_kv,) D_k]`` and
+    ``v_caches[layer]: [..., D_v]`` (``k_cache``: layer 0's), read through one block table per sequence
+    (:attr:`manager`, a :class:`KVCacheManager`, whose members are the cache's). With ``num_kv_heads``, vLLM's "NHD"
+    layer pool (``FlashAttentionBackend.get_kv_cache_shape``). Tokens never move once written.
     """
 
     def __init__(self, num_blocks, block_size, k_dim, v_dim, dtype=np.float64, *, enable_prefix_caching=False,
@@ -435,12 +399,9 @@ class PagedKVCache:
         return self.num_layers * layer_bytes // max(self.num_blocks * self.block_size, 1) * self.slots_used
 
     def update(self, seq_ids, k, v, token_ids=None):
-        """Append ``k: [N, T_new, D_k]``, ``v: [N, T_new, D_v]``, row i to sequence ``seq_ids[i]``; return slot_mapping.
-
-        With ``num_kv_heads``, ``k: [N, T_new, H_kv, D_k]``, ``v: [N, T_new, H_kv, D_v]``; ``token_ids: [N, T_new]``
-        name the new tokens (:meth:`KVCacheManager.append_slots`). A pool of one layer only: ``append_slots``,
-        :meth:`write_slots` and ``cache_full_blocks`` are its steps, for a pool of several layers.
-        """
+        """Append ``k: [N, T_new, (H_kv,) D_k]``, ``v: [N, T_new, (H_kv,) D_v]``, row i to sequence ``seq_ids[i]``, in
+        a pool of one layer (else ``append_slots``, :meth:`write_slots` per layer, ``cache_full_blocks``); returns the
+        slot_mapping. ``token_ids: [N, T_new]`` name the new tokens (:meth:`KVCacheManager.append_slots`)."""
         if self.num_layers != 1:
             raise ValueError(f"update writes a pool of one layer, this one has num_layers={self.num_layers}: "
                              f"append_slots, then write_slots for each layer, then cache_full_blocks")
@@ -465,26 +426,19 @@ class PagedKVCache:
             raise ValueError(f"k and v hold T_new={k.shape[1]} positions, slot_mapping {slot_mapping.shape[1]}")
         self._write(layer, slot_mapping, k, v)
 
-    def checkpoint(self, *_):
-        """A point to :meth:`restore` the cache to (the arguments, once seq_ids and num_new_tokens, are ignored).
-
-        While it lives, each change records its undo (:class:`~kv_attention.block_allocator.Journal`):
-        a checkpoint costs what the calls after it touch (a few ints a block, and a copy of each block
-        they take, before it is written), not the pool's or the sequences' size.
-        """
+    def checkpoint(self):
+        """A point to :meth:`restore` the cache to; costs what the calls after it touch
+        (:class:`~kv_attention.block_allocator.Journal`), not the pool's size."""
         return self.journal.checkpoint()
 
     def restore(self, checkpoint):
-        """Undo every change since ``checkpoint``: lengths, block tables, the K/V of the blocks taken, the free
-        queue's order, refcounts, prefix-cache hashes and the peak, exactly as they were."""
+        """Undo every change since ``checkpoint``: lengths, block tables, the K/V of the blocks taken or cropped into,
+        the free queue's order, refcounts, prefix-cache hashes and the peak, exactly as they were."""
         self.journal.restore(checkpoint)
 
     def gather(self, seq_ids, layer=0):
-        """Layer ``layer``'s copies ``(k [N, S, (H_kv,) D_k], v [N, S, (H_kv,) D_v], lengths [N])`` of ``seq_ids``.
-
-        Row i holds ``seq_ids[i]``'s tokens at positions ``< lengths[i]``; past that, slots of
-        its own last block (mask them).
-        """
+        """Layer ``layer``'s copies ``(k [N, S, (H_kv,) D_k], v [N, S, (H_kv,) D_v], lengths [N])`` of ``seq_ids``:
+        row i holds ``seq_ids[i]``'s tokens below ``lengths[i]``, then slots of its own last block (mask them)."""
         seq_ids = as_id_list(seq_ids)
         lengths = self.get_seq_lengths(seq_ids)  # checks every id
         layer = self._check_layer(layer)
@@ -557,21 +511,11 @@ def check_cache_fits(cache, k_dim, v_dim, dtype, num_kv_heads=None, num_layers=1
 def paged_attention(q, cache, seq_ids, *, causal=False, check_finite=True, layer=0):
     """Attention of ``q: [N, T_q, D_k]`` (row i of sequence ``seq_ids[i]``) over each sequence's keys in the pool.
 
-    Returns ``[N, T_q, D_v]``, equal up to rounding to :func:`~kv_attention.attention.attend`
-    over each sequence's stored keys; a sequence with none gives zeros. With ``num_kv_heads``,
-    ``q: [N, H_q, T_q, D_k]`` -> ``[N, H_q, T_q, D_v]``, query head h reading K/V head
-    ``h // (H_q / H_kv)``; a group's query heads are rows against one read of its K/V head,
-    as vLLM's and FlashInfer's GQA decode kernels do. ``causal=True``: the queries are each
-    sequence's last T_q positions, already written (a chunk), and query i attends to the keys
-    before position ``length - T_q + i + 1``: the causal diagonal aligned bottom-right, as
-    vLLM's prefill (FlashAttention's ``causal``) aligns it. ``check_finite`` scans ``q``; the
-    pool's keys and values were scanned when they were written. ``layer``: whose pools to read.
-
-    What is copied: each sequence's blocks, once, through its block table (``k_cache[table]``
-    copies them, as a GPU kernel loads a block into shared memory before attending to it): the
-    stored tokens, and the empty slots of each last block (at most ``block_size - 1`` a
-    sequence). No block table is padded to another's length. Sequences of one length are
-    gathered and attended together, in one call.
+    Returns ``[N, T_q, D_v]``, equal up to rounding to :func:`~kv_attention.attention.attend` over each sequence's
+    stored keys (zeros for none). With ``num_kv_heads``, ``q: [N, H_q, T_q, D_k]`` -> ``[N, H_q, T_q, D_v]``, a group's
+    query heads as rows against one read of its K/V head (vLLM's GQA decode). ``causal=True``: the queries are each
+    sequence's last T_q positions, already written, the causal diagonal aligned bottom-right (FlashAttention's
+    ``causal``). ``check_finite`` scans ``q`` (the pool was scanned when written). ``layer``: whose pools to read.
     """
     if not isinstance(cache, PagedKVCache):
         raise TypeError(f"cache must be a PagedKVCache, got {type(cache).__name__}")
@@ -619,12 +563,10 @@ def _gather(pool, tables, length):
 
 
 class PagedCacheView:
-    """A paged cache bound to the sequences of a batch: one object of every layer, answering the model through
-    :class:`~kv_attention.Cache`'s interface. ``cache``: a :class:`PagedKVCache` with ``num_kv_heads`` and one layer
-    per model layer; ``seq_ids``: row i of the batch is ``seq_ids[i]``; ``token_ids``: ``[N, T_new]`` for prefix
-    caching. A call reserves the blocks of every token it may write (:meth:`snapshot`: vLLM's ``allocate_slots``);
-    layer 0's :meth:`attend` takes the slots of its T_new tokens for every layer (one ``slot_mapping`` a step), each
-    layer writes its k/v there and attends through the same block tables; :meth:`commit` caches the blocks filled.
+    """A :class:`PagedKVCache` (``num_kv_heads``, one layer per model layer) bound to a batch, row i sequence
+    ``seq_ids[i]``, answering the model as a :class:`~kv_attention.Cache`. ``token_ids [N, T_new]``: for prefix
+    caching. :meth:`snapshot` reserves the call's blocks (``allocate_slots``); layer 0's :meth:`attend` takes one
+    ``slot_mapping`` for every layer; :meth:`commit` caches the blocks filled.
     """
 
     can_crop = True
@@ -633,23 +575,18 @@ class PagedCacheView:
         if not isinstance(cache, PagedKVCache) or cache.num_kv_heads is None:
             raise TypeError(f"cache must be a PagedKVCache with num_kv_heads, got {cache!r:.100}")
         self.cache, self.seq_ids, self.token_ids = cache, as_id_list(seq_ids), token_ids
-        self._slot_mapping = self._open = None  # the call's slots; [lengths, t_new, checkpoint] of its snapshot
+        self._slot_mapping = self._open = None  # the call's slots; (lengths, checkpoint) of its snapshot
         cache.get_seq_lengths(self.seq_ids)  # checks every id
 
     def get_seq_length(self):
         """Tokens stored for each sequence: ``[N]`` int64."""
         return self.cache.get_seq_lengths(self.seq_ids)
 
-    @property
-    def nbytes(self):
-        return self.cache.nbytes
-
-    @property
-    def nbytes_reserved(self):
-        return sum(a.nbytes for a in self.cache.k_caches + self.cache.v_caches)
+    nbytes = property(lambda self: self.cache.nbytes)
+    nbytes_reserved = property(lambda self: sum(a.nbytes for a in self.cache.k_caches + self.cache.v_caches))
 
     def check_update(self, num_layers, batch_shape, k_dim, v_dim, dtype, t_new, input_ids=None):
-        """As :meth:`Cache.check_update`; the room of the pool is reserved by :meth:`snapshot`."""
+        """As :meth:`Cache.check_update`; :meth:`snapshot` reserves the blocks."""
         pool = self.cache
         self.get_seq_length()  # a sequence freed since the view was made: ValueError
         if pool.num_layers != num_layers:
@@ -673,22 +610,21 @@ class PagedCacheView:
         return paged_attention(q, self.cache, self.seq_ids, causal=True, check_finite=False, layer=layer_idx)
 
     def snapshot(self, t_new):
-        """Reserve the blocks of ``t_new`` more tokens of each sequence (:class:`OutOfBlocksError`, nothing changed,
-        if they are not free) after :meth:`PagedKVCache.checkpoint`: the blocks the call may take, not the pool."""
-        checkpoint = self.cache.checkpoint(self.seq_ids, t_new)
+        """Checkpoint, then reserve ``t_new`` more tokens' blocks of each sequence (:class:`OutOfBlocksError`)."""
+        checkpoint = self.cache.checkpoint()
         try:
             for seq_id in self.seq_ids:
                 self.cache.allocate_slots(seq_id, t_new)
         except BaseException:
             self.cache.restore(checkpoint)
             raise
-        self._open = [self.get_seq_length(), t_new, checkpoint]
+        self._open = [self.get_seq_length(), checkpoint]
         return self._open
 
     def restore(self, snapshot):
         """The pool as at :meth:`snapshot` (:meth:`PagedKVCache.restore`)."""
         self._open = None
-        self.cache.restore(snapshot[2])
+        self.cache.restore(snapshot[1])
 
     def commit(self):
         """With prefix caching, cache the blocks the call filled (V1's ``cache_full_blocks``)."""
@@ -696,9 +632,8 @@ class PagedCacheView:
         self.cache.cache_full_blocks(self.seq_ids)
 
     def crop(self, lengths):
-        """Keep the first ``lengths[i]`` tokens of each sequence (one int: of every one), all checked first
-        (:meth:`PagedKVCache.crop`). Inside a call, to no fewer tokens than it began with: the pool is put back as at
-        its snapshot and the tokens kept written again, O(the call's tokens), so that its restore stays exact."""
+        """Keep the first ``lengths[i]`` (or one int) tokens of each sequence. Inside a call, no fewer than it began
+        with: the pool goes back to its snapshot and the kept tokens are written again, so its restore stays exact."""
         n = len(self.seq_ids)
         lengths = as_sizes_per_sequence("lengths", np.broadcast_to(lengths, n) if np.ndim(lengths) == 0 else lengths, n)
         for length, held in zip(lengths, self.get_seq_length()):
@@ -707,7 +642,7 @@ class PagedCacheView:
             for seq_id, length in zip(self.seq_ids, lengths.tolist()):
                 self.cache.crop(seq_id, length)
             return
-        pool, (start, t_new, checkpoint), size = self.cache, self._open, self.cache.block_size
+        pool, (start, checkpoint), size = self.cache, self._open, self.cache.block_size
         if (lengths < start).any():
             raise ValueError(f"lengths must keep the {start.tolist()} tokens held before the call, got "
                              f"{lengths.tolist()}")
@@ -716,7 +651,7 @@ class PagedCacheView:
         kept = [[[x.reshape(-1, *x.shape[2:])[i].astype(compute_dtype(x.dtype)) for x in kv]
                  for kv in zip(pool.k_caches, pool.v_caches)] for i in slots]  # per sequence and layer: k, v
         pool.restore(checkpoint)
-        self._open[2] = pool.checkpoint(self.seq_ids, t_new)
+        self._open[1] = pool.checkpoint()
         for seq_id, i, layers in zip(self.seq_ids, slots, kept):
             slot_mapping = pool.append_slots([seq_id], len(i))
             for layer, (k, v) in enumerate(layers):

@@ -1,23 +1,16 @@
 """Ragged batches: sequences of different lengths that join and leave the batch at different steps.
 
-Sequence i has T_i tokens and joins at decode step ``start_steps[i]``; at step s it
-is in the batch when ``start_steps[i] <= s < start_steps[i] + T_i`` and decodes its
-position ``s - start_steps[i]``. Strategies (``strategy=``):
-    padded     all B rows every step over a contiguous ``[B, T_max, D]`` cache, rows
-               out of the batch and keys past a row's length masked (static shapes).
-    compacted  only the rows in the batch (dynamic exit); when sequences leave, each
-               survivor past the new end is copied into a leaver's row.
-    paged      compacted, with K/V in a :class:`~kv_attention.paged.PagedKVCache`:
-               leaving frees blocks, no token moves, and each step reads each stored
-               token once through the block tables (:func:`~kv_attention.paged.paged_attention`).
-               A caller's ``cache`` holds sequences 0..B-1 while they are in the batch;
-               the blocks the schedule needs at its peak are counted before the first
-               step, so a pool too small raises OutOfBlocksError and changes nothing.
+Sequence i has T_i tokens and joins at decode step ``start_steps[i]``: at step s, while ``start_steps[i] <= s <
+start_steps[i] + T_i``, it decodes its position ``s - start_steps[i]``. Strategies (``strategy=``):
+    padded     all B rows every step over a contiguous ``[B, T_max, D]`` cache, the rest masked (static shapes).
+    compacted  only the rows in the batch; when sequences leave, each survivor past the new end moves to a hole.
+    paged      compacted, with K/V in a :class:`~kv_attention.paged.PagedKVCache`: leaving frees blocks, no token
+               moves (:func:`~kv_attention.paged.paged_attention`). A caller's ``cache`` holds sequences 0..B-1 while
+               they are in the batch; the peak's blocks are counted first (else OutOfBlocksError, nothing changed).
 
-Inputs: ``x``, a list of B arrays ``[T_i, D_model]`` or a padded ``[B, T_max, D_model]``
-(only ``x[b, :T_b]`` is read), ``w_q, w_k: [D_model, D_k]``, ``w_v: [D_model, D_v]``.
-Bad input raises TypeError or ValueError naming the argument before the first step.
-Continuous batching as in Orca (Yu et al. 2022).
+Inputs: ``x``, a list of B arrays ``[T_i, D_model]`` or a padded ``[B, T_max, D_model]`` (only ``x[b, :T_b]`` is
+read), ``w_q, w_k: [D_model, D_k]``, ``w_v: [D_model, D_v]``. Bad input raises TypeError or ValueError naming the
+argument before the first step. Continuous batching as in Orca (Yu et al. 2022).
 """
 
 import math
@@ -47,8 +40,8 @@ class RaggedDecodeStats:
 
 @dataclass(frozen=True)
 class _RaggedBatch:
-    """Validated inputs: ``x: [B, T_max + 1, D_model]`` zero past each length, ``lengths``,
-    ``start_steps`` (``[B]`` int64), ``weights = (w_q, w_k, w_v)`` and the computation's dtype."""
+    """Validated inputs: ``x: [B, T_max + 1, D_model]`` zero past each length, ``lengths``, ``start_steps`` ``[B]``
+    int64, ``weights = (w_q, w_k, w_v)``, the dtype."""
 
     x: np.ndarray
     lengths: np.ndarray
@@ -176,13 +169,8 @@ class _PagedBatch:
         out = paged_attention(q, self.cache, self.seqs, check_finite=False)  # [N, 1, D_v]
         return seqs, positions, out[:, 0], len(seqs)
 
-    @property
-    def peak_blocks(self):
-        return self.cache.peak_blocks
-
-    @property
-    def reserved_slots(self):
-        return self.cache.peak_blocks * self.cache.block_size
+    peak_blocks = property(lambda self: self.cache.peak_blocks)
+    reserved_slots = property(lambda self: self.cache.peak_blocks * self.cache.block_size)
 
 
 def _peak_blocks(problem, block_size):
@@ -226,8 +214,8 @@ def _as_sequences(x, lengths):
     return [as_float_array(f"x[{b}, :{n}]", x[b, :n]) for b, n in enumerate(lengths)], True
 
 
-def check_ragged_inputs(x, w_q, w_k, w_v, lengths, start_steps):
-    """Validate a ragged decode's inputs: ``(seqs, padded, (w_q, w_k, w_v), dtype, start_steps)``."""
+def _make_problem(x, w_q, w_k, w_v, lengths, start_steps):
+    """The validated :class:`_RaggedBatch`, and the output's T_max for a padded x (None for a list)."""
     seqs, padded = _as_sequences(x, lengths)
     d_model = seqs[0].shape[1] if seqs else (np.shape(w_q)[:1] or (0,))[0]
     for i, seq in enumerate(seqs):
@@ -236,18 +224,11 @@ def check_ragged_inputs(x, w_q, w_k, w_v, lengths, start_steps):
     empty_dtype = x.dtype if isinstance(x, np.ndarray) else np.float64  # B = 0 keeps a padded x's dtype
     flat = np.concatenate(seqs) if seqs else np.empty((0, d_model), empty_dtype)  # [sum T_i, D_model]
     _, w_q, w_k, w_v, dtype = check_projection_inputs(flat, w_q, w_k, w_v, x_ndims=(2,))
-    n_seqs = len(seqs)
+    weights = w_q, w_k, w_v
     if start_steps is None:
-        start_steps = np.zeros(n_seqs, np.int64)
+        start_steps = np.zeros(len(seqs), np.int64)
     else:
-        start_steps = as_sizes_per_sequence("start_steps", start_steps, n_seqs)
-    return seqs, padded, (w_q, w_k, w_v), dtype, start_steps
-
-
-
-def _make_problem(x, w_q, w_k, w_v, lengths, start_steps):
-    """The validated :class:`_RaggedBatch`, and the output's T_max for a padded x (None for a list)."""
-    seqs, padded, weights, dtype, start_steps = check_ragged_inputs(x, w_q, w_k, w_v, lengths, start_steps)
+        start_steps = as_sizes_per_sequence("start_steps", start_steps, len(seqs))
     lengths = np.array([len(seq) for seq in seqs], dtype=np.int64)
     t_max = int(lengths.max(initial=0))
     x_pad = np.zeros((len(seqs), t_max + 1, weights[0].shape[0]), dtype)  # [B, T_max + 1, D_model]; row T_max zero
@@ -258,19 +239,14 @@ def _make_problem(x, w_q, w_k, w_v, lengths, start_steps):
 
 
 def _steps(batch, problem):
-    """Drive ``batch`` through the schedule; yield ``(seq_ids, positions, out, rows_computed)`` per step.
-
-    Sequence i joins at step start_steps[i] and leaves at start_steps[i] + T_i
-    (leaving first, so a joiner can reuse what a leaver freed); a sequence with
-    T_i = 0 never joins. Steps with no sequence in the batch are skipped.
-    """
+    """Drive ``batch`` through the schedule; yield ``(seq_ids, positions, out, rows_computed)`` per step. A leaver
+    leaves before a joiner joins (to reuse its blocks); T_i = 0 never joins; empty steps are skipped."""
     joins, leaves = {}, {}
     for seq in np.flatnonzero(problem.lengths > 0).tolist():
         start = int(problem.start_steps[seq])
         joins.setdefault(start, []).append(seq)
         leaves.setdefault(start + int(problem.lengths[seq]), []).append(seq)
-    # The batch changes only at a join or a leave: run the steps between two such events
-    # back to back, and jump over the empty stretches (start_steps may be far apart).
+    # The batch changes only at a join or a leave: jump over the empty stretches (start_steps may be far apart).
     events = sorted(set(joins) | set(leaves))
     in_batch = 0
     for event, next_event in zip(events, events[1:]):
@@ -309,10 +285,8 @@ def _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blo
 
 def ragged_decode_steps(x, w_q, w_k, w_v, *, lengths=None, start_steps=None, strategy="compacted", block_size=None,
                         num_blocks=None, cache=None):
-    """The decode of :func:`ragged_decode`, one step at a time: yields ``(seq_ids [N], positions [N], out [N, D_v])``.
-
-    Inputs are validated before this returns.
-    """
+    """:func:`ragged_decode` one step at a time, inputs validated first: yields ``(seq_ids [N], positions [N],
+    out [N, D_v])``."""
     batch, problem, _ = _start(x, w_q, w_k, w_v, lengths, start_steps, strategy, block_size, num_blocks, cache)
     return (step[:3] for step in _steps(batch, problem))
 

@@ -1,49 +1,31 @@
 """Serving requests: continuous batching over a paged KV cache, with chunked prefill, preemption and prefix caching.
 
-A :class:`Request` carries token ids, its first ``prompt_len`` the prompt. With the single head
-(``embedding [V, D_model]``, ``w_q, w_k: [D_model, D_k]``, ``w_v: [D_model, D_v]``, a token's
-input ``embedding[token_id]``) the rest are teacher-forced, and the outputs are the attention
-outputs from the last prompt position on, ``[len(token_ids) - prompt_len + 1, D_v]``, equal to
-``causal_attention(embedding[token_ids], w_q, w_k, w_v)[prompt_len - 1:]`` however the request
-was chunked, batched, preempted or served from the cache. With ``model=(config, weights)`` a
-Llama decoder (:mod:`~kv_attention.model`) runs over one paged cache for every layer; a request
-is its prompt and ``max_tokens`` (vLLM's ``SamplingParams.max_tokens``; or, as before,
-placeholder tokens past ``prompt_len``), and each output is the argmax of the logits at the
-last known token, fed back: a request's outputs equal its own ``generate()``.
+A :class:`Request` carries token ids, its first ``prompt_len`` the prompt. With the single head (``embedding [V,
+D_model]``, ``w_q, w_k: [D_model, D_k]``, ``w_v: [D_model, D_v]``) the rest are teacher-forced and the outputs,
+``[len(token_ids) - prompt_len + 1, D_v]``, equal ``causal_attention(embedding[token_ids], w_q, w_k,
+w_v)[prompt_len - 1:]`` however the request was chunked, batched, preempted or cached. With ``model=(config,
+weights)`` a Llama decoder runs over one paged cache for every layer; a request is its prompt and ``max_tokens``
+(vLLM's ``SamplingParams.max_tokens``), each output the argmax fed back: its own ``generate()``.
 
-The scheduler decides and a runner executes, as vLLM V1's engine step
-(``vllm/v1/engine/core.py``: ``Scheduler.schedule``, then ``GPUModelRunner.execute_model``, then
-``Scheduler.update_from_output``). :meth:`Scheduler.schedule` is V1's
-(``vllm/v1/core/sched/scheduler.py``), with no decode or prefill phase: each request has
-``num_computed`` tokens in the cache and ``num_tokens`` known, and a step spends a budget of
-``max_num_batched_tokens`` bringing the first up to the second:
+The scheduler decides and a runner executes, as vLLM V1's engine step (``vllm/v1/engine/core.py``:
+``Scheduler.schedule``, ``GPUModelRunner.execute_model``, ``Scheduler.update_from_output``). :meth:`Scheduler.schedule`
+is V1's (``vllm/v1/core/sched/scheduler.py``), with no phases: a step spends ``max_num_batched_tokens`` bringing each
+request's ``num_computed`` tokens up to its ``num_tokens``:
 
-1. Running requests, in order of admission: each gets ``min(num_tokens - num_computed, budget)``
-   tokens (chunked prefill; a decode is 1) once the KV cache manager has slots for them
-   (``allocate_slots``); else the last running request is preempted (``self.running.pop()``:
-   blocks freed, ``num_computed = 0``, to the head of the waiting queue, to be recomputed)
-   until they fit or the request itself was preempted.
-2. Waiting requests, first come first served, only in a step that preempted none and while
-   fewer than ``max_num_seqs`` run: a request starts from its prefix-cache hit, capped at
-   ``num_tokens - 1`` tokens (``get_computed_blocks``), and is admitted if its chunk's slots
-   fit; the first that does not stops admission.
+1. Running requests, in order of admission: ``min(num_tokens - num_computed, budget)`` tokens each, once
+   ``allocate_slots`` has room; else the last running request is preempted (blocks freed, ``num_computed = 0``, to
+   the head of the waiting queue) until they fit or the request itself was preempted.
+2. Waiting requests, FCFS, only in a step that preempted none and while fewer than ``max_num_seqs`` run: each starts
+   from its prefix-cache hit (at most ``num_tokens - 1`` tokens) if its chunk's slots fit; the first that does not
+   stops admission.
 
-Its :class:`SchedulerOutput` gives each request's ``num_scheduled_tokens``; the runner writes
-their k and v into the blocks taken and computes an output for each request now up to date
-(the model: the one-token chunks as one batch, each longer chunk alone). What differs from V1:
-no sampling, FCFS only, no ``long_prefill_token_threshold``, speculative decoding, encoder
-inputs or KV connectors; a waiting request's blocks are counted before it takes its cached
-prefix (a refused admission leaves the LRU order as it was); the runner shares the scheduler's
-request objects. Continuous batching: Orca (Yu et al. 2022).
+What differs from V1: no sampling, FCFS only, no ``long_prefill_token_threshold``, speculative decoding or KV
+connectors; a waiting request's blocks are counted before it takes its cached prefix. Continuous batching: Orca (Yu
+et al. 2022).
 
-Errors, all before anything runs: TypeError for ``requests`` that are not a list or tuple of
-:class:`Request`, an id that is not hashable, token ids that are not integers, a size that is
-not an integer, a flag that is not a bool, an embedding or weight that is not a float array;
-ValueError naming the request for a repeated id, ``prompt_len`` outside [1, len(token_ids)],
-token ids outside [0, V), or a request that could never fit the pool; ValueError for a budget,
-``max_num_seqs`` or ``block_size`` below 1, shapes that do not fit, NaN/inf, or weights that do
-not fit the config. A serve that fails later (a NaN in a layer, a caller's ``cache`` too full,
-Ctrl-C) leaves that cache as it was and raises its own error.
+Errors, all before anything runs: TypeError or ValueError naming the argument (and the request: a repeated id,
+``prompt_len`` outside [1, len(token_ids)], token ids outside [0, V), a request that could never fit the pool). A serve
+that fails later (a NaN in a layer, a caller's cache too full, Ctrl-C) leaves that cache as it was.
 """
 
 import math
@@ -61,12 +43,8 @@ from .paged import OutOfBlocksError, PagedCacheView, PagedKVCache, as_token_ids,
 
 @dataclass(frozen=True)
 class Request:
-    """One request: ``token_ids``, the first ``prompt_len`` of them its prompt (default: all).
-
-    ``request_id``: any hashable, distinct among the requests served together.
-    ``arrival_step``: the scheduler step at which it arrives (default 0).
-    ``max_tokens``: for the model, the tokens to generate after ``token_ids`` (then ``prompt_len`` is all of them).
-    """
+    """``token_ids``, the first ``prompt_len`` (default all) the prompt; ``request_id`` any hashable, distinct;
+    ``arrival_step`` the step it arrives at; ``max_tokens``: for the model, the tokens to generate after the prompt."""
 
     request_id: Any
     token_ids: Any
@@ -75,7 +53,6 @@ class Request:
     max_tokens: int = None
 
     def __repr__(self):
-        """The request without its tokens: ``Request('a', 512 tokens, prompt_len=500, arrival_step=0)``."""
         try:
             tokens = f"{len(self.token_ids)} tokens"
         except TypeError:  # no len(): an int, None, a 0-d array
@@ -86,20 +63,9 @@ class Request:
 
 @dataclass(frozen=True)
 class ServeStats:
-    """What a serve did; counts, not timings.
-
-    Attributes:
-        steps: scheduler steps run; each computed at least one token (idle steps
-            before an arrival are skipped).
-        preemptions: preemptions, each of a running request (one may be preempted more than once).
-        recomputed_tokens: tokens computed again after a preemption: positions
-            below the most a request ever had in the cache.
-        prefix_hit_tokens: tokens taken from the prefix cache at admission, and so not computed.
-        peak_blocks: the most blocks in use at once, a shared block once.
-        prefill_tokens_per_step: prompt (and recomputed) tokens computed at each step, a tuple of ``steps`` ints.
-        decode_tokens_per_step: tokens past the prompt computed for the first time, at each step (V1 has no
-            phases: this is the library's split of its tokens).
-    """
+    """What a serve did, counts: ``steps`` run (idle ones skipped), ``preemptions``, ``recomputed_tokens`` (below the
+    most a request ever had cached), ``prefix_hit_tokens`` (taken from the cache at admission), ``peak_blocks``, and
+    per step the prompt (and recomputed) tokens and those past the prompt computed for the first time."""
 
     steps: int
     preemptions: int
@@ -109,18 +75,10 @@ class ServeStats:
     prefill_tokens_per_step: tuple
     decode_tokens_per_step: tuple
 
-    @property
-    def prefill_tokens(self):
-        """Prefill tokens computed in all (int)."""
-        return sum(self.prefill_tokens_per_step)
+    prefill_tokens = property(lambda self: sum(self.prefill_tokens_per_step))
+    decode_tokens = property(lambda self: sum(self.decode_tokens_per_step))
 
-    @property
-    def decode_tokens(self):
-        """Decoded tokens computed in all (int)."""
-        return sum(self.decode_tokens_per_step)
-
-    def __repr__(self):
-        """The counts, with the per-step tuples as their totals."""
+    def __repr__(self):  # the per-step tuples as their totals
         return (f"ServeStats(steps={self.steps}, preemptions={self.preemptions}, "
                 f"recomputed_tokens={self.recomputed_tokens}, prefix_hit_tokens={self.prefix_hit_tokens}, "
                 f"peak_blocks={self.peak_blocks}, prefill_tokens={self.prefill_tokens}, decode_tokens={self.decode_tokens})")
@@ -128,25 +86,19 @@ class ServeStats:
 
 @dataclass(frozen=True)
 class ServeResult:
-    """What :func:`serve` returns.
-
-    Attributes:
-        outputs: request_id -> ``[len(token_ids) - prompt_len + 1, D_v]`` attention outputs (the single head), or
-            the int64 tokens generated (the model), in the order of the requests.
-        stats: a :class:`ServeStats`.
-    """
+    """``outputs``: request_id -> ``[len(token_ids) - prompt_len + 1, D_v]`` attention outputs (the single head) or
+    the int64 tokens generated (the model), in request order; ``stats``: a :class:`ServeStats`."""
 
     outputs: dict
     stats: ServeStats
 
     def __repr__(self):
-        """The stats, and the outputs as request_id -> shape."""
         shapes = ", ".join(f"{rid!r}: {list(out.shape)}" for rid, out in self.outputs.items())
         return f"ServeResult(outputs={{{shapes}}}, stats={self.stats!r})"
 
 
 class _Sequence:
-    """A request in the scheduler: its own copy of the tokens, how many are in the cache, and its outputs so far."""
+    """A request in the scheduler: its own copy of the tokens, how many are cached, its outputs so far."""
 
     def __init__(self, request_id, token_ids, prompt_len, arrival_step, num_outputs, output_shape, dtype):
         self.request_id, self.prompt_len, self.arrival_step = request_id, prompt_len, arrival_step
@@ -399,24 +351,16 @@ def _check_request(name, request, vocab_size, cache, generates):
 
 def serve(requests, embedding=None, w_q=None, w_k=None, w_v=None, *, model=None, cache=None, block_size=None,
           num_blocks=None, max_num_batched_tokens, max_num_seqs=None, enable_prefix_caching=False):
-    """Serve ``requests`` to completion by the scheduler of the module docstring; returns a :class:`ServeResult`.
+    """Serve ``requests`` (a list of :class:`Request`) to completion by the scheduler above: a :class:`ServeResult`.
 
-    Args:
-        requests: a list of :class:`Request`, with distinct request ids.
-        embedding: ``[V, D_model]``; w_q, w_k: ``[D_model, D_k]``; w_v: ``[D_model, D_v]``: the single head.
-        model: instead, ``(config, weights)`` of :mod:`~kv_attention.model`: a request's output is the
-            int64 tokens it generates, equal to ``generate(config, weights, [prompt], n)[0, len(prompt):]``.
-        cache: a :class:`~kv_attention.paged.PagedKVCache` to serve in (the model's: ``num_kv_heads``
-            heads and one layer per model layer, head_dim wide), whose blocks and cached prefixes the
-            requests share with what it holds; it holds none of them afterwards, and is left as it was
-            if the serve raises. Else a new one of:
-        block_size: tokens per block (default 16).
-        num_blocks: blocks in the pool, each a block of every layer's K/V; every request must fit it alone.
-        enable_prefix_caching: share cached full blocks between requests (default False).
-        max_num_batched_tokens: the token budget of a step, >= 1.
-        max_num_seqs: the most running requests at once (default: no limit).
-
-    Outputs are in ``np.result_type`` of embedding and weights. The caller's arrays are only read.
+    The single head (``embedding [V, D_model]``, ``w_q, w_k [D_model, D_k]``, ``w_v [D_model, D_v]``) or ``model=(config,
+    weights)``, whose outputs equal ``generate(config, weights, [prompt], n)[0, len(prompt):]``. ``cache``: a
+    :class:`~kv_attention.paged.PagedKVCache` to serve in (the model's: ``num_kv_heads`` and one layer per model
+    layer), whose blocks and cached prefixes the requests share; it holds none of them afterwards, and is left as it
+    was if the serve raises. Else a new one of ``block_size`` (default 16) and ``num_blocks`` (every request must fit
+    alone), with ``enable_prefix_caching``. ``max_num_batched_tokens`` >= 1: a step's budget; ``max_num_seqs``: the most
+    running at once (default no limit). Outputs are in ``np.result_type`` of the weights; the caller's arrays are only
+    read.
     """
     seqs, runner, scheduler = check_serve_inputs(requests, embedding, (w_q, w_k, w_v), model, cache, block_size,
                                                  num_blocks, max_num_batched_tokens, max_num_seqs,

@@ -24,9 +24,6 @@ from ._validation import as_array, as_flag, as_float_array, as_size, as_sizes_pe
 from .attention import as_key_mask, attention_forward, check_attention_inputs
 
 
-# Checks of num_splits, attention states and cascade inputs
-
-
 def as_num_splits(num_splits):
     """``num_splits`` as an int >= 1; TypeError for a non-integer (bools included), ValueError below 1."""
     return as_size("num_splits", num_splits, minimum=1)
@@ -40,12 +37,8 @@ def check_lse(name, array):
 
 
 def check_attention_states(states, check_finite=True):
-    """Validate ``states``, a non-empty sequence of ``(out, lse)`` pairs of one shape.
-
-    ``out: [..., T_q, D_v]`` finite, ``lse: [..., T_q]`` finite or -inf (values read
-    only with ``check_finite``). Returns ``(outs, lses, dtype)``: two lists of arrays
-    in ``dtype = np.result_type`` of them all.
-    """
+    """``states``, a non-empty sequence of ``(out [..., T_q, D_v], lse [..., T_q])`` of one shape, as ``(outs, lses,
+    dtype)``: two lists in their ``np.result_type``."""
     if isinstance(states, (str, bytes, np.ndarray)) or not hasattr(states, "__iter__"):
         raise TypeError(f"states must be a sequence of (out, lse) pairs, got {type(states).__name__}")
     states = list(states)
@@ -79,11 +72,7 @@ def _padded(arrays, s_max, width):
 
 def _as_suffixes(k_suffix, v_suffix, suffix_lengths, d_k, d_v, check_finite):
     """The suffixes padded, ``[B, S_max, D_k]`` and ``[B, S_max, D_v]``, and their lengths ``[B]`` (None: all S_max).
-
-    Lists of B arrays ``[S_i, D]`` are padded with zeros; arrays ``[B, S_max, D]``
-    come with ``suffix_lengths`` (default: every suffix S_max long); the padding may hold
-    anything, and is returned as 0 (in a copy) where it holds NaN/inf.
-    """
+    A padding may hold anything; returned as 0 (in a copy) where it holds NaN/inf."""
     read = functools.partial(as_float_array if check_finite else as_array, storage=True)
     if isinstance(k_suffix, (list, tuple)) and isinstance(v_suffix, (list, tuple)):
         if suffix_lengths is not None:
@@ -130,12 +119,8 @@ def _held_suffix_keys(k_suffix, lengths):
 
 
 def check_cascade_inputs(q, k_shared, v_shared, k_suffix, v_suffix, suffix_lengths, check_finite=True):
-    """Validate cascade attention's inputs: ``q: [B, T_q, D_k]``, a shared prefix, B suffixes.
-
-    Returns ``(q, k_shared, v_shared, k_suffix, v_suffix, lengths, dtype)``: the
-    arrays in ``dtype = np.result_type`` of them all, the suffixes padded to
-    ``[B, S_max, D]``, ``lengths`` ``[B]`` int64 or None when every suffix is S_max long.
-    """
+    """Cascade attention's inputs as ``(q, k_shared, v_shared, k_suffix, v_suffix, lengths, dtype)``, in their
+    ``np.result_type``, the suffixes padded (:func:`_as_suffixes`)."""
     read = functools.partial(as_float_array if check_finite else as_array, storage=True)  # K/V: bfloat16, float16 too
     q = (as_float_array if check_finite else as_array)("q", q)
     k_shared, v_shared = read("k_shared", k_shared), read("v_shared", v_shared)
@@ -153,9 +138,6 @@ def check_cascade_inputs(q, k_shared, v_shared, k_suffix, v_suffix, suffix_lengt
     return (*(a.astype(dtype, copy=False) for a in arrays), lengths, dtype)
 
 
-# The computation
-
-
 def _merge(outs, lses):
     """The merge of N states ``out [..., T_q, D_v]``, ``lse [..., T_q]``, inputs already checked."""
     lse = np.stack(lses)  # [N, ..., T_q]
@@ -171,21 +153,14 @@ def _merge(outs, lses):
 
 
 def _split_bounds(s_len, num_splits):
-    """Start of each of the ``num_splits`` contiguous parts of S keys, and S: part i is ``bounds[i]:bounds[i+1]``.
-
-    ``i * S // num_splits``: sizes differ by at most one, and the empty parts of
-    ``num_splits > S`` fall between non-empty ones.
-    """
+    """Part i of S keys is ``bounds[i]:bounds[i+1]``, ``i * S // num_splits``: sizes differ by at most one."""
     return [i * s_len // num_splits for i in range(num_splits + 1)]
 
 
 def attention_state(q, k, v, *, valid=None, check_finite=True):
-    """The attention state ``(out, lse)`` of ``q: [..., T_q, D_k]`` over ``k: [..., S, D_k]``, ``v: [..., S, D_v]``.
-
-    ``out: [..., T_q, D_v]`` is ``attend(q, k, v)`` and ``lse: [..., T_q]`` the natural
-    log-sum-exp of the scaled scores. S = 0 gives the identity of the merge: zeros and
-    -inf. ``valid: [..., S]`` (bool, default None: every key) masks keys as
-    :func:`~kv_attention.attention.masked_attend` does; a row with no valid key gets the identity.
+    """The attention state ``(out [..., T_q, D_v], lse [..., T_q])`` of ``q: [..., T_q, D_k]`` over ``k: [..., S,
+    D_k]``, ``v: [..., S, D_v]``. ``valid: [..., S]`` (bool) masks keys as
+    :func:`~kv_attention.attention.masked_attend`; no key (S = 0, or none valid) gives the identity, zeros and -inf.
     """
     check_finite = as_flag("check_finite", check_finite)
     q, k, v, dtype = check_attention_inputs(q, k, v, check_finite and valid is None)
@@ -203,46 +178,31 @@ def _state(q, k, v, valid=None):
 
 
 def merge_attention_states(states, *, check_finite=True):
-    """Merge attention states ``(out, lse)`` over disjoint key sets into the state over their union.
-
-    Every ``out`` is ``[..., T_q, D_v]`` and every ``lse`` ``[..., T_q]``, finite or -inf
-    (no keys: its ``out`` gets no weight). Returns ``(out, lse)`` of the same shapes.
-    """
+    """Merge attention states ``(out [..., T_q, D_v], lse [..., T_q])`` over disjoint key sets into the state over
+    their union, of the same shapes; an lse of -inf (no keys) gets no weight."""
     outs, lses, _ = check_attention_states(states, as_flag("check_finite", check_finite))
     return _merge(outs, lses)
 
 
 def split_kv_attention(q, k, v, *, num_splits, return_lse=False, check_finite=True):
-    """``attend(q, k, v)`` computed as flash-decoding does: S split into ``num_splits`` parts, their states merged.
-
-    Part i holds keys ``i·S // num_splits`` to ``(i+1)·S // num_splits - 1``. Equal to
-    ``attend`` up to rounding. ``return_lse=True`` also returns the lse ``[..., T_q]``,
-    as FlashAttention's ``return_softmax_lse``.
-    """
+    """``attend(q, k, v)`` up to rounding, as flash-decoding computes it: S split into ``num_splits`` parts
+    (:func:`_split_bounds`), their states merged. ``return_lse=True`` also returns the lse ``[..., T_q]``."""
     num_splits, return_lse = as_num_splits(num_splits), as_flag("return_lse", return_lse)
     q, k, v, _ = check_attention_inputs(q, k, v, as_flag("check_finite", check_finite))
-    out, lse = _split(q, k, v, num_splits)
-    return (out, lse) if return_lse else out
-
-
-def _split(q, k, v, num_splits):
-    """:func:`split_kv_attention` of checked inputs: ``(out, lse)``."""
     bounds = _split_bounds(k.shape[-2], num_splits)
     parts = [_state(q, k[..., a:b, :], v[..., a:b, :]) for a, b in zip(bounds, bounds[1:])]
-    return _merge(*zip(*parts))  # each part [..., T_q, D_v] and [..., T_q]
+    out, lse = _merge(*zip(*parts))  # each part [..., T_q, D_v] and [..., T_q]
+    return (out, lse) if return_lse else out
 
 
 def cascade_attention(q, k_shared, v_shared, k_suffix, v_suffix, *, suffix_lengths=None, return_lse=False,
                       check_finite=True):
-    """Attention of B sequences over one shared prefix and their own suffixes, the prefix read once for all.
+    """Attention of B sequences over one shared prefix, read once by all B·T_q query rows in one product, and their
+    own suffixes, merged (FlashInfer's two-level cascade).
 
-    ``q: [B, T_q, D_k]``; the prefix ``k_shared: [S_p, D_k]``, ``v_shared: [S_p, D_v]``; the
-    suffixes as lists of B arrays ``[S_i, D]``, or as arrays ``[B, S_max, D]`` with
-    ``suffix_lengths`` (keys past a length get weight exactly 0). Returns ``[B, T_q, D_v]``
-    (and the lse ``[B, T_q]`` with ``return_lse=True``), equal up to rounding to sequence i
-    attending over the prefix and its suffix. The prefix is attended by all B·T_q query
-    rows in one matrix product, then each suffix state is merged with it (FlashInfer's
-    two-level cascade).
+    ``q: [B, T_q, D_k]``; ``k_shared: [S_p, D_k]``, ``v_shared: [S_p, D_v]``; the suffixes as lists of B arrays
+    ``[S_i, D]``, or arrays ``[B, S_max, D]`` with ``suffix_lengths`` (keys past a length get weight exactly 0).
+    Returns ``[B, T_q, D_v]`` (and the lse ``[B, T_q]`` with ``return_lse=True``).
     """
     return_lse, check_finite = as_flag("return_lse", return_lse), as_flag("check_finite", check_finite)
     q, k_shared, v_shared, k_suffix, v_suffix, lengths, _ = check_cascade_inputs(

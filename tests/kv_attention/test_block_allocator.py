@@ -180,6 +180,6 @@ def test_a_free_list_of_more_than_num_blocks_trips_the_duplicate_assert():
 def test_a_block_table_entry_that_is_not_held_trips_the_paged_assert(monkeypatch):
     cache = kv.PagedKVCache(4, 2, 3, 5)
     cache.add_sequence("a")
-    monkeypatch.setattr(cache.allocator, "allocate", lambda n: [0] * n)  # hands out block 0, refcount 0
+    monkeypatch.setattr(cache.block_pool, "allocate", lambda n: [0] * n)  # hands out block 0, refcount 0
     with pytest.raises(AssertionError, match="a new block table entry is not held"):
         cache.update(["a"], np.zeros((1, 1, 3)), np.zeros((1, 1, 5)))

@@ -329,10 +329,10 @@ def test_a_paged_cache_of_another_number_of_layers_is_refused():
 def test_a_paged_view_of_a_sequence_freed_since_is_refused_and_nothing_is_written():
     view = paged_views(batch=2)
     view.cache.free(1)
-    free = view.cache.allocator.free_blocks()
+    free = view.cache.block_pool.free_blocks()
     with pytest.raises(ValueError, match=r"sequence 1 is not in the cache; known: \[0\]"):
         kv.forward(CONFIG, W64, IDS, cache=view)
-    assert view.cache.get_seq_length(0) == 0 and view.cache.allocator.free_blocks() == free
+    assert view.cache.get_seq_length(0) == 0 and view.cache.block_pool.free_blocks() == free
 
 
 def test_a_paged_view_whose_token_ids_are_not_input_ids_is_refused():
@@ -340,7 +340,7 @@ def test_a_paged_view_whose_token_ids_are_not_input_ids_is_refused():
     ids = IDS[:1, :5]
     with pytest.raises(ValueError, match=r"cache.token_ids must be input_ids"):
         kv.forward(CONFIG, W64, ids, cache=kv.PagedCacheView(pool, [0], token_ids=ids + 1))
-    assert pool.get_seq_length(0) == 0 and pool.allocator.num_cached_blocks == 0
+    assert pool.get_seq_length(0) == 0 and pool.block_pool.num_cached_blocks == 0
     got = kv.forward(CONFIG, W64, ids, cache=kv.PagedCacheView(pool, [0], token_ids=ids))
     np.testing.assert_allclose(got, FULL[:1, :5], **TOL)
     assert pool.add_sequence(1, IDS[0, :9]) == 4  # the block of ids, cached under ids
@@ -465,8 +465,8 @@ def pool_state(pool):
         tables=[pool.block_table(s) for s in ids], lengths=[pool.get_seq_length(s) for s in ids],
         stored=[[a.tolist() for a in layer] for layer in stored(view)] if ids else [],
         ref_counts=[pool.ref_count(b) for b in range(pool.num_blocks)],
-        cached=[pool.allocator.is_cached(b) for b in range(pool.num_blocks)],
-        free_queue=pool.allocator.free_blocks(), num_free=pool.num_free_blocks, peak=pool.peak_blocks,
+        cached=[pool.block_pool.is_cached(b) for b in range(pool.num_blocks)],
+        free_queue=pool.block_pool.free_blocks(), num_free=pool.num_free_blocks, peak=pool.peak_blocks,
         token_ids=repr(pool._token_ids), block_hashes=repr(pool._block_hashes), num_cached=repr(pool._num_cached),
     )
 

@@ -455,7 +455,7 @@ def test_freeing_the_parent_first_leaves_the_child_whole_and_frees_each_block_on
     assert cache.block_table("c") == blocks
     assert_gathers_the_record(cache, record)
     cache.free("c")
-    assert cache.num_free_blocks == 6 and sorted(cache.allocator.free_blocks()) == list(range(6))
+    assert cache.num_free_blocks == 6 and sorted(cache.block_pool.free_blocks()) == list(range(6))
     assert all(cache.ref_count(b) == 0 for b in range(6))
 
 
@@ -512,7 +512,7 @@ def test_a_sequence_starts_from_the_longest_cached_prefix_of_full_blocks():
     cache.add_sequence("a")
     k, v = random_kv(rng, 1, 5)
     cache.update(["a"], k, v, token_ids=[tokens])  # blocks [5, 6], [7, 8] full and cached; [9] partial
-    assert cache.allocator.num_cached_blocks == 2
+    assert cache.block_pool.num_cached_blocks == 2
     a_blocks = cache.block_table("a")
     assert cache.find_cached_blocks(tokens) == a_blocks[:2]
     assert cache.find_cached_blocks([5, 6, 7, 0]) == a_blocks[:1]  # the second block differs
@@ -554,7 +554,7 @@ def test_without_token_ids_or_without_prefix_caching_nothing_is_cached():
     caching.update(["a"], *random_kv(rng, 1, 2), token_ids=[[1, 2]])
     caching.update(["a"], *random_kv(rng, 1, 2))  # no ids: this block and every later one are not cached
     caching.update(["a"], *random_kv(rng, 1, 2), token_ids=[[5, 6]])
-    assert caching.allocator.num_cached_blocks == 1
+    assert caching.block_pool.num_cached_blocks == 1
 
 
 def test_an_empty_write_without_token_ids_changes_nothing_caching_goes_on():
@@ -567,7 +567,7 @@ def test_an_empty_write_without_token_ids_changes_nothing_caching_goes_on():
     assert slots.shape == (1, 0)
     assert_same_snapshot(before, snapshot(cache))
     cache.update(["a"], *random_kv(rng, 1, 3), token_ids=[[2, 3, 4]])  # blocks [1, 2] and [3, 4] fill
-    assert cache.allocator.num_cached_blocks == 2
+    assert cache.block_pool.num_cached_blocks == 2
     assert cache.find_cached_blocks([1, 2, 3, 4]) == cache.block_table("a")
 
 
@@ -723,12 +723,12 @@ def test_the_layers_of_a_pool_share_its_block_tables_and_each_keeps_its_own_kv()
     pool.add_sequence("a")
     slots = pool.append_slots(["a"], 3, token_ids=[[5, 6, 7]])  # 2 blocks, once for every layer
     np.testing.assert_array_equal(slots, [[0, 1, 2]])
-    assert pool.get_seq_length("a") == 3 and pool.num_free_blocks == 4 and pool.allocator.num_cached_blocks == 0
+    assert pool.get_seq_length("a") == 3 and pool.num_free_blocks == 4 and pool.block_pool.num_cached_blocks == 0
     ks, vs = rng.standard_normal((3, 1, 3, 3)), rng.standard_normal((3, 1, 3, 2))
     for layer in range(3):
         pool.write_slots(layer, slots, ks[layer], vs[layer])
     pool.cache_full_blocks(["a"])  # the full block [5, 6], once every layer has written it
-    assert pool.allocator.num_cached_blocks == 1 and pool.add_sequence("b", [5, 6, 9]) == 2
+    assert pool.block_pool.num_cached_blocks == 1 and pool.add_sequence("b", [5, 6, 9]) == 2
     q = rng.standard_normal((1, 1, 3))
     for layer in range(3):  # each layer reads its own K/V through the shared table
         np.testing.assert_array_equal(pool.gather(["a"], layer)[0][:, :3], ks[layer])
@@ -765,14 +765,30 @@ def test_a_generate_through_a_prefix_caching_view_that_fails_after_the_layers_le
                            num_layers=2)
     pool.add_sequence(0)
     ids = np.arange(1, 10)[None]  # 9 tokens: 2 full blocks, cached by the forward
-    before = (pool.allocator.free_blocks(), pool.num_free_blocks, pool.allocator.num_cached_blocks, pool.peak_blocks)
+    before = (pool.block_pool.free_blocks(), pool.num_free_blocks, pool.block_pool.num_cached_blocks, pool.peak_blocks)
     with pytest.raises(MemoryError, match="the logits do not fit"):
         kv.generate(config, _FailsAfterTheLayers(weights), ids, 1, cache=kv.PagedCacheView(pool, [0], ids))
     assert pool.get_seq_length(0) == 0 and pool.block_table(0) == ()
-    assert (pool.allocator.free_blocks(), pool.num_free_blocks, pool.allocator.num_cached_blocks,
+    assert (pool.block_pool.free_blocks(), pool.num_free_blocks, pool.block_pool.num_cached_blocks,
             pool.peak_blocks) == before
     np.testing.assert_array_equal(kv.generate(config, weights, ids, 1, cache=kv.PagedCacheView(pool, [0], ids)),
                                   kv.generate(config, weights, ids, 1))
+
+
+def test_a_restore_gives_back_the_tokens_a_crop_inside_a_block_let_a_write_go_over():
+    """Hypothesis found it: crop to 1 of a block of 2, write 1 token there, restore: the cropped token is back."""
+    cache = kv.PagedKVCache(1, 2, D_K, D_V)
+    cache.add_sequence("a")
+    k, v = np.arange(2.0 * D_K).reshape(1, 2, D_K), np.arange(2.0 * D_V).reshape(1, 2, D_V)
+    cache.update(["a"], k, v)
+    checkpoint = cache.checkpoint()
+    cache.crop("a", 1)
+    cache.update(["a"], np.full((1, 1, D_K), -1.0), np.full((1, 1, D_V), -1.0))
+    cache.restore(checkpoint)
+    k_seq, v_seq, lengths = cache.gather(["a"])
+    assert lengths.tolist() == [2]
+    np.testing.assert_array_equal(k_seq, k)
+    np.testing.assert_array_equal(v_seq, v)
 
 
 @pytest.mark.parametrize("caching", [False, True])

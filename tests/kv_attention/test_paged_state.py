@@ -123,7 +123,7 @@ class PagedCacheMachine(RuleBasedStateMachine):
             table, length = self.cache.block_table(seq_id), len(self.tokens[seq_id])
             lower += max(0, math.ceil((length + t_new) / size) - len(table))
             last = table[length // size] if length % size else None
-            shared += last is not None and (self.cache.ref_count(last) > 1 or self.cache.allocator.is_cached(last))
+            shared += last is not None and (self.cache.ref_count(last) > 1 or self.cache.block_pool.is_cached(last))
         return lower, lower + shared
 
     @precondition(lambda self: self.tokens)
@@ -189,7 +189,7 @@ class PagedCacheMachine(RuleBasedStateMachine):
         blocks."""
         cache = self.cache
         return (self.observed()[2:], repr(cache._token_ids), repr(cache._block_hashes), repr(cache._num_cached),
-                [cache.allocator.is_cached(b) for b in range(cache.num_blocks)])
+                [cache.block_pool.is_cached(b) for b in range(cache.num_blocks)])
 
     @rule(data=st.data())
     def a_refused_update_changes_nothing(self, data):
@@ -230,7 +230,7 @@ class PagedCacheMachine(RuleBasedStateMachine):
         cache, ids = self.cache, self.cache.seq_ids
         return (
             cache.k_cache.copy(), cache.v_cache.copy(), ids, [cache.block_table(s) for s in ids],
-            [cache.get_seq_length(s) for s in ids], cache.allocator.free_blocks(),
+            [cache.get_seq_length(s) for s in ids], cache.block_pool.free_blocks(),
             [cache.ref_count(b) for b in range(cache.num_blocks)], cache.peak_blocks,
             [cache.find_cached_blocks(tokens) for tokens in self.history],
         )
@@ -245,7 +245,7 @@ class PagedCacheMachine(RuleBasedStateMachine):
                 held[block] = held.get(block, 0) + 1
         for block in range(self.cache.num_blocks):
             assert self.cache.ref_count(block) == held.get(block, 0) >= 0
-        free = self.cache.allocator.free_blocks()
+        free = self.cache.block_pool.free_blocks()
         assert len(set(free)) == len(free) and set(free).isdisjoint(held)
         assert len(free) + len(held) == self.cache.num_blocks
         assert self.cache.blocks_in_use == len(held) and self.cache.num_free_blocks == len(free)

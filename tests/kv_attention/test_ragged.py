@@ -486,7 +486,7 @@ def cache_state(cache):
     ids = cache.seq_ids
     return (
         cache.k_cache.copy(), cache.v_cache.copy(), ids, [cache.block_table(s) for s in ids],
-        [cache.get_seq_length(s) for s in ids], cache.allocator.free_blocks(),
+        [cache.get_seq_length(s) for s in ids], cache.block_pool.free_blocks(),
         [cache.ref_count(b) for b in range(cache.num_blocks)], cache.peak_blocks,
     )
 

@@ -409,10 +409,10 @@ def pool_state(pool):
     ids = pool.seq_ids
     stored = [[a[i, : n].tolist() for i, n in enumerate(lengths) for a in (k, v)]
               for k, v, lengths in (pool.gather(ids, layer) for layer in range(pool.num_layers))] if ids else []
-    cached = [b for b in range(pool.num_blocks) if pool.allocator.is_cached(b)]
+    cached = [b for b in range(pool.num_blocks) if pool.block_pool.is_cached(b)]
     return dict(tables=[pool.block_table(s) for s in ids], lengths=[pool.get_seq_length(s) for s in ids],
                 stored=stored, cached=cached, cached_kv=[[p[b].tolist() for b in cached] for p in pool.k_caches],
-                ref_counts=[pool.ref_count(b) for b in range(pool.num_blocks)], free=pool.allocator.free_blocks(),
+                ref_counts=[pool.ref_count(b) for b in range(pool.num_blocks)], free=pool.block_pool.free_blocks(),
                 peak=pool.peak_blocks, private=repr((pool._token_ids, pool._block_hashes, pool._num_cached)))
 
 

@@ -73,7 +73,7 @@ def test_no_prefix_cache_entry_holds_a_drafted_token():
         view = paged_views(batch=1, enable_prefix_caching=True)
         first = kv.forward(CONFIG, W64, PROMPT, cache=kv.PagedCacheView(view.cache, [0], token_ids=PROMPT))
         out = kv.generate(CONFIG, W64, first[:, -1].argmax(-1)[:, None], 12, cache=view, prompt_lookup_num_tokens=k)
-        cached.append((view.cache.allocator.num_cached_blocks, out.tolist()))
+        cached.append((view.cache.block_pool.num_cached_blocks, out.tolist()))
     assert cached[0] == cached[1] and cached[0][0] == PROMPT.shape[1] // 4  # block_size 4
 
 
