@@ -1,4 +1,4 @@
-"""The one reader of asv's result files, as plain JSON: for the main job, the gate and bisect, and for the report.
+"""The one reader of asv's result files, as plain JSON: for the main job, the gate and the report.
 
 asv stores one file per commit and environment, ``<results_dir>/<machine>/<hash8>-<env_name>.json``: ``results``
 maps a benchmark to one row, whose columns ``result_columns`` names (``result``, ``params``, ``version``, ...,
