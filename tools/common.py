@@ -82,7 +82,7 @@ def run(*command, check=True, capture=False):
                             stderr=pipe)
     try:
         out, err = proc.communicate()
-    except BaseException as error:
+    except BaseException:
         stop(proc, signal.SIGTERM)
         raise
     if check and proc.returncode != 0:

@@ -103,28 +103,6 @@ def quarantine_unreadable(machine):
                   f"{target.relative_to(common.ROOT)} ({error}): its commit is measured again", flush=True)
 
 
-def forget(machine, commits, keep):
-    """Remove, through asv's Results API, the stored benchmarks of ``commits`` for which ``keep(points)`` is
-    False (``points``: ``{label: Point}`` of that benchmark); a file left empty is removed. The number removed."""
-    from asv.results import Results
-
-    removed = 0
-    for commit in commits:
-        points = stored(machine, commit)
-        for path in files(machine, commit):
-            result = Results.load(str(path))
-            drop = [n for n in result.get_all_result_keys()
-                    if not keep({label: p for label, p in points.items() if p.benchmark == n})]
-            for name in drop:
-                result.remove_result(name)
-            if drop and not list(result.get_all_result_keys()):
-                path.unlink()
-            elif drop:
-                result.save(str(results_dir()))
-            removed += len(drop)
-    return removed
-
-
 FAILED = "failed"  # asv stored null: setup (the correctness check) or the benchmark raised
 SKIPPED = "n/a"  # asv stored NaN (NotImplementedError), or the commit has no such result
 RESULT_FILE = re.compile(r"^[0-9a-f]{8}-.+\.json$")  # <hash8>-<env_name>.json

@@ -1,7 +1,6 @@
 """The gate and the main job's verdict (tools/commands/gate.py, bench.py) on small asv result sets written here."""
 
 import json
-import math
 import os
 import shutil
 import stat
@@ -229,14 +228,6 @@ def test_paired_timings_decide_and_a_failed_pair_exits_2(project, capsys, monkey
     assert code == 2 and "(paired run: AssertionError: off)" in out
 
 
-def test_bench_keeps_no_partial_benchmark_for_the_main_job(project, capsys):
-    project.write(project.base, {(t, "'preallocated'"): "nan" for t in PARAMS[0]})  # as --bench 'concat' stores
-    project.write(project.head)
-    gate(project, capsys, "--bench", "concat")
-    assert TIME not in {p.benchmark for p in results.stored(MACHINE, project.base).values()}
-    assert TIME in {p.benchmark for p in results.stored(MACHINE, project.head).values()}  # measured whole
-
-
 def test_asv_compare_is_asvs_own_table_and_its_plus_rows_are_read(project, capsys, monkeypatch):
     monkeypatch.undo()  # the real asv compare, on this project
     monkeypatch.setattr(common, "ROOT", project.root)
@@ -246,14 +237,14 @@ def test_asv_compare_is_asvs_own_table_and_its_plus_rows_are_read(project, capsy
     monkeypatch.setattr(common, "ASV", (sys.executable, "-m", "asv"))
     flagged = gate_command.asv_compare(project.base, project.head, MACHINE)
     out = capsys.readouterr().out
-    assert flagged[0] == f"{TIME}(256, 'concat')" and "| +  " in out and "(16, 'concat')" not in out, out
+    assert flagged == [("+", f"{TIME}(256, 'concat')")] and "| +  " in out and "(16, 'concat')" not in out, out
     assert RATIO not in out and "1 rows of the lab's answers left out" in out
 
 
 def test_the_main_jobs_summary_names_both_commits_and_pairs_only_what_asv_flags(project, capsys, monkeypatch):
     project.write(project.base)
     project.write(project.head, {("256", "'concat'"): 1.3})
-    project.flagged.append(f"{TIME}(256, 'concat')")
+    project.flagged.extend([("+", f"{TIME}(256, 'concat')"), ("-", f"{TIME}(16, 'preallocated')")])
     paired = []
     monkeypatch.setattr(bench, "asv_compare", lambda base, head, machine, factor=None: list(project.flagged))
     monkeypatch.setattr(pairs, "measure_confirmed", lambda env, base, head, points, factor: (
@@ -266,6 +257,9 @@ def test_the_main_jobs_summary_names_both_commits_and_pairs_only_what_asv_flags(
     assert paired == [(TIME, 2, f"{TIME}(256, 'concat')")] and failed == []
     assert f"main {project.head[:8]} 'head: no code change' against the older {project.base[:8]} 'base'" in out
     assert f"worse 1.30x  {TIME}(256, 'concat')" in out
+    assert "asv compare marked 1 row(s) worse and 1 better; of the 1 timing(s) marked worse, 1 worse in pairs" in out
+    assert f"it holds 1 older row(s): jumps asv found between older commits of the sample, blamed on 1 commit(s) or " \
+           f"range(s) before {project.head[:8]} ({project.base[:8]})" in out
 
 
 def test_sigterm_stops_the_command_and_every_process_it_started(tmp_path):

@@ -6,7 +6,6 @@ point worse; 2: a point failed or vanished, a commit has no results, or a usage 
 """
 
 import math
-import re
 
 from .. import common, results
 
@@ -25,7 +24,6 @@ VANISHED = "(vanished: a value at BASE, n/a at HEAD)"
 ERROR_EXIT = 2  # a usage or user error; 1 means a regression
 LOCKS_WORKSPACE = True
 FACTOR = common.checked(float, lambda v: 1 < v < math.inf, "a finite number greater than 1")
-REGEX = common.checked(lambda text: re.compile(text).pattern, lambda v: True, "a regular expression")
 
 
 def setup_arguments(subparsers):
@@ -37,7 +35,6 @@ def setup_arguments(subparsers):
                         help=f"a timing is worse beyond this paired ratio (default {DEFAULT_FACTOR})")
     parser.add_argument("--count-factor", type=FACTOR, default=COUNT_FACTOR,
                         help=f"a count is worse beyond this ratio (default {COUNT_FACTOR})")
-    parser.add_argument("--bench", type=REGEX, metavar="REGEX", help="only these benchmarks (asv run --bench)")
     return parser
 
 
@@ -94,8 +91,8 @@ def exact_regressions(base, head, count_factor=COUNT_FACTOR):
 
 
 def asv_compare(base, head, machine, factor=UNPAIRED_FACTOR):
-    """``asv compare --only-changed --factor F BASE HEAD`` as asv prints it, less the answers' rows; the labels it
-    marks worse (+, !)."""
+    """``asv compare --only-changed --factor F BASE HEAD`` as asv prints it, less the answers' rows; ``[(mark,
+    label)]`` of the rows it marks: + worse, - better, ! failed at HEAD."""
     done = common.run(*common.ASV, "compare", "--only-changed", "--factor", str(factor), "--machine", machine,
                       base, head, check=False, capture=True)
     rows = done.stdout.splitlines()
@@ -104,7 +101,8 @@ def asv_compare(base, head, machine, factor=UNPAIRED_FACTOR):
     if answers:
         print(f"({len(answers)} rows of the lab's answers left out: paired ratios and bandwidths, larger is better)")
     cells = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in rows]
-    return [row[-1] for row in cells if len(row) >= 5 and row[0] in ("+", "!")]
+    return [(row[0], row[-1]) for row in cells if len(row) >= 5 and row[0] in ("+", "-", "!")
+            and method_of(row[-1]) not in ANSWERS]
 
 
 def pair(commits, labels, base, head, factor):
@@ -129,32 +127,16 @@ def ratio_text(ratio):
     return f"{ratio:.2f}x" if abs(ratio - 1) >= 0.05 else f"{ratio:.4f}x"
 
 
-def partial(points, pattern):
-    """True when ``pattern`` selected only some of a benchmark's ``points`` and asv stored NaN for the rest."""
-    rest = [p.value for label, p in points.items() if not re.search(pattern, label)]
-    return bool(rest) and all(results.is_number(v) and math.isnan(v) for v in rest)
-
-
 def run(args):
     commits = {role: common.resolve(name) for role, name in (("base", args.base), ("head", args.head))}
     machine = common.record_machine()
     results.quarantine_unreadable(machine)
-    common.asv_run(list(dict.fromkeys(commits.values())), machine, *(["--bench", args.bench] if args.bench else []))
+    common.asv_run(list(dict.fromkeys(commits.values())), machine)
     base, head = (results.stored(machine, commits[role]) for role in ("base", "head"))
-    if args.bench:  # the points --bench selected: asv stores NaN for the rest of a benchmark
-        base, head = ({k: p for k, p in points.items() if re.search(args.bench, k)} for points in (base, head))
-    try:
-        return judge(args, commits, machine, base, head)
-    finally:  # what --bench measured of only part of a benchmark is not kept: the main job measures it whole
-        if args.bench:
-            results.forget(machine, set(commits.values()), lambda points: not partial(points, args.bench))
-
-
-def judge(args, commits, machine, base, head):
     missing = [role for role, points in (("base", base), ("head", head)) if not points]
     for role in missing:
         print(f"{role} {commits[role][:8]} has no results on {machine!r}: it did not build or install "
-              "(see asv's output above), or --bench matched nothing")
+              "(see asv's output above)")
     if missing:
         print(f"gate: exit 2 ({len(missing)} commit(s) without results)")
         return 2
