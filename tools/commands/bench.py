@@ -100,7 +100,7 @@ def describe(commit, name=""):
 
 
 def heading(text):
-    print(f"\n== {text} ==", flush=True)
+    print(f"\n== {time.strftime('%H:%M:%S')} {text} ==", flush=True)
 
 
 def summary(machine, commits, tip, measured):
@@ -178,30 +178,23 @@ def quoted_runs():
         for command in [m[1] for m in pages.RENDERED.finditer(text)] + [c for c, _ in pages.PLOTTED.findall(text)]:
             argv = shlex.split(command)
             option = dict(zip(argv, argv[1:]))
-            for i, word in enumerate(argv[:-1]):
-                if word in ("--experiment", "--figure"):
-                    quoted.setdefault(argv[i + 1], (option["--machine"], option["--commit"]))
+            for name in [b for a, b in zip(argv, argv[1:]) if a in ("--experiment", "--figure")]:
+                quoted.setdefault(name, (option["--machine"], option["--commit"]))
     return quoted
 
 
-def print_answers(machine, tip, source):
-    """The figures of :func:`figures` measured here beside those the README quotes (docs/results, on the machine
-    named), and the command that renders every table from these results."""
-    here = results.ResultsDir(str(results.results_dir()))
-    run = here.load(machine, tip)
-    for path in results.files(machine, source, answers=True) if source != tip else []:
-        run.points.update(here.answers.load_file(machine, path.name).points)
-    quoted, docs, readme = quoted_runs(), results.ResultsDir(str(common.ROOT / "docs" / "results")), {}
+def print_answers(machine, source):
+    """:func:`figures` of ``source``'s results here beside those of the runs the README quotes (docs/results), each
+    with its machine, and the command that renders every table from these results."""
+    run, quoted, docs = results.ResultsDir(str(results.results_dir())).load(machine, source), quoted_runs(), \
+        results.ResultsDir(str(common.ROOT / "docs" / "results"))
     keys = [quoted.get(name) or quoted.get(name.split("_")[0]) for name in QUOTED]  # model_batch: the model figure
-    for key in set(filter(None, keys)):
-        quoted_run = docs.load(*key)
-        readme[key] = figures(quoted_run), f"{key[1][:8]} on {key[0]}, {quoted_run.machine_params.get('cpu', '?')}"
-    heading(f"the answers measured here ({machine}, {run.machine_params.get('cpu', '?')}) at {tip[:8]}"
-            + (f", the answers suite's of {source[:8]}" if source != tip else "") + "; the README's (docs/results)")
+    theirs = {key: (figures(docs.load(*key)), f"{key[1][:8]} on {key[0]}, {docs.load(*key).machine_params.get('cpu')}")
+              for key in set(filter(None, keys))}
+    heading(f"the answers measured here ({machine}, {run.machine_params.get('cpu')}) at {source[:8]}; the README's")
     for i, (what, text) in enumerate(figures(run)):
-        theirs, where = readme.get(keys[i], (None, None))
-        print(f"  {what:<32} here: {text}\n  {'':<32} README: "
-              + (f"{theirs[i][1]} ({where})" if theirs else "none quoted"))
+        quote, where = theirs.get(keys[i], (None, None))
+        print(f"  {what:<32} here: {text}\n  {'':<32} README: " + (f"{quote[i][1]} ({where})" if quote else "none"))
     print(f"every table from these results: python3 tools/dev.py report tables --machine {machine} --commit "
           f"{source[:8]}")
 
@@ -250,6 +243,6 @@ def run(args):
     publish.publish()
     tip = common.git("rev-parse", common.BRANCH)
     failed = summary(machine, commits, tip, todo) + failures({}, results.stored(machine, source, answers=True))
-    print_answers(machine, tip, source)
+    print_answers(machine, source)
     print(f"\n{publish.VIEW}\n[bench] done in {minutes(time.monotonic() - started)}")
     return verdict(tip, failed)
