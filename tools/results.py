@@ -1,10 +1,7 @@
-"""The one reader of asv's result files, as plain JSON: for the main job, the gate and the report.
+"""The one reader of asv's result files (``<results_dir>/<machine>/<hash8>-<env_name>.json``), as plain JSON.
 
-asv stores one file per commit and environment, ``<results_dir>/<machine>/<hash8>-<env_name>.json``: ``results``
-maps a benchmark to one row, whose columns ``result_columns`` names (``result``, ``params``, ``version``, ...,
-``samples``). A *point* is one benchmark at one parameter combination, labelled as ``asv compare`` labels it
-(``name(16, 'concat')``); asv stores its value as a number, None (failed: the correctness check or the benchmark
-raised) or NaN (skipped: NotImplementedError).
+A *point* is one benchmark at one parameter combination, labelled as ``asv compare`` labels it
+(``name(16, 'concat')``); asv stores its value as a number, None (failed) or NaN (skipped: NotImplementedError).
 """
 
 import ast
@@ -46,15 +43,13 @@ def suite():
 
 
 def files(machine, commit, answers=False):
-    """``commit``'s result files on ``machine``: the regression suite's, or with ``answers`` the lab's answers'
-    (the answers suite, results in ``.asv/answers``: common.answers_config)."""
+    """``commit``'s result files on ``machine``: the regression suite's, or the answers suite's (``.asv/answers``)."""
     folder = common.ROOT / ".asv" / "answers" if answers else results_dir()
     return sorted((folder / machine).glob(f"{commit[:8]}-*.json"))
 
 
 def stored(machine, commit, answers=False):
-    """``{label: Point}`` of every point asv stored for ``commit`` on ``machine`` (``{}`` if none); ``answers``:
-    :func:`files`."""
+    """``{label: Point}`` of every point asv stored for ``commit`` on ``machine`` (``{}`` if none)."""
     return {p.label: p for path in files(machine, commit, answers) for p in read_run(path, machine).points.values()}
 
 
@@ -72,35 +67,14 @@ def retired():
 
 
 def vanished(base, head):
-    """Sorted labels of the points measured at ``base`` (``{label: Point}``) that are n/a (NaN or not stored) at
-    ``head``, but for those :func:`retired`. A failure is no vanished point; no results at all at ``head`` is a commit
-    that failed to build, reported as such."""
+    """Sorted labels of the points measured at ``base`` that are n/a (NaN or not stored) at ``head``, but for those
+    :func:`retired`; none where ``head`` has no results at all (a failed build, reported as such)."""
     if not head:
         return []
     retired_names = retired()
     return sorted(label for label, point in base.items()
                   if is_measured(point.value) and label not in retired_names and point.benchmark not in retired_names
                   and (head.get(label) is None or (is_number(head[label].value) and math.isnan(head[label].value))))
-
-
-def quarantine_unreadable(machine):
-    """Move every result file of ``machine`` that :func:`read_run` cannot read (a FIFO, truncated JSON) to
-    ``.asv/corrupt/``. asv writes result files in place: a killed run leaves a truncated one, which asv can neither
-    read nor save over, so its commit would never be measured again. Moved aside, it is measured again."""
-    folder = results_dir() / machine
-    for path in sorted(folder.glob("*-*.json")) if folder.is_dir() else []:
-        try:
-            read_run(path, machine)
-        except UserError as error:
-            target = common.ROOT / ".asv" / "corrupt" / machine / path.name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            for i in itertools.count(1):
-                if not os.path.lexists(target):
-                    break
-                target = target.with_name(f"{path.name}.{i}")
-            os.rename(path, target)
-            print(f"moved unreadable result file {path.relative_to(common.ROOT)} to "
-                  f"{target.relative_to(common.ROOT)} ({error}): its commit is measured again", flush=True)
 
 
 FAILED = "failed"  # asv stored null: setup (the correctness check) or the benchmark raised

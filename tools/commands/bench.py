@@ -1,11 +1,7 @@
-"""``bench``: the main job. Benchmark a bounded sample of main's commits that can change a result, publish, summarise.
-
-Benchmark files come from the working tree, so only a commit that changes what asv builds (RESULT_PATHS) can change
-a result: the job takes a stable sample of those (:func:`sample_commits`), runs ``asv machine``, ``asv run
---record-samples --skip-existing``, main~1's timings again beside main's (:func:`beside_parent`), the lab's answers
-at main (the answers suite; :func:`answers_source`), ``asv publish`` (:mod:`tools.publish`), and prints a summary and
-the answers as measured here beside the README's. Exit 2 when a point failed at main or vanished since main~1; 1 on
-an error.
+"""``bench``: the main job. ``asv run`` on a bounded sample of main's commits that can change a result (benchmark
+files come from the working tree: only RESULT_PATHS can), main~1's timings again beside main's, the answers suite at
+main, ``asv publish``, a summary, the answers measured here beside the README's. Exit 2 when a point failed at main
+or vanished since main~1; 1 on an error.
 """
 
 import math
@@ -24,9 +20,8 @@ SUITES = ["benchmarks", "answers"]  # from the working tree
 BUILD_FILES = ["setup.cfg", "pyproject.toml", "kv_attention/__init__.py"]  # all present => buildable
 DEFAULT_COMMITS = 5
 NEWEST = 2  # main and main~1: always in the sample
-# Seconds of each phase on the 2-core VM at load 1, for the estimate (scaled by load / cores): a commit's build,
-# install and regression suite; main~1's timings again; the answers suite at main; the first asv environment; asv
-# publish with the offline copies; one timing point in pairs.
+# Seconds of each phase on the 2-core VM at load 1, for the estimate (scaled by load / cores): a commit's regression
+# suite; main~1's timings again; the answers; the first asv environment; asv publish; one timing point in pairs.
 SECONDS_PER_COMMIT, PARENT_TIMINGS, ANSWERS, FIRST_ENV, PUBLISH, PER_PAIRED_POINT = 80, 35, 90, 60, 20, 8
 NAMED = 5  # points named under the summary, per channel
 # asv --bench patterns: what moves between runs of identical code (timings, peak RSS), measured side by side; the rest
@@ -44,9 +39,8 @@ def setup_arguments(subparsers):
 
 
 def select_commits(bound):
-    """Commits of main to benchmark, newest first, each with every file of BUILD_FILES: main, main~1 and those that
-    changed a path of RESULT_PATHS, at most ``bound`` of them (:func:`sample_commits`). "Of main" is its
-    first-parent history, as asv's graphs: a merged branch counts as its merge commit."""
+    """Commits of main's first-parent history (as asv graphs it) to benchmark, newest first, each buildable: main,
+    main~1 and those that changed a path of RESULT_PATHS, at most ``bound`` (:func:`sample_commits`)."""
     head = common.git("rev-list", "--first-parent", "--max-count=2", common.BRANCH).split()
     changing = common.git("rev-list", "--first-parent", common.BRANCH, "--", *RESULT_PATHS).split()
     commits = [c for c in dict.fromkeys(head + changing)
@@ -72,10 +66,9 @@ def sample_commits(commits, bound):
 
 
 def beside_parent(commits, todo):
-    """``[main~1, main]`` when main is to be measured and main~1 is in the sample, else ``[]``. Their timings and
-    peak RSS are measured in one asv run, rounds interleaved (as ``asv continuous`` does), main~1's again: ``asv
-    compare HEAD~1 HEAD`` then compares values taken side by side, not a run's state against another's
-    (docs/benchmarking.md)."""
+    """``[main~1, main]`` when main is to be measured and main~1 is in the sample, else ``[]``: their timings and peak
+    RSS are measured in one asv run, rounds interleaved (as ``asv continuous`` does), so asv compare compares values
+    taken side by side, not one run's state against another's."""
     parent = common.git("rev-list", "--first-parent", "--skip=1", "--max-count=1", commits[0])
     return commits[1::-1] if commits[0] in todo and commits[1:2] == [parent] else []
 
@@ -211,7 +204,6 @@ def verdict(tip, failed):
 def run(args):
     commits = select_commits(args.commits)
     machine = common.record_machine()
-    results.quarantine_unreadable(machine)
     benchmarks = results.suite()
     todo = [c for c in commits if not benchmarks or not set(benchmarks) <= {  # every benchmark stored
         p.benchmark for p in results.stored(machine, c).values()}]

@@ -1,8 +1,6 @@
-"""``gate BASE HEAD``: benchmark two commits where needed (asv run), print asv compare's table, exit 0, 1 or 2.
-
-Counts are judged by ``--count-factor``, every ``time_`` point in pairs (:mod:`tools.pairs`) by ``--factor``, other
-values by their factor below, the lab's answers (ANSWERS) never (docs/benchmarking.md). Exit 0: nothing worse; 1: a
-point worse; 2: a point failed or vanished, a commit has no results, or a usage error.
+"""``gate BASE HEAD``: benchmark two commits where needed, print asv compare's table, judge: counts by
+``--count-factor``, ``time_`` points in pairs (:mod:`tools.pairs`) by ``--factor``, other values by their factor
+below, the lab's answers never. Exit 0: nothing worse; 1: a point worse; 2: a failure, no results, a usage error.
 """
 
 import math
@@ -130,7 +128,6 @@ def ratio_text(ratio):
 def run(args):
     commits = {role: common.resolve(name) for role, name in (("base", args.base), ("head", args.head))}
     machine = common.record_machine()
-    results.quarantine_unreadable(machine)
     common.asv_run(list(dict.fromkeys(commits.values())), machine)
     base, head = (results.stored(machine, commits[role]) for role in ("base", "head"))
     missing = [role for role, points in (("base", base), ("head", head)) if not points]

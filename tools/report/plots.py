@@ -1,8 +1,5 @@
-"""The lab's figures for one run, drawn with matplotlib (the optional ``plots`` extra), from the tables' cells.
-
-A paired ratio is drawn with its 95 % interval as error bars; a failed or skipped point leaves a gap. With
-``lab=True`` the figures also draw the lab's published figures (:mod:`tools.report.lab`) as dashed grey lines
-labelled as another machine's (it published none for the model).
+"""The lab's figures for one run, drawn with matplotlib from the tables' cells: a paired ratio with its 95 % interval
+as error bars, a failed or skipped point a gap; ``lab=True`` adds the lab's published figures as dashed grey lines.
 """
 
 import math

@@ -1,9 +1,6 @@
-"""Every recorded timing sample as one CSV row, the lab's ``benchmark.csv`` for any number of commits.
-
-asv keeps the samples only when it ran with ``--record-samples`` (the main job does); a point without them has no
-rows. Seconds are Python's float repr, so they read
-back bit for bit. T and B are the values a benchmark ran with: its parameters, or the suite's fixed values (B = 2 for
-the batch experiment, T = 128 for the batch-size sweep); B is blank for the single-sequence cache experiment.
+"""Every recorded timing sample as one CSV row, the lab's ``benchmark.csv`` for any number of commits: seconds as
+Python's float repr (read back bit for bit); T and B as the benchmark ran (its parameters, or the suite's fixed B = 2
+of the batch experiment and T = 128 of the sweep). asv keeps samples only with ``--record-samples`` (the main job's).
 """
 
 import contextlib
