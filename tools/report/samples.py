@@ -36,9 +36,8 @@ def point_rows(run, point):
 
 
 def write_csv(results, out, machine):
-    """Write the samples of every commit of ``machine`` to ``out``: "-" is stdout, a file one
-    :func:`tools.paths.check_file` allows, written whole or not at all (UserError if not). Only ``time_``
-    benchmarks have samples (seconds). Returns counts: rows, runs, points, points_without_samples."""
+    """Write the samples of every commit of ``machine`` to ``out`` ("-": stdout; else :mod:`tools.paths`): counts of
+    rows, runs, points, points_without_samples."""
     target = None if out == "-" else paths.check_file(out)
     counts = {"rows": 0, "runs": 0, "points": 0, "points_without_samples": 0}
     with contextlib.nullcontext(sys.stdout) if target is None else paths.atomic_write(target) as f:
