@@ -11,7 +11,7 @@ import subprocess
 import time
 
 from .. import common, publish, results
-from .gate import (COUNT_FACTOR, DEFAULT_FACTOR, UNPAIRED_FACTOR, asv_compare, exact_regressions, failures, method_of,
+from .gate import (DEFAULT_FACTOR, UNPAIRED_FACTOR, asv_compare, exact_regressions, failures, method_of,
                    pair, print_failures, ratio_text)
 
 LOCKS_WORKSPACE = True
@@ -108,7 +108,7 @@ def summary(machine, commits, tip, measured):
         marked = asv_compare(older, tip, machine, UNPAIRED_FACTOR)
         worse, better = ([label for mark, label in marked if mark in marks] for marks in ("+!", "-"))
         flagged = [label for label in worse if method_of(label).startswith("time_")]
-        work = exact_regressions(base, head, COUNT_FACTOR)
+        work = exact_regressions(base, head)
         time_worse, counts = [], [w for w in work if w[2] == "work"]
         if flagged and tip in measured:  # asv's samples flag these: the gate's pairs confirm or clear each
             paired, _ = pair({"base": older, "head": tip}, flagged, base, head, DEFAULT_FACTOR)

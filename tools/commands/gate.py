@@ -1,5 +1,5 @@
 """``gate BASE HEAD``: benchmark two commits where needed, print asv compare's table, judge: counts by
-``--count-factor``, ``time_`` points in pairs (:mod:`tools.pairs`) by ``--factor``, other values by their factor
+COUNT_FACTOR, ``time_`` points in pairs (:mod:`tools.pairs`) by ``--factor``, other values by their factor
 below, the lab's answers never. Exit 0: nothing worse; 1: a point worse; 2: a failure, no results, a usage error.
 """
 
@@ -31,8 +31,6 @@ def setup_arguments(subparsers):
     parser.add_argument("head", metavar="HEAD", help="the commit under test (e.g. HEAD)")
     parser.add_argument("--factor", type=FACTOR, default=DEFAULT_FACTOR,
                         help=f"a timing is worse beyond this paired ratio (default {DEFAULT_FACTOR})")
-    parser.add_argument("--count-factor", type=FACTOR, default=COUNT_FACTOR,
-                        help=f"a count is worse beyond this ratio (default {COUNT_FACTOR})")
     return parser
 
 
@@ -41,13 +39,13 @@ def method_of(label):
     return label.split("(")[0].rsplit(".", 1)[-1]
 
 
-def exact_factor(label, count_factor):
+def exact_factor(label):
     """The factor of a single stored value (not a timing), None for an answer."""
     method = method_of(label)
     if method in ANSWERS:
         return None
     if method in COUNT_BENCHMARKS:
-        return max(count_factor, CYCLES_FACTOR) if method == "track_estimated_cycles" else count_factor
+        return CYCLES_FACTOR if method == "track_estimated_cycles" else COUNT_FACTOR
     return PEAKMEM_FACTOR if method.startswith("peakmem_") else UNPAIRED_FACTOR
 
 
@@ -74,11 +72,11 @@ def comparable(base, head, label):
             and (a.version is None or b.version is None or a.version == b.version))
 
 
-def exact_regressions(base, head, count_factor=COUNT_FACTOR):
+def exact_regressions(base, head):
     """``[(label, ratio, channel)]`` of the stored values (counts, bytes, peak RSS) worse than their factor."""
     worse = []
     for label in sorted(head):
-        limit = exact_factor(label, count_factor)
+        limit = exact_factor(label)
         if limit is None or method_of(label).startswith("time_") or not comparable(base, head, label):
             continue
         a, b = base[label].value, head[label].value
@@ -140,7 +138,7 @@ def run(args):
     print(f"\nasv compare of {args.base} ({commits['base'][:8]}) and {args.head} ({commits['head'][:8]}), "
           f"machine {machine}:")
     asv_compare(commits["base"], commits["head"], machine)
-    worse, failed = exact_regressions(base, head, args.count_factor), failures(base, head)
+    worse, failed = exact_regressions(base, head), failures(base, head)
     paired, pair_failed = pair(commits, list(head), base, head, args.factor)
     failed += pair_failed
     worse += [(label, p.ratio, "time, paired") for label, p in paired.items() if p.worse(args.factor)]
@@ -150,6 +148,6 @@ def run(args):
     if failed:
         print(f"gate: exit 2 ({len(failed)} failed benchmark point(s), {len(worse)} regression(s))")
         return 2
-    print(f"gate: exit {int(bool(worse))} ({len(worse)} point(s) worse: counts beyond {args.count_factor}x, "
+    print(f"gate: exit {int(bool(worse))} ({len(worse)} point(s) worse: counts beyond {COUNT_FACTOR}x, "
           f"timings beyond {args.factor}x in pairs)")
     return int(bool(worse))
