@@ -6,7 +6,6 @@ pages paste tag, benchmark, parameter and machine names into HTML (``<img/src="x
 """
 
 import json
-import os
 import re
 import shutil
 from pathlib import Path
@@ -14,7 +13,8 @@ from pathlib import Path
 from . import common
 
 VIEW = ("dashboard written to .asv/html; serve it (browsers refuse its JSON from file://) with\n"
-        "  .venv/bin/asv preview\nand open the address it prints (a preview left running serves each new publish)")
+        "  .venv/bin/asv preview\nand open the address it prints (asv publish remakes the folder: restart a preview left "
+        "running)")
 
 # CDN address in asv 0.6.6's index.html -> (npm package@version, file in the package).
 # stupid-table-plugin is on npm from 1.1.3 only (the CDN serves 1.0.1, same $.fn.stupidtable).
@@ -200,23 +200,10 @@ def finish(html_dir):
 
 
 def publish():
-    """``asv publish`` into ``.asv/html.new``, :func:`finish` there, then each file moved into ``.asv/html``: the
-    folder ``asv preview`` entered stays (asv publish would remake it): a preview left running serves the new pages."""
-    html, new = common.ROOT / ".asv" / "html", common.ROOT / ".asv" / "html.new"
-    shutil.rmtree(new, ignore_errors=True)
-    common.run(*common.ASV, "publish", "--html-dir", new)
-    finish(new)
-    html.mkdir(exist_ok=True)
-    moved = {path.relative_to(new) for path in new.rglob("*")}
-    for rel in sorted(moved):
-        if (new / rel).is_dir():
-            (html / rel).mkdir(exist_ok=True)
-        else:
-            os.replace(new / rel, html / rel)  # atomic: a page is served whole, old or new
-    for path in sorted(html.rglob("*"), reverse=True):  # what the new pages no longer have, deepest first
-        if path.relative_to(html) not in moved:
-            path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink()
-    shutil.rmtree(new)
+    """``asv publish`` into ``.asv/html``, then :func:`finish` there."""
+    html = common.ROOT / ".asv" / "html"
+    common.run(*common.ASV, "publish", "--html-dir", html)
+    finish(html)
 
 
 def regressions(html_dir):
