@@ -1,6 +1,6 @@
 """``gate BASE HEAD``: benchmark two commits where needed, print asv compare's table, judge: counts by
 COUNT_FACTOR, ``time_`` points in pairs (:mod:`tools.pairs`) by ``--factor``, other values by their factor
-below, the lab's answers never. Exit 0: nothing worse; 1: a point worse; 2: a failure, no results, a usage error.
+below. Exit 0: nothing worse; 1: a point worse; 2: a failure, no results, a usage error.
 """
 
 import math
@@ -13,11 +13,6 @@ PEAKMEM_FACTOR = 1.25  # a process's peak RSS drifted 11-13 % between runs of id
 COUNT_BENCHMARKS = ("track_instructions", "track_estimated_cycles")
 COUNT_FACTOR = 1.005  # the largest A/A deviation of a count was 0.07 %
 CYCLES_FACTOR = 1.015  # estimated cycles move with where arrays land (cache misses): 0.6 % for unrelated code
-# Answers to the lab's questions, not costs: they are the answers suite's (answers/, results in .asv/answers), but
-# results stored before it have them beside the costs, and asv compare prints them, so they are left out here.
-ANSWERS = ("track_ratio", "track_ratio_low", "track_ratio_high", "track_step_gbps", "track_read_gbps",
-           "track_sequential_step", "track_batched_step", "track_saved_step", "track_saved_step_low",
-           "track_saved_step_high", "track_token_seconds", "track_positions_per_second")
 VANISHED = "(vanished: a value at BASE, n/a at HEAD)"
 ERROR_EXIT = 2  # a usage or user error; 1 means a regression
 LOCKS_WORKSPACE = True
@@ -40,10 +35,8 @@ def method_of(label):
 
 
 def exact_factor(label):
-    """The factor of a single stored value (not a timing), None for an answer."""
+    """The factor of a single stored value (not a timing)."""
     method = method_of(label)
-    if method in ANSWERS:
-        return None
     if method in COUNT_BENCHMARKS:
         return CYCLES_FACTOR if method == "track_estimated_cycles" else COUNT_FACTOR
     return PEAKMEM_FACTOR if method.startswith("peakmem_") else UNPAIRED_FACTOR
@@ -77,7 +70,7 @@ def exact_regressions(base, head):
     worse = []
     for label in sorted(head):
         limit = exact_factor(label)
-        if limit is None or method_of(label).startswith("time_") or not comparable(base, head, label):
+        if method_of(label).startswith("time_") or not comparable(base, head, label):
             continue
         a, b = base[label].value, head[label].value
         ratio = b / a if a else (1.0 if not b else math.inf)
@@ -87,18 +80,13 @@ def exact_regressions(base, head):
 
 
 def asv_compare(base, head, machine, factor=UNPAIRED_FACTOR):
-    """``asv compare --only-changed --factor F BASE HEAD`` as asv prints it, less the answers' rows; ``[(mark,
-    label)]`` of the rows it marks: + worse, - better, ! failed at HEAD."""
+    """``asv compare --only-changed --factor F BASE HEAD`` as asv prints it; ``[(mark, label)]`` of the rows it marks:
+    + worse, - better, ! failed at HEAD."""
     done = common.run(*common.ASV, "compare", "--only-changed", "--factor", str(factor), "--machine", machine,
                       base, head, check=False, capture=True)
-    rows = done.stdout.splitlines()
-    answers = [line for line in rows if method_of(line.rstrip(" |").split("|")[-1]) in ANSWERS]
-    print("\n".join(line for line in rows if line not in answers) + done.stderr)
-    if answers:
-        print(f"({len(answers)} rows of the lab's answers left out: paired ratios and bandwidths, larger is better)")
-    cells = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in rows]
-    return [(row[0], row[-1]) for row in cells if len(row) >= 5 and row[0] in ("+", "-", "!")
-            and method_of(row[-1]) not in ANSWERS]
+    print(done.stdout + done.stderr)
+    cells = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in done.stdout.splitlines()]
+    return [(row[0], row[-1]) for row in cells if len(row) >= 5 and row[0] in ("+", "-", "!")]
 
 
 def pair(commits, labels, base, head, factor):
