@@ -20,14 +20,6 @@ from . import common, paths
 from .common import UserError
 
 
-def _rows(data):
-    """``(benchmark, its parameter combinations ([None] without parameters), {column: value})`` of each row."""
-    for name, row in data["results"].items():
-        row = dict(zip(data["result_columns"], row))
-        params = row.get("params") or []
-        yield name, list(itertools.product(*params)) if params else [None], row
-
-
 def results_dir():
     conf = json.loads((common.ROOT / "asv.conf.json").read_text())
     return common.ROOT / conf.get("results_dir", "results")
@@ -224,7 +216,9 @@ def read_run(path, machine, param_names=None):
                   {str(k): str(v) for k, v in data["params"].items()},
                   {str(k): str(v) for k, v in (data.get("env_vars") or {}).items()}, {})
         started = []
-        for benchmark, combos, row in _rows(data):
+        for benchmark, row in data["results"].items():  # a row: its columns as result_columns names them
+            row = dict(zip(data["result_columns"], row))
+            combos = list(itertools.product(*row["params"])) if row.get("params") else [None]
             started.append(row.get("started_at") or 0)
             names, width = (param_names or {}).get(benchmark, []), len(combos[0] or ())
             names = names if len(names) == width else [f"param{i + 1}" for i in range(width)]

@@ -7,7 +7,6 @@ or vanished since main~1; 1 on an error.
 import math
 import os
 import shlex
-import subprocess
 import time
 
 from .. import common, publish, results
@@ -20,9 +19,10 @@ SUITES = ["benchmarks", "answers"]  # from the working tree
 BUILD_FILES = ["setup.cfg", "pyproject.toml", "kv_attention/__init__.py"]  # all present => buildable
 DEFAULT_COMMITS = 5
 NEWEST = 2  # main and main~1: always in the sample
-# Seconds of each phase on the 2-core VM at load 1, for the estimate (scaled by load / cores): a commit's regression
-# suite; main~1's timings again; the answers; the first asv environment; asv publish; one timing point in pairs.
-SECONDS_PER_COMMIT, PARENT_TIMINGS, ANSWERS, FIRST_ENV, PUBLISH, PER_PAIRED_POINT = 80, 35, 90, 60, 20, 8
+# Seconds of each phase at load 1 on the 2-core VM (a drill at load 3.5-4.5 over 2, 6 December 2026), for the
+# estimate (scaled by load / cores): a commit's regression suite; main's or main~1's without timings and peak RSS;
+# both their timings and peak RSS, side by side; the answers; the first asv environment; publish; a point in pairs.
+SECONDS_PER_COMMIT, UNTIMED, BESIDE, ANSWERS, FIRST_ENV, PUBLISH, PER_PAIRED_POINT = 80, 28, 115, 90, 30, 20, 8
 NAMED = 5  # points named under the summary, per channel
 # asv --bench patterns: what moves between runs of identical code (timings, peak RSS), measured side by side; the rest
 SIDE_BY_SIDE, ALONE = r"\.(time|peakmem)_", r"^(?!.*\.(time|peakmem)_)"
@@ -79,8 +79,7 @@ def answers_source(machine, tip):
     answers are measured at main). So a commit that changes neither pays no new answers."""
     stored = {path.name[:8] for path in (common.ROOT / ".asv" / "answers" / machine).glob("*-*.json")}
     newest = next((c for c in common.git("rev-list", "--first-parent", tip).split() if c[:8] in stored), None)
-    same = newest and subprocess.run(["git", "diff", "--quiet", newest, tip, "--", *RESULT_PATHS, *SUITES],
-                                     cwd=common.ROOT).returncode == 0
+    same = newest and not common.run("git", "diff", "--quiet", newest, tip, "--", *RESULT_PATHS, *SUITES, check=False)
     return newest if same else None
 
 
@@ -140,9 +139,8 @@ def figures(run):
     from ..report import tables as t
 
     def ends(table, column):  # the first and the last T
-        cells = [(key, row[column]) for key, row in table.rows]
-        return " … ".join(f"{t.format_cell(c, table.kinds[column])} at T = {key[0]}"
-                          for key, c in cells[:1] + cells[1:][-1:])
+        return " … ".join(f"{t.format_cell(row[column], table.kinds[column])} at T = {key[0]}"
+                          for key, row in table.rows[:1] + table.rows[1:][-1:])
 
     cache, batch = t.cache_table(run), t.batch_table(run)
     exact = [row["equal to full attention"] for _, row in cache.rows]
@@ -166,8 +164,7 @@ def quoted_runs():
     from ..report import pages
 
     quoted = {}
-    for page in pages.PAGES:
-        text = page.read_text()
+    for text in (page.read_text() for page in pages.PAGES):
         for command in [m[1] for m in pages.RENDERED.finditer(text)] + [c for c, _ in pages.PLOTTED.findall(text)]:
             argv = shlex.split(command)
             option = dict(zip(argv, argv[1:]))
@@ -188,8 +185,7 @@ def print_answers(machine, source):
     for i, (what, text) in enumerate(figures(run)):
         quote, where = theirs.get(keys[i], (None, None))
         print(f"  {what:<32} here: {text}\n  {'':<32} README: " + (f"{quote[i][1]} ({where})" if quote else "none"))
-    print(f"every table from these results: python3 tools/dev.py report tables --machine {machine} --commit "
-          f"{source[:8]}")
+    print(f"every table of these results: python3 tools/dev.py report tables --machine {machine} --commit {source[:8]}")
 
 
 def verdict(tip, failed):
@@ -209,8 +205,8 @@ def run(args):
         p.benchmark for p in results.stored(machine, c).values()}]
     beside, source = beside_parent(commits, todo), answers_source(machine, commits[0])
     alone = [c for c in todo if c not in beside]
-    after = PUBLISH + (8 * PER_PAIRED_POINT if todo else 0)  # pairs: a few points asv flags, as a rule
-    estimate = (SECONDS_PER_COMMIT * len(todo) + PARENT_TIMINGS * bool(beside) + ANSWERS * (source is None) + after
+    estimate = (SECONDS_PER_COMMIT * len(alone) + UNTIMED * (len(todo) - len(alone)) + BESIDE * bool(beside)
+                + ANSWERS * (source is None) + PUBLISH + 8 * PER_PAIRED_POINT * bool(todo)  # a few points, as a rule
                 + (0 if (common.ROOT / ".asv" / "env").is_dir() else FIRST_ENV))
     load = os.getloadavg()[0]  # the job gets about cores / load of the machine beside other jobs
     print(f"{len(commits)} commit(s) of {common.BRANCH} selected; {len(commits) - len(todo)} already have results on "

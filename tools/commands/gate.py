@@ -37,9 +37,8 @@ def method_of(label):
 def exact_factor(label):
     """The factor of a single stored value (not a timing)."""
     method = method_of(label)
-    if method in COUNT_BENCHMARKS:
-        return CYCLES_FACTOR if method == "track_estimated_cycles" else COUNT_FACTOR
-    return PEAKMEM_FACTOR if method.startswith("peakmem_") else UNPAIRED_FACTOR
+    return {"track_instructions": COUNT_FACTOR, "track_estimated_cycles": CYCLES_FACTOR}.get(
+        method, PEAKMEM_FACTOR if method.startswith("peakmem_") else UNPAIRED_FACTOR)
 
 
 def failures(base, head):

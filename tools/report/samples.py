@@ -14,8 +14,7 @@ from ..results import is_measured
 from . import EXPERIMENTS
 from .tables import BATCH_BENCHMARK, SWEEP_BENCHMARK
 
-COLUMNS = ["commit", "machine", "benchmark", "experiment", "strategy", "T", "B",
-           "sample", "seconds", "params", "env"]
+COLUMNS = ["commit", "machine", "benchmark", "experiment", "strategy", "T", "B", "sample", "seconds", "params", "env"]
 FIXED = {BATCH_BENCHMARK: {"B": BATCH}, SWEEP_BENCHMARK: {"T": SWEEP_LENGTH, "strategy": "batched"}}
 
 
