@@ -20,7 +20,7 @@ BUILD_FILES = ["setup.cfg", "pyproject.toml", "kv_attention/__init__.py"]  # all
 DEFAULT_COMMITS = 5
 NEWEST = 2  # main and main~1: always in the sample
 # Seconds of each phase at load 1 on the 2-core VM (a drill at load 3.5-4.5 over 2, 6 December 2026), for the
-# estimate (scaled by load / cores): a commit's regression suite; main's or main~1's without timings and peak RSS;
+# estimate (scaled with the load): a commit's regression suite; main's or main~1's without timings and peak RSS;
 # both their timings and peak RSS, side by side; the answers; the first asv environment; publish; a point in pairs.
 SECONDS_PER_COMMIT, UNTIMED, BESIDE, ANSWERS, FIRST_ENV, PUBLISH, PER_PAIRED_POINT = 80, 28, 115, 90, 30, 20, 8
 NAMED = 5  # points named under the summary, per channel
@@ -74,9 +74,8 @@ def beside_parent(commits, todo):
 
 
 def answers_source(machine, tip):
-    """The commit whose stored answers stand for main's: the newest of main's first-parent history with answers
-    stored on ``machine`` whose package and suites (RESULT_PATHS, SUITES) are main's; None when there is none (the
-    answers are measured at main). So a commit that changes neither pays no new answers."""
+    """The newest commit of main's history with answers stored on ``machine`` if its package and suites (RESULT_PATHS,
+    SUITES) are main's, else None (they are measured at main): a commit that changes neither pays no new answers."""
     stored = {path.name[:8] for path in (common.ROOT / ".asv" / "answers" / machine).glob("*-*.json")}
     newest = next((c for c in common.git("rev-list", "--first-parent", tip).split() if c[:8] in stored), None)
     same = newest and not common.run("git", "diff", "--quiet", newest, tip, "--", *RESULT_PATHS, *SUITES, check=False)
@@ -208,10 +207,11 @@ def run(args):
     estimate = (SECONDS_PER_COMMIT * len(alone) + UNTIMED * (len(todo) - len(alone)) + BESIDE * bool(beside)
                 + ANSWERS * (source is None) + PUBLISH + 8 * PER_PAIRED_POINT * bool(todo)  # a few points, as a rule
                 + (0 if (common.ROOT / ".asv" / "env").is_dir() else FIRST_ENV))
-    load = os.getloadavg()[0]  # the job gets about cores / load of the machine beside other jobs
+    load = os.getloadavg()[0]  # * (load / cores) ** 0.7: 15 min fresh at 3.0, 8 for a README at 6.8 (its drills)
+    estimate *= max(1.0, load / os.cpu_count()) ** 0.7
     print(f"{len(commits)} commit(s) of {common.BRANCH} selected; {len(commits) - len(todo)} already have results on "
-          f"{machine!r}, benchmarking {len(todo)}: about {minutes(estimate * max(1.0, load / os.cpu_count()))} with "
-          f"publish and pairs at load {load:.1f}", flush=True)
+          f"{machine!r}, benchmarking {len(todo)}: about {minutes(estimate)} with publish and pairs at load {load:.1f}",
+          flush=True)
     started = time.monotonic()
     if alone:
         heading(f"asv run: the regression suite (benchmarks/) on {len(alone)} commit(s) of {common.BRANCH}")
