@@ -19,9 +19,8 @@ SUITES = ["benchmarks", "answers"]  # from the working tree
 BUILD_FILES = ["setup.cfg", "pyproject.toml", "kv_attention/__init__.py"]  # all present => buildable
 DEFAULT_COMMITS = 5
 NEWEST = 2  # main and main~1: always in the sample
-# Seconds of each phase at load 1 on the 2-core VM (a drill at load 3.5-4.5 over 2, 6 December 2026), for the
-# estimate (scaled with the load): a commit's regression suite; main's or main~1's without timings and peak RSS;
-# both their timings and peak RSS, side by side; the answers; the first asv environment; publish; a point in pairs.
+# Seconds at load 1 on the 2-core VM (6 December 2026), times (load / cores) ** 0.7 (5 runs of 7-18 min): a commit's
+# suite; main's or main~1's but timings and peak RSS; both those side by side; answers; first env; publish; a pair.
 SECONDS_PER_COMMIT, UNTIMED, BESIDE, ANSWERS, FIRST_ENV, PUBLISH, PER_PAIRED_POINT = 80, 28, 115, 90, 30, 20, 8
 NAMED = 5  # points named under the summary, per channel
 # asv --bench patterns: what moves between runs of identical code (timings, peak RSS), measured side by side; the rest
@@ -207,7 +206,7 @@ def run(args):
     estimate = (SECONDS_PER_COMMIT * len(alone) + UNTIMED * (len(todo) - len(alone)) + BESIDE * bool(beside)
                 + ANSWERS * (source is None) + PUBLISH + 8 * PER_PAIRED_POINT * bool(todo)  # a few points, as a rule
                 + (0 if (common.ROOT / ".asv" / "env").is_dir() else FIRST_ENV))
-    load = os.getloadavg()[0]  # * (load / cores) ** 0.7: 15 min fresh at 3.0, 8 for a README at 6.8 (its drills)
+    load = max(os.getloadavg()[::2])  # the 1 or 15 min average: 4 runs within 10 %, 1 42 % over
     estimate *= max(1.0, load / os.cpu_count()) ** 0.7
     print(f"{len(commits)} commit(s) of {common.BRANCH} selected; {len(commits) - len(todo)} already have results on "
           f"{machine!r}, benchmarking {len(todo)}: about {minutes(estimate)} with publish and pairs at load {load:.1f}",
