@@ -36,13 +36,10 @@ class Stopped(BaseException):
 def checked(convert, test, what):
     """An argparse type: ``convert(text)``, refused in one usage line unless ``test`` holds for it."""
     def parse(text):
-        try:
-            value = convert(text)
-        except (ValueError, re.error):
-            value = None
-        if value is None or not test(value):
-            raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
-        return value
+        with contextlib.suppress(ValueError):
+            if test(value := convert(text)):
+                return value
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
     return parse
 
 
@@ -74,15 +71,14 @@ def stop(proc, signum):
 
 
 def run(*command, check=True, capture=False):
-    """Run ``command`` from ROOT in a new session: its exit code, or its CompletedProcess with ``capture``.
-    A :class:`Stopped` (Ctrl-C too) stops its session with SIGTERM, which ends asv and its benchmark processes
-    without the chained KeyboardInterrupt tracebacks that SIGINT prints: the command prints one line."""
+    """Run ``command`` from ROOT in a new session: its exit code, or its CompletedProcess with ``capture``. A
+    :class:`Stopped` stops the session with SIGTERM (SIGINT would print asv's chained tracebacks)."""
     pipe = subprocess.PIPE if capture else None
     proc = subprocess.Popen([str(c) for c in command], cwd=ROOT, start_new_session=True, text=True, stdout=pipe,
                             stderr=pipe)
     try:
         out, err = proc.communicate()
-    except BaseException as error:
+    except BaseException:
         stop(proc, signal.SIGTERM)
         raise
     if check and proc.returncode != 0:
@@ -118,11 +114,8 @@ def machine_name():
 
 
 def record_machine():
-    """Record this machine in ``~/.asv-machine.json`` as NAME (:func:`machine_name`); returns NAME.
-
-    ``asv machine --yes`` records what asv detects (os, arch, cpu, num_cpu, ram) under the hostname; ``asv machine
-    --yes --machine NAME`` then stores that entry under NAME. The second alone stores the name only: asv 0.6.6 keeps
-    only the fields given that differ from its defaults, and starts from the hostname's entry."""
+    """Record this machine in ``~/.asv-machine.json`` as :func:`machine_name`, returned. ``asv machine --yes`` records
+    what asv detects under the hostname, then ``--machine NAME`` copies it (alone, asv 0.6.6 stores the name only)."""
     name = machine_name()
     for extra in ([], ["--machine", name]):
         result = run(*ASV, "machine", "--yes", *extra, check=False, capture=True)
@@ -145,11 +138,9 @@ def asv_run(commits, machine, *options, config=None, skip_existing=True):
 
 
 def answers_config():
-    """The lab's answers' asv config, written to ``.asv/answers.conf.json``: asv.conf.json with ``answers/`` for its
-    benchmarks and results of their own in ``.asv/answers``, the environments shared. Its path, for ``asv --config``.
-
-    The answers are paired ratios, and between runs they move with the machine's load (docs/benchmarking.md), so
-    they are kept out of the results ``asv compare`` and the Regressions page read."""
+    """The path of ``.asv/answers.conf.json``, written: asv.conf.json with ``answers/`` for its benchmarks and results
+    in ``.asv/answers``, the environments shared. Paired ratios move with the load between runs, so they are kept
+    out of what ``asv compare`` and the Regressions page read (docs/benchmarking.md)."""
     conf = json.loads((ROOT / "asv.conf.json").read_text())
     conf.update(repo=str(ROOT), benchmark_dir=str(ROOT / "answers"), env_dir=str(ROOT / conf["env_dir"]),
                 results_dir=str(ROOT / ".asv" / "answers"), html_dir=str(ROOT / ".asv" / "html-answers"))

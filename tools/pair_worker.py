@@ -1,14 +1,7 @@
-"""One side of a paired comparison: the suite's benchmarks timed in one commit's asv environment, on request.
-
-``<env python> -s tools/pair_worker.py PACKAGE_DIR BENCHMARK_DIR`` (started by :mod:`tools.pairs`): a JSON
-request a line on stdin (``load`` a point: its setup_cache, setup and calibration; ``samples``: K samples of N calls,
-setup before each as asv does), a JSON answer a line on stdout; what benchmarks print goes to stderr.
-
-The suite is plain Python, run here as asv runs it, through no asv code: the commit's ``kv_attention`` first on
-sys.path, the suite's package alone imported from the working tree's BENCHMARK_DIR (importlib's recipe for a
-source file, as asv imports nothing else of that folder), the benchmark's class instantiated, its ``setup_cache``
-called once per function (asv keys it by where it is defined: classes sharing one share its value), ``setup`` and
-``teardown`` around every sample, the method called with the cache's value and the point's parameters.
+"""One side of a paired comparison (started by :mod:`tools.pairs`): ``<env python> -s tools/pair_worker.py
+PACKAGE_DIR BENCHMARK_DIR``, a JSON request a line on stdin (``load`` a point; ``samples``), a JSON answer a line on
+stdout. It runs the suite as asv does, through no asv code: the commit's ``kv_attention`` first on sys.path, the
+working tree's suite package alone, ``setup_cache`` once per function, ``setup``/``teardown`` around every sample.
 """
 
 import importlib

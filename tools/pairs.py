@@ -1,9 +1,6 @@
-"""Two commits' timings compared in pairs: one worker process per commit, taking turns on one core.
-
-asv times BASE and HEAD in separate runs, minutes apart: on a shared VM the host's drift between them decides as
-much as the code. Here two workers (:mod:`tools.pair_worker`), each in the asv environment with the commit's
-``kv_attention`` (from git), run the suite's setup and correctness check, then alternate bursts of samples on one
-core (``benchmarks/pairs.py``), with one hash seed and no address-space randomisation.
+"""Two commits' timings compared in pairs: asv times BASE and HEAD in separate runs, minutes apart, and on a
+shared VM the drift between them decides as much as the code. Two workers (:mod:`tools.pair_worker`), each with its
+commit's ``kv_attention``, alternate bursts of samples on one core (``benchmarks/pairs.py``), layouts fixed.
 """
 
 import contextlib
@@ -55,9 +52,8 @@ ADDR_NO_RANDOMIZE = 0x0040000  # linux/personality.h: what `setarch -R` sets
 
 
 def fixed_layout():
-    """In the worker, before exec: no address-space randomisation (``setarch -R``). Each randomised process of
-    identical code gets a speed of its own (cache sets, alignment: Mytkowicz et al., ASPLOS 2009) that no number of
-    pairs averages away. Where personality(2) is refused (a container's seccomp), the worker runs as it is."""
+    """Before exec: no address-space randomisation (``setarch -R``): each randomised process of identical code gets a
+    speed of its own (Mytkowicz et al., ASPLOS 2009). Where personality(2) is refused, the process runs as it is."""
     import ctypes
 
     with contextlib.suppress(OSError, AttributeError):
@@ -122,9 +118,8 @@ def package_of(commit, folder):
 
 def measure(env, base, head, points, progress=print, factor=None, seconds=SECONDS_PER_POINT,
             max_pairs=MAX_PAIRS, strict=False):
-    """``{label: Paired or {"skipped" or "failed": why, "role": "base" or "head"}}`` of ``points``
-    (``[(benchmark, param_idx, label)]``), about ``seconds`` of pairs each; with ``factor``, a verdict left open
-    (:meth:`Paired.decided`) is measured further, up to ``max_pairs``. BASE's worker sets the calls per sample."""
+    """``{label: Paired or {"skipped" or "failed": why, "role": "base" or "head"}}`` of ``points`` (``[(benchmark,
+    param_idx, label)]``), about ``seconds`` of pairs each, a verdict left open measured further (``factor``)."""
     from benchmarks.pairs import median_interval, pairs_within
 
     def decided(ratios):

@@ -1,8 +1,5 @@
-"""Where a command may write a file the user named (``report csv --out``, ``report plots --out``).
-
-Only where nothing is yet or a regular file is (``lstat``, after resolving the folders' symlinks: never through a
-symlink, a FIFO, a device, a socket or a directory). A file is written whole or not at all: a temporary file
-renamed over it.
+"""Where ``report csv --out`` and ``report plots --out`` may write: where nothing is or a regular file is (``lstat``,
+the folders' symlinks resolved: never through a symlink, FIFO, device, socket or directory), whole or not at all.
 """
 
 import contextlib

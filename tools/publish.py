@@ -1,14 +1,11 @@
 """The main job's ``asv publish``, then the dashboard made to render offline and to show repository text as text.
 
-asv 0.6.6's index.html loads its libraries from CDNs (offline: only an error banner), so they are installed from npm
-and copied into ``.asv/html/vendor`` (:func:`vendor`; without npm the CDN links stay). Its pages paste tag names,
-benchmark names and code, parameter names and machine details into HTML, so a tag such as
-``<img/src="x"/onerror="alert(1)">`` would run script: :func:`neutralise` rewrites each such place to insert text
-(asv is pinned to 0.6.6, and a page that lacks one of the places it knows is not published).
+asv 0.6.6's index.html loads its libraries from CDNs: :func:`vendor` copies them from npm into ``vendor/``. Its
+pages paste tag, benchmark, parameter and machine names into HTML (``<img/src="x"/onerror=...>`` would run):
+:func:`neutralise` rewrites each such place to insert text, or the page is not published.
 """
 
 import json
-import os
 import re
 import shutil
 from pathlib import Path
@@ -16,7 +13,8 @@ from pathlib import Path
 from . import common
 
 VIEW = ("dashboard written to .asv/html; serve it (browsers refuse its JSON from file://) with\n"
-        "  .venv/bin/asv preview\nand open the address it prints (a preview left running serves each new publish)")
+        "  .venv/bin/asv preview\nand open the address it prints (asv publish remakes the folder: restart a preview left "
+        "running)")
 
 # CDN address in asv 0.6.6's index.html -> (npm package@version, file in the package).
 # stupid-table-plugin is on npm from 1.1.3 only (the CDN serves 1.0.1, same $.fn.stupidtable).
@@ -202,31 +200,15 @@ def finish(html_dir):
 
 
 def publish():
-    """``asv publish`` into ``.asv/html.new``, :func:`finish` there, then each file moved into ``.asv/html``.
-
-    asv publish deletes and remakes its folder, and ``asv preview`` serves the folder it entered at start (a deleted
-    one after a publish): moved in file by file, the folder stays, and a preview left running serves the new pages."""
-    html, new = common.ROOT / ".asv" / "html", common.ROOT / ".asv" / "html.new"
-    shutil.rmtree(new, ignore_errors=True)
-    common.run(*common.ASV, "publish", "--html-dir", new)
-    finish(new)
-    html.mkdir(exist_ok=True)
-    moved = {path.relative_to(new) for path in new.rglob("*")}
-    for rel in sorted(moved):
-        if (new / rel).is_dir():
-            (html / rel).mkdir(exist_ok=True)
-        else:
-            os.replace(new / rel, html / rel)  # atomic: a page is served whole, old or new
-    for path in sorted(html.rglob("*"), reverse=True):  # what the new pages no longer have, deepest first
-        if path.relative_to(html) not in moved:
-            path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink()
-    shutil.rmtree(new)
+    """``asv publish`` into ``.asv/html``, then :func:`finish` there."""
+    html = common.ROOT / ".asv" / "html"
+    common.run(*common.ASV, "publish", "--html-dir", html)
+    finish(html)
 
 
 def regressions(html_dir):
-    """The rows of the dashboard's Regressions page, as ``asv publish`` computed them (``regressions.json``):
-    ``[(label, first commit or None, last commit, value before, value after)]``, one per jump; ``first`` is None
-    where asv pinned the jump to one commit (``last``), else it lies in ``first..last``."""
+    """The Regressions page's rows (``regressions.json``), one per jump: ``[(label, first commit or None, last commit,
+    value before, value after)]``, the jump in ``first..last``, or at ``last`` where ``first`` is None."""
     html_dir = Path(html_dir)
     rows = json.loads((html_dir / "regressions.json").read_text())["regressions"]
     commit = {int(k): v for k, v in json.loads((html_dir / "index.json").read_text())["revision_to_hash"].items()}

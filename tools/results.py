@@ -1,10 +1,7 @@
-"""The one reader of asv's result files, as plain JSON: for the main job, the gate and bisect, and for the report.
+"""The one reader of asv's result files (``<results_dir>/<machine>/<hash8>-<env_name>.json``), as plain JSON.
 
-asv stores one file per commit and environment, ``<results_dir>/<machine>/<hash8>-<env_name>.json``: ``results``
-maps a benchmark to one row, whose columns ``result_columns`` names (``result``, ``params``, ``version``, ...,
-``samples``). A *point* is one benchmark at one parameter combination, labelled as ``asv compare`` labels it
-(``name(16, 'concat')``); asv stores its value as a number, None (failed: the correctness check or the benchmark
-raised) or NaN (skipped: NotImplementedError).
+A *point* is one benchmark at one parameter combination, labelled as ``asv compare`` labels it
+(``name(16, 'concat')``); asv stores its value as a number, None (failed) or NaN (skipped: NotImplementedError).
 """
 
 import ast
@@ -23,14 +20,6 @@ from . import common, paths
 from .common import UserError
 
 
-def _rows(data):
-    """``(benchmark, its parameter combinations ([None] without parameters), {column: value})`` of each row."""
-    for name, row in data["results"].items():
-        row = dict(zip(data["result_columns"], row))
-        params = row.get("params") or []
-        yield name, list(itertools.product(*params)) if params else [None], row
-
-
 def results_dir():
     conf = json.loads((common.ROOT / "asv.conf.json").read_text())
     return common.ROOT / conf.get("results_dir", "results")
@@ -46,15 +35,13 @@ def suite():
 
 
 def files(machine, commit, answers=False):
-    """``commit``'s result files on ``machine``: the regression suite's, or with ``answers`` the lab's answers'
-    (the answers suite, results in ``.asv/answers``: common.answers_config)."""
+    """``commit``'s result files on ``machine``: the regression suite's, or the answers suite's (``.asv/answers``)."""
     folder = common.ROOT / ".asv" / "answers" if answers else results_dir()
     return sorted((folder / machine).glob(f"{commit[:8]}-*.json"))
 
 
 def stored(machine, commit, answers=False):
-    """``{label: Point}`` of every point asv stored for ``commit`` on ``machine`` (``{}`` if none); ``answers``:
-    :func:`files`."""
+    """``{label: Point}`` of every point asv stored for ``commit`` on ``machine`` (``{}`` if none)."""
     return {p.label: p for path in files(machine, commit, answers) for p in read_run(path, machine).points.values()}
 
 
@@ -72,57 +59,14 @@ def retired():
 
 
 def vanished(base, head):
-    """Sorted labels of the points measured at ``base`` (``{label: Point}``) that are n/a (NaN or not stored) at
-    ``head``, but for those :func:`retired`. A failure is no vanished point; no results at all at ``head`` is a commit
-    that failed to build, reported as such."""
+    """Sorted labels of the points measured at ``base`` that are n/a (NaN or not stored) at ``head``, but for those
+    :func:`retired`; none where ``head`` has no results at all (a failed build, reported as such)."""
     if not head:
         return []
     retired_names = retired()
     return sorted(label for label, point in base.items()
                   if is_measured(point.value) and label not in retired_names and point.benchmark not in retired_names
                   and (head.get(label) is None or (is_number(head[label].value) and math.isnan(head[label].value))))
-
-
-def quarantine_unreadable(machine):
-    """Move every result file of ``machine`` that :func:`read_run` cannot read (a FIFO, truncated JSON) to
-    ``.asv/corrupt/``. asv writes result files in place: a killed run leaves a truncated one, which asv can neither
-    read nor save over, so its commit would never be measured again. Moved aside, it is measured again."""
-    folder = results_dir() / machine
-    for path in sorted(folder.glob("*-*.json")) if folder.is_dir() else []:
-        try:
-            read_run(path, machine)
-        except UserError as error:
-            target = common.ROOT / ".asv" / "corrupt" / machine / path.name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            for i in itertools.count(1):
-                if not os.path.lexists(target):
-                    break
-                target = target.with_name(f"{path.name}.{i}")
-            os.rename(path, target)
-            print(f"moved unreadable result file {path.relative_to(common.ROOT)} to "
-                  f"{target.relative_to(common.ROOT)} ({error}): its commit is measured again", flush=True)
-
-
-def forget(machine, commits, keep):
-    """Remove, through asv's Results API, the stored benchmarks of ``commits`` for which ``keep(points)`` is
-    False (``points``: ``{label: Point}`` of that benchmark); a file left empty is removed. The number removed."""
-    from asv.results import Results
-
-    removed = 0
-    for commit in commits:
-        points = stored(machine, commit)
-        for path in files(machine, commit):
-            result = Results.load(str(path))
-            drop = [n for n in result.get_all_result_keys()
-                    if not keep({label: p for label, p in points.items() if p.benchmark == n})]
-            for name in drop:
-                result.remove_result(name)
-            if drop and not list(result.get_all_result_keys()):
-                path.unlink()
-            elif drop:
-                result.save(str(results_dir()))
-            removed += len(drop)
-    return removed
 
 
 FAILED = "failed"  # asv stored null: setup (the correctness check) or the benchmark raised
@@ -132,9 +76,8 @@ RESULT_FILE = re.compile(r"^[0-9a-f]{8}-.+\.json$")  # <hash8>-<env_name>.json
 
 @dataclass(frozen=True)
 class Point:
-    """One benchmark at one parameter combination: ``params`` {name: value}, ``value`` as asv stored it (a number,
-    None or NaN), asv's ``stats``, the timing ``samples`` (or None), the ``label`` asv compare prints, the
-    combination's ``index`` (None without parameters) and the benchmark's ``version``."""
+    """One benchmark at one parameter combination, ``value`` as asv stored it (a number, None or NaN); ``index``: the
+    combination's (None without parameters)."""
 
     benchmark: str
     params: dict
@@ -195,10 +138,8 @@ def _param(text):
 
 
 class ResultsDir:
-    """asv's results directory, ``<path>/<machine>/<hash8>-<env_name>.json``, for the report; parameter names from
-    its ``benchmarks.json``, as asv's own commands take them. A run also holds the lab's answers of its commit where
-    the answers suite stored them, in the folder ``answers`` beside ``path`` (``.asv/answers``: tools/common.py's
-    answers_config)."""
+    """asv's results directory ``path`` for the report, parameter names from its ``benchmarks.json``; a run also holds
+    its commit's answers where the answers suite stored them, in ``answers`` beside ``path`` (``.asv/answers``)."""
 
     def __init__(self, path, with_answers=True):
         answers, self.answers = os.path.join(os.path.dirname(os.path.abspath(path)), "answers"), None
@@ -275,7 +216,9 @@ def read_run(path, machine, param_names=None):
                   {str(k): str(v) for k, v in data["params"].items()},
                   {str(k): str(v) for k, v in (data.get("env_vars") or {}).items()}, {})
         started = []
-        for benchmark, combos, row in _rows(data):
+        for benchmark, row in data["results"].items():  # a row: its columns as result_columns names them
+            row = dict(zip(data["result_columns"], row))
+            combos = list(itertools.product(*row["params"])) if row.get("params") else [None]
             started.append(row.get("started_at") or 0)
             names, width = (param_names or {}).get(benchmark, []), len(combos[0] or ())
             names = names if len(names) == width else [f"param{i + 1}" for i in range(width)]

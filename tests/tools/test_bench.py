@@ -144,3 +144,32 @@ def test_main_1_that_does_not_build_is_not_timed_again(repo):
     main = repo.commit("package", PACKAGE)
     commits = bench.select_commits(8)
     assert main_1 not in commits and bench.beside_parent(commits, todo=[main]) == []
+
+
+def test_the_answers_of_the_newest_commit_with_the_same_package_and_suites_stand(repo):
+    """A commit that changes neither the package nor a suite reuses the stored answers; any other measures them."""
+    measured = repo.commit("package", PACKAGE)
+    folder = repo.root / ".asv" / "answers" / "box"
+    folder.mkdir(parents=True)
+    (folder / f"{measured[:8]}-env.json").write_text("{}")
+    readme = repo.commit("readme", {"README.md": "x"})
+    assert bench.answers_source("box", readme) == measured and bench.answers_source("box", measured) == measured
+    for change in ({"kv_attention/a.py": "# 1"}, {"answers/bench_x.py": "# 1"}, {"benchmarks/common.py": "# 1"}):
+        repo.git("reset", "-q", "--hard", readme)
+        assert bench.answers_source("box", repo.commit("change", change)) is None, change
+    assert bench.answers_source("elsewhere", readme) is None  # none stored on this machine
+
+
+def test_the_answers_are_printed_from_the_runs_the_readme_quotes():
+    from tools import results
+    from tools.report import tables
+
+    quoted = bench.quoted_runs()
+    assert quoted["cache"] == quoted["batch"] and quoted["model"]  # README's rendered and plotted commands
+    run = results.ResultsDir(str(common.ROOT / "docs" / "results")).load(*quoted["cache"])
+    figures = dict(bench.figures(run))
+    concat = [run.value(tables.CACHE_PAIRED + end, T=t, strategy="concat") for t in (16, 256) for end in ("", "_low",
+                                                                                                         "_high")]
+    assert figures["2. concat / preallocated"] == "{:.2f}x [{:.2f}, {:.2f}] at T = 16 … {:.2f}x [{:.2f}, {:.2f}] at " \
+        "T = 256".format(*concat)
+    assert figures["1. equal to full attention"] == "5 of 5 lengths"

@@ -135,32 +135,6 @@ def test_publish_removes_a_page_it_cannot_make_safe(tmp_path, monkeypatch):
     assert not (tmp_path / "index.html").exists()
 
 
-def test_publish_moves_the_new_pages_into_the_folder_a_preview_serves(tmp_path, monkeypatch):
-    """asv publish remakes its folder; the pages are moved into .asv/html, which stays the same folder."""
-    from tools import common
-
-    html = tmp_path / ".asv" / "html"
-    (html / "graphs" / "old").mkdir(parents=True)
-    (html / "index.html").write_text("old page")
-    (html / "graphs" / "old" / "gone.json").write_text("{}")
-    served = html.stat().st_ino
-
-    def asv_publish(*command, **kwargs):  # what asv publish --html-dir DIR leaves
-        folder = Path(command[command.index("--html-dir") + 1])
-        (folder / "graphs" / "new").mkdir(parents=True)
-        (folder / "index.html").write_text("new page")
-        (folder / "graphs" / "new" / "b.json").write_text("[]")
-
-    monkeypatch.setattr(common, "ROOT", tmp_path)
-    monkeypatch.setattr(common, "run", asv_publish)
-    monkeypatch.setattr(dashboard, "finish", lambda folder: (Path(folder) / "index.html").write_text("made safe"))
-    dashboard.publish()
-    assert html.stat().st_ino == served and not (tmp_path / ".asv" / "html.new").exists()
-    assert sorted(p.relative_to(html).as_posix() for p in html.rglob("*")) == [
-        "graphs", "graphs/new", "graphs/new/b.json", "index.html"]
-    assert (html / "index.html").read_text() == "made safe"
-
-
 def test_the_regressions_page_rows_name_their_commits(tmp_path):
     (tmp_path / "index.json").write_text(json.dumps({"revision_to_hash": {"3": "c3", "5": "c5", "6": "c6"}}))
     (tmp_path / "regressions.json").write_text(json.dumps({"regressions": [

@@ -1,29 +1,27 @@
-"""``bench``: the main job. Benchmark a bounded sample of main's commits that can change a result, publish, summarise.
-
-Benchmark files come from the working tree, so only a commit that changes what asv builds (RESULT_PATHS) can change
-a result: the job takes a stable sample of those (:func:`sample_commits`), runs ``asv machine``, ``asv run
---record-samples --skip-existing``, main~1's timings again beside main's (:func:`beside_parent`), the lab's answers
-at main (the answers suite), ``asv publish`` (:mod:`tools.publish`), and prints a summary. Exit 2 when a point failed
-at main or vanished since main~1; 1 on an error.
+"""``bench``: the main job. ``asv run`` on a bounded sample of main's commits that can change a result (benchmark
+files come from the working tree: only RESULT_PATHS can), main~1's timings again beside main's, the answers suite at
+main, ``asv publish``, a summary, the answers measured here beside the README's. Exit 2 when a point failed at main
+or vanished since main~1; 1 on an error.
 """
 
 import math
 import os
+import shlex
 import time
 
 from .. import common, publish, results
-from .gate import (COUNT_FACTOR, DEFAULT_FACTOR, UNPAIRED_FACTOR, asv_compare, exact_regressions, failures, method_of,
+from .gate import (DEFAULT_FACTOR, UNPAIRED_FACTOR, asv_compare, exact_regressions, failures, method_of,
                    pair, print_failures, ratio_text)
 
 LOCKS_WORKSPACE = True
 RESULT_PATHS = ["kv_attention", "setup.cfg", "pyproject.toml", "asv.conf.json"]
+SUITES = ["benchmarks", "answers"]  # from the working tree
 BUILD_FILES = ["setup.cfg", "pyproject.toml", "kv_attention/__init__.py"]  # all present => buildable
-DEFAULT_COMMITS = 5  # 5 x ~80 s, the answers once, the .venv and the first asv environment: a fresh clone in 10-15 min
+DEFAULT_COMMITS = 5
 NEWEST = 2  # main and main~1: always in the sample
-# Seconds of each phase on the 2-core VM when quiet, for the estimate (scaled by load / cores): a commit's build,
-# install and regression suite; main~1's timings again; the answers suite at main; the first asv environment; asv
-# publish with the offline copies; one timing point in pairs.
-SECONDS_PER_COMMIT, PARENT_TIMINGS, ANSWERS, FIRST_ENV, PUBLISH, PER_PAIRED_POINT = 80, 35, 90, 60, 20, 8
+# Seconds at load 1 on the 2-core VM (6 December 2026), times (load / cores) ** 0.7 (5 runs of 7-18 min): a commit's
+# suite; main's or main~1's but timings and peak RSS; both those side by side; answers; first env; publish; a pair.
+SECONDS_PER_COMMIT, UNTIMED, BESIDE, ANSWERS, FIRST_ENV, PUBLISH, PER_PAIRED_POINT = 80, 28, 115, 90, 30, 20, 8
 NAMED = 5  # points named under the summary, per channel
 # asv --bench patterns: what moves between runs of identical code (timings, peak RSS), measured side by side; the rest
 SIDE_BY_SIDE, ALONE = r"\.(time|peakmem)_", r"^(?!.*\.(time|peakmem)_)"
@@ -40,9 +38,8 @@ def setup_arguments(subparsers):
 
 
 def select_commits(bound):
-    """Commits of main to benchmark, newest first, each with every file of BUILD_FILES: main, main~1 and those that
-    changed a path of RESULT_PATHS, at most ``bound`` of them (:func:`sample_commits`). "Of main" is its
-    first-parent history, as asv's graphs: a merged branch counts as its merge commit."""
+    """Commits of main's first-parent history (as asv graphs it) to benchmark, newest first, each buildable: main,
+    main~1 and those that changed a path of RESULT_PATHS, at most ``bound`` (:func:`sample_commits`)."""
     head = common.git("rev-list", "--first-parent", "--max-count=2", common.BRANCH).split()
     changing = common.git("rev-list", "--first-parent", common.BRANCH, "--", *RESULT_PATHS).split()
     commits = [c for c in dict.fromkeys(head + changing)
@@ -68,12 +65,20 @@ def sample_commits(commits, bound):
 
 
 def beside_parent(commits, todo):
-    """``[main~1, main]`` when main is to be measured and main~1 is in the sample, else ``[]``. Their timings and
-    peak RSS are measured in one asv run, rounds interleaved (as ``asv continuous`` does), main~1's again: ``asv
-    compare HEAD~1 HEAD`` then compares values taken side by side, not a run's state against another's
-    (docs/benchmarking.md)."""
+    """``[main~1, main]`` when main is to be measured and main~1 is in the sample, else ``[]``: their timings and peak
+    RSS are measured in one asv run, rounds interleaved (as ``asv continuous`` does), so asv compare compares values
+    taken side by side, not one run's state against another's."""
     parent = common.git("rev-list", "--first-parent", "--skip=1", "--max-count=1", commits[0])
     return commits[1::-1] if commits[0] in todo and commits[1:2] == [parent] else []
+
+
+def answers_source(machine, tip):
+    """The newest commit of main's history with answers stored on ``machine`` if its package and suites (RESULT_PATHS,
+    SUITES) are main's, else None (they are measured at main): a commit that changes neither pays no new answers."""
+    stored = {path.name[:8] for path in (common.ROOT / ".asv" / "answers" / machine).glob("*-*.json")}
+    newest = next((c for c in common.git("rev-list", "--first-parent", tip).split() if c[:8] in stored), None)
+    same = newest and not common.run("git", "diff", "--quiet", newest, tip, "--", *RESULT_PATHS, *SUITES, check=False)
+    return newest if same else None
 
 
 def minutes(seconds):
@@ -84,6 +89,10 @@ def describe(commit, name=""):
     return f"{name} {commit[:8]} {common.git('log', '-1', '--format=%s', commit)[:60]!r}".strip()
 
 
+def heading(text):
+    print(f"\n== {time.strftime('%H:%M:%S')} {text} ==", flush=True)
+
+
 def summary(machine, commits, tip, measured):
     """Print main against the newest older commit with results; the failures at main."""
     stored = {c: results.stored(machine, c) for c in commits}
@@ -92,28 +101,89 @@ def summary(machine, commits, tip, measured):
     older = next((c for c in commits[1:] if stored[c]), None)
     if older:
         base, head = stored[older], stored[tip]
-        print(f"\n{describe(tip, common.BRANCH)} against {describe(older, 'the older')}:")
-        flagged = [label for label in asv_compare(older, tip, machine, UNPAIRED_FACTOR)
-                   if method_of(label).startswith("time_")]
-        work = exact_regressions(base, head, COUNT_FACTOR)
+        heading(f"summary: {describe(tip, common.BRANCH)} against {describe(older, 'the older')}")
+        marked = asv_compare(older, tip, machine, UNPAIRED_FACTOR)
+        worse, better = ([label for mark, label in marked if mark in marks] for marks in ("+!", "-"))
+        flagged = [label for label in worse if method_of(label).startswith("time_")]
+        work = exact_regressions(base, head)
         time_worse, counts = [], [w for w in work if w[2] == "work"]
         if flagged and tip in measured:  # asv's samples flag these: the gate's pairs confirm or clear each
             paired, _ = pair({"base": older, "head": tip}, flagged, base, head, DEFAULT_FACTOR)
             time_worse = [(label, p.ratio) for label, p in paired.items() if p.worse(DEFAULT_FACTOR)]
-        print(f"summary, {tip[:8]} against {older[:8]}: work {len(counts)} worse, other values "
-              f"{len(work) - len(counts)} worse, time: of {len(flagged)} timing(s) asv compare flagged, "
-              f"{len(time_worse)} worse in pairs" + ("" if tip in measured or not flagged else
-                                                      " (measured earlier: the gate pairs)"))
+        print(f"asv compare marked {len(worse)} row(s) worse and {len(better)} better; of the {len(flagged)} "
+              f"timing(s) marked worse, {len(time_worse)} worse in pairs"
+              + ("" if tip in measured or not flagged else " (measured earlier: the gate pairs)")
+              + f"; counts {len(counts)} worse, other values {len(work) - len(counts)} worse")
         for label, ratio in [(label, ratio) for label, ratio, _ in work][:NAMED] + time_worse[:NAMED]:
             print(f"      worse {ratio_text(ratio)}  {label}")
-    page = [row for row in publish.regressions(common.ROOT / ".asv" / "html") if row[2] == tip]
-    print(f"the dashboard's Regressions page: {len(page)} row(s) blame {tip[:8]}" + ":" * bool(page))
-    for label, first, _, before, after in page[:2 * NAMED]:
+    page = publish.regressions(common.ROOT / ".asv" / "html")
+    mine = [row for row in page if row[2] == tip]
+    print(f"the dashboard's Regressions page: {len(mine)} row(s) blame {tip[:8]}" + ":" * bool(mine))
+    for label, first, _, before, after in mine[:2 * NAMED]:
         print(f"      {ratio_text(after / before) if before else 'from 0'}  {label}"
               + (f"  (somewhere in {first[:8]}..{tip[:8]})" if first else ""))
+    older_rows = [row for row in page if row[2] != tip]
+    blamed = sorted({f"{first[:8]}..{last[:8]}" if first else last[:8] for _, first, last, _, _ in older_rows})
+    named = f" ({', '.join(blamed[:4])}{', ...' * (len(blamed) > 4)})" if blamed else ""
+    print(f"it holds {len(older_rows)} older row(s): jumps asv found between older commits of the sample, blamed on "
+          f"{len(blamed)} commit(s) or range(s) before {tip[:8]}{named}")
     print(f"this summary is not a gate: the gate is `python3 tools/dev.py gate {common.BRANCH}~1 {common.BRANCH}`")
     parent = common.git("rev-list", "--first-parent", "--skip=1", "--max-count=1", tip)
     return failures(results.stored(machine, parent) if parent else {}, stored[tip])
+
+
+def figures(run):
+    """The lab's four answers, the model's batching and prompt lookup's speedup in ``run``: ``[(what, text)]``."""
+    from ..report import tables as t
+
+    def ends(table, column):  # the first and the last T
+        return " … ".join(f"{t.format_cell(row[column], table.kinds[column])} at T = {key[0]}"
+                          for key, row in table.rows[:1] + table.rows[1:][-1:])
+
+    cache, batch = t.cache_table(run), t.batch_table(run)
+    exact = [row["equal to full attention"] for _, row in cache.rows]
+    model = [row["over B = 1"] for (_, b), row in t.model_batch_table(run).rows if b == 8]
+    copy = [row["greedy / prompt lookup"] for (p, k), row in t.speculative_table(run).rows
+            if p == "copy" and k == t.bench_speculative.SPEEDUP_K]
+    return [("1. equal to full attention", f"{exact.count('yes, all 3')} of {len(exact)} lengths"),
+            ("2. concat / preallocated", ends(cache, "concat / preallocated")),
+            ("3. batch speedup, B = 2", ends(batch, "speedup")),
+            ("4. saved / step, µs", ends(batch, "saved / step, µs")),
+            ("   batched / step, µs", ends(batch, "batched / step, µs")),
+            ("model, B = 8 over B = 1", t.format_cell(model[0], "ratio3") if model else "n/a"),
+            ("prompt lookup over greedy, copy", t.format_cell(copy[0], "ratio") if copy else "n/a")]
+
+
+QUOTED = ["cache", "cache", "batch", "batch", "batch", "model_batch", "speculative"]  # the table of each figure
+
+
+def quoted_runs():
+    """``{experiment or figure: (machine, commit)}`` of the runs README.md (first) and docs/ quote."""
+    from ..report import pages
+
+    quoted = {}
+    for text in (page.read_text() for page in pages.PAGES):
+        for command in [m[1] for m in pages.RENDERED.finditer(text)] + [c for c, _ in pages.PLOTTED.findall(text)]:
+            argv = shlex.split(command)
+            option = dict(zip(argv, argv[1:]))
+            for name in [b for a, b in zip(argv, argv[1:]) if a in ("--experiment", "--figure")]:
+                quoted.setdefault(name, (option["--machine"], option["--commit"]))
+    return quoted
+
+
+def print_answers(machine, source):
+    """:func:`figures` of ``source``'s results here beside those of the runs the README quotes (docs/results), each
+    with its machine, and the command that renders every table from these results."""
+    run, quoted, docs = results.ResultsDir(str(results.results_dir())).load(machine, source), quoted_runs(), \
+        results.ResultsDir(str(common.ROOT / "docs" / "results"))
+    keys = [quoted.get(name) or quoted.get(name.split("_")[0]) for name in QUOTED]  # model_batch: the model figure
+    theirs = {key: (figures(docs.load(*key)), f"{key[1][:8]} on {key[0]}, {docs.load(*key).machine_params.get('cpu')}")
+              for key in set(filter(None, keys))}
+    heading(f"the answers measured here ({machine}, {run.machine_params.get('cpu')}) at {source[:8]}; the README's")
+    for i, (what, text) in enumerate(figures(run)):
+        quote, where = theirs.get(keys[i], (None, None))
+        print(f"  {what:<32} here: {text}\n  {'':<32} README: " + (f"{quote[i][1]} ({where})" if quote else "none"))
+    print(f"every table of these results: python3 tools/dev.py report tables --machine {machine} --commit {source[:8]}")
 
 
 def verdict(tip, failed):
@@ -128,29 +198,38 @@ def verdict(tip, failed):
 def run(args):
     commits = select_commits(args.commits)
     machine = common.record_machine()
-    results.quarantine_unreadable(machine)
-    results.forget(machine, commits, lambda points: not any(  # a timing without samples is measured again
-        method_of(label).startswith("time_") and results.is_measured(p.value) and p.samples is None
-        for label, p in points.items()))
     benchmarks = results.suite()
-    todo = [c for c in commits if not benchmarks or not set(benchmarks) <= {  # every benchmark stored, timings sampled
+    todo = [c for c in commits if not benchmarks or not set(benchmarks) <= {  # every benchmark stored
         p.benchmark for p in results.stored(machine, c).values()}]
-    beside, answers = beside_parent(commits, todo), not results.files(machine, commits[0], answers=True)
-    after = PUBLISH + (8 * PER_PAIRED_POINT if todo else 0)  # pairs: a few points asv flags, as a rule
-    estimate = (SECONDS_PER_COMMIT * len(todo) + PARENT_TIMINGS * bool(beside) + ANSWERS * answers + after
+    beside, source = beside_parent(commits, todo), answers_source(machine, commits[0])
+    alone = [c for c in todo if c not in beside]
+    estimate = (SECONDS_PER_COMMIT * len(alone) + UNTIMED * (len(todo) - len(alone)) + BESIDE * bool(beside)
+                + ANSWERS * (source is None) + PUBLISH + 8 * PER_PAIRED_POINT * bool(todo)  # a few points, as a rule
                 + (0 if (common.ROOT / ".asv" / "env").is_dir() else FIRST_ENV))
-    load = os.getloadavg()[0]  # the job gets about cores / load of the machine beside other jobs
+    load = max(os.getloadavg()[::2])  # the 1 or 15 min average: 4 runs within 10 %, 1 42 % over
+    estimate *= max(1.0, load / os.cpu_count()) ** 0.7
     print(f"{len(commits)} commit(s) of {common.BRANCH} selected; {len(commits) - len(todo)} already have results on "
-          f"{machine!r}, benchmarking {len(todo)}: about {minutes(estimate * max(1.0, load / os.cpu_count()))} with "
-          f"publish and pairs at load {load:.1f}", flush=True)
+          f"{machine!r}, benchmarking {len(todo)}: about {minutes(estimate)} with publish and pairs at load {load:.1f}",
+          flush=True)
     started = time.monotonic()
-    common.asv_run([c for c in todo if c not in beside], machine)
-    common.asv_run([c for c in beside if c in todo], machine, "--bench", ALONE)
-    common.asv_run(beside, machine, "--bench", SIDE_BY_SIDE, "--interleave-rounds", skip_existing=False)
-    if answers:
+    if alone:
+        heading(f"asv run: the regression suite (benchmarks/) on {len(alone)} commit(s) of {common.BRANCH}")
+        common.asv_run(alone, machine)
+    if beside:
+        heading(f"asv run: the regression suite but timings and peak RSS at {common.BRANCH} and {common.BRANCH}~1")
+        common.asv_run([c for c in beside if c in todo], machine, "--bench", ALONE)
+        heading(f"asv run: {common.BRANCH}~1 beside {common.BRANCH}, timings and peak RSS, rounds interleaved")
+        common.asv_run(beside, machine, "--bench", SIDE_BY_SIDE, "--interleave-rounds", skip_existing=False)
+    if source is None:
+        heading(f"asv run: the lab's answers (answers/) at {common.BRANCH}")
         common.asv_run(commits[:1], machine, config=common.answers_config())
+        source = commits[0]
+    else:
+        print(f"\nthe lab's answers: those stored for {describe(source)} stand, its package and suites are main's")
+    heading("asv publish")
     publish.publish()
     tip = common.git("rev-parse", common.BRANCH)
-    failed = summary(machine, commits, tip, todo) + failures({}, results.stored(machine, tip, answers=True))
+    failed = summary(machine, commits, tip, todo) + failures({}, results.stored(machine, source, answers=True))
+    print_answers(machine, source)
     print(f"\n{publish.VIEW}\n[bench] done in {minutes(time.monotonic() - started)}")
     return verdict(tip, failed)

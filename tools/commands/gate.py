@@ -1,12 +1,9 @@
-"""``gate BASE HEAD``: benchmark two commits where needed (asv run), print asv compare's table, exit 0, 1 or 2.
-
-Counts are judged by ``--count-factor``, every ``time_`` point in pairs (:mod:`tools.pairs`) by ``--factor``, other
-values by their factor below, the lab's answers (ANSWERS) never (docs/benchmarking.md). Exit 0: nothing worse; 1: a
-point worse; 2: a point failed or vanished, a commit has no results, or a usage error.
+"""``gate BASE HEAD``: benchmark two commits where needed, print asv compare's table, judge: counts by
+COUNT_FACTOR, ``time_`` points in pairs (:mod:`tools.pairs`) by ``--factor``, other values by their factor
+below. Exit 0: nothing worse; 1: a point worse; 2: a failure, no results, a usage error.
 """
 
 import math
-import re
 
 from .. import common, results
 
@@ -16,16 +13,10 @@ PEAKMEM_FACTOR = 1.25  # a process's peak RSS drifted 11-13 % between runs of id
 COUNT_BENCHMARKS = ("track_instructions", "track_estimated_cycles")
 COUNT_FACTOR = 1.005  # the largest A/A deviation of a count was 0.07 %
 CYCLES_FACTOR = 1.015  # estimated cycles move with where arrays land (cache misses): 0.6 % for unrelated code
-# Answers to the lab's questions, not costs: they are the answers suite's (answers/, results in .asv/answers), but
-# results stored before it have them beside the costs, and asv compare prints them, so they are left out here.
-ANSWERS = ("track_ratio", "track_ratio_low", "track_ratio_high", "track_step_gbps", "track_read_gbps",
-           "track_sequential_step", "track_batched_step", "track_saved_step", "track_saved_step_low",
-           "track_saved_step_high", "track_token_seconds", "track_positions_per_second")
 VANISHED = "(vanished: a value at BASE, n/a at HEAD)"
 ERROR_EXIT = 2  # a usage or user error; 1 means a regression
 LOCKS_WORKSPACE = True
 FACTOR = common.checked(float, lambda v: 1 < v < math.inf, "a finite number greater than 1")
-REGEX = common.checked(lambda text: re.compile(text).pattern, lambda v: True, "a regular expression")
 
 
 def setup_arguments(subparsers):
@@ -35,9 +26,6 @@ def setup_arguments(subparsers):
     parser.add_argument("head", metavar="HEAD", help="the commit under test (e.g. HEAD)")
     parser.add_argument("--factor", type=FACTOR, default=DEFAULT_FACTOR,
                         help=f"a timing is worse beyond this paired ratio (default {DEFAULT_FACTOR})")
-    parser.add_argument("--count-factor", type=FACTOR, default=COUNT_FACTOR,
-                        help=f"a count is worse beyond this ratio (default {COUNT_FACTOR})")
-    parser.add_argument("--bench", type=REGEX, metavar="REGEX", help="only these benchmarks (asv run --bench)")
     return parser
 
 
@@ -46,14 +34,11 @@ def method_of(label):
     return label.split("(")[0].rsplit(".", 1)[-1]
 
 
-def exact_factor(label, count_factor):
-    """The factor of a single stored value (not a timing), None for an answer."""
+def exact_factor(label):
+    """The factor of a single stored value (not a timing)."""
     method = method_of(label)
-    if method in ANSWERS:
-        return None
-    if method in COUNT_BENCHMARKS:
-        return max(count_factor, CYCLES_FACTOR) if method == "track_estimated_cycles" else count_factor
-    return PEAKMEM_FACTOR if method.startswith("peakmem_") else UNPAIRED_FACTOR
+    return {"track_instructions": COUNT_FACTOR, "track_estimated_cycles": CYCLES_FACTOR}.get(
+        method, PEAKMEM_FACTOR if method.startswith("peakmem_") else UNPAIRED_FACTOR)
 
 
 def failures(base, head):
@@ -79,12 +64,12 @@ def comparable(base, head, label):
             and (a.version is None or b.version is None or a.version == b.version))
 
 
-def exact_regressions(base, head, count_factor=COUNT_FACTOR):
+def exact_regressions(base, head):
     """``[(label, ratio, channel)]`` of the stored values (counts, bytes, peak RSS) worse than their factor."""
     worse = []
     for label in sorted(head):
-        limit = exact_factor(label, count_factor)
-        if limit is None or method_of(label).startswith("time_") or not comparable(base, head, label):
+        limit = exact_factor(label)
+        if method_of(label).startswith("time_") or not comparable(base, head, label):
             continue
         a, b = base[label].value, head[label].value
         ratio = b / a if a else (1.0 if not b else math.inf)
@@ -94,17 +79,13 @@ def exact_regressions(base, head, count_factor=COUNT_FACTOR):
 
 
 def asv_compare(base, head, machine, factor=UNPAIRED_FACTOR):
-    """``asv compare --only-changed --factor F BASE HEAD`` as asv prints it, less the answers' rows; the labels it
-    marks worse (+, !)."""
+    """``asv compare --only-changed --factor F BASE HEAD`` as asv prints it; ``[(mark, label)]`` of the rows it marks:
+    + worse, - better, ! failed at HEAD."""
     done = common.run(*common.ASV, "compare", "--only-changed", "--factor", str(factor), "--machine", machine,
                       base, head, check=False, capture=True)
-    rows = done.stdout.splitlines()
-    answers = [line for line in rows if method_of(line.rstrip(" |").split("|")[-1]) in ANSWERS]
-    print("\n".join(line for line in rows if line not in answers) + done.stderr)
-    if answers:
-        print(f"({len(answers)} rows of the lab's answers left out: paired ratios and bandwidths, larger is better)")
-    cells = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in rows]
-    return [row[-1] for row in cells if len(row) >= 5 and row[0] in ("+", "!")]
+    print(done.stdout + done.stderr)
+    cells = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in done.stdout.splitlines()]
+    return [(row[0], row[-1]) for row in cells if len(row) >= 5 and row[0] in ("+", "-", "!")]
 
 
 def pair(commits, labels, base, head, factor):
@@ -129,39 +110,22 @@ def ratio_text(ratio):
     return f"{ratio:.2f}x" if abs(ratio - 1) >= 0.05 else f"{ratio:.4f}x"
 
 
-def partial(points, pattern):
-    """True when ``pattern`` selected only some of a benchmark's ``points`` and asv stored NaN for the rest."""
-    rest = [p.value for label, p in points.items() if not re.search(pattern, label)]
-    return bool(rest) and all(results.is_number(v) and math.isnan(v) for v in rest)
-
-
 def run(args):
     commits = {role: common.resolve(name) for role, name in (("base", args.base), ("head", args.head))}
     machine = common.record_machine()
-    results.quarantine_unreadable(machine)
-    common.asv_run(list(dict.fromkeys(commits.values())), machine, *(["--bench", args.bench] if args.bench else []))
+    common.asv_run(list(dict.fromkeys(commits.values())), machine)
     base, head = (results.stored(machine, commits[role]) for role in ("base", "head"))
-    if args.bench:  # the points --bench selected: asv stores NaN for the rest of a benchmark
-        base, head = ({k: p for k, p in points.items() if re.search(args.bench, k)} for points in (base, head))
-    try:
-        return judge(args, commits, machine, base, head)
-    finally:  # what --bench measured of only part of a benchmark is not kept: the main job measures it whole
-        if args.bench:
-            results.forget(machine, set(commits.values()), lambda points: not partial(points, args.bench))
-
-
-def judge(args, commits, machine, base, head):
     missing = [role for role, points in (("base", base), ("head", head)) if not points]
     for role in missing:
         print(f"{role} {commits[role][:8]} has no results on {machine!r}: it did not build or install "
-              "(see asv's output above), or --bench matched nothing")
+              "(see asv's output above)")
     if missing:
         print(f"gate: exit 2 ({len(missing)} commit(s) without results)")
         return 2
     print(f"\nasv compare of {args.base} ({commits['base'][:8]}) and {args.head} ({commits['head'][:8]}), "
           f"machine {machine}:")
     asv_compare(commits["base"], commits["head"], machine)
-    worse, failed = exact_regressions(base, head, args.count_factor), failures(base, head)
+    worse, failed = exact_regressions(base, head), failures(base, head)
     paired, pair_failed = pair(commits, list(head), base, head, args.factor)
     failed += pair_failed
     worse += [(label, p.ratio, "time, paired") for label, p in paired.items() if p.worse(args.factor)]
@@ -171,6 +135,6 @@ def judge(args, commits, machine, base, head):
     if failed:
         print(f"gate: exit 2 ({len(failed)} failed benchmark point(s), {len(worse)} regression(s))")
         return 2
-    print(f"gate: exit {int(bool(worse))} ({len(worse)} point(s) worse: counts beyond {args.count_factor}x, "
+    print(f"gate: exit {int(bool(worse))} ({len(worse)} point(s) worse: counts beyond {COUNT_FACTOR}x, "
           f"timings beyond {args.factor}x in pairs)")
     return int(bool(worse))

@@ -1,8 +1,7 @@
-"""The lab's tables, raw samples and plots, from asv's own result files (``python3 tools/dev.py report ...``).
+"""The lab's tables, raw samples and plots, from asv's result files (``python3 tools/dev.py report ...``).
 
-EXPERIMENTS, defined once (here, so that the command line lists them without importing the suite): name (a table of
-``report tables``, ``--experiment NAME``, the ``experiment`` column of ``report csv``) -> the benchmark its table
-rests on: asv's timing, or where the table shows paired figures only, their ratio.
+EXPERIMENTS (here, so that the command line lists them without importing the suite): a table's name -> the
+benchmark it rests on (asv's timing, or the paired ratio where the table shows paired figures only).
 """
 
 FIGURES = ("batch_per_step", "model")  # report plots: one PNG each (tools/report/plots.py)

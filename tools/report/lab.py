@@ -1,9 +1,6 @@
-"""The lab's own published figures, drawn beside this machine's (``report plots --lab``) and quoted in the tables.
-
-Copied as published from the README of the lab this project grew from ("Phase 2 Lab: Causal Attention, KV Cache
-与 Batched Decode", its tables "KV Cache 策略" and "两个 Sequence：顺序执行与 Batched 执行"): the same problem
-(float64, one head, d = 64, seed 42; median of 30 after 3 warm-ups) on another machine and software, so compare
-ratios, not times. It published nothing for the batch-size sweep, heads or ragged batches.
+"""The lab's own published figures ("Phase 2 Lab: Causal Attention, KV Cache 与 Batched Decode", its tables
+"KV Cache 策略" and "两个 Sequence：顺序执行与 Batched 执行"), drawn beside this machine's (``report plots --lab``) and
+quoted in the tables: the same problem on another machine and software, so compare ratios, not times.
 """
 
 MACHINE = "Ryzen 7 9700X, NumPy 2.5.2"

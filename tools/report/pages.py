@@ -1,10 +1,6 @@
-"""Render again every figure README.md and docs/*.md quote, from the stored results each names.
-
-    .venv/bin/python -m tools.report.pages
-
-A table sits between ``<!-- rendered by: COMMAND -->`` and ``<!-- end of rendered -->``; an image follows
-``<!-- plotted by: COMMAND -->`` as ``![...](docs/figures/NAME.png)``. COMMAND is a ``python3 tools/dev.py report``
-command reading ``docs/results``. tests/test_rendered_figures.py checks the tables and the images' presence.
+"""Render again every figure README.md and docs/*.md quote (``.venv/bin/python -m tools.report.pages``): a table
+between ``<!-- rendered by: COMMAND -->`` and ``<!-- end of rendered -->``, an image after ``<!-- plotted by: COMMAND
+-->``; COMMAND is a ``python3 tools/dev.py report`` command reading ``docs/results``.
 """
 
 import contextlib

@@ -1,8 +1,5 @@
-"""The lab's figures for one run, drawn with matplotlib (the optional ``plots`` extra), from the tables' cells.
-
-A paired ratio is drawn with its 95 % interval as error bars; a failed or skipped point leaves a gap. With
-``lab=True`` the figures also draw the lab's published figures (:mod:`tools.report.lab`) as dashed grey lines
-labelled as another machine's (it published none for the model).
+"""The lab's figures for one run, drawn with matplotlib from the tables' cells: a paired ratio with its 95 % interval
+as error bars, a failed or skipped point a gap; ``lab=True`` adds the lab's published figures as dashed grey lines.
 """
 
 import math
@@ -99,9 +96,8 @@ def _batch_per_step(plt, run, title, lab):
 
 
 def write_plots(run, out_dir, figures=None, lab=False):
-    """Draw ``figures`` (default: all) of ``run`` into ``out_dir`` (made if missing), every path checked
-    (:mod:`tools.paths`) before the first is written; yields ``(path, replaced)`` as each is written. UserError if
-    one may not be written."""
+    """Draw ``figures`` (default: all) of ``run`` into ``out_dir``, every path checked (:mod:`tools.paths`) before the
+    first is written; yields ``(path, replaced)``."""
     plt = _pyplot()
     folder = paths.check_dir(out_dir)
     targets = {name: paths.check_file(os.path.join(folder, name), what=os.path.join(out_dir, name))

@@ -1,9 +1,6 @@
-"""Every recorded timing sample as one CSV row, the lab's ``benchmark.csv`` for any number of commits.
-
-asv keeps the samples only when it ran with ``--record-samples`` (the main job does); a point without them has no
-rows. Seconds are Python's float repr, so they read
-back bit for bit. T and B are the values a benchmark ran with: its parameters, or the suite's fixed values (B = 2 for
-the batch experiment, T = 128 for the batch-size sweep); B is blank for the single-sequence cache experiment.
+"""Every recorded timing sample as one CSV row, the lab's ``benchmark.csv`` for any number of commits: seconds as
+Python's float repr (read back bit for bit); T and B as the benchmark ran (its parameters, or the suite's fixed B = 2
+of the batch experiment and T = 128 of the sweep). asv keeps samples only with ``--record-samples`` (the main job's).
 """
 
 import contextlib
@@ -17,8 +14,7 @@ from ..results import is_measured
 from . import EXPERIMENTS
 from .tables import BATCH_BENCHMARK, SWEEP_BENCHMARK
 
-COLUMNS = ["commit", "machine", "benchmark", "experiment", "strategy", "T", "B",
-           "sample", "seconds", "params", "env"]
+COLUMNS = ["commit", "machine", "benchmark", "experiment", "strategy", "T", "B", "sample", "seconds", "params", "env"]
 FIXED = {BATCH_BENCHMARK: {"B": BATCH}, SWEEP_BENCHMARK: {"T": SWEEP_LENGTH, "strategy": "batched"}}
 
 
@@ -39,9 +35,8 @@ def point_rows(run, point):
 
 
 def write_csv(results, out, machine):
-    """Write the samples of every commit of ``machine`` to ``out``: "-" is stdout, a file one
-    :func:`tools.paths.check_file` allows, written whole or not at all (UserError if not). Only ``time_``
-    benchmarks have samples (seconds). Returns counts: rows, runs, points, points_without_samples."""
+    """Write the samples of every commit of ``machine`` to ``out`` ("-": stdout; else :mod:`tools.paths`): counts of
+    rows, runs, points, points_without_samples."""
     target = None if out == "-" else paths.check_file(out)
     counts = {"rows": 0, "runs": 0, "points": 0, "points_without_samples": 0}
     with contextlib.nullcontext(sys.stdout) if target is None else paths.atomic_write(target) as f:

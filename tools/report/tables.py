@@ -327,8 +327,7 @@ def beyond_table(run):
 TABLES = {"cache": cache_table, "batch": batch_table, "batch_size": batch_size_table, "heads": heads_table,
           "ragged": ragged_table, "roofline": roofline_table,
           "quantized": quantized_table, "beyond": beyond_table}  # one per experiment of EXPERIMENTS, in its order
-# Tables shown by default only where the run measured their benchmark (the last in TABLES, so that two runs'
-# default lists align where they share a table): a commit from before the roofline experiment prints no page of n/a.
+# Tables shown by default only where the run measured their benchmark (the last in TABLES): no page of n/a.
 OPTIONAL = {"roofline": ROOFLINE_PAIRED, "quantized": QUANTIZED_BYTES, "beyond": ROOFLINE_PAIRED}
 
 
@@ -429,7 +428,8 @@ def model_table(run):
                       for w, kv, x in [model_bytes(m)])
     caches = ", ".join(f"{kind} {format_cell(run.value(MODEL_CACHE_BYTES, cache=kind), 'count')}"
                        for kind in bench_model.CACHE_KINDS)
-    note = ("SmolLM-135M's configuration, float32 weights drawn in the suite; one step (one new token) through the "
+    note = ("SmolLM2-135M-Instruct, its weights read from the model's file as float32 (drawn in the suite where it "
+            "is absent); one step (one new token) through the "
             "commit's forward, its caches holding T positions, checked against a float64 oracle first. bytes / step: "
             "every weight once and K and V of T + 1 positions. fraction: the median of per-pair (read time / step time)"
             ", the step timed in turns with np.vdot over the same bytes [its 95 % interval]; ms / token from the same "
