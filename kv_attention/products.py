@@ -33,6 +33,7 @@ THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"
 _BLAS = ThreadpoolController().select(user_api="blas")
 _DEFAULT = [c.num_threads for c in _BLAS.lib_controllers]  # the BLAS's counts before anyone limits them
 _chosen = None  # set_threads' count
+_in_call = None  # the BLAS thread count of the blas_threads call running now
 
 
 FORMULATIONS = {  # each writes rows [N, in] @ w.T into out [N, out]
@@ -143,8 +144,14 @@ def set_threads(count):
 
 
 def _run(count, call):
+    global _in_call
+    outer = _in_call
     with contextlib.nullcontext() if count is None else _BLAS.limit(limits=count):
-        return call()
+        _in_call = min(_threads_now(), default=1)  # read once a call, not once a product (1 us each)
+        try:
+            return call()
+        finally:
+            _in_call = outer
 
 
 def blas_threads(function):
@@ -155,8 +162,11 @@ def blas_threads(function):
 def linear(x, w):
     """``x @ w.T`` of ``x [..., in]`` and ``w [out, in]``: ``[..., out]``, in the planned formulation (module doc)."""
     rows = x.reshape(-1, x.shape[-1])  # [N, in]
-    out = np.empty((len(rows), len(w)), np.result_type(rows, w))  # [N, out]
-    name = "one" if not 0 < len(rows) <= MAX_PLANNED else \
-        choice(*w.shape, out.dtype, len(rows), min(_threads_now(), default=1))
-    FORMULATIONS[name](rows, w, out)
+    dtype, n = np.result_type(rows, w), len(rows)
+    name = "one" if not 0 < n <= MAX_PLANNED else choice(*w.shape, dtype, n, _in_call or min(_threads_now(), default=1))
+    if name == "one" or (name == "per_row" and n == 1):  # the same BLAS call as FORMULATIONS', without its loop
+        out = rows @ w.T if name == "one" else np.matmul(w, rows[0])[None]  # [N, out]
+    else:
+        out = np.empty((n, len(w)), dtype)  # [N, out]
+        FORMULATIONS[name](rows, w, out)
     return out.reshape(x.shape[:-1] + w.shape[:1])
