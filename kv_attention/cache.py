@@ -183,12 +183,12 @@ def atomic(cache, t_new):
     snapshot = None if cache is None else cache.snapshot(t_new)
     try:
         yield
+        if cache is not None:
+            cache.commit()  # inside: a commit interrupted half-way is undone too
     except BaseException:
         if cache is not None:
             cache.restore(snapshot)
         raise
-    if cache is not None:
-        cache.commit()
 
 
 def as_batch_shape(batch_shape):
