@@ -633,7 +633,7 @@ class PagedCacheView:
         if not isinstance(cache, PagedKVCache) or cache.num_kv_heads is None:
             raise TypeError(f"cache must be a PagedKVCache with num_kv_heads, got {cache!r:.100}")
         self.cache, self.seq_ids, self.token_ids = cache, as_id_list(seq_ids), token_ids
-        self._slot_mapping = self._open = None  # the call's slots; [lengths, t_new, checkpoint] of its snapshot
+        self._slot_mapping = None  # the call's slots
         cache.get_seq_lengths(self.seq_ids)  # checks every id
 
     def get_seq_length(self):
@@ -682,42 +682,23 @@ class PagedCacheView:
         except BaseException:
             self.cache.restore(checkpoint)
             raise
-        self._open = [self.get_seq_length(), t_new, checkpoint]
-        return self._open
+        return checkpoint
 
     def restore(self, snapshot):
         """The pool as at :meth:`snapshot` (:meth:`PagedKVCache.restore`)."""
-        self._open = None
-        self.cache.restore(snapshot[2])
+        self.cache.restore(snapshot)
 
     def commit(self):
         """With prefix caching, cache the blocks the call filled (V1's ``cache_full_blocks``)."""
-        self._open = None
         self.cache.cache_full_blocks(self.seq_ids)
 
     def crop(self, lengths):
         """Keep the first ``lengths[i]`` tokens of each sequence (one int: of every one), all checked first
-        (:meth:`PagedKVCache.crop`). Inside a call, to no fewer tokens than it began with: the pool is put back as at
-        its snapshot and the tokens kept written again, O(the call's tokens), so that its restore stays exact."""
+        (:meth:`PagedKVCache.crop`): it touches the dropped tokens' blocks only, and inside a call its restore undoes
+        it (the journal's)."""
         n = len(self.seq_ids)
         lengths = as_sizes_per_sequence("lengths", np.broadcast_to(lengths, n) if np.ndim(lengths) == 0 else lengths, n)
         for length, held in zip(lengths, self.get_seq_length()):
             check_crop(length, held)
-        if self._open is None:
-            for seq_id, length in zip(self.seq_ids, lengths.tolist()):
-                self.cache.crop(seq_id, length)
-            return
-        pool, (start, t_new, checkpoint), size = self.cache, self._open, self.cache.block_size
-        if (lengths < start).any():
-            raise ValueError(f"lengths must keep the {start.tolist()} tokens held before the call, got "
-                             f"{lengths.tolist()}")
-        slots = [np.array(pool.block_table(s), np.int64)[p // size] * size + p % size  # the tokens since the call
-                 for s, p in zip(self.seq_ids, map(np.arange, start, lengths))]
-        kept = [[[x.reshape(-1, *x.shape[2:])[i].astype(compute_dtype(x.dtype)) for x in kv]
-                 for kv in zip(pool.k_caches, pool.v_caches)] for i in slots]  # per sequence and layer: k, v
-        pool.restore(checkpoint)
-        self._open[2] = pool.checkpoint(self.seq_ids, t_new)
-        for seq_id, i, layers in zip(self.seq_ids, slots, kept):
-            slot_mapping = pool.append_slots([seq_id], len(i))
-            for layer, (k, v) in enumerate(layers):
-                pool.write_slots(layer, slot_mapping, k[None], v[None])
+        for seq_id, length in zip(self.seq_ids, lengths.tolist()):
+            self.cache.crop(seq_id, length)
