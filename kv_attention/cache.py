@@ -314,9 +314,8 @@ class DynamicCache(Cache):
             c.crop(length)
         if length == 0:
             self.k_cache = self.v_cache = None
-        elif self.k_cache is not None:
-            self.k_cache = self.k_cache[..., :length, :].copy()
-            self.v_cache = self.v_cache[..., :length, :].copy()
+        elif self.k_cache is not None:  # views, as HF's DynamicLayer.crop: the kept positions are not copied
+            self.k_cache, self.v_cache = self.k_cache[..., :length, :], self.v_cache[..., :length, :]
 
     def _nbytes(self):
         return 0 if self.k_cache is None else self.k_cache.nbytes + self.v_cache.nbytes
