@@ -129,12 +129,15 @@ _CONVERTED = {}  # id(weight) -> the weight in the compute dtype, while the weig
 
 def converted(w, dtype, once=True):
     """Weight ``w`` in ``dtype``: with ``once``, converted the first time and kept while ``w`` lives (``w`` is
-    then read-only, so that no write leaves the copy stale); else converted now and not kept."""
+    then read-only, and so is any array it views, so that no write leaves the copy stale); else converted now and
+    not kept."""
     if w.dtype == dtype or not once:
         return w.astype(dtype, copy=False)
     if id(w) not in _CONVERTED:
         _CONVERTED[id(w)] = w.astype(dtype)
-        w.flags.writeable = False
+        base = w
+        while isinstance(base, np.ndarray):  # a view's buffer too: a write through it would change w
+            base.flags.writeable, base = False, base.base
         weakref.finalize(w, _CONVERTED.pop, id(w), None)
     return _CONVERTED[id(w)]
 

@@ -92,6 +92,20 @@ def test_a_dynamic_crop_copies_none_of_the_positions_it_keeps():
     np.testing.assert_allclose(kv.forward(CONFIG, W64, IDS[:, 5:], cache=cache),
                                kv.forward(CONFIG, W64, IDS)[:, 5:], **TOL)
 
+
+def test_a_16bit_weight_that_views_a_writable_buffer_is_never_read_from_a_stale_copy():
+    # main kept the float32 copy of a view and made the view read-only, but the caller could still write through
+    # the buffer it views, and the next forward read the old copy (logits off by 3.3 here). The buffer is read-only
+    # too now, as the weight: a write into it is refused, never silently ignored.
+    w16 = {name: w.astype(np.float16) for name, w in W64.items()}
+    buffer = np.stack([w16["lm_head.weight"]] * 2)  # the head is a view of a writable buffer
+    weights = {**w16, "lm_head.weight": buffer[0]}
+    expected = kv.forward(CONFIG, weights, IDS)
+    with pytest.raises(ValueError, match="read-only"):
+        buffer[0] *= 2  # the caller's new head, written through the buffer
+    np.testing.assert_array_equal(buffer[0], w16["lm_head.weight"])
+    np.testing.assert_array_equal(kv.forward(CONFIG, weights, IDS), expected)
+
 # Random sequences of calls on one pool against an independent reference: each sequence's tokens, whose K/V the
 # naive model gives (its kv_hook), and the pool's bookkeeping recounted from the block tables.
 
