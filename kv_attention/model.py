@@ -16,7 +16,7 @@ import weakref
 
 import numpy as np
 
-from ._validation import as_flag, as_integer_array, as_real, as_size
+from ._validation import as_flag, as_integer_array, as_real, as_size, check_finite_array
 from .cache import DynamicCache, atomic
 from .products import blas_threads, linear  # planned on the machine
 from .speculative import SpecDecodingStats, prompt_lookup_candidates
@@ -246,7 +246,9 @@ def _forward(config, weights, ids, cache, dtype, once):
         x = x + mlp(w, rms_norm(x, w["post_attention_layernorm.weight"], eps))
     x = rms_norm(x, converted(weights["model.norm.weight"], dtype, once), eps)
     head = weights["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"]
-    return linear(x, converted(head, dtype, once))  # [B, T, vocab_size]
+    logits = linear(x, converted(head, dtype, once))  # [B, T, vocab_size]
+    check_finite_array("logits", logits)  # a NaN weight after the last cache write (its MLP, the norm, the head)
+    return logits
 
 
 @blas_threads

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 import kv_attention as kv
+from kv_attention._validation import NonFiniteError
 
 from ..references import naive_llama_forward
-from .test_model import CONFIG, IDS, TOL, W64
+from .test_model import ATOMIC_KINDS, CONFIG, IDS, TOL, W64, filled, full_state
 from .test_scheduler import pool_state
 
 
@@ -105,6 +106,23 @@ def test_a_16bit_weight_that_views_a_writable_buffer_is_never_read_from_a_stale_
         buffer[0] *= 2  # the caller's new head, written through the buffer
     np.testing.assert_array_equal(buffer[0], w16["lm_head.weight"])
     np.testing.assert_array_equal(kv.forward(CONFIG, weights, IDS), expected)
+
+
+@pytest.mark.parametrize("name", ["model.layers.1.mlp.down_proj.weight", "model.norm.weight", "lm_head.weight"])
+@pytest.mark.parametrize("kind", ATOMIC_KINDS)
+def test_a_nan_weight_after_the_last_cache_write_fails_as_one_in_a_layer_does(kind, name):
+    # main: no cache refuses it, so generate returned tokens [0, 0, 0] (argmax of NaN logits) and kept them, and
+    # serve gave the same zeros as each request's output
+    w = {**W64, name: W64[name].copy()}
+    w[name].flat[0] = np.nan
+    cache = filled(kind)
+    before = full_state(cache)
+    with pytest.raises(NonFiniteError, match="logits contains NaN or inf") as raised:
+        kv.generate(CONFIG, w, IDS[:, 5:8], 3, cache=cache)
+    assert raised.value.__context__ is None and full_state(cache) == before
+    with pytest.raises(NonFiniteError, match="logits"):
+        kv.serve([kv.Request("a", [1, 2, 3], max_tokens=3)], model=(CONFIG, w), num_blocks=4,
+                 max_num_batched_tokens=8)
 
 # Random sequences of calls on one pool against an independent reference: each sequence's tokens, whose K/V the
 # naive model gives (its kv_hook), and the pool's bookkeeping recounted from the block tables.
