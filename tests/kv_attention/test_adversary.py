@@ -5,6 +5,8 @@ Float64 weights, so that no near tie turns a token; logits compared within 1e-9 
 the K/V and pool state of a restored cache bit for bit (a restore puts back what was there).
 """
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -129,9 +131,20 @@ def test_a_nan_weight_after_the_last_cache_write_fails_as_one_in_a_layer_does(ki
 
 def reference_kv(tokens):
     """Each layer's rotated k and v of ``tokens``, ``[T, H_kv, D]`` each, by the naive model (float64)."""
+    return _reference_kv(tuple(tokens))
+
+
+@functools.lru_cache(maxsize=4096)
+def _reference_kv(tokens):
     layers = []
-    naive_llama_forward(CONFIG, W64, [tokens], kv_hook=lambda k, v: layers.append((k, v)) or (k, v))
+    naive_llama_forward(CONFIG, W64, [list(tokens)], kv_hook=lambda k, v: layers.append((k, v)) or (k, v))
     return [(k.swapaxes(0, 1), v.swapaxes(0, 1)) for k, v in layers]
+
+
+@functools.lru_cache(maxsize=4096)
+def naive_logits(tokens, window=None):
+    """The naive model's logits ``[T, V]`` of ``tokens`` (a tuple), kept: the random calls ask for one prefix often."""
+    return naive_llama_forward(CONFIG, W64, [list(tokens)], window=window)[0]
 
 
 class Bomb(dict):
@@ -169,7 +182,7 @@ class PagedCalls(RuleBasedStateMachine):
 
     def check_logits(self, seqs, ids, logits):
         for row, s in enumerate(seqs):
-            expected = naive_llama_forward(CONFIG, W64, [self.ref[s] + ids[row].tolist()])[0, -ids.shape[1]:]
+            expected = naive_logits(tuple(self.ref[s] + ids[row].tolist()))[-ids.shape[1]:]
             np.testing.assert_allclose(logits[row], expected, **TOL)
 
     def forward(self, seqs, ids, record):
@@ -215,7 +228,7 @@ class PagedCalls(RuleBasedStateMachine):
             return
         expected = list(self.ref[s]) + [1, 2, 1]
         for _ in range(n):
-            expected.append(int(naive_llama_forward(CONFIG, W64, [expected])[0, -1].argmax()))
+            expected.append(int(naive_logits(tuple(expected))[-1].argmax()))
         assert out[0].tolist() == expected[len(self.ref[s]):]
         self.ref[s] = expected[:-1]
 
@@ -291,3 +304,98 @@ class PagedCalls(RuleBasedStateMachine):
 PagedCalls.TestCase.settings = settings(max_examples=30, stateful_step_count=25, deadline=None,
                                         suppress_health_check=list(HealthCheck))
 test_random_calls_on_a_paged_pool_against_the_reference = PagedCalls.TestCase
+
+
+class CacheCalls(RuleBasedStateMachine):
+    """forward, generate, prompt lookup, crop and failing calls on one cache object of every layer (B = 1)."""
+
+    @initialize(kind=st.sampled_from(["dynamic", "static", "window", "quantized"]))
+    def start(self, kind):
+        shape, d = (1, CONFIG.num_key_value_heads), CONFIG.head_dim
+        self.kind, self.ref = kind, []
+        self.cache = {"dynamic": lambda: kv.DynamicCache(), "static": lambda: kv.StaticCache(shape, 24, d, d),
+                      "window": lambda: kv.SlidingWindowCache(shape, 4, d, d, n_sink=1),
+                      "quantized": lambda: kv.QuantizedCache(shape, d, d, group_size=2, residual_length=4)}[kind]()
+
+    def expected_logits(self, tokens):
+        return naive_logits(tuple(tokens), 4 if self.kind == "window" else None)
+
+    @rule(data=st.data(), t=st.integers(1, 5))
+    def forward(self, data, t):
+        ids = np.array([data.draw(st.lists(st.integers(0, 3), min_size=t, max_size=t))])
+        before = full_state(self.cache)
+        try:
+            logits = kv.forward(CONFIG, W64, ids, cache=self.cache)
+        except kv.StaticCacheFullError:
+            assert full_state(self.cache) == before
+            return
+        self.ref += ids[0].tolist()
+        if self.kind != "quantized" and self.kind != "window":  # a window's sink: HF's window has none
+            np.testing.assert_allclose(logits[0], self.expected_logits(self.ref)[-t:], **TOL)
+
+    @precondition(lambda self: self.ref)
+    @rule(n=st.integers(1, 4), k=st.sampled_from([None, 2]))
+    def generate(self, n, k):
+        before, prefix = full_state(self.cache), list(self.ref)
+        if k is not None and not self.cache.can_crop:
+            with pytest.raises(TypeError, match="prompt lookup needs a cache that crops"):
+                kv.generate(CONFIG, W64, [[1, 2, 1]], n, cache=self.cache, prompt_lookup_num_tokens=k)
+            assert full_state(self.cache) == before
+            return
+        try:
+            out = kv.generate(CONFIG, W64, [[1, 2, 1]], n, cache=self.cache, prompt_lookup_num_tokens=k)
+        except kv.StaticCacheFullError:
+            assert full_state(self.cache) == before
+            return
+        self.ref += out[0, :-1].tolist()
+        assert self.cache.get_seq_length() == len(self.ref)
+        if self.kind in ("dynamic", "static"):
+            expected = prefix + [1, 2, 1]
+            for _ in range(n):
+                expected.append(int(self.expected_logits(expected)[-1].argmax()))
+            assert out[0].tolist() == expected[len(prefix):]
+
+    @precondition(lambda self: self.ref)
+    @rule(data=st.data())
+    def crop(self, data):
+        length = data.draw(st.integers(0, len(self.ref)))
+        before = full_state(self.cache)
+        try:
+            self.cache.crop(length)
+        except ValueError:  # a window that wrapped, a quantized block: refused, nothing changed
+            assert self.kind in ("window", "quantized") and full_state(self.cache) == before
+            return
+        del self.ref[length:]
+
+    @precondition(lambda self: self.ref)
+    @rule(data=st.data(), t=st.integers(1, 5), failure=st.sampled_from(["nan", "interrupt", "memory"]))
+    def failing_call(self, data, t, failure):
+        before, ids = full_state(self.cache), np.array([[3] * t])
+        if failure == "nan":
+            name = "model.layers.1.self_attn.v_proj.weight"
+            w, error = {**W64, name: np.full_like(W64[name], np.nan)}, None
+        else:
+            error = KeyboardInterrupt() if failure == "interrupt" else MemoryError("the logits")
+            w = Bomb(W64, data.draw(st.integers(1, 21)), error)
+        with pytest.raises((kv.StaticCacheFullError, ValueError, KeyboardInterrupt, MemoryError)) as raised:
+            if data.draw(st.booleans()):
+                kv.forward(CONFIG, w, ids, cache=self.cache)
+            else:
+                kv.generate(CONFIG, w, ids, 2, cache=self.cache)
+        assert raised.value is error or isinstance(raised.value, ValueError)
+        assert raised.value.__context__ is None and full_state(self.cache) == before
+
+    @invariant()
+    def every_layer_holds_the_tokens_own_keys_and_values(self):
+        assert [c.get_seq_length() for c in self.cache.layers] == [len(self.ref)] * len(self.cache.layers)
+        if self.kind in ("dynamic", "static") and self.ref:
+            n = len(self.ref)
+            for c, (k, v) in zip(self.cache.layers, reference_kv(self.ref)):
+                np.testing.assert_allclose(c.k_cache[0, :, :n].swapaxes(0, 1), k, **TOL)
+                np.testing.assert_allclose(c.v_cache[0, :, :n].swapaxes(0, 1), v, **TOL)
+                assert not c.k_cache[..., n:, :].any() and not c.v_cache[..., n:, :].any()  # a static's: zeros
+
+
+CacheCalls.TestCase.settings = settings(max_examples=30, stateful_step_count=25, deadline=None,
+                                        suppress_health_check=list(HealthCheck))
+test_random_calls_on_each_cache_kind_against_the_reference = CacheCalls.TestCase
