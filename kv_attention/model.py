@@ -286,12 +286,13 @@ def _generate(config, weights, input_ids, max_new_tokens, cache, convert_once, k
             raise ValueError(f"prompt lookup decodes one sequence, input_ids [1, T] (got shape {ids.shape}), and needs "
                              f"a cache to crop a rejected draft back from (got {cache!r:.40})")
     stats, tokens, end = SpecDecodingStats(), ids.copy(), ids.shape[1] + max_new_tokens
+    if max_new_tokens or cache is not None:  # a cache is checked even where no token is asked for
+        cache = check_cache(config, cache, ids, dtype, max_new_tokens)
+        if k is not None and not cache.can_crop:
+            raise TypeError(f"prompt lookup needs a cache that crops a rejected draft back exactly (DynamicCache, "
+                            f"StaticCache, PagedCacheView), got {type(cache).__name__}")
     if not max_new_tokens:
         return tokens, stats
-    cache = check_cache(config, cache, ids, dtype, max_new_tokens)
-    if k is not None and not cache.can_crop:
-        raise TypeError(f"prompt lookup needs a cache that crops a rejected draft back exactly (DynamicCache, "
-                        f"StaticCache, PagedCacheView), got {type(cache).__name__}")
     held, feed, draft = 0 if cache is None else np.max(cache.get_seq_length()), ids, ids[:, :0]
     with atomic(cache, end - 1):
         while tokens.shape[1] < end:

@@ -126,6 +126,19 @@ def test_a_nan_weight_after_the_last_cache_write_fails_as_one_in_a_layer_does(ki
         kv.serve([kv.Request("a", [1, 2, 3], max_tokens=3)], model=(CONFIG, w), num_blocks=4,
                  max_num_batched_tokens=8)
 
+
+@pytest.mark.parametrize("cache, k, error, message", [
+    ([kv.DynamicCache(), kv.DynamicCache()], None, TypeError, "cache must be one object of every layer"),
+    ("dynamic", None, TypeError, "cache must be one object of every layer"),
+    (kv.QuantizedCache((1, 2), 6, 6), 2, TypeError, "prompt lookup needs a cache that crops"),
+    (kv.StaticCache((3, 2), 8, 6, 6), None, ValueError, r"cache layer 0 holds batch shape \(3, 2\)"),
+])
+@pytest.mark.parametrize("max_new_tokens", [0, 1])
+def test_a_bad_cache_is_refused_even_where_no_token_is_asked_for(cache, k, error, message, max_new_tokens):
+    # main returned the prompt for max_new_tokens=0 whatever the cache: a list of per-layer caches passed
+    with pytest.raises(error, match=message):
+        kv.generate(CONFIG, W64, [[1, 2]], max_new_tokens, cache=cache, prompt_lookup_num_tokens=k)
+
 # Random sequences of calls on one pool against an independent reference: each sequence's tokens, whose K/V the
 # naive model gives (its kv_hook), and the pool's bookkeeping recounted from the block tables.
 
