@@ -28,6 +28,7 @@ calls that succeeded since (a model's forward, a serve).
 """
 
 import math
+import weakref
 
 import numpy as np
 
@@ -399,6 +400,7 @@ class PagedKVCache:
         k_dim, v_dim = as_size("k_dim", k_dim, minimum=1), as_size("v_dim", v_dim)  # the library's rule for widths
         self.manager = KVCacheManager(num_blocks, block_size, enable_prefix_caching, self._copy_block,
                                       self._save_block)
+        self._saved = weakref.WeakKeyDictionary()  # checkpoint -> the blocks whose K/V it recorded
         dtype = as_float_dtype(dtype, storage=True)  # bfloat16/float16 as cache.py's caches
         heads = () if num_kv_heads is None else (as_size("num_kv_heads", num_kv_heads, minimum=1),)
         num_layers = as_size("num_layers", num_layers, minimum=1)
@@ -478,6 +480,7 @@ class PagedKVCache:
         """Undo every change since ``checkpoint``: lengths, block tables, the K/V of the blocks taken, the free
         queue's order, refcounts, prefix-cache hashes and the peak, exactly as they were."""
         self.journal.restore(checkpoint)
+        self._saved.clear()  # the records undone: a block taken next is recorded again
 
     def gather(self, seq_ids, layer=0):
         """Layer ``layer``'s copies ``(k [N, S, (H_kv,) D_k], v [N, S, (H_kv,) D_v], lengths [N])`` of ``seq_ids``.
@@ -505,8 +508,12 @@ class PagedKVCache:
             pool[dst] = pool[src]
 
     def _save_block(self, block):
-        """Before a block is taken and written over: record its K/V, to be put back by a restore."""
-        self.journal.record(self._put_block, block, [pool[block].copy() for pool in self.k_caches + self.v_caches])
+        """Before a block is taken and written over: record its K/V, to be put back by a restore; once for the newest
+        checkpoint (a restore puts back the first record, so a serve keeps at most a copy of the pool, not one a take)."""
+        saved = self._saved.setdefault(max(self.journal._live, key=lambda c: c.mark), set())
+        if block not in saved:
+            saved.add(block)
+            self.journal.record(self._put_block, block, [pool[block].copy() for pool in self.k_caches + self.v_caches])
 
     def _put_block(self, block, saved):
         for pool, contents in zip(self.k_caches + self.v_caches, saved):

@@ -139,6 +139,26 @@ def test_a_bad_cache_is_refused_even_where_no_token_is_asked_for(cache, k, error
     with pytest.raises(error, match=message):
         kv.generate(CONFIG, W64, [[1, 2]], max_new_tokens, cache=cache, prompt_lookup_num_tokens=k)
 
+
+def test_a_serve_in_a_callers_pool_records_each_blocks_contents_once_not_at_every_take():
+    # main recorded a block's K/V at every take while the serve's checkpoint lived: 244 takes of 8 blocks kept 30
+    # copies of the pool (SmolLM2: 0.7 MB a block of 16 tokens, so 9 GB for 1,000 requests of 200 tokens)
+    pool, rng = llama_pool(num_blocks=8), np.random.default_rng(0)
+    requests = [kv.Request(i, rng.integers(0, 61, 6).tolist(), max_tokens=6) for i in range(80)]
+    journal, take, peak = pool.journal, pool.manager.block_pool.on_take, [0, 0]
+
+    def on_take(block):
+        take(block)
+        kept = sum(sum(a.nbytes for a in args[1]) for undo, args in journal._undo if undo == pool._put_block)
+        peak[:] = max(peak[0], kept), peak[1] + 1
+
+    pool.manager.block_pool.on_take = on_take
+    result = kv.serve(requests, model=(CONFIG, W64), cache=pool, max_num_batched_tokens=16)
+    assert peak[1] > 200 and peak[0] <= sum(a.nbytes for a in pool.k_caches + pool.v_caches)
+    for r in requests[:5]:  # and the serve is what it was
+        np.testing.assert_array_equal(result.outputs[r.request_id],
+                                      kv.generate(CONFIG, W64, [r.token_ids], 6)[0, len(r.token_ids):])
+
 # Random sequences of calls on one pool against an independent reference: each sequence's tokens, whose K/V the
 # naive model gives (its kv_hook), and the pool's bookkeeping recounted from the block tables.
 
