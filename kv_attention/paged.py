@@ -278,6 +278,8 @@ class KVCacheManager(BlockTables):
         self._check_known([seq_id])
         length = check_crop(length, self._lengths[seq_id])
         table, full, kept = self._block_tables[seq_id], length // self.block_size, self._blocks_for(length)
+        if full < kept and self.journal.recording and self.block_pool.on_take is not None:
+            self.block_pool.on_take(table[full])  # the kept last block's dropped slots may be written over next
         self.block_pool.free(table[kept:][::-1])
         tokens, hashes = self._token_ids.get(seq_id), self._block_hashes.get(seq_id, [])
         self.journal.record(self._uncrop, seq_id, self._lengths[seq_id], self._num_cached.get(seq_id), table[kept:],
