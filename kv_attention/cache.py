@@ -163,12 +163,12 @@ def atomic(cache, t_new):
     snapshot = None if cache is None else cache.snapshot(t_new)
     try:
         yield
+        if cache is not None:
+            cache.commit()  # inside: a commit interrupted half-way is undone too
     except BaseException:
         if cache is not None:
             cache.restore(snapshot)
         raise
-    if cache is not None:
-        cache.commit()
 
 
 def as_batch_shape(batch_shape):
@@ -286,9 +286,8 @@ class DynamicCache(Cache):
             c.crop(length)
         if length == 0:
             self.k_cache = self.v_cache = None
-        elif self.k_cache is not None:
-            self.k_cache = self.k_cache[..., :length, :].copy()
-            self.v_cache = self.v_cache[..., :length, :].copy()
+        elif self.k_cache is not None:  # views, as HF's DynamicLayer.crop: the kept positions are not copied
+            self.k_cache, self.v_cache = self.k_cache[..., :length, :], self.v_cache[..., :length, :]
 
     def _nbytes(self):
         return 0 if self.k_cache is None else self.k_cache.nbytes + self.v_cache.nbytes

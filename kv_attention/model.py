@@ -15,7 +15,7 @@ import weakref
 
 import numpy as np
 
-from ._validation import as_flag, as_integer_array, as_real, as_size
+from ._validation import as_flag, as_integer_array, as_real, as_size, check_finite_array
 from .cache import DynamicCache, atomic
 from .products import blas_threads, linear  # planned on the machine
 from .speculative import SpecDecodingStats, prompt_lookup_candidates
@@ -128,12 +128,15 @@ _CONVERTED = {}  # id(weight) -> the weight in the compute dtype, while the weig
 
 def converted(w, dtype, once=True):
     """Weight ``w`` in ``dtype``: with ``once``, converted the first time and kept while ``w`` lives (``w`` is
-    then read-only, so that no write leaves the copy stale); else converted now and not kept."""
+    then read-only, and so is any array it views, so that no write leaves the copy stale); else converted now and
+    not kept."""
     if w.dtype == dtype or not once:
         return w.astype(dtype, copy=False)
     if id(w) not in _CONVERTED:
         _CONVERTED[id(w)] = w.astype(dtype)
-        w.flags.writeable = False
+        base = w
+        while isinstance(base, np.ndarray):  # a view's buffer too: a write through it would change w
+            base.flags.writeable, base = False, base.base
         weakref.finalize(w, _CONVERTED.pop, id(w), None)
     return _CONVERTED[id(w)]
 
@@ -239,7 +242,9 @@ def _forward(config, weights, ids, cache, dtype, once):
         x = x + mlp(w, rms_norm(x, w["post_attention_layernorm.weight"], eps))
     x = rms_norm(x, converted(weights["model.norm.weight"], dtype, once), eps)
     head = weights["model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"]
-    return linear(x, converted(head, dtype, once))  # [B, T, vocab_size]
+    logits = linear(x, converted(head, dtype, once))  # [B, T, vocab_size]
+    check_finite_array("logits", logits)  # a NaN weight after the last cache write (its MLP, the norm, the head)
+    return logits
 
 
 @blas_threads
@@ -273,12 +278,13 @@ def _generate(config, weights, input_ids, max_new_tokens, cache, convert_once, k
             raise ValueError(f"prompt lookup decodes one sequence, input_ids [1, T] (got shape {ids.shape}), and needs "
                              f"a cache to crop a rejected draft back from (got {cache!r:.40})")
     stats, tokens, end = SpecDecodingStats(), ids.copy(), ids.shape[1] + max_new_tokens
+    if max_new_tokens or cache is not None:  # a cache is checked even where no token is asked for
+        cache = check_cache(config, cache, ids, dtype, max_new_tokens)
+        if k is not None and not cache.can_crop:
+            raise TypeError(f"prompt lookup needs a cache that crops a rejected draft back exactly (DynamicCache, "
+                            f"StaticCache, PagedCacheView), got {type(cache).__name__}")
     if not max_new_tokens:
         return tokens, stats
-    cache = check_cache(config, cache, ids, dtype, max_new_tokens)
-    if k is not None and not cache.can_crop:
-        raise TypeError(f"prompt lookup needs a cache that crops a rejected draft back exactly (DynamicCache, "
-                        f"StaticCache, PagedCacheView), got {type(cache).__name__}")
     held, feed, draft = 0 if cache is None else np.max(cache.get_seq_length()), ids, ids[:, :0]
     with atomic(cache, end - 1):
         while tokens.shape[1] < end:

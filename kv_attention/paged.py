@@ -18,6 +18,7 @@ are free; every check runs before anything is written, so a call that raises cha
 """
 
 import math
+import weakref
 
 import numpy as np
 
@@ -363,6 +364,7 @@ class PagedKVCache:
         k_dim, v_dim = as_size("k_dim", k_dim, minimum=1), as_size("v_dim", v_dim)  # the library's rule for widths
         self.manager = KVCacheManager(num_blocks, block_size, enable_prefix_caching, self._copy_block,
                                       self._save_block)
+        self._saved = weakref.WeakKeyDictionary()  # checkpoint -> the blocks whose K/V it recorded
         dtype = as_float_dtype(dtype, storage=True)  # bfloat16/float16 as cache.py's caches
         heads = () if num_kv_heads is None else (as_size("num_kv_heads", num_kv_heads, minimum=1),)
         num_layers = as_size("num_layers", num_layers, minimum=1)
@@ -435,6 +437,7 @@ class PagedKVCache:
         """Undo every change since ``checkpoint``: lengths, block tables, the K/V of the blocks taken or cropped into,
         the free queue's order, refcounts, prefix-cache hashes and the peak, exactly as they were."""
         self.journal.restore(checkpoint)
+        self._saved.clear()  # the records undone: a block taken next is recorded again
 
     def gather(self, seq_ids, layer=0):
         """Layer ``layer``'s copies ``(k [N, S, (H_kv,) D_k], v [N, S, (H_kv,) D_v], lengths [N])`` of ``seq_ids``:
@@ -459,8 +462,12 @@ class PagedKVCache:
             pool[dst] = pool[src]
 
     def _save_block(self, block):
-        """Before a block is taken and written over: record its K/V, to be put back by a restore."""
-        self.journal.record(self._put_block, block, [pool[block].copy() for pool in self.k_caches + self.v_caches])
+        """Before a block is taken and written over: record its K/V, to be put back by a restore; once for the newest
+        checkpoint (a restore puts back the first record, so a serve keeps at most a copy of the pool, not one a take)."""
+        saved = self._saved.setdefault(max(self.journal._live, key=lambda c: c.mark), set())
+        if block not in saved:
+            saved.add(block)
+            self.journal.record(self._put_block, block, [pool[block].copy() for pool in self.k_caches + self.v_caches])
 
     def _put_block(self, block, saved):
         for pool, contents in zip(self.k_caches + self.v_caches, saved):
@@ -575,7 +582,7 @@ class PagedCacheView:
         if not isinstance(cache, PagedKVCache) or cache.num_kv_heads is None:
             raise TypeError(f"cache must be a PagedKVCache with num_kv_heads, got {cache!r:.100}")
         self.cache, self.seq_ids, self.token_ids = cache, as_id_list(seq_ids), token_ids
-        self._slot_mapping = self._open = None  # the call's slots; (lengths, checkpoint) of its snapshot
+        self._slot_mapping = None  # the call's slots
         cache.get_seq_lengths(self.seq_ids)  # checks every id
 
     def get_seq_length(self):
@@ -618,41 +625,23 @@ class PagedCacheView:
         except BaseException:
             self.cache.restore(checkpoint)
             raise
-        self._open = [self.get_seq_length(), checkpoint]
-        return self._open
+        return checkpoint
 
     def restore(self, snapshot):
         """The pool as at :meth:`snapshot` (:meth:`PagedKVCache.restore`)."""
-        self._open = None
-        self.cache.restore(snapshot[1])
+        self.cache.restore(snapshot)
 
     def commit(self):
         """With prefix caching, cache the blocks the call filled (V1's ``cache_full_blocks``)."""
-        self._open = None
         self.cache.cache_full_blocks(self.seq_ids)
 
     def crop(self, lengths):
-        """Keep the first ``lengths[i]`` (or one int) tokens of each sequence. Inside a call, no fewer than it began
-        with: the pool goes back to its snapshot and the kept tokens are written again, so its restore stays exact."""
+        """Keep the first ``lengths[i]`` tokens of each sequence (one int: of every one), all checked first
+        (:meth:`PagedKVCache.crop`): it touches the dropped tokens' blocks only, and inside a call its restore undoes
+        it (the journal's)."""
         n = len(self.seq_ids)
         lengths = as_sizes_per_sequence("lengths", np.broadcast_to(lengths, n) if np.ndim(lengths) == 0 else lengths, n)
         for length, held in zip(lengths, self.get_seq_length()):
             check_crop(length, held)
-        if self._open is None:
-            for seq_id, length in zip(self.seq_ids, lengths.tolist()):
-                self.cache.crop(seq_id, length)
-            return
-        pool, (start, checkpoint), size = self.cache, self._open, self.cache.block_size
-        if (lengths < start).any():
-            raise ValueError(f"lengths must keep the {start.tolist()} tokens held before the call, got "
-                             f"{lengths.tolist()}")
-        slots = [np.array(pool.block_table(s), np.int64)[p // size] * size + p % size  # the tokens since the call
-                 for s, p in zip(self.seq_ids, map(np.arange, start, lengths))]
-        kept = [[[x.reshape(-1, *x.shape[2:])[i].astype(compute_dtype(x.dtype)) for x in kv]
-                 for kv in zip(pool.k_caches, pool.v_caches)] for i in slots]  # per sequence and layer: k, v
-        pool.restore(checkpoint)
-        self._open[1] = pool.checkpoint()
-        for seq_id, i, layers in zip(self.seq_ids, slots, kept):
-            slot_mapping = pool.append_slots([seq_id], len(i))
-            for layer, (k, v) in enumerate(layers):
-                pool.write_slots(layer, slot_mapping, k[None], v[None])
+        for seq_id, length in zip(self.seq_ids, lengths.tolist()):
+            self.cache.crop(seq_id, length)
