@@ -457,7 +457,7 @@ def model_batch_table(run):
     note = ("One step of B sequences against static caches of T positions, timed in turns with the B = 1 step. over "
             "B = 1: B x time(B = 1) / time(B), the median of per-pair ratios [its 95 % interval]; B x would mean a step "
             "of B costs what a step of one does. BLAS alone: the same for the step's weight products only (each "
-            "layer's seven and the lm_head, a weight 64 rows a matmul), what the BLAS allows the step. " + PAIRED_NOTE)
+            "layer's seven and the lm_head, each B's fastest formulation), what the BLAS allows the step. " + PAIRED_NOTE)
     return Table("Model experiment: B sequences per step", ("T", "B"),
                  {"positions / s": "rate", "B = 1, same pairs": "rate", "over B = 1": "ratio3", "BLAS alone": "ratio3"},
                  rows, note)
