@@ -10,6 +10,13 @@ from tools import common
 PACKAGE = {"setup.cfg": "[metadata]", "pyproject.toml": "", "kv_attention/__init__.py": ""}  # a buildable commit
 
 
+@pytest.fixture(autouse=True)
+def inside_the_venv(monkeypatch):
+    """``dev.main`` as ``tools/dev.py test`` runs it: inside .venv, so that a plain ``pytest`` is not replaced by the
+    command it tests (dev.main re-executes itself in .venv otherwise)."""
+    monkeypatch.setenv(common.INSIDE_VENV, "1")
+
+
 @pytest.fixture
 def repo(monkeypatch, tmp_path):
     """An empty git repository in tmp_path, made the commands' ``common.ROOT``.
