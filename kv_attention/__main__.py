@@ -87,9 +87,10 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, metavar="N", help="BLAS threads (default: the variables', else the "
                         "count measured fastest here: kv_attention.products)")
     args = parser.parse_args(argv)
-    for name, value in (("--max-new-tokens", args.max_new_tokens), ("--threads", 1 if args.threads is None else args.threads)):
-        if value < 1:
-            parser.error(f"{name} must be at least 1, got {value}")
+    if args.max_new_tokens < 1:
+        parser.error(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.threads is not None and not 1 <= args.threads <= (os.cpu_count() or 1):  # more only oversubscribe
+        parser.error(f"--threads must be from 1 to this machine's {os.cpu_count() or 1} CPUs, got {args.threads}")
     for name, text in (("prompt", args.prompt), ("--system", args.system or "")):
         try:
             text.encode("utf-8")

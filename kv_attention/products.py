@@ -140,7 +140,10 @@ def threads():
 def set_threads(count):
     """Run :func:`blas_threads`' calls at ``count`` BLAS threads (an int >= 1), or None: the plan's, as at import."""
     global _chosen
-    _chosen = None if count is None else as_size("threads", count, minimum=1)
+    count = None if count is None else as_size("threads", count, minimum=1)
+    if count is not None and count > (os.cpu_count() or 1):  # threads beyond the CPUs take turns on them
+        raise ValueError(f"threads must be at most this machine's {os.cpu_count() or 1} CPUs, got {count}")
+    _chosen = count
 
 
 def _run(count, call):

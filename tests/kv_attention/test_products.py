@@ -1,6 +1,7 @@
 """kv_attention.products: every formulation is the one product, and the plans are kept per machine, robustly."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -120,6 +121,10 @@ def test_blas_threads_runs_at_the_chosen_count_and_respects_the_callers():
         products.set_threads(0)
     with pytest.raises(TypeError, match="threads"):
         products.set_threads("2")
+    products.set_threads(1)
+    with pytest.raises(ValueError, match="at most this machine's"):  # more than the CPUs only take turns on them
+        products.set_threads((os.cpu_count() or 1) + 1)
+    assert products.threads() == 1  # the refused count changed nothing
 
 
 def test_the_default_count_is_the_plans_unless_a_variable_chose(monkeypatch, fresh_plans):
@@ -138,9 +143,11 @@ def test_the_default_count_is_the_plans_unless_a_variable_chose(monkeypatch, fre
 def test_the_commands_threads_option_sets_the_count(monkeypatch, capsys):
     from kv_attention import __main__ as cli
 
-    with pytest.raises(SystemExit):
-        cli.parse_args(["hi", "--threads", "0"])
-    assert "--threads must be at least 1, got 0" in capsys.readouterr().err
+    for bad in ("0", "1000"):
+        with pytest.raises(SystemExit):
+            cli.parse_args(["hi", "--threads", bad])
+        assert f"--threads must be from 1 to this machine's {os.cpu_count() or 1} CPUs, got {bad}" \
+            in capsys.readouterr().err
     seen = []
     monkeypatch.setattr(cli, "chat", lambda *args, **kwargs: seen.append(products.threads()) or "stats")
     assert cli.main(["hi", "--threads", "1"]) == 0 and seen == [1]
