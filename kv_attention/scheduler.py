@@ -44,7 +44,8 @@ from .paged import OutOfBlocksError, PagedCacheView, PagedKVCache, as_token_ids,
 @dataclass(frozen=True)
 class Request:
     """``token_ids``, the first ``prompt_len`` (default all) the prompt; ``request_id`` any hashable, distinct;
-    ``arrival_step`` the step it arrives at; ``max_tokens``: for the model, the tokens to generate after the prompt."""
+    ``arrival_step`` the step it arrives at; ``max_tokens``: for the model, the tokens to generate after the prompt.
+    Without ``max_tokens``, one output per position from the prompt's last: 1 + len(token_ids) - prompt_len."""
 
     request_id: Any
     token_ids: Any
@@ -275,6 +276,8 @@ def check_serve_inputs(requests, embedding, weights, model, cache, block_size, n
         vocab_size, d_k, d_v, heads, layers = len(embedding), weights[1].shape[1], weights[2].shape[1], None, 1
         output = (d_v,), dtype  # an attention output [D_v] per step
     if cache is None:
+        if num_blocks is None:
+            raise TypeError("num_blocks must be given, the size of the pool serve makes, unless cache= is a pool")
         cache = PagedKVCache(as_size("num_blocks", num_blocks), 16 if block_size is None else block_size, d_k, d_v,
                              dtype, enable_prefix_caching=enable_prefix_caching, num_kv_heads=heads, num_layers=layers)
     else:

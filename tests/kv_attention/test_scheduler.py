@@ -279,6 +279,7 @@ def test_bad_requests_are_refused_before_anything_runs(requests, error, message,
         ({"block_size": 0}, ValueError, "block_size must be >= 1"),
         ({"num_blocks": -1}, ValueError, "num_blocks must be >= 0"),
         ({"num_blocks": 2.0}, TypeError, "num_blocks must be an integer"),
+        ({"num_blocks": None}, TypeError, "num_blocks must be given, the size of the pool serve makes, unless cache="),
         ({"enable_prefix_caching": "yes"}, TypeError, "enable_prefix_caching must be True or False"),
     ],
 )
