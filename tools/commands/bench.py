@@ -208,9 +208,10 @@ def run(args):
                 + (0 if (common.ROOT / ".asv" / "env").is_dir() else FIRST_ENV))
     load = max(os.getloadavg()[::2])  # the 1 or 15 min average: 4 runs within 10 %, 1 42 % over
     estimate *= max(1.0, load / os.cpu_count()) ** 0.7
+    about = f"about {minutes(estimate)} with publish and pairs at load {load:.1f}" if todo or source is None else \
+        "nothing to measure, a publish only"
     print(f"{len(commits)} commit(s) of {common.BRANCH} selected; {len(commits) - len(todo)} already have results on "
-          f"{machine!r}, benchmarking {len(todo)}: about {minutes(estimate)} with publish and pairs at load {load:.1f}",
-          flush=True)
+          f"{machine!r}, benchmarking {len(todo)}: {about}", flush=True)
     started = time.monotonic()
     if alone:
         heading(f"asv run: the regression suite (benchmarks/) on {len(alone)} commit(s) of {common.BRANCH}")
