@@ -112,7 +112,9 @@ def read_config(path, fields, tensor_names):
                   intermediate_size=key("feed_forward_length"), num_hidden_layers=key("block_count"), num_attention_heads=heads, num_key_value_heads=kv_heads,
                   head_dim=head_dim, rope_theta=float(key("rope.freq_base", 10000.0, "a positive number")),
                   rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", kind="a number >= 0")),
-                  tie_word_embeddings="output.weight" not in tensor_names)
+                  tie_word_embeddings="output.weight" not in tensor_names,
+                  **{f"{name}_token_id": fields.get(f"tokenizer.ggml.{key}_token_id")  # LlamaConfig's special ids
+                     for name, key in (("bos", "bos"), ("eos", "eos"), ("pad", "padding"))})
     try:
         return ModelConfig(**config)
     except ValueError as error:  # what no Llama has: an odd head_dim, an infinite rope base

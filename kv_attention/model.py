@@ -35,6 +35,9 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
+    bos_token_id: int = None
+    eos_token_id: object = None  # an id, or a tuple of ids (a list is taken): generate's default end tokens
+    pad_token_id: int = None
 
     def __post_init__(self):
         for field in dataclasses.fields(self)[:6]:  # vocab_size .. num_key_value_heads
@@ -46,6 +49,9 @@ class ModelConfig:
                              f"{self.num_attention_heads} a multiple of num_key_value_heads={self.num_key_value_heads}")
         as_real("rope_theta", self.rope_theta, 0, above=True), as_real("rms_norm_eps", self.rms_norm_eps, 0)
         as_flag("tie_word_embeddings", self.tie_word_embeddings)
+        object.__setattr__(self, "eos_token_id", token_ids("eos_token_id", self.eos_token_id, self.vocab_size))
+        token_ids("bos_token_id", self.bos_token_id, self.vocab_size, many=False)
+        token_ids("pad_token_id", self.pad_token_id, self.vocab_size, many=False)
 
     @classmethod
     def from_json(cls, path):
@@ -68,6 +74,18 @@ class ModelConfig:
                 raise ValueError(f"{path}: {key}={raw[key]!r} is not supported (only {key}={plain!r})")
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in raw.items() if k in names})
+
+
+def token_ids(name, ids, vocab_size, many=True):
+    """``ids`` (None, an id, or with ``many`` a list/tuple of ids) as None, an int or a tuple of ints; TypeError,
+    ValueError for an id outside [0, vocab_size) or an empty list."""
+    if ids is None:
+        return None
+    listed = many and isinstance(ids, (list, tuple))
+    checked = tuple(as_size(name, i) for i in (ids if listed else [ids]))
+    if not checked or max(checked) >= vocab_size:
+        raise ValueError(f"{name} must be {'ids' if listed else 'an id'} in [0, vocab_size={vocab_size}), got {ids!r}")
+    return checked if listed else checked[0]
 
 
 # Weights: Hugging Face's state-dict names and [out_features, in_features] shapes

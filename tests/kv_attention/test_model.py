@@ -4,6 +4,7 @@ Tolerances: 1e-9 (absolute, logits of order one) in float64 between the model an
 ``naive_llama_forward``, and between a cached decode and the full forward.
 """
 
+import dataclasses
 import json
 
 import numpy as np
@@ -193,12 +194,12 @@ def test_a_checkpoint_in_huggingfaces_format_loads_and_runs(tmp_path):
                  "torch_dtype": "float64", "bos_token_id": 1, "eos_token_id": 2}
     (tmp_path / "config.json").write_text(json.dumps(hf_config))
     config = kv.ModelConfig.from_json(tmp_path / "config.json")
-    assert config == CONFIG
+    assert config == dataclasses.replace(CONFIG, bos_token_id=1, eos_token_id=2)
     loaded = kv.load_weights(str(tmp_path / "model.safetensors"))
     assert loaded.keys() == w.keys()
     np.testing.assert_allclose(kv.forward(config, loaded, IDS), naive_llama_forward(config, w, IDS), **TOL)
     np.testing.assert_array_equal(kv.generate(config, loaded, IDS[:, :3], 4, cache=caches("dynamic")),
-                                  kv.generate(CONFIG, w, IDS[:, :3], 4))
+                                  kv.generate(config, w, IDS[:, :3], 4))
 
 
 @pytest.mark.parametrize("change, message", [

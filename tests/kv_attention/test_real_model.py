@@ -46,7 +46,8 @@ def test_the_file_is_smollm2_135m(smollm2):
     _, config, weights, _ = smollm2
     assert config == kv.ModelConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                                     num_attention_heads=9, num_key_value_heads=3, head_dim=64, rope_theta=100000.0,
-                                    rms_norm_eps=float(np.float32(1e-5)), tie_word_embeddings=True)
+                                    rms_norm_eps=float(np.float32(1e-5)), tie_word_embeddings=True,
+                                    bos_token_id=1, eos_token_id=2, pad_token_id=2)  # <|im_start|>, <|im_end|>
     assert sum(w.size for w in weights.values()) == 134_515_008  # SmolLM2-135M's parameters, the lm_head tied
 
 
