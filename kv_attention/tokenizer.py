@@ -55,6 +55,17 @@ class Tokenizer:
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         return self.backend.encode(text, add_special_tokens=False).ids
 
+    def __call__(self, text):
+        """Hugging Face's ``tokenizer(text)``: ``{"input_ids": ids, "attention_mask": ones}``, lists of ints for one
+        str (:meth:`encode`'s ids), lists of such lists, unpadded, for a list of str; TypeError for anything else."""
+        if isinstance(text, str):
+            ids = self.encode(text)
+            return {"input_ids": ids, "attention_mask": [1] * len(ids)}
+        if not isinstance(text, (list, tuple)) or not all(isinstance(t, str) for t in text):
+            raise TypeError(f"text must be a str or a list of str, got {text!r:.100}")
+        ids = [e.ids for e in self.backend.encode_batch(list(text), add_special_tokens=False)]
+        return {"input_ids": ids, "attention_mask": [[1] * len(i) for i in ids]}
+
     def decode(self, ids, skip_special_tokens=False):
         """The text of token ids ``ids`` (a sequence of ints in [0, vocab size))."""
         ids = [int(i) for i in ids]

@@ -59,6 +59,16 @@ def test_the_tokenizer_gives_transformers_ids(smollm2):
     assert tokenizer.apply_chat_template(FRANCE) == FRANCE_IDS
 
 
+def test_the_tokenizer_is_called_as_transformers(smollm2):
+    tokenizer = smollm2[3]
+    texts, ids = list(TEXTS), list(TEXTS.values())
+    assert tokenizer(texts[0]) == {"input_ids": ids[0], "attention_mask": [1] * len(ids[0])}
+    assert tokenizer(texts) == {"input_ids": ids, "attention_mask": [[1] * len(i) for i in ids]}  # unpadded
+    for bad in (ids[0], [texts[0], None], b"hi"):
+        with pytest.raises(TypeError, match="text must be a str or a list of str"):
+            tokenizer(bad)
+
+
 def caches(kind, config, max_len):
     return cli.CACHES[kind](config, max_len)
 
