@@ -146,12 +146,12 @@ def test_ctrl_c_ends_a_chat_with_the_shells_status_of_sigint(model, monkeypatch,
     assert out == "> " and err.endswith("Ctrl-C or Ctrl-D ends it.\n\n")
 
 
-def test_a_chat_in_a_terminal_two_turns_then_ctrl_c_and_ctrl_d(smollm2):  # noqa: F811
+def test_a_chat_in_a_terminal_two_turns_then_ctrl_d_and_ctrl_c_in_a_reply(smollm2):  # noqa: F811
     """As a user types it: the real command in a pseudo-terminal, its screen read back."""
     import pexpect
 
-    command = [sys.executable, "-m", "kv_attention", "--max-new-tokens", "8", "--threads", "1"]
-    chat = pexpect.spawn(command[0], command[1:], encoding="utf-8", timeout=300, dimensions=(24, 200))
+    command = ["-m", "kv_attention", "--threads", "1", "--max-new-tokens"]
+    chat = pexpect.spawn(sys.executable, [*command, "8"], encoding="utf-8", timeout=300, dimensions=(24, 200))
     chat.expect_exact("Ctrl-C or Ctrl-D ends it.")
     chat.expect_exact("> ")
     chat.sendline(FRANCE)
@@ -159,20 +159,24 @@ def test_a_chat_in_a_terminal_two_turns_then_ctrl_c_and_ctrl_d(smollm2):  # noqa
                 r"\(0 held\) ")
     chat.expect_exact("> ")
     chat.sendline("And of Italy?")
+    chat.expect_exact("And of Italy?\r\n")  # the terminal's echo
     chat.expect(r"(.*)\r\n\d+ tokens, [^;]+; .* prefill of (\d+) new tokens \(44 held\) ")
     reply, new = chat.match.group(1), int(chat.match.group(2))
     assert "Rome" in reply and new == 15  # "\n<|im_start|>user\nAnd of Italy?<|im_end|>\n<|im_start|>assistant\n"
-    chat.expect_exact("> ")
-    chat.sendintr()  # Ctrl-C
-    chat.expect(pexpect.EOF)
-    chat.close()
-    assert chat.exitstatus == 130 and "Traceback" not in chat.before
-    chat = pexpect.spawn(command[0], command[1:], encoding="utf-8", timeout=300)
     chat.expect_exact("> ")
     chat.sendeof()  # Ctrl-D
     chat.expect(pexpect.EOF)
     chat.close()
     assert chat.exitstatus == 0 and "Traceback" not in chat.before
+    chat = pexpect.spawn(sys.executable, [*command, "200"], encoding="utf-8", timeout=300)
+    chat.expect_exact("> ")
+    chat.sendline("Write a long story about a dragon.")
+    chat.expect_exact("dragon.\r\n")
+    chat.expect(r"\w+ \w+ \w+")  # the reply has begun
+    chat.sendintr()  # Ctrl-C
+    chat.expect(pexpect.EOF)
+    chat.close()
+    assert chat.exitstatus == 130 and "Traceback" not in chat.before and "tokens/s" not in chat.before
 
 
 def test_without_the_model_it_says_how_to_install_it(monkeypatch, capsys):
