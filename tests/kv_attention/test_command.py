@@ -129,6 +129,19 @@ def test_a_chat_prefills_only_each_turns_new_tokens_and_answers_as_a_fresh_prefi
     assert two == tokenizer.decode(fresh, skip_special_tokens=True)
 
 
+def test_a_chat_whose_template_rewrites_an_earlier_turn_prefills_the_whole_again(model, monkeypatch, capsys):
+    tokenizer = model[2]
+    last_only = ("{% for m in messages[-1:] %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                 "<|im_start|>assistant\n")  # keeps the last message only: turn 2 no longer continues turn 1
+    monkeypatch.setattr(tokenizer, "chat_template", last_only)
+    typed(monkeypatch, FRANCE, "And of Italy?")
+    assert cli.main(["--max-new-tokens", "2"]) == 0
+    first, second = (tokenizer.apply_chat_template([{"role": "user", "content": text}])
+                     for text in (FRANCE, "And of Italy?"))
+    assert re.findall(r"prefill of (\d+) new tokens \((\d+) held\)", capsys.readouterr().out) == [
+        (str(len(first)), "0"), (str(len(second)), "0")]
+
+
 def test_a_chat_that_fills_ctx_size_cuts_the_reply_then_refuses_the_turn_in_one_line(model, monkeypatch, capsys):
     typed(monkeypatch, FRANCE, "And of Italy?")
     assert cli.main(["--cache", "static", "--ctx-size", "40"]) == 0
