@@ -18,6 +18,7 @@ import numpy as np
 from ._validation import as_flag, as_integer_array, as_real, as_size, check_finite_array
 from .cache import DynamicCache, atomic
 from .products import blas_threads, linear  # planned on the machine
+from .sampling import sampler
 from .speculative import SpecDecodingStats, prompt_lookup_candidates
 
 
@@ -267,26 +268,37 @@ def _forward(config, weights, ids, cache, dtype, once):
 
 @blas_threads
 def generate(config, weights, input_ids, max_new_tokens, *, cache=None, convert_once=True,
-             prompt_lookup_num_tokens=None, max_matching_ngram_size=None):
-    """Greedy: ``input_ids [B, T]`` and ``max_new_tokens`` argmax tokens, int64 ``[B, T + N]``; with ``cache``, one
-    prefill then one call a token (room checked first), without, each step recomputes the prefix.
-    ``prompt_lookup_num_tokens=k`` (B = 1, a cache that crops): drafts of up to k tokens verified a call each."""
+             prompt_lookup_num_tokens=None, max_matching_ngram_size=None, eos_token_id=None, pad_token_id=None,
+             do_sample=False, temperature=1.0, top_k=50, top_p=1.0, seed=None, streamer=None):
+    """``input_ids [B, T]`` and up to ``max_new_tokens`` tokens, int64 ``[B, T + N]``; with ``cache``, one prefill
+    then one call a token (room checked first), without, each step recomputes the prefix. Afterwards ``cache`` holds
+    every token but the last (never fed).
+
+    HF's ``generate``: a row ends at ``eos_token_id`` (an id or a list; None: the config's, ``[]``: none), kept; rows
+    ended earlier get ``pad_token_id`` (None: the config's, else the first end token); the call ends once every row
+    has. Greedy, or ``do_sample`` (``temperature``, ``top_k``, ``top_p``, ``seed``: :mod:`~kv_attention.sampling`).
+    ``streamer``: HF's, ``put(input_ids)``, ``put(new [B, m])`` after each forward, ``end()``.
+    ``prompt_lookup_num_tokens=k`` (B = 1, a cache that crops): drafts of up to k tokens verified a call each, kept
+    while equal to the chosen tokens (HF's rule: exact for sampling too, as for greedy)."""
     return _generate(config, weights, input_ids, max_new_tokens, cache, convert_once, prompt_lookup_num_tokens,
-                     max_matching_ngram_size)[0]
+                     max_matching_ngram_size, eos_token_id, pad_token_id, streamer,
+                     dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed))[0]
 
 
 @blas_threads
 def prompt_lookup_generate(config, weights, input_ids, max_new_tokens, *, cache, prompt_lookup_num_tokens=10,
-                           max_matching_ngram_size=None, convert_once=True):
+                           max_matching_ngram_size=None, convert_once=True, eos_token_id=None, pad_token_id=None,
+                           do_sample=False, temperature=1.0, top_k=50, top_p=1.0, seed=None, streamer=None):
     """:func:`generate` of ``input_ids [1, T]`` with prompt-lookup drafts, and its :class:`SpecDecodingStats`.
     ``cache``: one whose ``can_crop`` (DynamicCache, StaticCache, PagedCacheView), else TypeError; B > 1: ValueError."""
     return _generate(config, weights, input_ids, max_new_tokens, cache, convert_once, prompt_lookup_num_tokens,
-                     max_matching_ngram_size)
+                     max_matching_ngram_size, eos_token_id, pad_token_id, streamer,
+                     dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed))
 
 
-def _generate(config, weights, input_ids, max_new_tokens, cache, convert_once, k, n):
+def _generate(config, weights, input_ids, max_new_tokens, cache, convert_once, k, n, eos, pad, streamer, sampling):
     """Tokens and stats: each forward feeds the last token and a draft (none without k), keeps the draft's longest
-    prefix equal to the greedy tokens, then the model's next token; the rest is cropped off."""
+    prefix equal to the chosen tokens, then the model's next one, up to an end token; the rest is cropped off."""
     ids, dtype = check_input_ids(config, input_ids), check_weights(config, weights)
     max_new_tokens, once = as_size("max_new_tokens", max_new_tokens), as_flag("convert_once", convert_once)
     if k is not None:
@@ -295,30 +307,59 @@ def _generate(config, weights, input_ids, max_new_tokens, cache, convert_once, k
         if ids.shape[0] != 1 or cache is None:
             raise ValueError(f"prompt lookup decodes one sequence, input_ids [1, T] (got shape {ids.shape}), and needs "
                              f"a cache to crop a rejected draft back from (got {cache!r:.40})")
+    eos = np.array(end_tokens(config, eos), np.int64)
+    pad = (config.pad_token_id if pad is None else token_ids("pad_token_id", pad, config.vocab_size, many=False))
+    pad = int(eos[0]) if pad is None and eos.size else pad
+    choose = sampler(**sampling)
+    if streamer is not None and not (callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))):
+        raise TypeError(f"streamer must have put() and end(), as Hugging Face's TextStreamer, got {streamer!r:.60}")
     stats, tokens, end = SpecDecodingStats(), ids.copy(), ids.shape[1] + max_new_tokens
     if max_new_tokens or cache is not None:  # a cache is checked even where no token is asked for
         cache = check_cache(config, cache, ids, dtype, max_new_tokens)
         if k is not None and not cache.can_crop:
             raise TypeError(f"prompt lookup needs a cache that crops a rejected draft back exactly (DynamicCache, "
                             f"StaticCache, PagedCacheView), got {type(cache).__name__}")
+    if streamer is not None:
+        streamer.put(ids.copy())
     if not max_new_tokens:
+        streamer is None or streamer.end()
         return tokens, stats
     held, feed, draft = 0 if cache is None else np.max(cache.get_seq_length()), ids, ids[:, :0]
+    done = np.zeros(ids.shape[0], bool)  # rows that produced an end token
     with atomic(cache, end - 1):
-        while tokens.shape[1] < end:
+        while tokens.shape[1] < end and not done.all():
             logits = _forward(config, weights, tokens if cache is None else feed, cache, dtype, once)
-            greedy = logits[:, -1 - draft.shape[1] :].argmax(axis=-1)  # [B, 1 + d]: the greedy token after each
+            chosen = choose(logits[:, -1 - draft.shape[1] :])  # [B, 1 + d]: the token after each prefix
             accepted = 0
-            while accepted < draft.shape[1] and (draft[:, accepted] == greedy[:, accepted]).all():
+            while accepted < draft.shape[1] and (draft[:, accepted] == chosen[:, accepted]).all():
                 accepted += 1
             stats.num_forwards += 1
             stats.num_drafts += draft.shape[1] > 0
             stats.num_draft_tokens += draft.shape[1]
             stats.num_accepted_tokens += accepted
-            tokens = np.concatenate([tokens, draft[:, :accepted], greedy[:, accepted : accepted + 1]], axis=1)
-            if accepted < draft.shape[1]:  # the rejected draft tokens leave every layer
+            new = np.concatenate([draft[:, :accepted], chosen[:, accepted : accepted + 1]], axis=1)  # [B, m]
+            if eos.size:
+                new[done] = pad
+                ends = np.isin(new, eos) & ~done[:, None]
+                if ids.shape[0] == 1 and ends.any():  # a draft's tokens past the end token are dropped
+                    new = new[:, : ends[0].argmax() + 1]
+                done |= ends.any(axis=1)
+            tokens = np.concatenate([tokens, new], axis=1)
+            if new.shape[1] < 1 + draft.shape[1]:  # draft tokens rejected, or past an end token, leave every layer
                 cache.crop(held + tokens.shape[1] - 1)
+            if streamer is not None:
+                streamer.put(new)
             if k is not None:  # up to the room left: a verifying forward yields one token beyond its draft
                 draft = prompt_lookup_candidates(tokens[0], min(k, end - tokens.shape[1] - 1), n)[None]
             feed = np.concatenate([tokens[:, -1:], draft], axis=1)
+    if streamer is not None:
+        streamer.end()
     return tokens, stats
+
+
+def end_tokens(config, eos_token_id):
+    """The end tokens of a call: ``eos_token_id`` (an id, a list; ``[]``: none) or, None, the config's, as a tuple."""
+    if isinstance(eos_token_id, (list, tuple)) and not eos_token_id:
+        return ()
+    eos = config.eos_token_id if eos_token_id is None else token_ids("eos_token_id", eos_token_id, config.vocab_size)
+    return () if eos is None else eos if isinstance(eos, tuple) else (eos,)

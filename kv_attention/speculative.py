@@ -5,8 +5,9 @@ n-gram (n from ``max_matching_ngram_size`` down to 1): HF's ``PromptLookupCandid
 (``generation/candidate_generator.py``), its names and defaults; vLLM's n-gram proposer likewise. One forward of
 the last token and the draft gives the greedy token after each prefix; the draft's longest prefix equal to them is
 kept, then the model's next token, and the cache cropped back (the loop: model.py). The output is greedy's, up to
-the rounding of a forward of several tokens (a near tie may break the other way). What differs from HF: no stop
-token; one sequence only.
+the rounding of a forward of several tokens (a near tie may break the other way); sampled, each position is drawn
+and the draft kept while equal (HF's rule, exact in distribution). What differs from HF: an end token inside a kept
+draft ends the reply (HF checks the last token only); one sequence only.
 """
 
 import dataclasses

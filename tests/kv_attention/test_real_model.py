@@ -77,9 +77,18 @@ def caches(kind, config, max_len):
 def test_greedy_decoding_answers_paris_as_transformers_through_every_cache(smollm2, kind):
     _, config, weights, tokenizer = smollm2
     ids = np.array([FRANCE_IDS])
-    out = kv.generate(config, weights, ids, len(ANSWER), cache=caches(kind, config, ids.shape[1] + len(ANSWER)))
-    assert out[0, ids.shape[1]:].tolist() == ANSWER
+    out = kv.generate(config, weights, ids, 20, cache=caches(kind, config, ids.shape[1] + 20))
+    assert out[0, ids.shape[1]:].tolist() == ANSWER  # transformers' tokens, stopped at the file's end token, 2
     assert tokenizer.decode(ANSWER, skip_special_tokens=True) == "The capital of France is Paris."
+
+
+def test_a_sampled_reply_repeats_with_its_seed_and_ends_at_the_end_token(smollm2):
+    _, config, weights, tokenizer = smollm2
+    ids = np.array([FRANCE_IDS])
+    replies = [kv.generate(config, weights, ids, 40, cache=caches("dynamic", config, 0), do_sample=True, seed=seed,
+                           temperature=0.7, top_p=0.9)[0, ids.shape[1]:].tolist() for seed in (1, 1, 2)]
+    assert replies[0] == replies[1] and replies[0][-1] == 2 and 2 not in replies[0][:-1]
+    assert "Paris" in tokenizer.decode(replies[0])
 
 
 def test_a_ragged_batch_served_together_equals_each_prompt_alone(smollm2):
