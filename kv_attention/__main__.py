@@ -18,9 +18,9 @@ import time
 
 import numpy as np
 
-from .cache import CacheFullError, DynamicCache, StaticCache
+from .cache import DynamicCache, StaticCache
 from .gguf import load_gguf, smollm2_path
-from .model import forward
+from .model import generate
 from .paged import PagedCacheView, PagedKVCache
 from .products import set_threads
 from .quantized import QuantizedCache
@@ -45,23 +45,6 @@ def paged_pool(config, max_len):
                         num_kv_heads=config.num_key_value_heads, num_layers=config.num_hidden_layers)
     pool.add_sequence(0)
     return pool
-
-
-def generate(config, weights, input_ids, max_new_tokens, *, cache, eos_token_id, streamer, do_sample=False, **_):
-    """Until kv_attention.generate takes eos_token_id and streamer: greedy, to the end token."""
-    if do_sample:
-        raise ValueError("sampling needs kv_attention.generate's do_sample")
-    streamer.put(input_ids)
-    tokens, logits = input_ids, forward(config, weights, input_ids, cache=cache)
-    for step in range(max_new_tokens):
-        token = logits[:, -1:].argmax(axis=-1)
-        tokens = np.concatenate([tokens, token], axis=1)
-        streamer.put(token)
-        if int(token[0, 0]) == eos_token_id or step + 1 == max_new_tokens:
-            break
-        logits = forward(config, weights, token, cache=cache)
-    streamer.end()
-    return tokens
 
 
 class Streamer:
@@ -94,12 +77,10 @@ def respond(model, ids, cache, args, room, seed, out):
     config, weights, tokenizer = model
     held, limit = int(np.max(cache.get_seq_length())), min(args.max_new_tokens, room)
     streamer = Streamer(tokenizer, out)
-    sampling = dict(do_sample=args.do_sample, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                    seed=seed) if args.do_sample else {}
-    tokens = generate(config, weights, np.array([ids]), limit, cache=cache, eos_token_id=config.eos_token_id,
-                      streamer=streamer, **sampling)[0, len(ids):].tolist()
-    ends = {config.eos_token_id} if np.ndim(config.eos_token_id) == 0 else set(config.eos_token_id)
-    if tokens and tokens[-1] in ends:
+    sampling = dict(do_sample=True, seed=seed, **args.sampling) if args.do_sample else {}
+    tokens = generate(config, weights, np.array([ids]), limit, cache=cache, streamer=streamer,
+                      **sampling)[0, len(ids):].tolist()  # to the config's end token
+    if tokens[-1] in np.atleast_1d(config.eos_token_id).tolist():
         how = f"{len(tokens) - 1} tokens, ended by {tokenizer.decode(tokens[-1:])}"
     else:
         how = f"{len(tokens)} tokens, cut at " + (f"--max-new-tokens {limit}" if limit == args.max_new_tokens
@@ -156,14 +137,14 @@ def converse(model, args, out):
         seen, pending = text + tokenizer.decode(tokens), tokens[-1:]
 
 
-def bounded(kind, low, high=None, above=False):
-    """An argparse type: ``kind`` (int or float) from ``low`` (``above``: above it) up to ``high``."""
+def bounded(kind, low, high=None):
+    """An argparse type: ``kind`` (int or float) from ``low`` up to ``high``."""
     def parse(text):
         value = kind(text)  # ValueError: argparse's "invalid int value"
         if not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
-        if not (value > low if above else value >= low) or not value <= (high if high is not None else value):
-            raise argparse.ArgumentTypeError(f"must be {'above' if above else 'at least'} {low}"
+        if not low <= value <= (value if high is None else high):
+            raise argparse.ArgumentTypeError(f"must be at least {low}"
                                              + (f" and at most {high}" if high is not None else "") + f", got {text}")
         return value
     parse.__name__ = kind.__name__
@@ -186,7 +167,7 @@ def parse_args(argv=None):
     sampling.add_argument("--temperature", type=bounded(float, 0), help="divide the logits by it (default 1; "
                           "0: greedy, as llama.cpp's and vLLM's)")
     sampling.add_argument("--top-k", type=bounded(int, 0), help="keep the K likeliest tokens (default 50; 0: all)")
-    sampling.add_argument("--top-p", type=bounded(float, 0, 1, above=True), help="keep the likeliest tokens whose "
+    sampling.add_argument("--top-p", type=bounded(float, 0, 1), help="keep the likeliest tokens whose "
                           "probabilities add up to P (default 1: all)")
     sampling.add_argument("--seed", type=bounded(int, 0), help="a seed repeats its reply (default: a fresh one)")
     parser.add_argument("--threads", type=int, metavar="N", help="BLAS threads (default: the variables', else the "
@@ -194,10 +175,9 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.threads is not None and not 1 <= args.threads <= (os.cpu_count() or 1):  # more only oversubscribe
         parser.error(f"--threads must be from 1 to this machine's {os.cpu_count() or 1} CPUs, got {args.threads}")
-    options = dict(temperature=1.0, top_k=50, top_p=1.0)  # HF's defaults
-    given = {name: getattr(args, name) for name in options if getattr(args, name) is not None}
-    args.do_sample = (args.do_sample or bool(given) or args.seed is not None) and args.temperature != 0
-    vars(args).update({**options, **given})
+    args.sampling = {name: getattr(args, name) for name in ("temperature", "top_k", "top_p")
+                     if getattr(args, name) is not None}  # the others: generate's defaults, HF's
+    args.do_sample = (args.do_sample or bool(args.sampling) or args.seed is not None) and args.temperature != 0
     if args.prompt == "-":
         try:
             args.prompt = sys.stdin.read().removesuffix("\n")  # one newline dropped, as llama.cpp's --file
@@ -229,16 +209,13 @@ def main(argv=None):
     except BrokenPipeError:  # the reader went away (| head): as Python's docs advise, no traceback at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except CacheFullError as error:  # not expected: a turn is fitted to --ctx-size first
-        print(f"python -m kv_attention: the cache is full ({error})", file=sys.stderr)
-        return 1
     except (OSError, ImportError, ValueError) as error:  # the model or the gguf extra missing, its file unreadable
         print(f"python -m kv_attention: {error}", file=sys.stderr)
         return 1
     except MemoryError as error:  # a huge --max-new-tokens or --ctx-size for a preallocated cache
-        option = "--ctx-size" if args.prompt is None else "--max-new-tokens"
-        print(f"python -m kv_attention: {option} {getattr(args, option[2:].replace('-', '_'))} needs more memory "
-              f"than there is for a {args.cache} cache ({error})", file=sys.stderr)
+        option = f"--ctx-size {args.ctx_size}" if args.prompt is None else f"--max-new-tokens {args.max_new_tokens}"
+        print(f"python -m kv_attention: {option} needs more memory than there is for a {args.cache} cache ({error})",
+              file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # Ctrl-C: the shell's status of a SIGINT
         print(file=sys.stderr)

@@ -62,6 +62,20 @@ def test_a_reply_cut_at_max_new_tokens_says_so(model, capsys):
     assert stats.startswith("3 tokens, cut at --max-new-tokens 3; ")
 
 
+def test_a_sampled_reply_is_generates_with_the_options_and_repeats_with_its_seed(model, capsys):
+    config, weights, tokenizer = model
+    argv = [FRANCE, "--seed", "3", "--temperature", "1.5", "--top-k", "20", "--max-new-tokens", "6"]
+    replies = []
+    for _ in range(2):
+        assert cli.main(argv) == 0
+        replies.append(capsys.readouterr().out.splitlines()[0])
+    ours = kv.generate(config, weights, np.array([FRANCE_IDS]), 6, cache=kv.DynamicCache(), do_sample=True, seed=3,
+                       temperature=1.5, top_k=20)[0, len(FRANCE_IDS):]
+    assert replies[0] == replies[1] == tokenizer.decode(ours, skip_special_tokens=True)
+    assert cli.main([FRANCE, "--temperature", "0", "--max-new-tokens", "12"]) == 0  # greedy
+    assert capsys.readouterr().out.splitlines()[0] == "The capital of France is Paris."
+
+
 def test_dash_reads_the_prompt_from_stdin(monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO(FRANCE + "\n"))
     assert cli.parse_args(["-"]).prompt == FRANCE  # one newline dropped, as llama.cpp's --file
@@ -77,18 +91,19 @@ def test_an_empty_prompt_is_refused_in_one_line(monkeypatch, capsys, argv, stdin
                                                             "(give none to chat)")
 
 
-@pytest.mark.parametrize("argv, sampling", [
-    ([], dict(do_sample=False, temperature=1.0, top_k=50, top_p=1.0, seed=None)),  # greedy, HF's defaults
-    (["--do-sample"], dict(do_sample=True, temperature=1.0, top_k=50, top_p=1.0, seed=None)),
-    (["--temperature", "0.7"], dict(do_sample=True, temperature=0.7)),  # each option implies sampling
-    (["--top-k", "5"], dict(do_sample=True, top_k=5)),
-    (["--top-p", "0.9"], dict(do_sample=True, top_p=0.9)),
-    (["--seed", "7"], dict(do_sample=True, seed=7)),
-    (["--temperature", "0", "--top-k", "5"], dict(do_sample=False)),  # 0: greedy, as llama.cpp's and vLLM's
+@pytest.mark.parametrize("argv, do_sample, sampling", [
+    ([], False, {}),  # greedy
+    (["--do-sample"], True, {}),  # generate's defaults, HF's: temperature 1, top_k 50, top_p 1
+    (["--temperature", "0.7"], True, dict(temperature=0.7)),  # each option implies sampling
+    (["--top-k", "5"], True, dict(top_k=5)),
+    (["--top-p", "0.9"], True, dict(top_p=0.9)),
+    (["--top-p", "0"], True, dict(top_p=0.0)),  # the likeliest token only (HF's rule keeps it)
+    (["--seed", "7"], True, {}),
+    (["--temperature", "0", "--top-k", "5"], False, dict(temperature=0.0, top_k=5)),  # 0: greedy, as llama.cpp's
 ])
-def test_the_sampling_options(argv, sampling):
-    args = vars(cli.parse_args(["hi", *argv]))
-    assert {name: args[name] for name in sampling} == sampling
+def test_the_sampling_options(argv, do_sample, sampling):
+    args = cli.parse_args(["hi", *argv])
+    assert (args.do_sample, args.sampling) == (do_sample, sampling)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -96,8 +111,7 @@ def test_the_sampling_options(argv, sampling):
     (["--temperature", "nan"], "argument --temperature: must be a finite number, got nan"),
     (["--top-k", "-1"], "argument --top-k: must be at least 0, got -1"),
     (["--top-k", "2.5"], "argument --top-k: invalid int value: '2.5'"),
-    (["--top-p", "0"], "argument --top-p: must be above 0 and at most 1, got 0"),
-    (["--top-p", "1.5"], "argument --top-p: must be above 0 and at most 1, got 1.5"),
+    (["--top-p", "1.5"], "argument --top-p: must be at least 0 and at most 1, got 1.5"),
     (["--seed", "-1"], "argument --seed: must be at least 0, got -1"),
     (["--max-new-tokens", "0"], "argument --max-new-tokens: must be at least 1, got 0"),
     (["--ctx-size", "0"], "argument --ctx-size: must be at least 1, got 0"),
@@ -127,6 +141,15 @@ def test_a_chat_prefills_only_each_turns_new_tokens_and_answers_as_a_fresh_prefi
     assert f"prefill of {len(whole) - 42} new tokens (42 held)" in stats2
     fresh = kv.generate(config, weights, np.array([whole]), 6, cache=kv.DynamicCache())[0, len(whole):]
     assert two == tokenizer.decode(fresh, skip_special_tokens=True)
+
+
+def test_a_sampled_chat_repeats_with_its_seed(model, monkeypatch, capsys):
+    screens = []
+    for _ in range(2):
+        typed(monkeypatch, FRANCE, "And of Italy?")
+        assert cli.main(["--seed", "9", "--max-new-tokens", "5"]) == 0
+        screens.append([line for line in capsys.readouterr().out.split("\n") if "tokens/s" not in line])
+    assert screens[0] == screens[1] and len(screens[0]) == 6 and screens[0][1] != "The capital of France is"
 
 
 def test_a_chat_whose_template_rewrites_an_earlier_turn_prefills_the_whole_again(model, monkeypatch, capsys):
