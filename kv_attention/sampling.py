@@ -20,17 +20,26 @@ def warp(logits, temperature=1.0, top_k=50, top_p=1.0):
     """``logits [..., V]`` divided by ``temperature``, then -inf outside the ``top_k`` largest (ties kept; 0 or None:
     all) and outside the smallest set of probability >= ``top_p`` (the largest always kept): float64 ``[..., V]``."""
     scores = np.asarray(logits, np.float64) / temperature
-    if top_k and top_k < scores.shape[-1]:
-        kth = np.partition(scores, -top_k, axis=-1)[..., -top_k, None]
-        scores = np.where(scores < kth, -np.inf, scores)
+    out = np.full(scores.shape, -np.inf)
+    for row, kept in zip(scores.reshape(-1, scores.shape[-1]), out.reshape(-1, scores.shape[-1])):
+        ids = kept_ids(row, top_k, top_p)
+        kept[ids] = row[ids]
+    return out
+
+
+def kept_ids(scores, top_k, top_p):
+    """The ids, ascending, that :func:`warp` keeps of one row of ``scores [V]`` (already divided by temperature):
+    top-k by a partition, top-p over those alone (the rest have probability 0), so a step sorts k values, not V."""
+    ids = np.arange(len(scores))
+    if top_k and top_k < len(scores):
+        ids = np.flatnonzero(scores >= np.partition(scores, -top_k)[-top_k])
     if top_p < 1.0:
-        order = np.argsort(scores, axis=-1)  # ascending, as HF's
-        cumulative = np.cumsum(softmax(np.take_along_axis(scores, order, axis=-1)), axis=-1)
+        order = np.argsort(scores[ids], kind="stable")  # ascending, as HF's
+        cumulative = np.cumsum(softmax(scores[ids][order]))
         remove = cumulative <= 1 - top_p
-        remove[..., -1] = False
-        np.put_along_axis(remove, order, remove.copy(), axis=-1)  # back to the vocabulary's order
-        scores = np.where(remove, -np.inf, scores)
-    return scores
+        remove[-1] = False
+        ids = ids[np.sort(order[~remove])]
+    return ids
 
 
 def softmax(scores):
@@ -58,8 +67,13 @@ def sampler(do_sample=False, temperature=1.0, top_k=50, top_p=1.0, seed=None):
     rng = np.random.default_rng(seed)
 
     def sample(logits):
-        cumulative = np.cumsum(softmax(warp(logits, **options)), axis=-1)  # [B, m, V]
-        u = (1.0 - rng.random(cumulative.shape[:-1] + (1,))) * cumulative[..., -1:]  # in (0, total]
-        return (cumulative < u).sum(axis=-1)  # the first token whose cumulative reaches u: never one of weight 0
+        scores = np.asarray(logits, np.float64) / options["temperature"]  # [B, m, V]
+        tokens = np.empty(scores.shape[:-1], np.int64)
+        for i, row in np.ndenumerate(scores[..., 0]):
+            ids = kept_ids(scores[i], options["top_k"], options["top_p"])
+            cumulative = np.cumsum(softmax(scores[i][ids]))
+            u = (1.0 - rng.random()) * cumulative[-1]  # in (0, total]: never a token of weight 0
+            tokens[i] = ids[np.count_nonzero(cumulative < u)]  # the first whose cumulative reaches u
+        return tokens
 
     return sample
