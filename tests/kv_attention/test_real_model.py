@@ -86,14 +86,15 @@ def test_a_ragged_batch_served_together_equals_each_prompt_alone(smollm2):
     prompts = [FRANCE_IDS, tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 + 2?"}]),
                tokenizer.apply_chat_template([{"role": "system", "content": "Answer in one word."},
                                               {"role": "user", "content": "Name a color."}])]
-    new = 5
-    requests = [kv.Request(i, p + [0] * (new - 1), len(p)) for i, p in enumerate(prompts)]  # new tokens each
+    new = len(ANSWER) + 2  # France's answer stops at its end token, <|im_end|> = 2, before max_tokens
+    requests = [kv.Request(i, p, max_tokens=new) for i, p in enumerate(prompts)]
     result = kv.serve(requests, model=(config, weights), block_size=16, num_blocks=16, max_num_batched_tokens=64)
     assert len({len(p) for p in prompts}) == 3  # ragged
     for i, prompt in enumerate(prompts):
         alone = kv.generate(config, weights, np.array([prompt]), new, cache=caches("dynamic", config, len(prompt) + new))
-        assert result.outputs[i].tolist() == alone[0, len(prompt):].tolist(), i
-    assert result.outputs[0].tolist() == ANSWER[:new]
+        alone = alone[0, len(prompt):].tolist()
+        assert result.outputs[i].tolist() == (alone[: alone.index(2) + 1] if 2 in alone else alone), i
+    assert result.outputs[0].tolist() == ANSWER
 
 
 def test_python_m_kv_attention_streams_the_answer_and_its_stats(smollm2, monkeypatch, capsys):
