@@ -45,7 +45,7 @@ from .paged import OutOfBlocksError, PagedCacheView, PagedKVCache, as_token_ids,
 @dataclass(frozen=True)
 class Request:
     """``token_ids``, the first ``prompt_len`` (default all) the prompt; ``request_id`` any hashable, distinct;
-    ``arrival_step`` the step it arrives at; ``max_tokens``: for the model, the most tokens to generate after the prompt.
+    ``arrival_step`` the step it arrives at; ``max_tokens``: for the model, the most tokens generated after the prompt.
     Without ``max_tokens``, one output per position from the prompt's last: 1 + len(token_ids) - prompt_len."""
 
     request_id: Any
@@ -283,7 +283,8 @@ def check_serve_inputs(requests, embedding, weights, model, cache, block_size, n
         heads, layers = config.num_key_value_heads, config.num_hidden_layers
     else:
         if eos_token_id is not _CONFIG and eos_token_id is not None:
-            raise ValueError(f"eos_token_id is for the model=(config, weights), got {eos_token_id!r} with the single head")
+            raise ValueError(f"eos_token_id is for the model=(config, weights), got {eos_token_id!r} with the "
+                             f"single head")
         eos_token_id = None
         embedding, weights, dtype = _check_single_head(embedding, *weights)
         vocab_size, d_k, d_v, heads, layers = len(embedding), weights[1].shape[1], weights[2].shape[1], None, 1
