@@ -38,7 +38,7 @@ import numpy as np
 
 from ._validation import _MAX_STEP, as_array, as_float_array, as_size
 from .attention import check_projection_inputs
-from .model import ModelConfig, check_weights, forward, token_ids
+from .model import ModelConfig, check_weights, end_tokens, forward
 from .paged import OutOfBlocksError, PagedCacheView, PagedKVCache, as_token_ids, check_cache_fits, paged_attention
 
 
@@ -263,11 +263,9 @@ class _ModelRunner:
 
 # Input checks, all before anything runs
 
-_CONFIG = type("_FromConfig", (), {"__repr__": lambda self: "config.eos_token_id"})()  # serve's default end tokens
-
 
 def check_serve_inputs(requests, embedding, weights, model, cache, block_size, num_blocks, max_num_batched_tokens,
-                       max_num_seqs, enable_prefix_caching, eos_token_id=_CONFIG):
+                       max_num_seqs, enable_prefix_caching, eos_token_id=None):
     """Validate the inputs of ``serve``: ``(seqs, runner, scheduler)``, nothing run yet."""
     max_num_batched_tokens = as_size("max_num_batched_tokens", max_num_batched_tokens, minimum=1)
     max_num_seqs = math.inf if max_num_seqs is None else as_size("max_num_seqs", max_num_seqs, minimum=1)
@@ -277,15 +275,14 @@ def check_serve_inputs(requests, embedding, weights, model, cache, block_size, n
         if not (isinstance(model, tuple) and len(model) == 2 and isinstance(model[0], ModelConfig)):
             raise TypeError(f"model must be (ModelConfig, weights), got {type(model).__name__}")
         dtype, config = check_weights(*model), model[0]
-        eos_token_id = config.eos_token_id if eos_token_id is _CONFIG else token_ids("eos_token_id", eos_token_id,
-                                                                                       config.vocab_size)
+        eos = end_tokens(config, eos_token_id)
         vocab_size, d_k, d_v, output = config.vocab_size, config.head_dim, config.head_dim, ((), np.int64)
         heads, layers = config.num_key_value_heads, config.num_hidden_layers
     else:
-        if eos_token_id is not _CONFIG and eos_token_id is not None:
+        if eos_token_id is not None:
             raise ValueError(f"eos_token_id is for the model=(config, weights), got {eos_token_id!r} with the "
                              f"single head")
-        eos_token_id = None
+        eos = ()
         embedding, weights, dtype = _check_single_head(embedding, *weights)
         vocab_size, d_k, d_v, heads, layers = len(embedding), weights[1].shape[1], weights[2].shape[1], None, 1
         output = (d_v,), dtype  # an attention output [D_v] per step
@@ -300,7 +297,6 @@ def check_serve_inputs(requests, embedding, weights, model, cache, block_size, n
     specs = _check_requests(requests, vocab_size, cache, model is not None)
     seqs = [_Sequence(*spec, *output) for spec in specs]
     runner = _HeadRunner(cache, embedding, weights) if model is None else _ModelRunner(cache, model)
-    eos = () if eos_token_id is None else eos_token_id if isinstance(eos_token_id, tuple) else (eos_token_id,)
     return seqs, runner, Scheduler(seqs, cache.manager, max_num_batched_tokens, max_num_seqs, eos)
 
 
@@ -369,13 +365,13 @@ def _check_request(name, request, vocab_size, cache, generates):
 
 def serve(requests, embedding=None, w_q=None, w_k=None, w_v=None, *, model=None, cache=None, block_size=None,
           num_blocks=None, max_num_batched_tokens, max_num_seqs=None, enable_prefix_caching=False,
-          eos_token_id=_CONFIG):
+          eos_token_id=None):
     """Serve ``requests`` (a list of :class:`Request`) to completion by the scheduler above: a :class:`ServeResult`.
 
     The single head (``embedding [V, D_model]``, ``w_q, w_k [D_model, D_k]``, ``w_v [D_model, D_v]``) or ``model=(config,
     weights)``, whose outputs equal ``generate(config, weights, [prompt], n, eos_token_id=...)[0, len(prompt):]``: a
-    request stops at ``max_tokens`` or once it produced an end token, kept (``eos_token_id``: an id or a tuple, default
-    ``config.eos_token_id``; None: none, vLLM's ``ignore_eos``). ``cache``: a
+    request stops at ``max_tokens`` or once it produced an end token, kept (``eos_token_id`` as generate's: an id or a
+    list; None: the config's; ``[]``: none, vLLM's ``ignore_eos``). ``cache``: a
     :class:`~kv_attention.paged.PagedKVCache` to serve in (the model's: ``num_kv_heads`` and one layer per model
     layer), whose blocks and cached prefixes the requests share; it holds none of them afterwards, and is left as it
     was if the serve raises. Else a new one of ``block_size`` (default 16) and ``num_blocks`` (every request must fit
