@@ -5,9 +5,11 @@ A cache holds ``k_cache: [..., T, D_k]`` and ``v_cache: [..., T, D_v]``; the lea
 to attend to. The interface is transformers' ``cache_utils`` (``update``, ``get_seq_length``, ``crop``); what
 differs (a static cache returns views ``[..., :T, :]``, no mask): docs/mechanisms.md#the-model.
 
-Storage in bfloat16 or float16 (``dtype=ml_dtypes.bfloat16`` or ``np.float16``): ``update`` rounds float32 k, v
-to it (as ``astype``) and returns the stored 2-byte arrays, read upcast to float32; the bound this puts on an
-output: docs/mechanisms.md#bfloat16-and-float16-storage.
+Dtype: a cache built without one takes its first update's (the model's), as HF 5's layers (``cache_utils``:
+``DynamicLayer``, ``StaticLayer.lazy_initialization``); a preallocated one allocates its buffers then (``k_cache``
+None before). Storage in bfloat16 or float16 (``dtype=ml_dtypes.bfloat16`` or ``np.float16``): ``update`` rounds
+float32 k, v to it (as ``astype``) and returns the stored 2-byte arrays, read upcast to float32; the bound this puts
+on an output: docs/mechanisms.md#bfloat16-and-float16-storage.
 
 Errors: ``update`` raises TypeError for k, v not float32/float64 of one dtype (or float64 into a float32 or 2-byte
 cache), ValueError for NaN/inf (unless ``check_finite=False``), values a 2-byte cache would store as inf, or shapes
@@ -73,8 +75,16 @@ class Cache(abc.ABC):
     @property
     def layout(self):
         """``(batch_shape, k_dim, v_dim, storage dtype)`` that an update must fit; None for what is not fixed yet."""
+        if self.preallocated:
+            (k_shape, v_shape), k = self._shapes, self.k_cache
+            return k_shape[:-2], k_shape[-1], v_shape[-1], None if k is None else k.dtype
         k, v = self.k_cache, self.v_cache
         return (None,) * 4 if k is None else (k.shape[:-2], k.shape[-1], v.shape[-1], k.dtype)
+
+    def _allocate(self, dtype):
+        """A preallocated cache's zero buffers ``_shapes`` in ``dtype``: at construction, or at the first update
+        of a cache built without a dtype (HF's ``StaticLayer.lazy_initialization``)."""
+        self.k_cache, self.v_cache = (np.zeros(shape, dtype) for shape in self._shapes)
 
     # One object for every layer
 
@@ -97,8 +107,11 @@ class Cache(abc.ABC):
 
     @property
     def nbytes_reserved(self):
-        """Bytes of every layer's buffers allocated up front (int); None for a cache that grows."""
-        return sum(c.k_cache.nbytes + c.v_cache.nbytes for c in self.layers) if self.preallocated else None
+        """Bytes of every layer's buffers allocated up front (int; 0 before the first update of one built without
+        a dtype); None for a cache that grows."""
+        if not self.preallocated:
+            return None
+        return sum(c.k_cache.nbytes + c.v_cache.nbytes for c in self.layers if c.k_cache is not None)
 
     def check_update(self, num_layers, batch_shape, k_dim, v_dim, dtype, t_new, input_ids=None):
         """Raise, before a model's call writes, unless each of ``num_layers`` layers, all of one length, takes ``t_new``
@@ -178,9 +191,9 @@ def as_batch_shape(batch_shape):
     return tuple(as_size(f"batch_shape[{i}]", n) for i, n in enumerate(batch_shape))
 
 
-def check_new_positions(k, v, cache, check_finite=True, dtype=None):
-    """``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]`` checked to fit ``cache`` (or ``dtype`` while it has no
-    buffers), rounded to its bfloat16/float16 storage."""
+def check_new_positions(k, v, cache, check_finite=True):
+    """``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]`` checked to fit ``cache``'s layout, rounded to its
+    bfloat16/float16 storage."""
     if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
         raise TypeError(f"k and v must be numpy arrays, got {type(k).__name__}, {type(v).__name__}")
     k_dtype, v_dtype = k.dtype.newbyteorder("="), v.dtype.newbyteorder("=")  # '>f8' counts as float64
@@ -190,12 +203,9 @@ def check_new_positions(k, v, cache, check_finite=True, dtype=None):
     if k.ndim < 2 or k.ndim != v.ndim or k.shape[:-1] != v.shape[:-1]:
         raise ValueError(f"k and v must be [..., T_new, D_k] and [..., T_new, D_v] with the same leading axes, "
                          f"got k {k.shape}, v {v.shape}")
-    k_cache, v_cache = cache.k_cache, cache.v_cache
-    if k_cache is not None:
-        if (k.shape[:-2], k.shape[-1], v.shape[-1]) != (k_cache.shape[:-2], k_cache.shape[-1], v_cache.shape[-1]):
-            raise ValueError(f"k {k.shape} and v {v.shape} do not fit the cache's "
-                             f"k_cache {k_cache.shape} and v_cache {v_cache.shape}")
-        dtype = k_cache.dtype
+    shape, k_dim, v_dim, dtype = cache.layout
+    if shape is not None and (k.shape[:-2], k.shape[-1], v.shape[-1]) != (shape, k_dim, v_dim):
+        raise ValueError(f"k {k.shape} and v {v.shape} do not fit the cache's {_buffers(shape, k_dim, v_dim)}")
     if dtype is not None and not np.can_cast(k.dtype, compute_dtype(dtype), casting="safe"):
         raise TypeError(f"k and v are {k.dtype}, which the cache's {dtype} cannot hold without loss"
                         + (" (it stores float32 rounded)" if is_storage_dtype(dtype) else ""))
@@ -205,6 +215,12 @@ def check_new_positions(k, v, cache, check_finite=True, dtype=None):
     if dtype is not None:
         k, v = as_stored("k", k, dtype), as_stored("v", v, dtype)
     return k, v
+
+
+def _buffers(shape, k_dim, v_dim):
+    """``k_cache [*shape, T, k_dim] and v_cache [...]``, for an error."""
+    k, v = (", ".join(map(str, (*shape, "T", d))) for d in (k_dim, v_dim))
+    return f"k_cache [{k}] and v_cache [{v}]"
 
 
 def check_crop(length, stored):
@@ -224,14 +240,12 @@ def check_cache_fits(cache, kv_shape, t_new, dtype, window=None, n_sink=0):
         hint = "; full attention needs a cache of every position, e.g. StaticCache" if window is None else ""
         raise ValueError(f"cache keeps window={cache.window}, n_sink={cache.n_sink} but the call has "
                          f"window={window}, n_sink={n_sink}{hint}")
-    k_cache, v_cache = cache.k_cache, cache.v_cache
-    if k_cache is not None:
-        if (k_cache.shape[:-2] + k_cache.shape[-1:], v_cache.shape[:-2] + v_cache.shape[-1:]) != kv_shape:
-            k_shape, v_shape = (", ".join(map(str, (*s[:-1], "T", s[-1]))) for s in kv_shape)
-            raise ValueError(f"cache does not fit x: k_cache {k_cache.shape} and v_cache {v_cache.shape} "
-                             f"must be [{k_shape}] and [{v_shape}]")
-        if compute_dtype(k_cache.dtype) != dtype:
-            raise TypeError(f"cache holds {k_cache.dtype} but the computation is {dtype}")
+    shape, k_dim, v_dim, stored = cache.layout
+    if shape is not None and (shape + (k_dim,), shape + (v_dim,)) != kv_shape:
+        k_shape, v_shape = (", ".join(map(str, (*s[:-1], "T", s[-1]))) for s in kv_shape)
+        raise ValueError(f"cache does not fit x: {_buffers(shape, k_dim, v_dim)} must be [{k_shape}] and [{v_shape}]")
+    if stored is not None and compute_dtype(stored) != dtype:
+        raise TypeError(f"cache holds {stored} but the computation is {dtype}")
     stored, room = cache.get_seq_length(), cache.max_seq_len
     if room is not None and stored + t_new > room:
         raise StaticCacheFullError(f"cache too short: {stored} of max_seq_len={room} positions used, "
@@ -258,7 +272,7 @@ class DynamicCache(Cache):
         (do not write)."""
         if layer_idx:
             return self.layer(layer_idx).update(k, v, check_finite=check_finite)
-        return self._append(*check_new_positions(k, v, self, check_finite, self._dtype))
+        return self._append(*check_new_positions(k, v, self, check_finite))
 
     def _append(self, k, v):
         """:meth:`update` of checked k, v (a decode's own cache: its k, v come from checked inputs)."""
@@ -295,26 +309,26 @@ class DynamicCache(Cache):
 
 class StaticCache(Cache):
     """A K/V cache ``[*batch_shape, max_seq_len, k_dim | v_dim]`` allocated once (zero past the length), written in
-    place. ``batch_shape`` e.g. ``()``, ``(B,)`` or ``(B, H_kv)``; ``k_dim`` >= 1."""
+    place. ``batch_shape`` e.g. ``()``, ``(B,)`` or ``(B, H_kv)``; ``k_dim`` >= 1; ``dtype`` None: the first
+    update's."""
 
     preallocated = True
 
-    def __init__(self, batch_shape, max_seq_len, k_dim, v_dim, dtype=np.float64):
+    def __init__(self, batch_shape, max_seq_len, k_dim, v_dim, dtype=None):
         batch_shape = as_batch_shape(batch_shape)
         max_seq_len, v_dim = as_size("max_seq_len", max_seq_len), as_size("v_dim", v_dim)
-        k_dim, dtype = as_size("k_dim", k_dim, minimum=1), as_float_dtype(dtype, storage=True)
-        self.k_cache = np.zeros(batch_shape + (max_seq_len, k_dim), dtype)  # [*batch_shape, T_max, D_k]
-        self.v_cache = np.zeros(batch_shape + (max_seq_len, v_dim), dtype)  # [*batch_shape, T_max, D_v]
+        k_dim = as_size("k_dim", k_dim, minimum=1)
         self._length = 0
+        self._shapes = batch_shape + (max_seq_len, k_dim), batch_shape + (max_seq_len, v_dim)  # [..., T_max, D]
+        if dtype is not None:
+            self._allocate(as_float_dtype(dtype, storage=True))
+
+    max_seq_len = property(lambda self: self._shapes[0][-2])
 
     def __repr__(self):
-        *batch_shape, max_seq_len, k_dim = self.k_cache.shape
-        return (f"StaticCache(batch_shape={tuple(batch_shape)}, max_seq_len={max_seq_len}, k_dim={k_dim}, "
-                f"v_dim={self.v_cache.shape[-1]}, dtype={self.k_cache.dtype}, seq_length={self._length})")
-
-    @property
-    def max_seq_len(self):
-        return self.k_cache.shape[-2]
+        batch_shape, k_dim, v_dim, dtype = self.layout
+        return (f"StaticCache(batch_shape={batch_shape}, max_seq_len={self.max_seq_len}, k_dim={k_dim}, "
+                f"v_dim={v_dim}, dtype={dtype}, seq_length={self._length})")
 
     def update(self, k, v, layer_idx=0, *, check_finite=True):
         """Write ``k: [..., T_new, D_k]``, ``v: [..., T_new, D_v]`` after layer ``layer_idx``'s positions; return views
@@ -329,6 +343,8 @@ class StaticCache(Cache):
 
     def _append(self, k, v):
         """:meth:`update` of checked k, v that fit (a decode's own cache)."""
+        if self.k_cache is None:
+            self._allocate(k.dtype)
         start, stop = self._length, self._length + k.shape[-2]
         self.k_cache[..., start:stop, :] = k
         self.v_cache[..., start:stop, :] = v
@@ -343,17 +359,23 @@ class StaticCache(Cache):
         length = check_crop(length, self._length)
         for c in self._more:
             c.crop(length)
-        self._restore((length, self._length - length))
+        self._restore((length, self._length - length, self.k_cache is None))
 
     def _snapshot(self, t_new):
-        return self._length, t_new
+        return self._length, t_new, self.k_cache is None
 
     def _restore(self, state):
-        """Back to ``length``, the ``t_new`` positions after it zeroed (those a call may have written)."""
-        length, t_new = state
-        self.k_cache[..., length : length + t_new, :] = 0
-        self.v_cache[..., length : length + t_new, :] = 0
+        """Back to ``length``, the ``t_new`` positions after it zeroed (those a call may have written), or to no
+        buffers."""
+        length, t_new, unallocated = state
+        if unallocated:
+            self.k_cache = self.v_cache = None
+        else:
+            self.k_cache[..., length : length + t_new, :] = 0
+            self.v_cache[..., length : length + t_new, :] = 0
         self._length = length
 
     def _nbytes(self):  # the positions held, not the capacity
+        if self.k_cache is None:
+            return 0
         return (self.k_cache.nbytes + self.v_cache.nbytes) // max(self.max_seq_len, 1) * self._length

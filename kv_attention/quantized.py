@@ -150,14 +150,15 @@ class _Quantizer:
 class QuantizedCache(Cache):
     """``[*batch_shape, T, k_dim]`` keys and ``[*batch_shape, T, v_dim]`` values held quantized (the module's contract).
 
-    ``nbits`` 2, 4 or 8; ``format`` None or a float8 format; ``dtype`` that of scales, zeros and the residual.
+    ``nbits`` 2, 4 or 8; ``format`` None or a float8 format; ``dtype`` that of scales, zeros and the residual (None:
+    the first update's, as cache.py's caches).
     A crop inside a quantized block is refused (``can_crop`` False); a failed call is undone exactly.
     """
 
     can_crop = False
 
     def __init__(self, batch_shape, k_dim, v_dim, *, nbits=4, group_size=32, residual_length=32,
-                 key_axis="channel", value_axis="token", dtype=np.float64, format=None):
+                 key_axis="channel", value_axis="token", dtype=None, format=None):
         batch_shape = as_batch_shape(batch_shape)
         k_dim, v_dim = as_size("k_dim", k_dim, minimum=1), as_size("v_dim", v_dim, minimum=1)
         group_size = as_size("group_size", group_size, minimum=1)
@@ -173,22 +174,23 @@ class QuantizedCache(Cache):
                 raise ValueError(f"format={format!r} takes nbits=8, got nbits={nbits}")
         check_choice("key_axis", key_axis, AXES)
         check_choice("value_axis", value_axis, AXES)
-        dtype = as_float_dtype(dtype)
-        self.batch_shape, self.k_dim, self.v_dim, self.dtype = batch_shape, k_dim, v_dim, dtype
+        self.batch_shape, self.k_dim, self.v_dim = batch_shape, k_dim, v_dim
         self.nbits, self.group_size, self.residual_length, self.format = nbits, group_size, residual_length, format
         self.key_axis, self.value_axis = key_axis, value_axis
-        self._quantizers = (_Quantizer(key_axis, k_dim, nbits, group_size, format, dtype),
-                            _Quantizer(value_axis, v_dim, nbits, group_size, format, dtype))
-        self._parts = self._empty()
+        self.dtype = None if dtype is None else as_float_dtype(dtype)
+        self._quantizers, self._parts = self._empty(np.float64 if dtype is None else self.dtype)  # empty: 0 bytes
 
-    def _empty(self):
+    def _empty(self, dtype):
+        """The quantizers of ``dtype`` and their parts of no position."""
+        quantizers = (_Quantizer(self.key_axis, self.k_dim, self.nbits, self.group_size, self.format, dtype),
+                      _Quantizer(self.value_axis, self.v_dim, self.nbits, self.group_size, self.format, dtype))
         parts = []
-        for quantizer in self._quantizers:
+        for quantizer in quantizers:
             codes = np.zeros(self.batch_shape + (0, quantizer.row_bytes), np.uint8)
-            scale = np.zeros(self.batch_shape + (0, quantizer.n_groups), self.dtype)
+            scale = np.zeros(self.batch_shape + (0, quantizer.n_groups), dtype)
             zero = None if quantizer.format is not None else scale.copy()
-            parts.append(_Part(codes, scale, zero, np.zeros(self.batch_shape + (0, quantizer.dim), self.dtype)))
-        return tuple(parts)
+            parts.append(_Part(codes, scale, zero, np.zeros(self.batch_shape + (0, quantizer.dim), dtype)))
+        return quantizers, tuple(parts)
 
     def __repr__(self):
         kind = self.format or f"{self.nbits}-bit"
@@ -206,8 +208,9 @@ class QuantizedCache(Cache):
         k, v = read("k", k), read("v", v)
         if k.dtype != v.dtype:
             raise TypeError(f"k and v must both be float32 or both float64, got {k.dtype} and {v.dtype}")
-        if not np.can_cast(k.dtype, self.dtype, casting="safe"):
-            raise TypeError(f"k is {k.dtype}, which the cache's {self.dtype} cannot hold without loss")
+        dtype = k.dtype if self.dtype is None else self.dtype  # None: the first update's
+        if not np.can_cast(k.dtype, dtype, casting="safe"):
+            raise TypeError(f"k is {k.dtype}, which the cache's {dtype} cannot hold without loss")
         t_new = k.shape[-2] if k.ndim >= 2 else -1
         expected_k, expected_v = self.batch_shape + (t_new, self.k_dim), self.batch_shape + (t_new, self.v_dim)
         if k.shape != expected_k or v.shape != expected_v:
@@ -215,20 +218,21 @@ class QuantizedCache(Cache):
             raise ValueError(f"k {k.shape} and v {v.shape} do not fit the cache: they must be [{lead}, {self.k_dim}] "
                              f"and [{lead}, {self.v_dim}]")
         if check_finite:
-            limit = float(np.finfo(self.dtype).max) / 4
+            limit = float(np.finfo(dtype).max) / 4
             for name, array in (("k", k), ("v", v)):
                 if array.size and float(np.abs(array).max()) > limit:
                     raise ValueError(f"{name} holds |x| = {float(np.abs(array).max()):.3g}, beyond max / 4 = "
-                                     f"{limit:.3g} of {self.dtype} that a quantized cache holds (the module's Range)")
-        return k.astype(self.dtype, copy=False), v.astype(self.dtype, copy=False)
+                                     f"{limit:.3g} of {dtype} that a quantized cache holds (the module's Range)")
+        return k.astype(dtype, copy=False), v.astype(dtype, copy=False)
 
     def store(self, k, v, *, check_finite=True):
         """:meth:`update` without returning K̂/V̂ (for :func:`attend_quantized`); returns None."""
         k, v = self._check_new(k, v, check_finite)
-        held = self._parts[0].residual.shape[-2] + k.shape[-2]
+        quantizers, old = (self._quantizers, self._parts) if self.dtype is not None else self._empty(k.dtype)
+        held = old[0].residual.shape[-2] + k.shape[-2]
         n_new = self.group_size * math.ceil(max(0, held - self.residual_length) / self.group_size)
         parts = []
-        for part, quantizer, new in zip(self._parts, self._quantizers, (k, v)):
+        for part, quantizer, new in zip(old, quantizers, (k, v)):
             residual = np.concatenate([part.residual, new], axis=-2)  # [..., T - Q + T_new, D]
             if n_new == 0:
                 parts.append(part._replace(residual=residual))
@@ -237,7 +241,7 @@ class QuantizedCache(Cache):
             parts.append(_Part(np.concatenate([part.codes, codes], axis=-2), np.concatenate([part.scale, scale], axis=-2),
                                None if zero is None else np.concatenate([part.zero, zero], axis=-2),
                                residual[..., n_new:, :].copy()))
-        self._parts = tuple(parts)
+        self.dtype, self._quantizers, self._parts = k.dtype, quantizers, tuple(parts)
 
     def update(self, k, v, layer_idx=0, *, check_finite=True):
         """Store ``k: [*batch_shape, T_new, k_dim]``, ``v: [..., v_dim]``; return ``(K̂, V̂)`` so far (new arrays).
@@ -253,13 +257,13 @@ class QuantizedCache(Cache):
 
     @property
     def k_cache(self):
-        """K̂ ``[*batch_shape, T, k_dim]``, dequantized at each access (a decode reads its shape and dtype)."""
-        return self._quantizers[0].dequantize(self._parts[0])
+        """K̂ ``[*batch_shape, T, k_dim]``, dequantized at each access; None before the first update fixes the dtype."""
+        return None if self.dtype is None else self._quantizers[0].dequantize(self._parts[0])
 
     @property
     def v_cache(self):
-        """V̂ ``[*batch_shape, T, v_dim]``, dequantized at each access."""
-        return self._quantizers[1].dequantize(self._parts[1])
+        """V̂ ``[*batch_shape, T, v_dim]``, dequantized at each access; None as ``k_cache``."""
+        return None if self.dtype is None else self._quantizers[1].dequantize(self._parts[1])
 
     @property
     def layout(self):
@@ -299,10 +303,10 @@ class QuantizedCache(Cache):
         self._parts = tuple(parts)
 
     def _snapshot(self, t_new):
-        return self._parts  # arrays never written in place: an update or a crop makes new ones
+        return self.dtype, self._quantizers, self._parts  # never written in place: an update or a crop makes new ones
 
-    def _restore(self, parts):
-        self._parts = parts
+    def _restore(self, state):
+        self.dtype, self._quantizers, self._parts = state
 
     def _nbytes(self):  # codes, scales, zeros and the residual (the module's formula)
         return sum(a.nbytes for part in self._parts for a in part if a is not None)

@@ -5,7 +5,8 @@ D_model]``, ``w_q, w_k: [D_model, D_k]``, ``w_v: [D_model, D_v]``) the rest are 
 ``[len(token_ids) - prompt_len + 1, D_v]``, equal ``causal_attention(embedding[token_ids], w_q, w_k,
 w_v)[prompt_len - 1:]`` however the request was chunked, batched, preempted or cached. With ``model=(config,
 weights)`` a Llama decoder runs over one paged cache for every layer; a request is its prompt and ``max_tokens``
-(vLLM's ``SamplingParams.max_tokens``), each output the argmax fed back: its own ``generate()``.
+(vLLM's ``SamplingParams.max_tokens``), each output the argmax fed back until an end token (``eos_token_id``, kept in
+the output; its blocks freed at once, as V1's ``check_stop``): its own ``generate()``.
 
 The scheduler decides and a runner executes, as vLLM V1's engine step (``vllm/v1/engine/core.py``:
 ``Scheduler.schedule``, ``GPUModelRunner.execute_model``, ``Scheduler.update_from_output``). :meth:`Scheduler.schedule`
@@ -37,14 +38,14 @@ import numpy as np
 
 from ._validation import _MAX_STEP, as_array, as_float_array, as_size
 from .attention import check_projection_inputs
-from .model import ModelConfig, check_weights, forward
+from .model import ModelConfig, check_weights, end_tokens, forward
 from .paged import OutOfBlocksError, PagedCacheView, PagedKVCache, as_token_ids, check_cache_fits, paged_attention
 
 
 @dataclass(frozen=True)
 class Request:
     """``token_ids``, the first ``prompt_len`` (default all) the prompt; ``request_id`` any hashable, distinct;
-    ``arrival_step`` the step it arrives at; ``max_tokens``: for the model, the tokens to generate after the prompt.
+    ``arrival_step`` the step it arrives at; ``max_tokens``: for the model, the most tokens generated after the prompt.
     Without ``max_tokens``, one output per position from the prompt's last: 1 + len(token_ids) - prompt_len."""
 
     request_id: Any
@@ -88,7 +89,8 @@ class ServeStats:
 @dataclass(frozen=True)
 class ServeResult:
     """``outputs``: request_id -> ``[len(token_ids) - prompt_len + 1, D_v]`` attention outputs (the single head) or
-    the int64 tokens generated (the model), in request order; ``stats``: a :class:`ServeStats`."""
+    the int64 tokens generated (the model: up to its end token, or max_tokens of them), in request order; ``stats``:
+    a :class:`ServeStats`."""
 
     outputs: dict
     stats: ServeStats
@@ -126,8 +128,9 @@ class SchedulerOutput:
 class Scheduler:
     """The queues (arrivals, waiting, running) of one serve over a KV cache ``manager``, and the counts."""
 
-    def __init__(self, seqs, manager, max_num_batched_tokens, max_num_seqs):
+    def __init__(self, seqs, manager, max_num_batched_tokens, max_num_seqs, eos_token_ids=()):
         self.manager, self.max_num_batched_tokens, self.max_num_seqs = manager, max_num_batched_tokens, max_num_seqs
+        self.eos_token_ids = frozenset(eos_token_ids)  # the model's end tokens
         self.arrivals = deque(sorted(seqs, key=lambda s: s.arrival_step))  # stable: FCFS among equal steps
         self.waiting, self.running, self.clock = deque(), [], 0  # running: in order of admission
         self.preemptions = self.recomputed_tokens = self.prefix_hit_tokens = 0
@@ -187,7 +190,8 @@ class Scheduler:
         self.preemptions += 1
 
     def update_from_output(self, output, outputs):
-        """Count the step's tokens as computed, record ``outputs`` (request -> its next output), free the finished."""
+        """Count the step's tokens as computed, record ``outputs`` (request -> its next output), free the finished:
+        those at their last output or at an end token (V1's ``check_stop``)."""
         scheduled = output.num_scheduled_tokens.items()
         # tokens past the prompt computed for the first time: a recomputing chunk may end with one
         first = [s.num_computed + n - max(s.num_computed, s.prompt_len, s.high_water) for s, n in scheduled]
@@ -202,6 +206,8 @@ class Scheduler:
                 seq.token_ids[seq.num_tokens] = out
             seq.outputs[seq.num_emitted] = out
             seq.num_emitted += 1
+            if seq.num_emitted < len(seq.outputs) and self.eos_token_ids and int(out) in self.eos_token_ids:
+                seq.outputs = seq.outputs[: seq.num_emitted]  # stopped: the end token kept, as vLLM's token_ids
             if seq.num_emitted == len(seq.outputs):
                 self.manager.free(seq.request_id)
                 self.running.remove(seq)
@@ -259,7 +265,7 @@ class _ModelRunner:
 
 
 def check_serve_inputs(requests, embedding, weights, model, cache, block_size, num_blocks, max_num_batched_tokens,
-                       max_num_seqs, enable_prefix_caching):
+                       max_num_seqs, enable_prefix_caching, eos_token_id=None):
     """Validate the inputs of ``serve``: ``(seqs, runner, scheduler)``, nothing run yet."""
     max_num_batched_tokens = as_size("max_num_batched_tokens", max_num_batched_tokens, minimum=1)
     max_num_seqs = math.inf if max_num_seqs is None else as_size("max_num_seqs", max_num_seqs, minimum=1)
@@ -269,9 +275,14 @@ def check_serve_inputs(requests, embedding, weights, model, cache, block_size, n
         if not (isinstance(model, tuple) and len(model) == 2 and isinstance(model[0], ModelConfig)):
             raise TypeError(f"model must be (ModelConfig, weights), got {type(model).__name__}")
         dtype, config = check_weights(*model), model[0]
+        eos = end_tokens(config, eos_token_id)
         vocab_size, d_k, d_v, output = config.vocab_size, config.head_dim, config.head_dim, ((), np.int64)
         heads, layers = config.num_key_value_heads, config.num_hidden_layers
     else:
+        if eos_token_id is not None:
+            raise ValueError(f"eos_token_id is for the model=(config, weights), got {eos_token_id!r} with the "
+                             f"single head")
+        eos = ()
         embedding, weights, dtype = _check_single_head(embedding, *weights)
         vocab_size, d_k, d_v, heads, layers = len(embedding), weights[1].shape[1], weights[2].shape[1], None, 1
         output = (d_v,), dtype  # an attention output [D_v] per step
@@ -286,7 +297,7 @@ def check_serve_inputs(requests, embedding, weights, model, cache, block_size, n
     specs = _check_requests(requests, vocab_size, cache, model is not None)
     seqs = [_Sequence(*spec, *output) for spec in specs]
     runner = _HeadRunner(cache, embedding, weights) if model is None else _ModelRunner(cache, model)
-    return seqs, runner, Scheduler(seqs, cache.manager, max_num_batched_tokens, max_num_seqs)
+    return seqs, runner, Scheduler(seqs, cache.manager, max_num_batched_tokens, max_num_seqs, eos)
 
 
 def _check_single_head(embedding, w_q, w_k, w_v):
@@ -353,11 +364,14 @@ def _check_request(name, request, vocab_size, cache, generates):
 
 
 def serve(requests, embedding=None, w_q=None, w_k=None, w_v=None, *, model=None, cache=None, block_size=None,
-          num_blocks=None, max_num_batched_tokens, max_num_seqs=None, enable_prefix_caching=False):
+          num_blocks=None, max_num_batched_tokens, max_num_seqs=None, enable_prefix_caching=False,
+          eos_token_id=None):
     """Serve ``requests`` (a list of :class:`Request`) to completion by the scheduler above: a :class:`ServeResult`.
 
     The single head (``embedding [V, D_model]``, ``w_q, w_k [D_model, D_k]``, ``w_v [D_model, D_v]``) or ``model=(config,
-    weights)``, whose outputs equal ``generate(config, weights, [prompt], n)[0, len(prompt):]``. ``cache``: a
+    weights)``, whose outputs equal ``generate(config, weights, [prompt], n, eos_token_id=...)[0, len(prompt):]``: a
+    request stops at ``max_tokens`` or once it produced an end token, kept (``eos_token_id`` as generate's: an id or a
+    list; None: the config's; ``[]``: none, vLLM's ``ignore_eos``). ``cache``: a
     :class:`~kv_attention.paged.PagedKVCache` to serve in (the model's: ``num_kv_heads`` and one layer per model
     layer), whose blocks and cached prefixes the requests share; it holds none of them afterwards, and is left as it
     was if the serve raises. Else a new one of ``block_size`` (default 16) and ``num_blocks`` (every request must fit
@@ -367,7 +381,7 @@ def serve(requests, embedding=None, w_q=None, w_k=None, w_v=None, *, model=None,
     """
     seqs, runner, scheduler = check_serve_inputs(requests, embedding, (w_q, w_k, w_v), model, cache, block_size,
                                                  num_blocks, max_num_batched_tokens, max_num_seqs,
-                                                 enable_prefix_caching)
+                                                 enable_prefix_caching, eos_token_id)
     checkpoint = None if cache is None else cache.checkpoint()  # a pool of its own is dropped on failure
     try:
         while scheduler.has_requests():

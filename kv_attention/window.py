@@ -20,22 +20,22 @@ class SlidingWindowCache(Cache):
 
     preallocated, can_crop = True, False
 
-    def __init__(self, batch_shape, window, k_dim, v_dim, n_sink=0, dtype=np.float64):
+    def __init__(self, batch_shape, window, k_dim, v_dim, n_sink=0, dtype=None):
         batch_shape = as_batch_shape(batch_shape)
         window, n_sink = as_size("window", window, minimum=1), as_size("n_sink", n_sink)
         k_dim, v_dim = as_size("k_dim", k_dim, minimum=1), as_size("v_dim", v_dim)  # the library's rule for widths
-        dtype = as_float_dtype(dtype, storage=True)  # bfloat16/float16: as cache.py's caches
         self.window, self.n_sink = window, n_sink
-        self.k_cache = np.zeros(batch_shape + (n_sink + window, k_dim), dtype)  # [*batch_shape, n_sink + W, D_k]
-        self.v_cache = np.zeros(batch_shape + (n_sink + window, v_dim), dtype)  # [*batch_shape, n_sink + W, D_v]
+        slots = n_sink + window
+        self._shapes = batch_shape + (slots, k_dim), batch_shape + (slots, v_dim)  # [*batch_shape, n_sink + W, D]
+        if dtype is not None:  # bfloat16/float16: as cache.py's caches; None: the first update's
+            self._allocate(as_float_dtype(dtype, storage=True))
         self._length = 0  # positions seen
         self._first = n_sink  # the oldest window position held; the ring holds _first.._length-1
 
     def __repr__(self):
-        *batch_shape, _, k_dim = self.k_cache.shape
-        return (f"SlidingWindowCache(batch_shape={tuple(batch_shape)}, window={self.window}, k_dim={k_dim}, "
-                f"v_dim={self.v_cache.shape[-1]}, n_sink={self.n_sink}, dtype={self.k_cache.dtype}, "
-                f"seq_length={self._length})")
+        batch_shape, k_dim, v_dim, dtype = self.layout
+        return (f"SlidingWindowCache(batch_shape={batch_shape}, window={self.window}, k_dim={k_dim}, v_dim={v_dim}, "
+                f"n_sink={self.n_sink}, dtype={dtype}, seq_length={self._length})")
 
     def _ring(self, first, count):
         """The slots of ring positions ``first..first+count-1``, in position order: one slice, or two that wrap."""
@@ -72,6 +72,8 @@ class SlidingWindowCache(Cache):
         if layer_idx:
             return self.layer(layer_idx).update(k, v, check_finite=check_finite)
         k, v = check_new_positions(k, v, self, check_finite)
+        if self.k_cache is None:
+            self._allocate(k.dtype)
         start, stop = self._length, self._length + k.shape[-2]
         if stop - start == 1:
             self._write(k, v, start, stop)
@@ -110,6 +112,8 @@ class SlidingWindowCache(Cache):
         self._check_crop(length)
         for c in self._more:
             c.crop(length)
+        if self.k_cache is None:  # nothing stored: length 0
+            return
         first = max(length, self._first)  # the dropped window positions: first.._length-1
         for slots in self._ring(first, max(self._length - first, 0)):
             self.k_cache[..., slots, :] = 0
@@ -129,14 +133,22 @@ class SlidingWindowCache(Cache):
                              f"crop to a length in [{self._first + self.window - 1}, {self._length}] or in [0, {self.n_sink}]")
 
     def _snapshot(self, t_new):  # the slots t_new more positions write (at most n_sink + window), as they are
+        if self.k_cache is None:
+            return None
         p = np.arange(self._length, self._length + min(t_new, self.n_sink + self.window))
         slots = np.where(p < self.n_sink, p, self.n_sink + (p - self.n_sink) % self.window)
         return self._length, self._first, slots, self.k_cache[..., slots, :], self.v_cache[..., slots, :]  # copies
 
     def _restore(self, state):
+        if state is None:  # back to no buffers
+            self.k_cache = self.v_cache = None
+            self._length, self._first = 0, self.n_sink
+            return
         self._length, self._first, slots, self.k_cache[..., slots, :], self.v_cache[..., slots, :] = state
 
     def _nbytes(self):  # the positions held
+        if self.k_cache is None:
+            return 0
         per_position = (self.k_cache.nbytes + self.v_cache.nbytes) // self.k_cache.shape[-2]
         held = min(self.n_sink, self._length) + max(self._length - self._first, 0)
         return per_position * held

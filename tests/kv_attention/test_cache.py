@@ -160,7 +160,8 @@ def test_reprs_are_short_and_say_the_layout_and_the_length():
     assert repr(static) == (
         "StaticCache(batch_shape=(2, 8), max_seq_len=4096, k_dim=128, v_dim=64, dtype=float32, seq_length=3)"
     )
-    assert repr(kv.StaticCache((), 5, 3, 2)) == "StaticCache(batch_shape=(), max_seq_len=5, k_dim=3, v_dim=2, dtype=float64, seq_length=0)"
+    assert repr(kv.StaticCache((), 5, 3, 2)) == ("StaticCache(batch_shape=(), max_seq_len=5, k_dim=3, v_dim=2, "
+                                                 "dtype=None, seq_length=0)")
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
@@ -198,10 +199,56 @@ def test_update_takes_a_big_endian_array_or_a_matrix_as_a_plain_native_array(mak
         cache.update(positions(1).astype(">f4"), positions(1, d=2))
 
 
-def test_static_cache_refuses_a_dtype_of_none():
-    # np.dtype(None) would silently mean float64; kv_cache_bytes refuses None too.
-    with pytest.raises(TypeError, match="^dtype must be float32, float64, bfloat16 or float16, got None$"):
-        kv.StaticCache((), 4, 3, 2, dtype=None)
+# --- a cache built without a dtype takes its first update's: the model's (HF 5's StaticLayer.lazy_initialization) ---
+
+LLAMA = kv.ModelConfig(vocab_size=50, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2)  # head_dim 4
+BUILT = {
+    "static": lambda dtype: kv.StaticCache((1, 2), 12, 4, 4, dtype),
+    "window": lambda dtype: kv.SlidingWindowCache((1, 2), 4, 4, 4, n_sink=1, dtype=dtype),
+    "quantized": lambda dtype: kv.QuantizedCache((1, 2), 4, 4, group_size=2, residual_length=2, dtype=dtype),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kind", BUILT)
+def test_a_cache_built_without_a_dtype_holds_the_models_and_gives_its_logits_exactly(kind, dtype):
+    weights = kv.init_weights(LLAMA, seed=1, dtype=dtype)
+    ids = np.random.default_rng(2).integers(0, 50, (1, 9))
+    built, typed = BUILT[kind](None), BUILT[kind](dtype)
+    assert built.k_cache is None and built.nbytes == 0 and "dtype=None" in repr(built)
+    assert built.nbytes_reserved == (None if kind == "quantized" else 0)  # nothing allocated yet
+    for chunk in (ids[:, :6], ids[:, 6:7], ids[:, 7:]):  # a prefill, a decode step, a chunk of 2
+        logits = kv.forward(LLAMA, weights, chunk, cache=built)
+        assert logits.dtype == dtype
+        np.testing.assert_array_equal(logits, kv.forward(LLAMA, weights, chunk, cache=typed))
+    assert [c.layout[3] for c in built.layers] == [np.dtype(dtype)] * 2 and f"dtype={np.dtype(dtype)}" in repr(built)
+    assert (built.nbytes, built.nbytes_reserved) == (typed.nbytes, typed.nbytes_reserved)
+
+
+@pytest.mark.parametrize("kind", BUILT)
+def test_a_failed_first_call_leaves_a_cache_without_a_dtype_as_built(kind):
+    name = "model.layers.0.mlp.up_proj.weight"  # a NaN here makes layer 1's k NaN: layer 0 was written already
+    weights = kv.init_weights(LLAMA, seed=1, dtype=np.float32)
+    weights[name] = weights[name].copy()
+    weights[name][0, 0] = np.nan
+    built = BUILT[kind](None)
+    with pytest.raises(ValueError, match="NaN or inf"):
+        kv.forward(LLAMA, weights, [[1, 2, 3]], cache=built)
+    assert built.layers == [built] and built.k_cache is None and built.get_seq_length() == 0
+    k, v = np.zeros((1, 2, 1, 4), np.float64), np.zeros((1, 2, 1, 4), np.float64)
+    with pytest.raises(ValueError, match="do not fit the cache"):
+        built.update(k[..., :3], v)  # refused before it allocates
+    assert built.k_cache is None
+    built.update(k, v)  # then free to take float64
+    assert built.layout[3] == np.float64 and built.get_seq_length() == 1
+
+
+def test_an_explicit_dtype_is_kept_and_refuses_what_it_cannot_hold():
+    for cache in (kv.StaticCache((), 4, 3, 2, np.float32), kv.SlidingWindowCache((), 4, 3, 2, dtype=np.float32)):
+        assert cache.k_cache.dtype == np.float32 and cache.nbytes_reserved == 4 * (3 + 2) * 4  # 4 slots, allocated
+        with pytest.raises(TypeError, match="float64, which the cache's float32 cannot hold"):
+            cache.update(positions(1), positions(1, d=2))
 
 
 # --- the Cache base class ---------------------------------------------------------------------------

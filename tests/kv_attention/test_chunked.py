@@ -30,7 +30,8 @@ def cache_kinds(window):
 def state(cache):
     """Everything a caller could see of a cache, copied."""
     held = cache.held_positions().tolist() if hasattr(cache, "held_positions") else None
-    return cache.k_cache.copy(), cache.v_cache.copy(), cache.get_seq_length(), held
+    k_cache, v_cache = (None if a is None else a.copy() for a in (cache.k_cache, cache.v_cache))  # None: no dtype yet
+    return k_cache, v_cache, cache.get_seq_length(), held
 
 
 def assert_same_state(cache, before):

@@ -5,6 +5,7 @@ Outputs are compared with the naive per-request reference (float64, rtol = atol 
 hand in the comments, from the rules of the scheduler's module docstring.
 """
 
+import dataclasses
 import math
 import weakref
 
@@ -434,6 +435,42 @@ def test_a_request_is_a_prompt_and_max_tokens_and_equals_its_own_generate():
                  max_num_batched_tokens=4)
     with pytest.raises(ValueError, match="max_tokens is for the model.* and the single head"):
         kv.serve([kv.Request(0, [1, 2, 3], max_tokens=2)], *model(), num_blocks=4, max_num_batched_tokens=4)
+
+
+@pytest.mark.parametrize("caching, num_blocks", [(True, 12), (False, 5)])  # 5 blocks of 4: preemptions
+def test_each_request_stops_at_its_end_token_kept_and_computes_nothing_past_it(caching, num_blocks):
+    rng = np.random.default_rng(5)  # greedy without an end token: [55, 14, 6, 5, 34, 34, 34, 4],
+    system = rng.integers(0, 61, 8).tolist()  # [50, 42, 29, 17, 17, ...] twice, [41, 17, 60, 17, ...]
+    prompts = [system + rng.integers(0, 61, int(rng.integers(1, 6))).tolist() for _ in range(4)]
+    config = dataclasses.replace(LLAMA, eos_token_id=17)
+    requests = [kv.Request(i, p, max_tokens=8, arrival_step=i // 2) for i, p in enumerate(prompts)]
+    pool = llama_pool(num_blocks, caching)
+    result = kv.serve(requests, model=(config, LLAMA_W), cache=pool, max_num_batched_tokens=9)
+    assert pool.seq_ids == () and pool.num_free_blocks == num_blocks  # every request's blocks freed
+    assert [len(result.outputs[i]) for i in range(4)] == [8, 4, 4, 2]  # request 0 never meets 17: max_tokens
+    for i, prompt in enumerate(prompts):
+        np.testing.assert_array_equal(result.outputs[i], kv.generate(config, LLAMA_W, [prompt], 8)[0, len(prompt):])
+    stats = result.stats  # nothing computed past an end token: each output but the last fed back once
+    assert stats.decode_tokens == sum(len(out) - 1 for out in result.outputs.values())
+    assert stats.prefill_tokens == sum(map(len, prompts)) - stats.prefix_hit_tokens + stats.recomputed_tokens
+    assert (stats.preemptions > 0) == (not caching)
+    ignored = kv.serve(requests, model=(config, LLAMA_W), num_blocks=16, max_num_batched_tokens=9, eos_token_id=[])
+    assert all(np.array_equal(ignored.outputs[i], generated(p, 8)) for i, p in enumerate(prompts))  # ignore_eos
+    either = kv.serve(requests, model=(config, LLAMA_W), num_blocks=16, max_num_batched_tokens=9, eos_token_id=[34, 41])
+    assert [out.tolist() for out in either.outputs.values()] == [[55, 14, 6, 5, 34], [50, 42, 29, 17, 17, 17, 17, 19],
+                                                                [50, 42, 29, 17, 17, 17, 17, 19], [41]]
+
+
+def test_the_end_token_is_checked_before_anything_runs():
+    requests, pool = [kv.Request(0, [1, 2, 3], max_tokens=2)], llama_pool()
+    for eos, error, message in ((61, ValueError, r"eos_token_id must be an id in \[0, vocab_size=61\), got 61"),
+                                ([3, 61], ValueError, r"eos_token_id must be ids in \[0, vocab_size=61\), got \[3, 61\]"),
+                                ("2", TypeError, "eos_token_id")):
+        with pytest.raises(error, match=message):
+            kv.serve(requests, model=(LLAMA, LLAMA_W), cache=pool, max_num_batched_tokens=4, eos_token_id=eos)
+    assert pool.seq_ids == () and pool.num_free_blocks == 16
+    with pytest.raises(ValueError, match="eos_token_id is for the model=.*with the single head"):
+        kv.serve([kv.Request(0, [1, 2, 3])], *model(), num_blocks=4, max_num_batched_tokens=4, eos_token_id=2)
 
 
 def test_serve_never_writes_into_the_callers_arrays_nor_keeps_them():
