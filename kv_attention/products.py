@@ -34,6 +34,7 @@ _BLAS = ThreadpoolController().select(user_api="blas")
 _DEFAULT = [c.num_threads for c in _BLAS.lib_controllers]  # the BLAS's counts before anyone limits them
 _chosen = None  # set_threads' count
 _in_call = None  # the BLAS thread count of the blas_threads call running now
+_announce = None  # prepare's: called once before the first measurement
 
 
 FORMULATIONS = {  # each writes rows [N, in] @ w.T into out [N, out]
@@ -80,8 +81,12 @@ def _kept():
 def plan(entry, names, calls):
     """The name in ``names`` whose call (``calls()``: ``{name: zero-argument call}``) takes the least median time,
     measured once and kept under ``entry``, in the process and in the file."""
+    global _announce
     if _kept().get(entry) in names:  # a name from another version or a corrupt file is measured again
         return _kept()[entry]
+    if _announce is not None:
+        _announce, announce = None, _announce
+        announce()
     calls, times = calls(), {name: [] for name in names}
     for _ in range(REPEATS):  # interleaved: a slow spell of the machine falls on every candidate
         for name, call in calls.items():
@@ -160,6 +165,19 @@ def _run(count, call):
 def blas_threads(function):
     """``function`` run at :func:`threads`' BLAS thread count (threadpoolctl's limit: 10-30 us a call)."""
     return functools.wraps(function)(lambda *args, **kwargs: _run(threads(), lambda: function(*args, **kwargs)))
+
+
+def prepare(shapes, dtype, announce=None):
+    """Measure now, not inside a timed call, every plan a model of weights ``shapes`` (``[(out, in), ...]``) of
+    ``dtype`` needs: the thread count, each shape's formulation at 1 to MAX_PLANNED rows (about 20 s on a 2-core VM
+    the first time, then read from the file); ``announce()`` first where any is measured."""
+    global _announce
+    _announce = announce
+    try:
+        _run(threads(), lambda: [choice(*shape, np.dtype(dtype), n, _in_call) for shape in dict.fromkeys(shapes)
+                                 for n in range(1, MAX_PLANNED + 1)])
+    finally:
+        _announce = None
 
 
 def linear(x, w):

@@ -7,6 +7,8 @@ one ``numpy.random.default_rng(seed)`` per call, so a seed repeats its tokens (H
 What differs: the warpers run in float64, and a draw is an inverse CDF of one uniform, not ``torch.multinomial``.
 """
 
+import os
+import sys
 import warnings
 
 import numpy as np
@@ -42,6 +44,14 @@ def kept_ids(scores, top_k, top_p):
     return ids
 
 
+def _caller_level():
+    """warnings' stacklevel of the first frame outside this package: the user's call."""
+    level, frame = 2, sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(os.path.dirname(__file__)):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
 def softmax(scores):
     e = np.exp(scores - scores.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
@@ -61,8 +71,8 @@ def sampler(do_sample=False, temperature=1.0, top_k=50, top_p=1.0, seed=None):
     if not do_sample:
         changed = [name for name, value in options.items() if value != DEFAULTS[name] and (name, value) != ("top_k", 0)]
         if changed:
-            warnings.warn(f"{', '.join(changed)} only apply with do_sample=True; decoding greedily", UserWarning,
-                          stacklevel=4)
+            warnings.warn(f"do_sample is False, so {', '.join(changed)} (used in sampling only) has no effect: set "
+                          f"do_sample=True or unset it", UserWarning, stacklevel=_caller_level())
         return lambda logits: logits.argmax(axis=-1)
     rng = np.random.default_rng(seed)
 

@@ -10,6 +10,8 @@ differs: a pre-tokenizer other than GPT-2's gets a ValueError; digits are not sp
 
 import json
 
+import numpy as np
+
 from .gguf import read, require
 
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types (tokenizer.ggml.token_type)
@@ -55,24 +57,44 @@ class Tokenizer:
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         return self.backend.encode(text, add_special_tokens=False).ids
 
-    def __call__(self, text):
+    def __call__(self, text, return_tensors=None):
         """Hugging Face's ``tokenizer(text)``: ``{"input_ids": ids, "attention_mask": ones}``, lists of ints for one
-        str (:meth:`encode`'s ids), lists of such lists, unpadded, for a list of str; TypeError for anything else."""
+        str (:meth:`encode`'s ids), lists of such lists, unpadded, for a list of str; ``return_tensors="np"``: int64
+        ``[B, T]`` arrays (B = 1 for a str; texts of one length: no padding here). TypeError, ValueError otherwise."""
+        if return_tensors not in (None, "np"):
+            raise ValueError(f"return_tensors must be None or 'np', got {return_tensors!r}")
         if isinstance(text, str):
             ids = self.encode(text)
-            return {"input_ids": ids, "attention_mask": [1] * len(ids)}
-        if not isinstance(text, (list, tuple)) or not all(isinstance(t, str) for t in text):
+            batch = {"input_ids": ids, "attention_mask": [1] * len(ids)}
+        elif isinstance(text, (list, tuple)) and all(isinstance(t, str) for t in text):
+            ids = [e.ids for e in self.backend.encode_batch(list(text), add_special_tokens=False)]
+            batch = {"input_ids": ids, "attention_mask": [[1] * len(i) for i in ids]}
+        else:
             raise TypeError(f"text must be a str or a list of str, got {text!r:.100}")
-        ids = [e.ids for e in self.backend.encode_batch(list(text), add_special_tokens=False)]
-        return {"input_ids": ids, "attention_mask": [[1] * len(i) for i in ids]}
+        if return_tensors is None:
+            return batch
+        rows = [ids] if isinstance(text, str) else ids
+        if len({len(row) for row in rows}) > 1:
+            raise ValueError(f"return_tensors='np' needs texts of one length in tokens, got {[len(r) for r in rows]} "
+                             f"(this tokenizer does not pad)")
+        ids = np.array(rows, np.int64).reshape(len(rows), len(rows[0]) if rows else 0)  # [B, T]
+        return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
 
     def decode(self, ids, skip_special_tokens=False):
-        """The text of token ids ``ids`` (a sequence of ints in [0, vocab size))."""
-        ids = [int(i) for i in ids]
+        """The text of token ids ``ids``: an int, or one sequence of ints in [0, vocab size) (a list, a 1-D array);
+        TypeError for several sequences (:meth:`batch_decode`), as Hugging Face's."""
+        if np.ndim(ids) > 1:
+            raise TypeError(f"ids must be one sequence of token ids, got shape {np.shape(ids)}: batch_decode decodes "
+                            f"several")
+        ids = [int(i) for i in np.atleast_1d(ids)]
         size = self.backend.get_vocab_size()
         if any(not 0 <= i < size for i in ids):
             raise ValueError(f"ids must lie in [0, {size}), got {min(ids)}..{max(ids)}")
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def batch_decode(self, sequences, skip_special_tokens=False):
+        """:meth:`decode` of each sequence of ``sequences`` (``[B, T]``, or a list of lists): a list of str."""
+        return [self.decode(ids, skip_special_tokens) for ids in sequences]
 
     def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
         """``messages`` (``[{"role": ..., "content": ...}, ...]``) rendered by the file's chat template: token ids,

@@ -171,24 +171,44 @@ def test_a_chat_that_fills_ctx_size_cuts_the_reply_then_refuses_the_turn_in_one_
     screen = capsys.readouterr().out.split("\n")
     assert screen[:2] == [f"> {FRANCE}", "The capital of France"] and screen[3] == "> And of Italy?"
     assert screen[2].startswith("4 tokens, cut at --ctx-size 40; ")  # 37 + 4 - 1 = 40 positions
-    assert re.fullmatch(r"this turn's \d+ tokens do not fit: the chat holds 40 of --ctx-size 40 positions \(start a "
-                        r"new chat, or a larger --ctx-size\)", screen[4]) and screen[5:] == ["> ", ""]
+    assert re.fullmatch(r"this turn's \d+ tokens do not fit: the chat holds 40 of --ctx-size 40 positions \(Ctrl-D "
+                        r"ends it; start again, with a larger --ctx-size\)", screen[4]) and screen[5:] == ["> ", ""]
 
 
-def test_ctrl_c_ends_a_chat_with_the_shells_status_of_sigint(model, monkeypatch, capsys):
+def test_ctrl_c_at_the_prompt_ends_a_chat_with_the_shells_status_of_sigint(model, monkeypatch, capsys):
     typed(monkeypatch, KeyboardInterrupt())
     assert cli.main([]) == 130
     out, err = capsys.readouterr()
-    assert out == "> " and err.endswith("Ctrl-C or Ctrl-D ends it.\n\n")
+    assert out == "> " and err.endswith("Ctrl-D, or Ctrl-C at >, ends it.\n\n")
 
 
-def test_a_chat_in_a_terminal_two_turns_then_ctrl_d_and_ctrl_c_in_a_reply(smollm2):  # noqa: F811
+@pytest.mark.parametrize("where", ["put", "end"])  # inside generate's atomic call, and after it wrote the cache
+def test_ctrl_c_in_a_reply_drops_the_turn_and_the_chat_goes_on_exactly(model, monkeypatch, capsys, where):
+    interrupted = []
+
+    def interrupt(self, *ids):
+        if not interrupted and (where == "end" or len(self.times) == 3):  # the prompt's put, 2 tokens, then Ctrl-C
+            interrupted.append(1)
+            raise KeyboardInterrupt
+        return original(self, *ids)
+
+    original = getattr(cli.Streamer, where)
+    monkeypatch.setattr(cli.Streamer, where, interrupt)
+    typed(monkeypatch, "Write a story.", FRANCE)
+    assert cli.main(["--max-new-tokens", "12"]) == 0
+    screen = capsys.readouterr().out.split("\n")
+    stopped = screen.index("(reply stopped, the turn dropped; Ctrl-C at the prompt ends the chat)")
+    assert screen[stopped + 1 : stopped + 3] == [f"> {FRANCE}", "The capital of France is Paris."]
+    assert "prefill of 37 new tokens (0 held)" in screen[stopped + 3]  # as a first turn: nothing of the dropped one
+
+
+def test_a_chat_in_a_terminal_two_turns_then_ctrl_d_and_ctrl_c_in_a_reply_then_at_the_prompt(smollm2):  # noqa: F811
     """As a user types it: the real command in a pseudo-terminal, its screen read back."""
     import pexpect
 
     command = ["-m", "kv_attention", "--threads", "1", "--max-new-tokens"]
     chat = pexpect.spawn(sys.executable, [*command, "8"], encoding="utf-8", timeout=300, dimensions=(24, 200))
-    chat.expect_exact("Ctrl-C or Ctrl-D ends it.")
+    chat.expect_exact("Ctrl-D, or Ctrl-C at >, ends it.")
     chat.expect_exact("> ")
     chat.sendline(FRANCE)
     chat.expect(r"The capital of France is Paris\.\r\n7 tokens, ended by <\|im_end\|>; .* prefill of 37 new tokens "
@@ -209,10 +229,16 @@ def test_a_chat_in_a_terminal_two_turns_then_ctrl_d_and_ctrl_c_in_a_reply(smollm
     chat.sendline("Write a long story about a dragon.")
     chat.expect_exact("dragon.\r\n")
     chat.expect(r"\w+ \w+ \w+")  # the reply has begun
-    chat.sendintr()  # Ctrl-C
+    chat.sendintr()  # Ctrl-C in the reply: it stops, the chat goes on
+    chat.expect_exact("(reply stopped, the turn dropped; Ctrl-C at the prompt ends the chat)\r\n> ")
+    assert "tokens/s" not in chat.before
+    chat.sendline(FRANCE)
+    chat.expect(r"The capital of France is Paris\.\r\n7 tokens, .* prefill of 37 new tokens \(0 held\) ")
+    chat.expect_exact("> ")
+    chat.sendintr()  # Ctrl-C at the prompt
     chat.expect(pexpect.EOF)
     chat.close()
-    assert chat.exitstatus == 130 and "Traceback" not in chat.before and "tokens/s" not in chat.before
+    assert chat.exitstatus == 130 and "Traceback" not in chat.before
 
 
 def test_without_the_model_it_says_how_to_install_it(monkeypatch, capsys):

@@ -150,9 +150,10 @@ def test_top_k_1_a_temperature_near_0_and_top_p_0_give_greedys_tokens(options):
         assert np.array_equal(greedy(PROMPT, 8, do_sample=True, seed=seed, **options), greedy(PROMPT, 8))
 
 
-def test_greedy_warns_where_a_sampling_option_is_set():
-    with pytest.warns(UserWarning, match="temperature only apply with do_sample=True"):
-        assert np.array_equal(greedy(PROMPT, 3, temperature=0.5), greedy(PROMPT, 3))
+def test_greedy_warns_at_the_callers_line_where_a_sampling_option_is_set():
+    with pytest.warns(UserWarning, match="do_sample is False, so temperature, top_p .* has no effect") as caught:
+        out = kv.generate(CONFIG, W, PROMPT, 3, temperature=0.5, top_p=0.9)
+    assert caught[0].filename == __file__ and np.array_equal(out, greedy(PROMPT, 3))
 
 
 @pytest.mark.parametrize("options", [{"temperature": 0.8, "top_k": 6}, {"temperature": 1.5, "top_k": 0, "top_p": 0.7}])

@@ -151,3 +151,23 @@ def test_the_commands_threads_option_sets_the_count(monkeypatch, capsys):
     seen = []
     monkeypatch.setattr(cli, "answer", lambda *args, **kwargs: seen.append(products.threads()))
     assert cli.main(["hi", "--threads", "1"]) == 0 and seen == [1]
+
+
+def test_prepare_plans_every_row_count_of_each_shape_once_announcing_only_a_measurement(monkeypatch, fresh_plans):
+    measured, announced = [], []
+    real_plan = products.plan
+
+    def plan(entry, names, calls):
+        measured.append(entry) if products._kept().get(entry) not in names else None
+        return real_plan(entry, names, lambda: {name: lambda: None for name in names})  # no time spent here
+
+    monkeypatch.setattr(products, "plan", plan)
+    products.set_threads(1)
+    products.prepare([(8, 4), (4, 8), (8, 4)], np.float32, announce=lambda: announced.append(1))
+    assert sorted(measured) == sorted(f"{s} float32 {n} rows 1 threads" for s in ("8x4", "4x8")
+                                      for n in range(1, products.MAX_PLANNED + 1))
+    assert announced == [1]  # once, before the first
+    products._kept.cache_clear(), products.choice.cache_clear()
+    measured.clear()
+    products.prepare([(8, 4), (4, 8)], np.float32, announce=lambda: announced.append(2))
+    assert measured == [] and announced == [1]  # all read from the file: nothing said

@@ -67,6 +67,18 @@ def test_the_tokenizer_is_called_as_transformers(smollm2):
     for bad in (ids[0], [texts[0], None], b"hi"):
         with pytest.raises(TypeError, match="text must be a str or a list of str"):
             tokenizer(bad)
+    inputs = tokenizer(texts[0], return_tensors="np")  # HF's model.generate(**inputs)'s input_ids: [1, T]
+    assert inputs["input_ids"].tolist() == [ids[0]] and inputs["attention_mask"].tolist() == [[1] * len(ids[0])]
+    pair = [texts[0], texts[0]]
+    assert tokenizer(pair, return_tensors="np")["input_ids"].tolist() == [ids[0], ids[0]]
+    with pytest.raises(ValueError, match="texts of one length in tokens, got \\[22, 8\\]"):
+        tokenizer(texts[:2], return_tensors="np")
+    with pytest.raises(ValueError, match="return_tensors must be None or 'np'"):
+        tokenizer(texts[0], return_tensors="pt")
+    assert tokenizer.batch_decode(np.array([ids[0], ids[0]])) == [texts[0], texts[0]]
+    assert tokenizer.decode(np.int64(504)) == tokenizer.decode([504]) == "The"
+    with pytest.raises(TypeError, match="ids must be one sequence of token ids, got shape \\(1, 2\\)"):
+        tokenizer.decode(np.array([[504, 3575]]))
 
 
 def caches(kind, config, max_len):
