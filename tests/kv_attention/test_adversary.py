@@ -457,3 +457,27 @@ class CacheCalls(RuleBasedStateMachine):
 CacheCalls.TestCase.settings = settings(max_examples=30, stateful_step_count=25, deadline=None,
                                         suppress_health_check=list(HealthCheck))
 test_random_calls_on_each_cache_kind_against_the_reference = CacheCalls.TestCase
+
+
+# Issue 48's promises tried adversarially: end tokens, sampling, a streamer, the command
+
+
+class EndRaises:
+    """A streamer (HF's protocol) whose ``end()`` raises, after every token was put."""
+
+    def put(self, ids):
+        pass
+
+    def end(self):
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("kind", ATOMIC_KINDS)
+def test_a_streamer_whose_end_raises_leaves_the_cache_as_before(kind):
+    # main: end() was called after the call's rollback had closed, so the cache kept the 3 + 3 tokens it wrote
+    cache = filled(kind)
+    before = full_state(cache)
+    with pytest.raises(KeyboardInterrupt):
+        kv.generate(CONFIG, W64, IDS[:, 5:8], 4, cache=cache, streamer=EndRaises())
+    assert full_state(cache) == before
+
