@@ -67,7 +67,9 @@ def sampler(do_sample=False, temperature=1.0, top_k=50, top_p=1.0, seed=None):
     rng = np.random.default_rng(seed)
 
     def sample(logits):
-        scores = np.asarray(logits, np.float64) / options["temperature"]  # [B, m, V]
+        scores = np.asarray(logits, np.float64)
+        with np.errstate(over="ignore"):  # the largest 0 first: a tiny temperature sends the others to -inf, not NaN
+            scores = (scores - scores.max(axis=-1, keepdims=True)) / options["temperature"]  # [B, m, V]
         tokens = np.empty(scores.shape[:-1], np.int64)
         for i, row in np.ndenumerate(scores[..., 0]):
             ids = kept_ids(scores[i], options["top_k"], options["top_p"])

@@ -481,3 +481,11 @@ def test_a_streamer_whose_end_raises_leaves_the_cache_as_before(kind):
         kv.generate(CONFIG, W64, IDS[:, 5:8], 4, cache=cache, streamer=EndRaises())
     assert full_state(cache) == before
 
+
+def test_a_temperature_near_0_samples_greedys_tokens_even_where_logits_over_it_overflow():
+    # main: logits / 1e-310 overflowed to inf, the softmax was NaN and every draw was id 0, the smallest kept
+    greedy = kv.generate(CONFIG, W64, IDS[:1, :5], 6)
+    for temperature in (1e-4, 1e-310, 5e-324):
+        sampled = kv.generate(CONFIG, W64, IDS[:1, :5], 6, do_sample=True, temperature=temperature, seed=0)
+        assert sampled.tolist() == greedy.tolist(), temperature
+
