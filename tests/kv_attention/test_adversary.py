@@ -489,3 +489,16 @@ def test_a_temperature_near_0_samples_greedys_tokens_even_where_logits_over_it_o
         sampled = kv.generate(CONFIG, W64, IDS[:1, :5], 6, do_sample=True, temperature=temperature, seed=0)
         assert sampled.tolist() == greedy.tolist(), temperature
 
+
+def test_a_generate_ended_by_its_end_token_keeps_no_block_it_did_not_fill():
+    # 5 + 20 tokens reserved, 5 + 1 produced: main kept the 6 blocks of the reservation for 5 tokens held, and the
+    # next sequence, which fits the 8 blocks with them freed, ran out of blocks
+    pool = llama_pool(num_blocks=8)
+    pool.add_sequence(0)
+    pool.add_sequence(1)
+    prompt = IDS[:1, :5]
+    eos = int(kv.generate(CONFIG, W64, prompt, 1)[0, -1])
+    out = kv.generate(CONFIG, W64, prompt, 20, cache=kv.PagedCacheView(pool, [0]), eos_token_id=eos)
+    assert out.shape == (1, 6) and pool.get_seq_length(0) == 5 and pool.blocks_in_use == 2
+    out = kv.generate(CONFIG, W64, prompt, 20, cache=kv.PagedCacheView(pool, [1]), eos_token_id=[])
+    np.testing.assert_array_equal(out, kv.generate(CONFIG, W64, prompt, 20, eos_token_id=[]))
