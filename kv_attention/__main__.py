@@ -183,6 +183,8 @@ def parse_args(argv=None):
             args.prompt = sys.stdin.read().removesuffix("\n")  # one newline dropped, as llama.cpp's --file
         except UnicodeDecodeError:
             parser.error("stdin is not valid UTF-8 text")
+        except KeyboardInterrupt:  # Ctrl-C while the prompt is typed: as main's
+            parser.exit(130, "\n")
     if args.prompt is not None and not args.prompt.strip():
         parser.error("the prompt is empty (give none to chat)")
     for name, text in (("prompt", args.prompt or ""), ("--system", args.system or "")):

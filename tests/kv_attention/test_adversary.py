@@ -502,3 +502,20 @@ def test_a_generate_ended_by_its_end_token_keeps_no_block_it_did_not_fill():
     assert out.shape == (1, 6) and pool.get_seq_length(0) == 5 and pool.blocks_in_use == 2
     out = kv.generate(CONFIG, W64, prompt, 20, cache=kv.PagedCacheView(pool, [1]), eos_token_id=[])
     np.testing.assert_array_equal(out, kv.generate(CONFIG, W64, prompt, 20, eos_token_id=[]))
+
+
+class CtrlC:
+    """A terminal's stdin where the user presses Ctrl-C while typing the prompt."""
+
+    def read(self):
+        raise KeyboardInterrupt
+
+
+def test_ctrl_c_while_typing_the_prompt_of_dash_ends_with_the_shells_status_of_sigint(monkeypatch, capsys):
+    # main: parse_args read stdin outside main's handlers: a bare KeyboardInterrupt traceback
+    import kv_attention.__main__ as cli
+
+    monkeypatch.setattr("sys.stdin", CtrlC())
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["-"])
+    assert stop.value.code == 130 and capsys.readouterr() == ("", "\n")
