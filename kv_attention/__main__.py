@@ -178,6 +178,8 @@ def parse_args(argv=None):
     args.sampling = {name: getattr(args, name) for name in ("temperature", "top_k", "top_p")
                      if getattr(args, name) is not None}  # the others: generate's defaults, HF's
     args.do_sample = (args.do_sample or bool(args.sampling) or args.seed is not None) and args.temperature != 0
+    if sys.stdin is None and args.prompt in (None, "-"):  # started with stdin closed (<&-)
+        parser.error("stdin is closed: give the prompt as an argument")
     if args.prompt == "-":
         try:
             args.prompt = sys.stdin.read().removesuffix("\n")  # one newline dropped, as llama.cpp's --file

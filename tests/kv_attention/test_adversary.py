@@ -519,3 +519,15 @@ def test_ctrl_c_while_typing_the_prompt_of_dash_ends_with_the_shells_status_of_s
     with pytest.raises(SystemExit) as stop:
         cli.main(["-"])
     assert stop.value.code == 130 and capsys.readouterr() == ("", "\n")
+
+
+@pytest.mark.parametrize("argv", [["-"], []])
+def test_a_closed_stdin_is_refused_in_one_line_where_the_prompt_or_the_chat_reads_it(monkeypatch, capsys, argv):
+    # main: started with stdin closed (<&-), sys.stdin is None: an AttributeError traceback
+    import kv_attention.__main__ as cli
+
+    monkeypatch.setattr("sys.stdin", None)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    assert stop.value.code == 2 and capsys.readouterr().err.splitlines()[-1] == (
+        "python -m kv_attention: error: stdin is closed: give the prompt as an argument")
