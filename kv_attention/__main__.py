@@ -120,6 +120,11 @@ def converse(model, args, out):
             return
         if not line.strip():
             continue
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8, as stdin read them (surrogate escapes)
+            print("this line is not valid UTF-8 text; type it again", file=out)
+            continue
         text = tokenizer.apply_chat_template(messages + [{"role": "user", "content": line}], tokenize=False)
         if not text.startswith(seen):
             cache, seen, pending = CACHES[args.cache](config, args.ctx_size), "", []

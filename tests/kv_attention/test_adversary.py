@@ -13,7 +13,9 @@ import pytest
 import kv_attention as kv
 
 from ..references import naive_llama_forward
+from .test_command import model  # noqa: F401  (the fixture)
 from .test_model import ATOMIC_KINDS, CONFIG, IDS, TOL, W64, filled, full_state
+from .test_real_model import smollm2  # noqa: F401  (model's fixture)
 from .test_scheduler import pool_state
 
 
@@ -531,3 +533,16 @@ def test_a_closed_stdin_is_refused_in_one_line_where_the_prompt_or_the_chat_read
         cli.main(argv)
     assert stop.value.code == 2 and capsys.readouterr().err.splitlines()[-1] == (
         "python -m kv_attention: error: stdin is closed: give the prompt as an argument")
+
+
+def test_a_chat_line_that_is_not_utf8_is_refused_in_one_line_and_the_chat_goes_on(model, monkeypatch, capsys):
+    # bytes that are not UTF-8, as stdin reads them (surrogate escapes): main ended the chat with a TypeError
+    # traceback from the tokenizer
+    import kv_attention.__main__ as cli
+
+    lines = ["caf\udce9", "\udcff\udcfe"]
+    monkeypatch.setattr("builtins.input", lambda prompt: lines.pop(0) if lines else cli.sys.exit(5))
+    with pytest.raises(SystemExit) as stop:  # at the third turn: the chat went on
+        cli.main(["--max-new-tokens", "1"])
+    assert stop.value.code == 5
+    assert capsys.readouterr().out == "this line is not valid UTF-8 text; type it again\n" * 2
