@@ -185,6 +185,8 @@ def parse_args(argv=None):
     args.do_sample = (args.do_sample or bool(args.sampling) or args.seed is not None) and args.temperature != 0
     if sys.stdin is None and args.prompt in (None, "-"):  # started with stdin closed (<&-)
         parser.error("stdin is closed: give the prompt as an argument")
+    if sys.stdout is None:  # started with stdout closed (>&-)
+        parser.error("stdout is closed: nowhere to write the reply")
     if args.prompt == "-":
         try:
             args.prompt = sys.stdin.read().removesuffix("\n")  # one newline dropped, as llama.cpp's --file

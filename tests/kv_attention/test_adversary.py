@@ -546,3 +546,14 @@ def test_a_chat_line_that_is_not_utf8_is_refused_in_one_line_and_the_chat_goes_o
         cli.main(["--max-new-tokens", "1"])
     assert stop.value.code == 5
     assert capsys.readouterr().out == "this line is not valid UTF-8 text; type it again\n" * 2
+
+
+def test_a_closed_stdout_is_refused_in_one_line(monkeypatch, capsys):
+    # main: started with stdout closed (>&-), sys.stdout is None: the reply's first write an AttributeError traceback
+    import kv_attention.__main__ as cli
+
+    monkeypatch.setattr("sys.stdout", None)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["hi"])
+    assert stop.value.code == 2 and capsys.readouterr().err.splitlines()[-1] == (
+        "python -m kv_attention: error: stdout is closed: nowhere to write the reply")
