@@ -121,6 +121,11 @@ def converse(model, args, out):
             return
         if not line.strip():
             continue
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8, as stdin read them (surrogate escapes)
+            print("this line is not valid UTF-8 text; type it again", file=out)
+            continue
         text = tokenizer.apply_chat_template(messages + [{"role": "user", "content": line}], tokenize=False)
         if not text.startswith(seen):
             cache, seen, pending = CACHES[args.cache](config, args.ctx_size), "", []
@@ -184,11 +189,17 @@ def parse_args(argv=None):
     args.sampling = {name: getattr(args, name) for name in ("temperature", "top_k", "top_p")
                      if getattr(args, name) is not None}  # the others: generate's defaults, HF's
     args.do_sample = (args.do_sample or bool(args.sampling) or args.seed is not None) and args.temperature != 0
+    if sys.stdin is None and args.prompt in (None, "-"):  # started with stdin closed (<&-)
+        parser.error("stdin is closed: give the prompt as an argument")
+    if sys.stdout is None:  # started with stdout closed (>&-)
+        parser.error("stdout is closed: nowhere to write the reply")
     if args.prompt == "-":
         try:
             args.prompt = sys.stdin.read().removesuffix("\n")  # one newline dropped, as llama.cpp's --file
         except UnicodeDecodeError:
             parser.error("stdin is not valid UTF-8 text")
+        except KeyboardInterrupt:  # Ctrl-C while the prompt is typed: as main's
+            parser.exit(130, "\n")
     if args.prompt is not None and not args.prompt.strip():
         parser.error("the prompt is empty (give none to chat)")
     for name, text in (("prompt", args.prompt or ""), ("--system", args.system or "")):

@@ -60,9 +60,10 @@ def softmax(scores):
 def sampler(do_sample=False, temperature=1.0, top_k=50, top_p=1.0, seed=None):
     """A function of logits ``[B, m, V]`` to tokens int64 ``[B, m]``: the argmax, or with ``do_sample`` one draw
     from the softmax of :func:`warp` per position. TypeError, ValueError naming a bad argument (``temperature`` > 0,
-    ``top_k`` >= 0, ``top_p`` in [0, 1], ``seed`` None or an int >= 0); greedy warns where a warper is set (HF's rule)."""
+    >= 0 when greedy, ``top_k`` >= 0, ``top_p`` in [0, 1], ``seed`` None or an int >= 0); greedy warns where a warper
+    is set (HF's rule)."""
     do_sample = as_flag("do_sample", do_sample)
-    options = {"temperature": as_real("temperature", temperature, 0, above=True),
+    options = {"temperature": as_real("temperature", temperature, 0, above=do_sample),  # greedy: 0 warned, as HF
                "top_k": 0 if top_k is None else as_size("top_k", top_k),
                "top_p": as_real("top_p", top_p, 0)}
     if options["top_p"] > 1:
@@ -77,7 +78,9 @@ def sampler(do_sample=False, temperature=1.0, top_k=50, top_p=1.0, seed=None):
     rng = np.random.default_rng(seed)
 
     def sample(logits):
-        scores = np.asarray(logits, np.float64) / options["temperature"]  # [B, m, V]
+        scores = np.asarray(logits, np.float64)
+        with np.errstate(over="ignore"):  # the largest 0 first: a tiny temperature sends the others to -inf, not NaN
+            scores = (scores - scores.max(axis=-1, keepdims=True)) / options["temperature"]  # [B, m, V]
         tokens = np.empty(scores.shape[:-1], np.int64)
         for i, row in np.ndenumerate(scores[..., 0]):
             ids = kept_ids(scores[i], options["top_k"], options["top_p"])

@@ -13,7 +13,9 @@ import pytest
 import kv_attention as kv
 
 from ..references import naive_llama_forward
+from .test_command import model  # noqa: F401  (the fixture)
 from .test_model import ATOMIC_KINDS, CONFIG, IDS, TOL, W64, filled, full_state
+from .test_real_model import smollm2  # noqa: F401  (model's fixture)
 from .test_scheduler import pool_state
 
 
@@ -457,3 +459,111 @@ class CacheCalls(RuleBasedStateMachine):
 CacheCalls.TestCase.settings = settings(max_examples=30, stateful_step_count=25, deadline=None,
                                         suppress_health_check=list(HealthCheck))
 test_random_calls_on_each_cache_kind_against_the_reference = CacheCalls.TestCase
+
+
+# Issue 48's promises tried adversarially: end tokens, sampling, a streamer, the command
+
+
+class EndRaises:
+    """A streamer (HF's protocol) whose ``end()`` raises, after every token was put."""
+
+    def put(self, ids):
+        pass
+
+    def end(self):
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("kind", ATOMIC_KINDS)
+def test_a_streamer_whose_end_raises_leaves_the_cache_as_before(kind):
+    # main: end() was called after the call's rollback had closed, so the cache kept the 3 + 3 tokens it wrote
+    cache = filled(kind)
+    before = full_state(cache)
+    with pytest.raises(KeyboardInterrupt):
+        kv.generate(CONFIG, W64, IDS[:, 5:8], 4, cache=cache, streamer=EndRaises())
+    assert full_state(cache) == before
+
+
+def test_a_temperature_near_0_samples_greedys_tokens_even_where_logits_over_it_overflow():
+    # main: logits / 1e-310 overflowed to inf, the softmax was NaN and every draw was id 0, the smallest kept
+    greedy = kv.generate(CONFIG, W64, IDS[:1, :5], 6)
+    for temperature in (1e-4, 1e-310, 5e-324):
+        sampled = kv.generate(CONFIG, W64, IDS[:1, :5], 6, do_sample=True, temperature=temperature, seed=0)
+        assert sampled.tolist() == greedy.tolist(), temperature
+
+
+def test_a_generate_ended_by_its_end_token_keeps_no_block_it_did_not_fill():
+    # 5 + 20 tokens reserved, 5 + 1 produced: main kept the 6 blocks of the reservation for 5 tokens held, and the
+    # next sequence, which fits the 8 blocks with them freed, ran out of blocks
+    pool = llama_pool(num_blocks=8)
+    pool.add_sequence(0)
+    pool.add_sequence(1)
+    prompt = IDS[:1, :5]
+    eos = int(kv.generate(CONFIG, W64, prompt, 1)[0, -1])
+    out = kv.generate(CONFIG, W64, prompt, 20, cache=kv.PagedCacheView(pool, [0]), eos_token_id=eos)
+    assert out.shape == (1, 6) and pool.get_seq_length(0) == 5 and pool.blocks_in_use == 2
+    out = kv.generate(CONFIG, W64, prompt, 20, cache=kv.PagedCacheView(pool, [1]), eos_token_id=[])
+    np.testing.assert_array_equal(out, kv.generate(CONFIG, W64, prompt, 20, eos_token_id=[]))
+
+
+class CtrlC:
+    """A terminal's stdin where the user presses Ctrl-C while typing the prompt."""
+
+    def read(self):
+        raise KeyboardInterrupt
+
+
+def test_ctrl_c_while_typing_the_prompt_of_dash_ends_with_the_shells_status_of_sigint(monkeypatch, capsys):
+    # main: parse_args read stdin outside main's handlers: a bare KeyboardInterrupt traceback
+    import kv_attention.__main__ as cli
+
+    monkeypatch.setattr("sys.stdin", CtrlC())
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["-"])
+    assert stop.value.code == 130 and capsys.readouterr() == ("", "\n")
+
+
+@pytest.mark.parametrize("argv", [["-"], []])
+def test_a_closed_stdin_is_refused_in_one_line_where_the_prompt_or_the_chat_reads_it(monkeypatch, capsys, argv):
+    # main: started with stdin closed (<&-), sys.stdin is None: an AttributeError traceback
+    import kv_attention.__main__ as cli
+
+    monkeypatch.setattr("sys.stdin", None)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    assert stop.value.code == 2 and capsys.readouterr().err.splitlines()[-1] == (
+        "python -m kv_attention: error: stdin is closed: give the prompt as an argument")
+
+
+def test_a_chat_line_that_is_not_utf8_is_refused_in_one_line_and_the_chat_goes_on(model, monkeypatch, capsys):
+    # bytes that are not UTF-8, as stdin reads them (surrogate escapes): main ended the chat with a TypeError
+    # traceback from the tokenizer
+    import kv_attention.__main__ as cli
+
+    lines = ["caf\udce9", "\udcff\udcfe"]
+    monkeypatch.setattr("builtins.input", lambda prompt: lines.pop(0) if lines else cli.sys.exit(5))
+    with pytest.raises(SystemExit) as stop:  # at the third turn: the chat went on
+        cli.main(["--max-new-tokens", "1"])
+    assert stop.value.code == 5
+    assert capsys.readouterr().out == "this line is not valid UTF-8 text; type it again\n" * 2
+
+
+def test_a_closed_stdout_is_refused_in_one_line(monkeypatch, capsys):
+    # main: started with stdout closed (>&-), sys.stdout is None: the reply's first write an AttributeError traceback
+    import kv_attention.__main__ as cli
+
+    monkeypatch.setattr("sys.stdout", None)
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["hi"])
+    assert stop.value.code == 2 and capsys.readouterr().err.splitlines()[-1] == (
+        "python -m kv_attention: error: stdout is closed: nowhere to write the reply")
+
+
+def test_temperature_0_without_sampling_decodes_greedily_with_hf_s_warning():
+    # HF's GenerationConfig.validate warns (do_sample False, temperature != 1.0) and decodes greedily; main raised
+    # ValueError. With do_sample=True, 0 stays refused, as HF's TemperatureLogitsWarper refuses it.
+    with pytest.warns(UserWarning, match="temperature only apply with do_sample=True"):
+        out = kv.generate(CONFIG, W64, IDS[:1, :5], 4, temperature=0.0)
+    np.testing.assert_array_equal(out, kv.generate(CONFIG, W64, IDS[:1, :5], 4))
+    with pytest.raises(ValueError, match="temperature"):
+        kv.generate(CONFIG, W64, IDS[:1, :5], 4, temperature=0.0, do_sample=True)

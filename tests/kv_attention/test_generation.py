@@ -94,7 +94,7 @@ def test_prompt_lookup_stops_at_an_end_token_inside_an_accepted_draft():
 
 @pytest.mark.parametrize("options, message", [
     ({"eos_token_id": CONFIG.vocab_size}, "eos_token_id"), ({"eos_token_id": [1, -1]}, "eos_token_id"),
-    ({"pad_token_id": [1]}, "pad_token_id"), ({"temperature": 0.0}, "temperature"),
+    ({"pad_token_id": [1]}, "pad_token_id"), ({"temperature": 0.0, "do_sample": True}, "temperature"),
     ({"top_k": -1}, "top_k"), ({"top_p": 1.5}, "top_p"), ({"seed": -3}, "seed"), ({"do_sample": "yes"}, "do_sample"),
     ({"streamer": print}, "streamer"),
 ])
