@@ -339,12 +339,12 @@ class StaticCache(Cache):
         if self._length + k.shape[-2] > self.max_seq_len:
             raise StaticCacheFullError(f"cache is full: {self._length} of max_seq_len={self.max_seq_len} positions "
                                        f"used, cannot write {k.shape[-2]} more")
+        if self.k_cache is None:
+            self._allocate(k.dtype)
         return self._append(k, v)
 
     def _append(self, k, v):
-        """:meth:`update` of checked k, v that fit (a decode's own cache)."""
-        if self.k_cache is None:
-            self._allocate(k.dtype)
+        """:meth:`update` of checked k, v that fit, its buffers allocated (a decode's own cache: its lean step)."""
         start, stop = self._length, self._length + k.shape[-2]
         self.k_cache[..., start:stop, :] = k
         self.v_cache[..., start:stop, :] = v

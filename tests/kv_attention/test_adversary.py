@@ -562,7 +562,7 @@ def test_a_closed_stdout_is_refused_in_one_line(monkeypatch, capsys):
 def test_temperature_0_without_sampling_decodes_greedily_with_hf_s_warning():
     # HF's GenerationConfig.validate warns (do_sample False, temperature != 1.0) and decodes greedily; main raised
     # ValueError. With do_sample=True, 0 stays refused, as HF's TemperatureLogitsWarper refuses it.
-    with pytest.warns(UserWarning, match="temperature only apply with do_sample=True"):
+    with pytest.warns(UserWarning, match="do_sample is False, so temperature .* has no effect"):
         out = kv.generate(CONFIG, W64, IDS[:1, :5], 4, temperature=0.0)
     np.testing.assert_array_equal(out, kv.generate(CONFIG, W64, IDS[:1, :5], 4))
     with pytest.raises(ValueError, match="temperature"):
