@@ -269,7 +269,7 @@ def _forward(config, weights, ids, cache, dtype, once):
 @blas_threads
 def generate(config, weights, input_ids, max_new_tokens, *, cache=None, convert_once=True,
              prompt_lookup_num_tokens=None, max_matching_ngram_size=None, eos_token_id=None, pad_token_id=None,
-             do_sample=False, temperature=1.0, top_k=50, top_p=1.0, seed=None, streamer=None):
+             do_sample=False, temperature=1.0, top_k=50, top_p=1.0, seed=None, streamer=None, attention_mask=None):
     """``input_ids [B, T]`` and up to ``max_new_tokens`` tokens, int64 ``[B, T + N]``; with ``cache``, one prefill
     then one call a token (room checked first), without, each step recomputes the prefix. Afterwards ``cache`` holds
     every token but the last (never fed).
@@ -279,7 +279,11 @@ def generate(config, weights, input_ids, max_new_tokens, *, cache=None, convert_
     has. Greedy, or ``do_sample`` (``temperature``, ``top_k``, ``top_p``, ``seed``: :mod:`~kv_attention.sampling`).
     ``streamer``: HF's, ``put(input_ids)``, ``put(new [B, m])`` after each forward, ``end()``.
     ``prompt_lookup_num_tokens=k`` (B = 1, a cache that crops): drafts of up to k tokens verified a call each, kept
-    while equal to the chosen tokens (HF's rule: exact for sampling too, as for greedy)."""
+    while equal to the chosen tokens (HF's rule: exact for sampling too, as for greedy). ``attention_mask``: for HF's
+    ``generate(**tokenizer(text, return_tensors="np"))``, all ones (no padding here: ValueError otherwise)."""
+    if attention_mask is not None and not np.array_equal(attention_mask, np.ones(np.shape(input_ids))):
+        raise ValueError(f"attention_mask must be ones of input_ids' shape {np.shape(input_ids)}: padding is not "
+                         f"supported (decode rows of other lengths in calls of their own, or serve them)")
     return _generate(config, weights, input_ids, max_new_tokens, cache, convert_once, prompt_lookup_num_tokens,
                      max_matching_ngram_size, eos_token_id, pad_token_id, streamer,
                      dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed))[0]

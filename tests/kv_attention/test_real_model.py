@@ -69,6 +69,11 @@ def test_the_tokenizer_is_called_as_transformers(smollm2):
             tokenizer(bad)
     inputs = tokenizer(texts[0], return_tensors="np")  # HF's model.generate(**inputs)'s input_ids: [1, T]
     assert inputs["input_ids"].tolist() == [ids[0]] and inputs["attention_mask"].tolist() == [[1] * len(ids[0])]
+    config, weights = smollm2[1:3]
+    np.testing.assert_array_equal(kv.generate(config, weights, **inputs, max_new_tokens=2),
+                                  kv.generate(config, weights, inputs["input_ids"], 2))
+    with pytest.raises(ValueError, match="attention_mask must be ones of input_ids' shape"):
+        kv.generate(config, weights, inputs["input_ids"], 2, attention_mask=[[0] + [1] * (len(ids[0]) - 1)])
     pair = [texts[0], texts[0]]
     assert tokenizer(pair, return_tensors="np")["input_ids"].tolist() == [ids[0], ids[0]]
     with pytest.raises(ValueError, match="texts of one length in tokens, got \\[22, 8\\]"):
