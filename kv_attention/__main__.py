@@ -72,6 +72,10 @@ class Streamer:
             self.shown = text
 
 
+def plural(n):
+    return f"{n} token" + "s" * (n != 1)
+
+
 def respond(model, ids, cache, args, room, seed, out):
     """Stream the reply to ``ids`` (the tokens ``cache`` does not hold yet) to ``out``, at most ``room`` tokens (the
     cache's room left): the reply's tokens, the end token included, and the stats line."""
@@ -82,9 +86,9 @@ def respond(model, ids, cache, args, room, seed, out):
     tokens = generate(config, weights, np.array([ids]), limit, cache=cache, streamer=streamer,
                       **sampling)[0, len(ids):].tolist()  # to the config's end token
     if tokens[-1] in np.atleast_1d(config.eos_token_id).tolist():
-        how = f"{len(tokens) - 1} tokens, ended by {tokenizer.decode(tokens[-1:])}"
+        how = f"{plural(len(tokens) - 1)}, ended by {tokenizer.decode(tokens[-1:])}"
     else:
-        how = f"{len(tokens)} tokens, cut at " + (f"--max-new-tokens {limit}" if limit == args.max_new_tokens
+        how = f"{plural(len(tokens))}, cut at " + (f"--max-new-tokens {limit}" if limit == args.max_new_tokens
                                                  else f"--ctx-size {args.ctx_size}")
     times = streamer.times
     rate = f"{(len(tokens) - 1) / (times[-1] - times[1]):.1f} tokens/s" if len(times) > 2 else "no token decoded"
@@ -142,7 +146,7 @@ def converse(model, args, out):
             reply = {"role": "assistant", "content": tokenizer.decode(tokens, skip_special_tokens=True)}
             messages, seen, pending = messages + [{"role": "user", "content": line}, reply], \
                 text + tokenizer.decode(tokens), tokens[-1:]
-        except KeyboardInterrupt:  # as llama.cpp's, Ctrl-C in a reply stops it: the turn is dropped
+        except KeyboardInterrupt:  # Ctrl-C in a reply stops it, as llama.cpp's; the turn is dropped (llama.cpp keeps it)
             if int(np.max(cache.get_seq_length())) != held:  # past generate (atomic): the next turn starts afresh
                 cache, seen, pending = CACHES[args.cache](config, args.ctx_size), "", []
             print("\n(reply stopped, the turn dropped; Ctrl-C at the prompt ends the chat)", file=out)

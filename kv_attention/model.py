@@ -269,10 +269,11 @@ def _forward(config, weights, ids, cache, dtype, once):
 @blas_threads
 def generate(config, weights, input_ids, max_new_tokens, *, cache=None, convert_once=True,
              prompt_lookup_num_tokens=None, max_matching_ngram_size=None, eos_token_id=None, pad_token_id=None,
-             do_sample=False, temperature=1.0, top_k=50, top_p=1.0, seed=None, streamer=None, attention_mask=None):
-    """``input_ids [B, T]`` and up to ``max_new_tokens`` tokens, int64 ``[B, T + N]``; with ``cache``, one prefill
-    then one call a token (room checked first), without, each step recomputes the prefix. Afterwards ``cache`` holds
-    every token but the last (never fed).
+             do_sample=False, temperature=1.0, top_k=50, top_p=1.0, seed=None, streamer=None, attention_mask=None,
+             use_cache=True):
+    """``input_ids [B, T]`` and up to ``max_new_tokens`` tokens, int64 ``[B, T + N]``: one prefill, then one call a
+    token through ``cache`` (room checked first; None: a DynamicCache of this call, HF's ``use_cache``), afterwards
+    holding every token but the last (never fed). ``use_cache=False``: each step recomputes the prefix.
 
     HF's ``generate``: a row ends at ``eos_token_id`` (an id or a list; None: the config's, ``[]``: none), kept; rows
     ended earlier get ``pad_token_id`` (None: the config's, else the first end token); the call ends once every row
@@ -284,8 +285,11 @@ def generate(config, weights, input_ids, max_new_tokens, *, cache=None, convert_
     if attention_mask is not None and not np.array_equal(attention_mask, np.ones(np.shape(input_ids))):
         raise ValueError(f"attention_mask must be ones of input_ids' shape {np.shape(input_ids)}: padding is not "
                          f"supported (decode rows of other lengths in calls of their own, or serve them)")
-    return _generate(config, weights, input_ids, max_new_tokens, cache, convert_once, prompt_lookup_num_tokens,
-                     max_matching_ngram_size, eos_token_id, pad_token_id, streamer,
+    if not as_flag("use_cache", use_cache) and cache is not None:
+        raise ValueError(f"use_cache=False decodes without a cache, but cache={cache!r:.60} was given")
+    return _generate(config, weights, input_ids, max_new_tokens, DynamicCache() if use_cache and cache is None
+                     else cache, convert_once, prompt_lookup_num_tokens, max_matching_ngram_size, eos_token_id,
+                     pad_token_id, streamer,
                      dict(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed))[0]
 
 

@@ -374,8 +374,8 @@ def serve(requests, embedding=None, w_q=None, w_k=None, w_v=None, *, model=None,
     list; None: the config's; ``[]``: none, vLLM's ``ignore_eos``). ``cache``: a
     :class:`~kv_attention.paged.PagedKVCache` to serve in (the model's: ``num_kv_heads`` and one layer per model
     layer), whose blocks and cached prefixes the requests share; it holds none of them afterwards, and is left as it
-    was if the serve raises. Else a new one of ``block_size`` (default 16) and ``num_blocks`` (every request must fit
-    alone), with ``enable_prefix_caching``. ``max_num_batched_tokens`` >= 1: a step's budget; ``max_num_seqs``: the most
+    was if the serve raises. Else a new one of ``block_size`` (default 16) and ``num_blocks`` (then required; every request
+    must fit alone), with ``enable_prefix_caching``. ``max_num_batched_tokens`` >= 1: a step's budget; ``max_num_seqs``: the most
     running at once (default no limit). Outputs are in ``np.result_type`` of the weights; the caller's arrays are only
     read.
     """

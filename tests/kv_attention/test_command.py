@@ -60,6 +60,8 @@ def test_a_reply_cut_at_max_new_tokens_says_so(model, capsys):
     reply, stats = capsys.readouterr().out.splitlines()
     assert reply == model[2].decode(ANSWER[:3]) == "The capital of"
     assert stats.startswith("3 tokens, cut at --max-new-tokens 3; ")
+    assert cli.main([FRANCE, "--max-new-tokens", "1"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].startswith("1 token, cut at --max-new-tokens 1; ")
 
 
 def test_a_sampled_reply_is_generates_with_the_options_and_repeats_with_its_seed(model, capsys):

@@ -126,8 +126,9 @@ def test_a_quantized_cache_decodes_over_its_own_dequantized_keys_and_values():
 @pytest.mark.parametrize("kind", KINDS + ("quantized",))
 def test_generate_gives_the_same_tokens_with_every_cache(kind):
     prompt = IDS[:, :4]
-    expected = kv.generate(CONFIG, W64, prompt, 7)
+    expected = kv.generate(CONFIG, W64, prompt, 7, use_cache=False)
     assert expected.shape == (2, 11) and expected.dtype == np.int64 and (expected[:, :4] == prompt).all()
+    np.testing.assert_array_equal(kv.generate(CONFIG, W64, prompt, 7), expected)  # a DynamicCache by default, HF's
     # each step recomputing the prefix: generate is argmax of the full forward, fed back
     assert (expected[:, 4:] == kv.forward(CONFIG, W64, expected[:, :-1])[:, 3:].argmax(-1)).all()
     if kind == "quantized":  # greedy over the reference's logits with each layer's K/V as the cache holds them

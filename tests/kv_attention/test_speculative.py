@@ -89,7 +89,7 @@ def test_max_new_tokens_is_exact_even_when_a_draft_could_run_past_it():
 
 @pytest.mark.parametrize("make, kwargs, error, message", [
     (lambda: caches("dynamic", batch=2), {"input_ids": np.tile(PROMPT, (2, 1))}, ValueError, r"\[1, T\]"),
-    (lambda: None, {}, ValueError, "needs a cache"),
+    (lambda: None, {"use_cache": False}, ValueError, "needs a cache"),
     (lambda: caches("quantized", batch=1), {}, TypeError, r"crops a rejected draft back exactly .* got QuantizedCache"),
     (lambda: caches("window", batch=1, window=8), {}, TypeError, r"exactly .* got SlidingWindowCache"),
     (lambda: caches("dynamic", batch=1), {"prompt_lookup_num_tokens": 0}, ValueError, "prompt_lookup_num_tokens"),
