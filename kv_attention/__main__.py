@@ -146,7 +146,7 @@ def converse(model, args, out):
             reply = {"role": "assistant", "content": tokenizer.decode(tokens, skip_special_tokens=True)}
             messages, seen, pending = messages + [{"role": "user", "content": line}, reply], \
                 text + tokenizer.decode(tokens), tokens[-1:]
-        except KeyboardInterrupt:  # Ctrl-C in a reply stops it, as llama.cpp's; the turn is dropped (llama.cpp keeps it)
+        except KeyboardInterrupt:  # Ctrl-C in a reply stops it, as llama.cpp's; the turn is dropped (there kept)
             if int(np.max(cache.get_seq_length())) != held:  # past generate (atomic): the next turn starts afresh
                 cache, seen, pending = CACHES[args.cache](config, args.ctx_size), "", []
             print("\n(reply stopped, the turn dropped; Ctrl-C at the prompt ends the chat)", file=out)
@@ -225,7 +225,8 @@ def main(argv=None):
         if args.prompt is None:
             if sys.stdin.isatty():
                 import readline  # noqa: F401  (input's line editing and history)
-            print("Chat with SmolLM2-135M-Instruct; Ctrl-C stops a reply; Ctrl-D, or Ctrl-C at >, ends it.", file=sys.stderr)
+            print("Chat with SmolLM2-135M-Instruct; Ctrl-C stops a reply; Ctrl-D, or Ctrl-C at >, ends it.",
+                  file=sys.stderr)
             converse(model, args, sys.stdout)
         else:
             answer(model, args, sys.stdout)

@@ -319,7 +319,7 @@ def _generate(config, weights, input_ids, max_new_tokens, cache, convert_once, k
     pad = (config.pad_token_id if pad is None else token_ids("pad_token_id", pad, config.vocab_size, many=False))
     pad = int(eos[0]) if pad is None and eos.size else pad
     choose = sampler(**sampling)
-    if streamer is not None and not (callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))):
+    if streamer is not None and not all(callable(getattr(streamer, name, None)) for name in ("put", "end")):
         raise TypeError(f"streamer must have put() and end(), as Hugging Face's TextStreamer, got {streamer!r:.60}")
     stats, tokens, end = SpecDecodingStats(), ids.copy(), ids.shape[1] + max_new_tokens
     if max_new_tokens or cache is not None:  # a cache is checked even where no token is asked for
