@@ -2,7 +2,7 @@
 or with no prompt, a chat turn by turn.
 
 The reply is :func:`~kv_attention.generate`'s (greedy; sampled with ``--do-sample``, which any sampling option
-implies), streamed as it is decoded, to the model's end token (``<|im_end|>``) or ``--max-new-tokens``. Then one line:
+implies), streamed as it is decoded, to the model's end token (``<|im_end|>``) or ``--max-new-tokens``. Then, on stderr:
 which of the two ended it, decode tokens/s, the prefill time, and the cache (one object of every layer) with the bytes
 of K/V it holds (and, preallocated, those reserved). Without a prompt, a conversation as llama.cpp's conversation mode
 (``tools/main/main.cpp``): the chat template is rendered over the whole history, the cache is kept between turns and a
@@ -105,7 +105,8 @@ def answer(model, args, out):
         {"role": "user", "content": args.prompt}]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     cache = CACHES[args.cache](model[0], len(ids) + args.max_new_tokens)
-    print(respond(model, ids, cache, args, args.max_new_tokens, args.seed, out)[1], file=out)
+    stats = respond(model, ids, cache, args, args.max_new_tokens, args.seed, out)[1]
+    print(stats, file=sys.stderr)  # on stderr, as llama.cpp's timings: `> answer.txt` keeps the reply alone
 
 
 def converse(model, args, out):
@@ -142,7 +143,7 @@ def converse(model, args, out):
         seed = None if args.seed is None else int(seeds.integers(2**32))
         try:
             tokens, stats = respond(model, ids, cache, args, room, seed, out)
-            print(stats, file=out)
+            print(stats, file=sys.stderr)
             reply = {"role": "assistant", "content": tokenizer.decode(tokens, skip_special_tokens=True)}
             messages, seen, pending = messages + [{"role": "user", "content": line}, reply], \
                 text + tokenizer.decode(tokens), tokens[-1:]

@@ -48,8 +48,9 @@ def typed(monkeypatch, *lines):
 
 def test_a_reply_streams_and_says_it_ended_at_the_end_token(model, capsys):
     assert cli.main([FRANCE, "--cache", "static", "--max-new-tokens", "12"]) == 0
-    reply, stats = capsys.readouterr().out.splitlines()
-    assert reply == "The capital of France is Paris."
+    out, err = capsys.readouterr()
+    assert out == "The capital of France is Paris.\n"  # alone: `> answer.txt` keeps the reply, the stats on stderr
+    stats = err.splitlines()[-1]
     held, reserved = POSITION * (37 + 7), POSITION * (37 + 12)  # every position but the end token's; max_len
     assert stats.startswith("7 tokens, ended by <|im_end|>; ") and " tokens/s; prefill of 37 tokens " in stats
     assert stats.endswith(f"cache static: {held:,} bytes of K/V held, {reserved:,} reserved")
@@ -57,11 +58,11 @@ def test_a_reply_streams_and_says_it_ended_at_the_end_token(model, capsys):
 
 def test_a_reply_cut_at_max_new_tokens_says_so(model, capsys):
     assert cli.main([FRANCE, "--max-new-tokens", "3"]) == 0
-    reply, stats = capsys.readouterr().out.splitlines()
-    assert reply == model[2].decode(ANSWER[:3]) == "The capital of"
-    assert stats.startswith("3 tokens, cut at --max-new-tokens 3; ")
+    out, err = capsys.readouterr()
+    assert out == model[2].decode(ANSWER[:3]) + "\n" == "The capital of\n"
+    assert err.splitlines()[-1].startswith("3 tokens, cut at --max-new-tokens 3; ")
     assert cli.main([FRANCE, "--max-new-tokens", "1"]) == 0
-    assert capsys.readouterr().out.splitlines()[1].startswith("1 token, cut at --max-new-tokens 1; ")
+    assert capsys.readouterr().err.splitlines()[-1].startswith("1 token, cut at --max-new-tokens 1; ")
 
 
 def test_a_sampled_reply_is_generates_with_the_options_and_repeats_with_its_seed(model, capsys):
@@ -131,10 +132,10 @@ def test_a_chat_prefills_only_each_turns_new_tokens_and_answers_as_a_fresh_prefi
     second = "And of Italy?"
     typed(monkeypatch, FRANCE, "", second)  # an empty line is asked again
     assert cli.main(["--cache", "paged", "--max-new-tokens", "6"]) == 0
-    screen = capsys.readouterr().out.split("\n")
-    assert screen[:2] + screen[3:5] + screen[7:] == [f"> {FRANCE}", tokenizer.decode(ANSWER[:6]), "> ",
-                                                     f"> {second}", "> ", ""]
-    stats1, two, stats2 = screen[2], screen[5], screen[6]
+    out, err = capsys.readouterr()
+    screen = out.split("\n")
+    assert screen[:4] + screen[5:] == [f"> {FRANCE}", tokenizer.decode(ANSWER[:6]), "> ", f"> {second}", "> ", ""]
+    two, (stats1, stats2) = screen[4], [line for line in err.splitlines() if "prefill" in line]  # stats: stderr
     assert stats1.startswith("6 tokens, cut at --max-new-tokens 6; ") and "prefill of 37 new tokens (0 held)" in stats1
     history = [{"role": "user", "content": FRANCE}, {"role": "assistant", "content": tokenizer.decode(ANSWER[:6])},
                {"role": "user", "content": second}]
@@ -163,18 +164,19 @@ def test_a_chat_whose_template_rewrites_an_earlier_turn_prefills_the_whole_again
     assert cli.main(["--max-new-tokens", "2"]) == 0
     first, second = (tokenizer.apply_chat_template([{"role": "user", "content": text}])
                      for text in (FRANCE, "And of Italy?"))
-    assert re.findall(r"prefill of (\d+) new tokens \((\d+) held\)", capsys.readouterr().out) == [
+    assert re.findall(r"prefill of (\d+) new tokens \((\d+) held\)", capsys.readouterr().err) == [
         (str(len(first)), "0"), (str(len(second)), "0")]
 
 
 def test_a_chat_that_fills_ctx_size_cuts_the_reply_then_refuses_the_turn_in_one_line(model, monkeypatch, capsys):
     typed(monkeypatch, FRANCE, "And of Italy?")
     assert cli.main(["--cache", "static", "--ctx-size", "40"]) == 0
-    screen = capsys.readouterr().out.split("\n")
-    assert screen[:2] == [f"> {FRANCE}", "The capital of France"] and screen[3] == "> And of Italy?"
-    assert screen[2].startswith("4 tokens, cut at --ctx-size 40; ")  # 37 + 4 - 1 = 40 positions
+    out, err = capsys.readouterr()
+    screen = out.split("\n")
+    assert screen[:3] == [f"> {FRANCE}", "The capital of France", "> And of Italy?"]
+    assert err.splitlines()[-1].startswith("4 tokens, cut at --ctx-size 40; ")  # 37 + 4 - 1 = 40 positions
     assert re.fullmatch(r"this turn's \d+ tokens do not fit: the chat holds 40 of --ctx-size 40 positions \(Ctrl-D "
-                        r"ends it; start again, with a larger --ctx-size\)", screen[4]) and screen[5:] == ["> ", ""]
+                        r"ends it; start again, with a larger --ctx-size\)", screen[3]) and screen[4:] == ["> ", ""]
 
 
 def test_ctrl_c_at_the_prompt_ends_a_chat_with_the_shells_status_of_sigint(model, monkeypatch, capsys):
@@ -198,10 +200,13 @@ def test_ctrl_c_in_a_reply_drops_the_turn_and_the_chat_goes_on_exactly(model, mo
     monkeypatch.setattr(cli.Streamer, where, interrupt)
     typed(monkeypatch, "Write a story.", FRANCE)
     assert cli.main(["--max-new-tokens", "12"]) == 0
-    screen = capsys.readouterr().out.split("\n")
+    out, err = capsys.readouterr()
+    screen = out.split("\n")
     stopped = screen.index("(reply stopped, the turn dropped; Ctrl-C at the prompt ends the chat)")
     assert screen[stopped + 1 : stopped + 3] == [f"> {FRANCE}", "The capital of France is Paris."]
-    assert "prefill of 37 new tokens (0 held)" in screen[stopped + 3]  # as a first turn: nothing of the dropped one
+    stats = [line for line in err.splitlines() if "prefill" in line]
+    assert len(stats) == 1  # the stopped turn printed none
+    assert "prefill of 37 new tokens (0 held)" in stats[-1]  # as a first turn: nothing of the dropped one
 
 
 def test_a_chat_in_a_terminal_two_turns_then_ctrl_d_and_ctrl_c_in_a_reply_then_at_the_prompt(smollm2):  # noqa: F811
