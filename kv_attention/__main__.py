@@ -21,7 +21,7 @@ import numpy as np
 
 from .cache import DynamicCache, StaticCache
 from .gguf import load_gguf, smollm2_path
-from .model import generate
+from .model import end_tokens, generate
 from .paged import PagedCacheView, PagedKVCache
 from .products import plan_path, prepare, set_threads
 from .quantized import QuantizedCache
@@ -78,14 +78,15 @@ def plural(n):
 
 def respond(model, ids, cache, args, room, seed, out):
     """Stream the reply to ``ids`` (the tokens ``cache`` does not hold yet) to ``out``, at most ``room`` tokens (the
-    cache's room left): the reply's tokens, the end token included, and the stats line."""
+    cache's room left), then the stats line to stderr, as llama.cpp's timings (``> answer.txt`` keeps the reply
+    alone): the reply's tokens, the end token included."""
     config, weights, tokenizer = model
     held, limit = int(np.max(cache.get_seq_length())), min(args.max_new_tokens, room)
     streamer = Streamer(tokenizer, out)
     sampling = dict(do_sample=True, seed=seed, **args.sampling) if args.do_sample else {}
     tokens = generate(config, weights, np.array([ids]), limit, cache=cache, streamer=streamer,
                       **sampling)[0, len(ids):].tolist()  # to the config's end token
-    if tokens[-1] in np.atleast_1d(config.eos_token_id).tolist():
+    if tokens[-1] in end_tokens(config, None):
         how = f"{plural(len(tokens) - 1)}, ended by {tokenizer.decode(tokens[-1:])}"
     else:
         how = f"{plural(len(tokens))}, cut at " + (f"--max-new-tokens {limit}" if limit == args.max_new_tokens
@@ -94,19 +95,22 @@ def respond(model, ids, cache, args, room, seed, out):
     rate = f"{(len(tokens) - 1) / (times[-1] - times[1]):.1f} tokens/s" if len(times) > 2 else "no token decoded"
     new = f"{len(ids)} new tokens ({held} held)" if args.prompt is None else f"{len(ids)} tokens"
     reserved = cache.nbytes_reserved
-    return tokens, (f"{how}; {rate}; prefill of {new} {(times[1] - times[0]) * 1e3:.0f} ms; cache {args.cache}: "
-                    f"{cache.nbytes:,} bytes of K/V held" + (f", {reserved:,} reserved" if reserved is not None else ""))
+    print(f"{how}; {rate}; prefill of {new} {(times[1] - times[0]) * 1e3:.0f} ms; cache {args.cache}: "
+          f"{cache.nbytes:,} bytes of K/V held" + (f", {reserved:,} reserved" if reserved is not None else ""),
+          file=sys.stderr)
+    return tokens
 
 
 def answer(model, args, out):
     """The reply to ``args.prompt`` streamed to ``out``, then its stats line."""
-    tokenizer = model[2]
-    messages = ([{"role": "system", "content": args.system}] if args.system is not None else []) + [
-        {"role": "user", "content": args.prompt}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    cache = CACHES[args.cache](model[0], len(ids) + args.max_new_tokens)
-    stats = respond(model, ids, cache, args, args.max_new_tokens, args.seed, out)[1]
-    print(stats, file=sys.stderr)  # on stderr, as llama.cpp's timings: `> answer.txt` keeps the reply alone
+    ids = model[2].apply_chat_template(system(args) + [{"role": "user", "content": args.prompt}])
+    respond(model, ids, CACHES[args.cache](model[0], len(ids) + args.max_new_tokens), args, args.max_new_tokens,
+            args.seed, out)
+
+
+def system(args):
+    """The history's start: ``--system``'s message, or none (the template's own)."""
+    return [{"role": "system", "content": args.system}] if args.system is not None else []
 
 
 def converse(model, args, out):
@@ -115,8 +119,12 @@ def converse(model, args, out):
     feeds ``pending`` and the tokens of what the rendered history adds to ``seen`` (the whole, in a new cache, where
     the template rewrote an earlier turn). A turn that does not fit ``--ctx-size`` is refused in one line."""
     config, _, tokenizer = model
-    messages = [{"role": "system", "content": args.system}] if args.system is not None else []
-    cache, seen, pending = CACHES[args.cache](config, args.ctx_size), "", []
+    messages = system(args)
+
+    def afresh():  # a new cache, holding no text, no token pending
+        return CACHES[args.cache](config, args.ctx_size), "", []
+
+    cache, seen, pending = afresh()
     seeds = np.random.default_rng(args.seed)  # one seed repeats the whole chat; a turn draws its own
     while True:
         try:
@@ -133,7 +141,7 @@ def converse(model, args, out):
             continue
         text = tokenizer.apply_chat_template(messages + [{"role": "user", "content": line}], tokenize=False)
         if not text.startswith(seen):
-            cache, seen, pending = CACHES[args.cache](config, args.ctx_size), "", []
+            cache, seen, pending = afresh()
         ids, held = pending + tokenizer.encode(text[len(seen):]), int(np.max(cache.get_seq_length()))
         room = args.ctx_size - held - len(ids) + 1
         if room < 1:
@@ -142,14 +150,13 @@ def converse(model, args, out):
             continue
         seed = None if args.seed is None else int(seeds.integers(2**32))
         try:
-            tokens, stats = respond(model, ids, cache, args, room, seed, out)
-            print(stats, file=sys.stderr)
+            tokens = respond(model, ids, cache, args, room, seed, out)
             reply = {"role": "assistant", "content": tokenizer.decode(tokens, skip_special_tokens=True)}
             messages, seen, pending = messages + [{"role": "user", "content": line}, reply], \
                 text + tokenizer.decode(tokens), tokens[-1:]
         except KeyboardInterrupt:  # Ctrl-C in a reply stops it, as llama.cpp's; the turn is dropped (there kept)
             if int(np.max(cache.get_seq_length())) != held:  # past generate (atomic): the next turn starts afresh
-                cache, seen, pending = CACHES[args.cache](config, args.ctx_size), "", []
+                cache, seen, pending = afresh()
             print("\n(reply stopped, the turn dropped; Ctrl-C at the prompt ends the chat)", file=out)
 
 

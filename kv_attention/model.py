@@ -360,8 +360,6 @@ def _generate(config, weights, input_ids, max_new_tokens, cache, convert_once, k
             if k is not None:  # up to the room left: a verifying forward yields one token beyond its draft
                 draft = prompt_lookup_candidates(tokens[0], min(k, end - tokens.shape[1] - 1), n)[None]
             feed = np.concatenate([tokens[:, -1:], draft], axis=1)
-        if tokens.shape[1] < end:  # ended at an end token: a paged view frees the blocks reserved past it
-            cache is None or cache.crop(cache.get_seq_length())
         if streamer is not None:  # inside: an end() that raises undoes the call too
             streamer.end()
     return tokens, stats

@@ -632,8 +632,13 @@ class PagedCacheView:
         self.cache.restore(snapshot)
 
     def commit(self):
-        """With prefix caching, cache the blocks the call filled (V1's ``cache_full_blocks``)."""
-        self.cache.cache_full_blocks(self.seq_ids)
+        """Give back the blocks :meth:`snapshot` reserved for tokens the call did not write (a generate that ended at
+        its end token), then, with prefix caching, cache the blocks filled (V1's ``cache_full_blocks``)."""
+        pool = self.cache
+        for seq_id, length in zip(self.seq_ids, self.get_seq_length().tolist()):
+            if len(pool.block_table(seq_id)) > -(-length // pool.block_size):
+                pool.crop(seq_id, length)
+        pool.cache_full_blocks(self.seq_ids)
 
     def crop(self, lengths):
         """Keep the first ``lengths[i]`` tokens of each sequence (one int: of every one), all checked first

@@ -82,7 +82,7 @@ def sampler(do_sample=False, temperature=1.0, top_k=50, top_p=1.0, seed=None):
         with np.errstate(over="ignore"):  # the largest 0 first: a tiny temperature sends the others to -inf, not NaN
             scores = (scores - scores.max(axis=-1, keepdims=True)) / options["temperature"]  # [B, m, V]
         tokens = np.empty(scores.shape[:-1], np.int64)
-        for i, row in np.ndenumerate(scores[..., 0]):
+        for i in np.ndindex(scores.shape[:-1]):
             ids = kept_ids(scores[i], options["top_k"], options["top_p"])
             cumulative = np.cumsum(softmax(scores[i][ids]))
             u = (1.0 - rng.random()) * cumulative[-1]  # in (0, total]: never a token of weight 0
