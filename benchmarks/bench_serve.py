@@ -108,8 +108,7 @@ def serve_counts(caching, pool):
 class Serve(Benchmark):
     """The whole ``serve`` of the workload (:func:`workload`): 32 requests, block_size 16, 256 tokens per step.
 
-    One round of 3 to 5 samples: a serve takes about 0.15 s, and the experiment
-    must add at most 10 s per commit.
+    No warm-up: a serve takes about 0.15 s, and the experiment must add at most 10 s per commit.
     """
 
     params = [list(CACHING), list(POOLS)]

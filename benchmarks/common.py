@@ -87,18 +87,18 @@ RETIRED.update({  # the lab's answers (their class -> tracked values beside the 
 class Benchmark:
     """The suite's timing defaults, as numpy's ``benchmarks/common.py`` ``Benchmark``: a class sets its own to differ.
 
-    6 rounds (processes, interleaved with another commit's where asv runs two) of 1 or 2
-    samples within about 0.05 s each, after a 0.05 s warm-up: 6 to 12 samples. A process's
-    samples share its moment's load and its memory layout, and asv compare's test takes the
-    samples as independent, so each process gives few of them: their spread is then the
-    processes', not one process's (docs/benchmarking.md). Every sample is the process's CPU
-    time (asv's ``timer``, ``time.process_time``: BLAS runs one thread), so the time another
-    job holds the core is not counted. asv reads ``rounds``, ``repeat``, ``warmup_time`` and ``timer`` for
-    ``time_`` benchmarks only; ``timeout`` (seconds, also a ``setup_cache``'s) for every kind.
+    7 rounds (processes, interleaved with another commit's where asv runs two) of one sample within about 0.01 s,
+    after a 0.05 s warm-up: 7 samples a point, each from a process of its own. asv compare's Mann-Whitney test takes
+    the samples as independent, and a process's samples are not: they share its moment's load and its memory layout
+    (a slow process gave two slow samples). One sample a process makes them independent; 7 is the fewest with which
+    the test can mark a row at asv's p < 0.002 (6 against 6 cannot). Every sample is the process's CPU time (asv's
+    ``timer``, ``time.process_time``: BLAS runs one thread), so the time another job holds the core is not counted.
+    asv reads ``rounds``, ``repeat``, ``warmup_time`` and ``timer`` for ``time_`` benchmarks only; ``timeout``
+    (seconds, also a ``setup_cache``'s) for every kind.
     """
 
-    rounds = 6
-    repeat = (1, 2, 0.05)
+    rounds = 7
+    repeat = 1
     warmup_time = 0.05
     timer = time.process_time
     timeout = 120
