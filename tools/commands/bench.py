@@ -19,9 +19,9 @@ SUITES = ["benchmarks", "answers"]  # from the working tree
 BUILD_FILES = ["setup.cfg", "pyproject.toml", "kv_attention/__init__.py"]  # all present => buildable
 DEFAULT_COMMITS = 5
 NEWEST = 2  # main and main~1: always in the sample
-# Seconds at load 1 on the 2-core VM (6 December 2026), times (load / cores) ** 0.7 (5 runs of 7-18 min): a commit's
+# Seconds at load 1, 2-core AMD VM (7 December 2026), times (load / cores) ** 0.7 (runs at load 1 and 3): a commit's
 # suite; main's or main~1's but timings and peak RSS; both those side by side; answers; first env; publish; a pair.
-SECONDS_PER_COMMIT, UNTIMED, BESIDE, ANSWERS, FIRST_ENV, PUBLISH, PER_PAIRED_POINT = 80, 28, 115, 90, 30, 20, 8
+SECONDS_PER_COMMIT, UNTIMED, BESIDE, ANSWERS, FIRST_ENV, PUBLISH, PER_PAIRED_POINT = 80, 36, 165, 75, 30, 5, 8
 NAMED = 5  # points named under the summary, per channel
 # asv --bench patterns: what moves between runs of identical code (timings, peak RSS), measured side by side; the rest
 SIDE_BY_SIDE, ALONE = r"\.(time|peakmem)_", r"^(?!.*\.(time|peakmem)_)"
@@ -204,7 +204,7 @@ def run(args):
     beside, source = beside_parent(commits, todo), answers_source(machine, commits[0])
     alone = [c for c in todo if c not in beside]
     estimate = (SECONDS_PER_COMMIT * len(alone) + UNTIMED * (len(todo) - len(alone)) + BESIDE * bool(beside)
-                + ANSWERS * (source is None) + PUBLISH + 8 * PER_PAIRED_POINT * bool(todo)  # a few points, as a rule
+                + ANSWERS * (source is None) + PUBLISH + 2 * PER_PAIRED_POINT * bool(todo)  # a point or two, at most
                 + (0 if (common.ROOT / ".asv" / "env").is_dir() else FIRST_ENV))
     load = max(os.getloadavg()[::2])  # the 1 or 15 min average: 4 runs within 10 %, 1 42 % over
     estimate *= max(1.0, load / os.cpu_count()) ** 0.7
