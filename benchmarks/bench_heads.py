@@ -138,7 +138,7 @@ class HeadsDecode(Measured):
     params = [list(KINDS), DECODE_LENGTHS, HEADS_PATHS]
     param_names = ["kind", "T", "path"]
     # One decode per sample, after a warm-up decode: a process's first decode pays the page faults of its first
-    # allocations (2.8-3.9x the next at T = 256, repeat_kv), and with it as one of each process's two samples (as then)
+    # allocations (2.8-3.9x the next at T = 256, repeat_kv), and with it as one of the two samples a process then took,
     # asv's median sat between the two modes, a sample away from either (rows of 1.5-2x between identical commits).
     number = 1
     warmup_time = 0.001
