@@ -20,7 +20,7 @@ BUILD_FILES = ["setup.cfg", "pyproject.toml", "kv_attention/__init__.py"]  # all
 DEFAULT_COMMITS = 5
 NEWEST = 2  # main and main~1: always in the sample
 # Seconds at load 1, 2-core AMD VM (7 December 2026), times (load / cores) ** 0.7 (runs at load 1 and 3): a commit's
-# suite; main's or main~1's but timings and peak RSS; both those side by side; answers; first env; publish; a pair.
+# suite; main's or main~1's without timings and peak RSS; both those side by side; answers; first env; publish; a pair.
 SECONDS_PER_COMMIT, UNTIMED, BESIDE, ANSWERS, FIRST_ENV, PUBLISH, PER_PAIRED_POINT = 80, 36, 165, 75, 30, 5, 8
 NAMED = 5  # points named under the summary, per channel
 # asv --bench patterns: what moves between runs of identical code (timings, peak RSS), measured side by side; the rest
@@ -217,7 +217,7 @@ def run(args):
         heading(f"asv run: the regression suite (benchmarks/) on {len(alone)} commit(s) of {common.BRANCH}")
         common.asv_run(alone, machine)
     if beside:
-        heading(f"asv run: the regression suite but timings and peak RSS at {common.BRANCH} and {common.BRANCH}~1")
+        heading(f"asv run: the regression suite without its timings and peak RSS, at {common.BRANCH} and {common.BRANCH}~1")
         common.asv_run([c for c in beside if c in todo], machine, "--bench", ALONE)
         heading(f"asv run: {common.BRANCH}~1 beside {common.BRANCH}, timings and peak RSS, rounds interleaved")
         common.asv_run(beside, machine, "--bench", SIDE_BY_SIDE, "--interleave-rounds", skip_existing=False)
