@@ -217,7 +217,7 @@ def run(args):
         heading(f"asv run: the regression suite (benchmarks/) on {len(alone)} commit(s) of {common.BRANCH}")
         common.asv_run(alone, machine)
     if beside:
-        heading(f"asv run: the regression suite without its timings and peak RSS, at {common.BRANCH} and {common.BRANCH}~1")
+        heading(f"asv run: the regression suite without timings and peak RSS, at {common.BRANCH} and {common.BRANCH}~1")
         common.asv_run([c for c in beside if c in todo], machine, "--bench", ALONE)
         heading(f"asv run: {common.BRANCH}~1 beside {common.BRANCH}, timings and peak RSS, rounds interleaved")
         common.asv_run(beside, machine, "--bench", SIDE_BY_SIDE, "--interleave-rounds", skip_existing=False)
