@@ -114,7 +114,6 @@ class RaggedDecode(Measured):
 
     params = [list(STRATEGIES["ragged"]), list(LENGTH_DISTRIBUTIONS)]
     param_names = ["strategy", "lengths"]
-    warmup_time = -1  # asv's own default (0.1 s), as before the base class; RaggedCounts detects finely
 
     measure = staticmethod(check_and_count)
 
