@@ -161,8 +161,8 @@ class RaggedCounts(Counts):
     params = [list(STRATEGIES["ragged"]), list(COUNT_DISTRIBUTIONS)]
     param_names = ["strategy", "lengths"]
     # 4: paged attends block by block through the block tables, no longer gathering (issue 31);
-    # 5: paged reads each stored token once, one attention per length (issue 39)
-    version = "5"
+    # 5: paged reads each stored token once, one attention per length (issue 39); 6: Counts' version 4
+    version = "6"
 
     def prepare(self, strategy, lengths):
         return verified_ragged_decode(strategy, lengths), ragged_inputs(lengths)

@@ -225,3 +225,27 @@ def test_the_package_metadata_holds_no_readme():
     setup = configparser.ConfigParser()
     setup.read(common.ROOT / "setup.cfg")
     assert not {"long_description", "long_description_content_type"} & set(setup["metadata"])
+
+
+def test_the_counting_process_reads_no_distribution_metadata(tmp_path):
+    """The counting process keeps asv_runner out, so no installed METADATA (older commits': the README) moves its
+    heap; the suite then skips with NotImplementedError. A probe in its place imports the suite's common module."""
+    import json
+    import subprocess
+    import sys
+
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "__init__.py").write_text("")
+    (probe / "child.py").write_text(
+        "import json, sys\n"
+        "def main(args):\n"
+        "    opened = []\n"
+        "    sys.addaudithook(lambda e, a: e == 'open' and 'dist-info' in str(a[0]) and opened.append(str(a[0])))\n"
+        "    from benchmarks import common\n"
+        "    json.dump({'opened': opened, 'skip': common.SkipNotImplemented.__name__}, open(args[0], 'w'))\n")
+    out = tmp_path / "out.json"
+    packages = {"benchmarks": counts.package_folder(counts.__name__), "probe": str(probe)}
+    subprocess.run([sys.executable, *counts.CHILD_FLAGS, "-c", counts.CHILD.format(module="probe.child"),
+                    json.dumps(packages), str(out)], env=counts.child_environment(), cwd="/", check=True)
+    assert json.loads(out.read_text()) == {"opened": [], "skip": "NotImplementedError"}

@@ -139,6 +139,18 @@ def test_main_is_timed_beside_main_1_when_main_is_new(repo):
     assert bench.beside_parent(commits[:1], todo=[main]) == []  # main~1 not in the sample
 
 
+def test_a_commit_with_a_benchmark_stored_at_another_version_is_measured_again(monkeypatch):
+    """asv ignores a result of another version (``Results.get_result_keys``), so a version bump re-measures the
+    sample's commits; before the first run (no benchmarks.json) every commit is measured."""
+    from tools import results
+
+    point = {v: results.Point("bench_x.X.time_y", {}, 1.0, version=v) for v in "12"}
+    stored = {"new": {"p": point["2"]}, "old": {"p": point["1"]}, "none": {}}
+    monkeypatch.setattr(results, "stored", lambda machine, commit: stored[commit])
+    assert bench.to_measure("box", list(stored), {"bench_x.X.time_y": {"version": "2"}}) == ["old", "none"]
+    assert bench.to_measure("box", list(stored), {}) == list(stored)
+
+
 def test_main_1_that_does_not_build_is_not_timed_again(repo):
     main_1 = repo.commit("readme only: no package yet", {"README.md": "x"})
     main = repo.commit("package", PACKAGE)

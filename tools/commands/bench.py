@@ -64,10 +64,15 @@ def sample_commits(commits, bound):
     return newest + [c for c in commits[NEWEST:] if c in spread]
 
 
+def to_measure(machine, commits, benchmarks):
+    """``commits`` lacking a benchmark of benchmarks.json at its version (asv ignores a result of another)."""
+    want = {(name, info.get("version")) for name, info in benchmarks.items()} or {None}  # no suite yet: all
+    return [c for c in commits if not want <= {(p.benchmark, p.version) for p in results.stored(machine, c).values()}]
+
+
 def beside_parent(commits, todo):
     """``[main~1, main]`` when main is to be measured and main~1 is in the sample, else ``[]``: their timings and peak
-    RSS are measured in one asv run, rounds interleaved (as ``asv continuous`` does), so asv compare compares values
-    taken side by side, not one run's state against another's."""
+    RSS are taken in one asv run, rounds interleaved (as ``asv continuous`` does), not each in a run of its own."""
     parent = common.git("rev-list", "--first-parent", "--skip=1", "--max-count=1", commits[0])
     return commits[1::-1] if commits[0] in todo and commits[1:2] == [parent] else []
 
@@ -198,9 +203,7 @@ def verdict(tip, failed):
 def run(args):
     commits = select_commits(args.commits)
     machine = common.record_machine()
-    benchmarks = results.suite()
-    todo = [c for c in commits if not benchmarks or not set(benchmarks) <= {  # every benchmark stored
-        p.benchmark for p in results.stored(machine, c).values()}]
+    todo = to_measure(machine, commits, results.suite())
     beside, source = beside_parent(commits, todo), answers_source(machine, commits[0])
     alone = [c for c in todo if c not in beside]
     estimate = (SECONDS_PER_COMMIT * len(alone) + UNTIMED * (len(todo) - len(alone)) + BESIDE * bool(beside)

@@ -34,13 +34,6 @@ def method_of(label):
     return label.split("(")[0].rsplit(".", 1)[-1]
 
 
-def exact_factor(label):
-    """The factor of a single stored value (not a timing)."""
-    method = method_of(label)
-    return {"track_instructions": COUNT_FACTOR, "track_estimated_cycles": CYCLES_FACTOR}.get(
-        method, PEAKMEM_FACTOR if method.startswith("peakmem_") else UNPAIRED_FACTOR)
-
-
 def failures(base, head):
     """``[(label, role)]``: points whose stored value is None (failed), and those that vanished at HEAD."""
     failed = [(label, role) for role, points in (("base", base), ("head", head))
@@ -68,13 +61,15 @@ def exact_regressions(base, head):
     """``[(label, ratio, channel)]`` of the stored values (counts, bytes, peak RSS) worse than their factor."""
     worse = []
     for label in sorted(head):
-        limit = exact_factor(label)
-        if method_of(label).startswith("time_") or not comparable(base, head, label):
+        method = method_of(label)
+        if method.startswith("time_") or not comparable(base, head, label):
             continue
+        limit = {"track_instructions": COUNT_FACTOR, "track_estimated_cycles": CYCLES_FACTOR}.get(
+            method, PEAKMEM_FACTOR if method.startswith("peakmem_") else UNPAIRED_FACTOR)
         a, b = base[label].value, head[label].value
         ratio = b / a if a else (1.0 if not b else math.inf)
         if ratio > limit:
-            worse.append((label, ratio, "work" if method_of(label) in COUNT_BENCHMARKS else "value"))
+            worse.append((label, ratio, "work" if method in COUNT_BENCHMARKS else "value"))
     return worse
 
 
