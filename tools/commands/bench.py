@@ -203,6 +203,8 @@ def verdict(tip, failed):
 def run(args):
     commits = select_commits(args.commits)
     machine = common.record_machine()
+    heading("asv run --bench just-discover: benchmarks.json of the working tree's suite, with its versions")
+    common.asv_run(commits, machine, "--bench", "just-discover")
     todo = to_measure(machine, commits, results.suite())
     beside, source = beside_parent(commits, todo), answers_source(machine, commits[0])
     alone = [c for c in todo if c not in beside]
