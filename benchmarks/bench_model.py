@@ -400,11 +400,8 @@ class ModelDecode(Benchmark):
     the answers suite (answers/bench_model.py) puts it against the read rate, and checks the real model's answer.
     """
 
+    # Benchmark's 7 rounds of one sample: 3 rounds of 2-3 marked a docs commit 0.86x (52.8 against 45.4 ms)
     version = "1"
-    # 3 rounds of 2-3 samples, not Benchmark's 7 of one: a process pays about 1.5 s (the weights, K/V and the check)
-    # before its samples. So its samples are not independent, and asv compare judges this row less well than others
-    rounds = 3
-    repeat = (2, 3, 0.2)  # 6 to 9 samples of a 48 ms step: no single stall moves the median
 
     def setup(self):
         self.step = verified_step("static", DECODE_LENGTH, 1)
